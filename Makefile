@@ -1,0 +1,27 @@
+# make test    -- create .venv if missing, install the project, run the test suite
+# make report  -- create .venv if missing, install the project, run the scenario matrix into report/
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test report lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q
+
+report: $(STAMP)
+	$(VENV)/bin/tfpar matrix --out report
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_pool.py
+
+clean:
+	rm -rf $(VENV) report .pytest_cache .hypothesis

@@ -1,0 +1,134 @@
+"""The ``tfpar`` command.
+
+    tfpar run CASE --impl IMPL --out FILE.npz
+    tfpar compare CASE [--impls A,B,...] [--report DIR]
+    tfpar matrix [--out DIR]
+
+Exit status: 0 ok / parity / every expected result held; 1 a divergence was
+found (compare), an expected result did not hold (matrix) or an
+implementation failed; 2 bad input (one line naming the field); 130 Ctrl-C.
+
+This module's top level imports neither TensorFlow nor torch: spawned torch
+workers re-import the parent's main module, and must not pay for TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import CaseError
+
+__all__ = ["main", "build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, status 2, like every other bad input
+        raise CaseError("command line", f"valid arguments ({message}); see 'tfpar --help'")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"a number of seconds > 0, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tfpar", description="Prove or disprove that TensorFlow tower training computes the same updates as PyTorch DDP.")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="seconds a torch job may take before its ranks are declared hung (default 60)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run one implementation and write its trajectory")
+    r.add_argument("case", help="path to case.json")
+    r.add_argument("--impl", required=True, help="tf.towers, tf.single, torch.ddp or torch.single")
+    r.add_argument("--out", required=True, help="trajectory file to write (.npz)")
+
+    c = sub.add_parser("compare", help="run several implementations and judge parity")
+    c.add_argument("case", help="path to case.json")
+    c.add_argument("--impls", default="tf.towers,torch.ddp,tf.single,torch.single", help="comma-separated; the first is the reference (default: %(default)s)")
+    c.add_argument("--report", default=None, help="folder for report.md, report.json, gap plot and trajectories")
+    c.add_argument("--failures", default=None, help=argparse.SUPPRESS)
+
+    m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
+    m.add_argument("--out", default="report", help="report folder (default: %(default)s)")
+    m.add_argument("--quick", action="store_true", help="a smaller matrix (1 and 2 devices, float64 only)")
+    return p
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .case import load_case
+    from .harness import run_impl
+    from .trajectory import save_trajectory
+
+    out = Path(args.out)
+    if out.suffix != ".npz":
+        raise CaseError("--out", "a file name ending in .npz", args.out)
+    if out.parent and not out.parent.exists():
+        raise CaseError("--out", f"a file in an existing folder; {out.parent} does not exist")
+    case = load_case(args.case)
+    from .harness import parse_impls
+
+    impl = parse_impls(args.impl, "--impl")
+    if len(impl) != 1:
+        raise CaseError("--impl", "exactly one implementation", args.impl)
+    traj = run_impl(case, impl[0])
+    save_trajectory(out, traj)
+    print(f"{impl[0]}: {case.spec['steps']} steps of {case.name} -> {out} (final loss {float(traj['loss'][-1]):.6g})")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .case import load_case
+    from .harness import parse_impls
+    from .judge import compare_case, write_case_report
+
+    impls = parse_impls(args.impls)
+    if len(impls) < 2:
+        raise CaseError("--impls", "at least two implementations to compare", args.impls)
+    case = load_case(args.case)
+    result = compare_case(case, impls, progress=True)
+    print(result.summary())
+    if args.report:
+        path = write_case_report(result, Path(args.report))
+        print(f"report: {path}")
+    return 0 if result.parity else 1
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from .matrix import run_matrix
+
+    return run_matrix(Path(args.out), quick=args.quick)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tfpar`` console script; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        from .harness import RunError, set_pool_timeout
+
+        set_pool_timeout(args.timeout)
+        handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix}[args.command]
+        try:
+            return handler(args)
+        except RunError as e:
+            print(f"tfpar: run failed: {e}", file=sys.stderr)
+            return 1
+    except CaseError as e:
+        print(f"tfpar: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tfpar: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if "torchref.pool" in sys.modules:
+            sys.modules["torchref.pool"].shutdown_pool()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

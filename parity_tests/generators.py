@@ -1,0 +1,117 @@
+"""Built-in numpy data generators and initial-weight draws.
+
+Everything here is numpy with an explicit ``np.random.default_rng(seed)``, so
+every implementation starts from the same numbers, bit for bit.
+
+Generators (``data.generator``):
+
+``poly``
+    The seeds' polynomial regression: ``x ~ U[-10, 10]`` (scalar input),
+    ``y = 5 x^2 + 3`` (shape ``[1]``). Use with a ``poly`` layer and ``mse``.
+``binary5``
+    The seeds' binary task on 5 integer features: ``x`` integers in
+    ``[0, 10)``, ``y = 1`` when the features sum to more than 22 (shape ``[1]``).
+    Use with ``sigmoid_ce``.
+``blobs``
+    A small softmax classification task: ``k`` Gaussian blobs (``k`` = the
+    model's output width) in ``input_shape[0]`` dimensions; integer labels.
+``gaussian``
+    Generic: ``x ~ N(0, 1)`` of the input shape; targets drawn to suit the
+    loss (``N(0, 1)`` for ``mse``, ``U[0, 1]`` for ``sigmoid_ce``, uniform
+    integer labels for ``softmax_ce``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .specs import ParamSpec
+
+__all__ = ["GENERATORS", "generate_data", "draw_init", "INIT_KINDS"]
+
+INIT_KINDS = ("normal", "glorot_uniform")
+
+
+def _poly(rng, rows, in_shape, out_shape, loss):
+    x = rng.uniform(-10.0, 10.0, size=(rows,))
+    return x, (5.0 * x**2 + 3.0).reshape(rows, 1)
+
+
+def _binary5(rng, rows, in_shape, out_shape, loss):
+    x = rng.integers(0, 10, size=(rows, 5)).astype(np.float64)
+    return x, (x.sum(axis=1) > 22).astype(np.float64).reshape(rows, 1)
+
+
+def _blobs(rng, rows, in_shape, out_shape, loss):
+    k, d = out_shape[-1], in_shape[0]
+    centers = rng.normal(0.0, 3.0, size=(k, d))
+    y = rng.integers(0, k, size=(rows,))
+    x = centers[y] + rng.normal(size=(rows, d))
+    return x, y.astype(np.int64)
+
+
+def _gaussian(rng, rows, in_shape, out_shape, loss):
+    x = rng.normal(size=(rows, *in_shape))
+    if loss == "softmax_ce":
+        y = rng.integers(0, out_shape[-1], size=(rows,)).astype(np.int64)
+    elif loss == "sigmoid_ce":
+        y = rng.uniform(size=(rows, *out_shape))
+    else:
+        y = rng.normal(size=(rows, *out_shape))
+    return x, y
+
+
+# name -> (function, required input shape or None, required output shape or None, losses allowed)
+GENERATORS: dict[str, tuple[Callable, tuple | None, tuple | None, tuple[str, ...]]] = {
+    "poly": (_poly, (), (1,), ("mse",)),
+    "binary5": (_binary5, (5,), (1,), ("sigmoid_ce", "mse")),
+    "blobs": (_blobs, None, None, ("softmax_ce",)),
+    "gaussian": (_gaussian, None, None, ("mse", "sigmoid_ce", "softmax_ce")),
+}
+
+
+def generate_data(
+    name: str, seed: int, rows: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], loss: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``rows`` examples from a built-in generator (validated beforehand).
+
+    Returns:
+        ``x`` float64 ``[rows, *in_shape]`` and ``y``: float64 ``[rows, *out_shape]``,
+        or int64 ``[rows]`` for ``softmax_ce``.
+    """
+    fn = GENERATORS[name][0]
+    x, y = fn(np.random.default_rng(seed), rows, in_shape, out_shape, loss)
+    return np.asarray(x, np.float64), y
+
+
+def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> dict[str, np.ndarray]:
+    """Initial values for every parameter, drawn in ``specs`` order from one generator.
+
+    ``normal``: every trainable parameter ~ N(0, stddev^2) (biases too, as the
+    seeds' ``tf.random_normal`` initialisation does). ``glorot_uniform``:
+    kernels ~ U[-l, l] with ``l = sqrt(6 / (fan_in + fan_out))``, biases zero
+    (Keras' defaults). Batch-norm state starts at mean 0, variance 1;
+    ``gamma`` at 1 and ``beta`` at 0 in both kinds.
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for s in specs:
+        if s.kind in ("gamma", "moving_variance"):
+            out[s.name] = np.ones(s.shape)
+        elif s.kind in ("beta", "moving_mean"):
+            out[s.name] = np.zeros(s.shape)
+        elif kind == "normal":
+            out[s.name] = rng.normal(0.0, stddev, size=s.shape)
+        elif s.kind == "bias":
+            out[s.name] = np.zeros(s.shape)
+        else:
+            fan_in = int(np.prod(s.shape[:-1]))
+            fan_out = s.shape[-1]
+            if len(s.shape) > 2:  # conv kernels [kh, kw, in, out], as Keras counts fans
+                receptive = int(np.prod(s.shape[:-2]))
+                fan_in, fan_out = receptive * s.shape[-2], receptive * s.shape[-1]
+            lim = np.sqrt(6.0 / (fan_in + fan_out))
+            out[s.name] = rng.uniform(-lim, lim, size=s.shape)
+    return out

@@ -1,0 +1,93 @@
+"""Run a validated case on any implementation, by name.
+
+TensorFlow implementations run in this process (TensorFlow is imported on
+first use, never at import time, so spawned torch workers that re-import the
+parent's main module do not pay for it); torch implementations run in the
+shared DDP worker pool. Only plain data crosses: the case payload in,
+numpy trajectories out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from .case import Case
+from .errors import CaseError
+
+__all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout"]
+
+IMPLS = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+_POOL_TIMEOUT: float | None = None
+
+
+class RunError(RuntimeError):
+    """An implementation failed while running a valid case (e.g. a DDP rank died)."""
+
+
+def set_pool_timeout(seconds: float | None) -> None:
+    """Per-job timeout for torch runs (None: the pool's default)."""
+    global _POOL_TIMEOUT
+    _POOL_TIMEOUT = seconds
+
+
+def parse_impls(text: str, field: str = "--impls") -> list[str]:
+    """``"tf.towers,torch.ddp"`` -> ``["tf.towers", "torch.ddp"]``, each name checked."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise CaseError(field, "a comma-separated list of implementations (" + ", ".join(IMPLS) + ")", text)
+    for n in names:
+        if n not in IMPLS:
+            raise CaseError(field, "implementation names among " + ", ".join(IMPLS), n)
+    if len(set(names)) != len(names):
+        raise CaseError(field, "each implementation once", text)
+    return names
+
+
+def _tf():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tfpar
+
+    return tfpar
+
+
+def tf_device_count() -> int:
+    """How many tower devices this process has (configures TensorFlow's devices)."""
+    return len(_tf().available_devices())
+
+
+def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run ``case`` on ``impl`` and return its trajectory.
+
+    Raises:
+        CaseError: the case cannot run here (e.g. more devices than can be made).
+        RunError: the implementation failed (the message names the rank or op).
+    """
+    if impl not in IMPLS:
+        raise CaseError("--impl", "one of " + ", ".join(IMPLS), impl)
+    n = case.devices
+    if impl.startswith("tf."):
+        tfpar = _tf()
+        have = len(tfpar.available_devices())
+        if impl == "tf.towers" and n > have:
+            raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has; set TFPAR_DEVICES before start-up for more)", n)
+        try:
+            return tfpar.run_case(case.payload(), impl, progress=progress)
+        except CaseError:
+            raise
+        except Exception as e:  # a TensorFlow failure on a valid case: one line, not a traceback
+            raise RunError(f"{impl} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    from torchref.pool import MAX_SIZE, PoolError
+    from torchref.run import run_case
+
+    if impl == "torch.ddp" and n > MAX_SIZE:
+        raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
+    try:
+        traj = run_case(case.payload(), impl, timeout=_POOL_TIMEOUT)
+    except PoolError as e:
+        raise RunError(f"{impl} failed: {e}") from e
+    if progress:
+        progress(case.spec["steps"])
+    return traj

@@ -1,0 +1,126 @@
+"""The case contract: defaults, generators, and one clear error per bad field."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from parity_tests.case import case_from_dict, load_case, write_case
+from parity_tests.errors import CaseError
+from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make, set_path
+
+
+def test_defaults_are_filled_in():
+    raw = set_path(set_path(MLP, "parallel", {"devices": 2}), "optimizer", {"name": "adam", "lr": 0.1})
+    spec = case_from_dict(raw).spec
+    assert spec["parallel"] == {"devices": 2, "combine": "grad_mean", "shard": "contiguous", "weighting": "equal"}
+    assert spec["optimizer"] == {"name": "adam", "semantics": "native", "lr": 0.1, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7}
+    assert spec["model"]["layers"][1] == {"type": "dense", "units": 1, "activation": "none", "use_bias": True}
+
+
+def test_torch_semantics_default_epsilon_is_torchs():
+    spec = make(MLP, optimizer={"name": "adam", "lr": 0.1, "semantics": "torch"}).spec
+    assert spec["optimizer"]["epsilon"] == 1e-8
+
+
+def test_generated_data_shapes_and_rows():
+    c = make(MLP)
+    assert c.x.shape == (4 * 48, 5) and c.y.shape == (4 * 48, 1)
+    assert set(np.unique(c.y)) <= {0.0, 1.0}
+    p = make(POLY)
+    assert p.x.shape == (192,) and np.allclose(p.y[:, 0], 5 * p.x**2 + 3)
+    s = make(SOFTMAX)
+    assert s.y.dtype == np.int64 and s.y.min() >= 0 and s.y.max() < 3
+
+
+def test_same_seed_same_numbers_and_different_seed_different():
+    a, b = make(MLP), make(MLP)
+    assert np.array_equal(a.x, b.x) and all(np.array_equal(a.init[k], b.init[k]) for k in a.init)
+    c = make(MLP, init__seed=99)
+    assert not np.array_equal(a.init["0.kernel"], c.init["0.kernel"])
+
+
+def test_glorot_init_limits_and_zero_bias():
+    c = make(SOFTMAX)
+    lim = np.sqrt(6 / (4 + 8))
+    assert np.abs(c.init["0.kernel"]).max() <= lim and np.all(c.init["0.bias"] == 0)
+
+
+def test_write_then_load_round_trip(tmp_path):
+    c = make(SOFTMAX)
+    path = write_case(c, tmp_path / "replay")
+    back = load_case(path)
+    assert back.spec["model"] == c.spec["model"] and back.spec["optimizer"] == c.spec["optimizer"]
+    assert np.array_equal(back.x, c.x) and np.array_equal(back.y, c.y)
+    assert all(np.array_equal(back.init[k], c.init[k]) for k in c.init)
+    assert json.loads(path.read_text())["init"] == {"npz": "weights.npz"}
+    assert not list((tmp_path / "replay").glob(".*tmp"))
+
+
+def test_npz_weights_are_checked(tmp_path):
+    c = make(MLP)
+    bad = dict(c.init)
+    bad["0.kernel"] = bad["0.kernel"][:, :3]
+    np.savez(tmp_path / "w.npz", **bad)
+    raw = set_path(MLP, "init", {"npz": "w.npz"})
+    with pytest.raises(CaseError, match=r"init\['0.kernel'\]: expected shape \[5, 10\]"):
+        case_from_dict(raw, tmp_path)
+
+
+BAD = [
+    ("schema", "parity-case/9", "schema"),
+    ("dtype", "float16", "dtype"),
+    ("steps", 0, "steps"),
+    ("steps", "3", "steps"),
+    ("model.layers", [], "model.layers"),
+    ("model.layers.0.type", "lstm", "model.layers[0].type"),
+    ("model.layers.0.units", -3, "model.layers[0].units"),
+    ("model.layers.0.activation", "gelu", "model.layers[0].activation"),
+    ("model.loss", "hinge", "model.loss"),
+    ("model.reduction", "max", "model.reduction"),
+    ("model.input_shape", [0], "model.input_shape"),
+    ("optimizer.name", "lion", "optimizer.name"),
+    ("optimizer.lr", -0.1, "optimizer.lr"),
+    ("optimizer.lr", float("nan"), "optimizer.lr"),
+    ("optimizer.semantics", "jax", "optimizer.semantics"),
+    ("optimizer.momentum", 0.9, "optimizer.momentum"),
+    ("parallel.devices", 0, "parallel.devices"),
+    ("parallel.devices", 65, "parallel.devices"),
+    ("parallel.combine", "median", "parallel.combine"),
+    ("parallel.shard", "random", "parallel.shard"),
+    ("parallel.weighting", "inverse", "parallel.weighting"),
+    ("data.global_batch", 2, "data.global_batch"),
+    ("data.generator", "mnist", "data.generator"),
+    ("init.kind", "orthogonal", "init.kind"),
+    ("extra_field", 1, "extra_field"),
+    ("parallel", ..., "parallel"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field"), BAD, ids=[f"{p}={v!r}" for p, v, _ in BAD])
+def test_bad_field_is_named(path, value, field):
+    with pytest.raises(CaseError) as info:
+        case_from_dict(set_path(MLP, path, value))
+    msg = str(info.value)
+    assert msg.startswith(field + ":"), msg
+    assert "\n" not in msg
+
+
+def test_too_few_rows(tmp_path):
+    c = make(MLP)
+    np.savez(tmp_path / "d.npz", x=c.x[:100], y=c.y[:100])
+    raw = set_path(MLP, "data", {"npz": "d.npz", "global_batch": 48})
+    with pytest.raises(CaseError, match=r"data.x: expected at least steps x global_batch = 4 x 48 = 192 rows"):
+        case_from_dict(raw, tmp_path)
+
+
+def test_labels_out_of_range(tmp_path):
+    c = make(SOFTMAX)
+    y = c.y.copy()
+    y[7] = 3
+    np.savez(tmp_path / "d.npz", x=c.x, y=y)
+    raw = set_path(SOFTMAX, "data", {"npz": "d.npz", "global_batch": 48})
+    with pytest.raises(CaseError, match=r"data.y: expected class labels in \[0, 3\)"):
+        case_from_dict(raw, tmp_path)

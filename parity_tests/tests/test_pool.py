@@ -1,0 +1,269 @@
+"""Tests of torchref.pool: a persistent gloo worker pool, its failure handling and clean-up."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchref import _pool_testfns as fns
+from torchref.pool import DDPPool, RankFailed, get_pool, shutdown_pool
+
+REPO = Path(__file__).resolve().parents[2]
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+POOL_TIMEOUT = 5.0
+
+pytestmark = pytest.mark.timeout(180)  # a pool bug must fail here, not hang the run
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with DDPPool(4, timeout=POOL_TIMEOUT) as p:
+        yield p
+
+
+def _gone(pids: list[int]) -> list[int]:
+    """The pids of `pids` that still run (zombies count as gone: they hold nothing)."""
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    try:
+        return "resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return True
+
+
+def _assert_restarts(pool: DDPPool) -> None:
+    assert not pool.alive
+    result = pool.run(fns.allreduce_rank, None, 3)
+    assert [r["sum"] for r in result] == [6.0] * 3
+    assert pool.alive
+
+
+def test_allreduce_over_subgroups_in_warm_pool(pool):
+    pids = pool.pids
+    for _ in range(2):
+        for n in range(1, 5):
+            results = pool.run(fns.allreduce_rank, {"unused": [1, 2]}, n)
+            assert [r["rank"] for r in results] == list(range(n))
+            assert all(r["world_size"] == n for r in results)
+            assert all(r["sum"] == n * (n + 1) / 2 for r in results)
+            assert [r["pid"] for r in results] == pids[:n]  # same workers: the pool is reused
+    worker = results[0]
+    assert worker["threads"] == 1 and worker["deterministic"] and worker["sigint"]
+    assert pool.pids == pids
+
+
+def test_rank_that_raises_is_named_and_pool_restarts(pool):
+    with pytest.raises(RankFailed) as info:
+        pool.run(fns.raise_on_rank1, None, 4)
+    assert info.value.rank == 1 and info.value.how == "raised"
+    assert "ValueError: boom from rank 1" in str(info.value)
+    assert str(info.value).startswith("rank 1 raised")
+    _assert_restarts(pool)
+
+
+def test_killed_rank_is_named_and_pool_restarts(pool):
+    old = pool.pids
+    with pytest.raises(RankFailed) as info:
+        pool.run(fns.sigkill_rank2, None, 4)
+    assert info.value.rank == 2 and info.value.how == f"died (signal {int(signal.SIGKILL)})"
+    assert "rank 2 died" in str(info.value)
+    assert _gone(old) == []
+    _assert_restarts(pool)
+
+
+def test_hang_times_out_within_bound(pool):
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        pool.run(fns.hang_rank1, None, 4)
+    elapsed = time.monotonic() - start
+    # The waiting ranks' collective times out after POOL_TIMEOUT and they report it.
+    assert POOL_TIMEOUT - 0.5 < elapsed < POOL_TIMEOUT + 30
+    assert info.value.how == "raised" and "Timed out" in str(info.value)
+    _assert_restarts(pool)
+
+
+def test_shape_mismatch_between_ranks_fails(pool):
+    with pytest.raises(RankFailed):
+        pool.run(fns.shape_mismatch, None, 4)
+    _assert_restarts(pool)
+
+
+def test_silent_rank_times_out_in_parent():
+    p = DDPPool(1, timeout=POOL_TIMEOUT)
+    try:
+        p.start()
+        pids = p.pids
+        start = time.monotonic()
+        with pytest.raises(RankFailed) as info:
+            p.run(fns.sleep_then_allreduce, {"seconds": 60}, 1, timeout=0.5)
+        assert time.monotonic() - start < 10
+        assert info.value.rank == 0 and info.value.how.startswith("timed out after")
+        assert not p.alive and _gone(pids) == []
+    finally:
+        p.close()
+
+
+def test_close_and_restart_leave_nothing_behind():
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    p = DDPPool(2, timeout=POOL_TIMEOUT)
+    p.start()
+    first, folder = p.pids, p.store_dir
+    assert set(first) <= {c.pid for c in me.children(recursive=True)}
+    p.restart()
+    assert _gone(first) == [] and set(p.pids).isdisjoint(first)
+    second = p.pids
+    assert [r["sum"] for r in p.run(fns.allreduce_rank, None, 2)] == [3.0, 3.0]
+    p.close()
+    p.close()  # idempotent
+    assert not p.alive and p.pids == [] and p.store_dir is None
+    assert _gone(first + second) == []
+    assert not os.path.exists(folder)
+    extra = [c for c in me.children(recursive=True) if c.pid not in before]
+    assert [c.pid for c in extra if not _is_resource_tracker(c)] == []
+
+
+def test_sockets_on_loopback_and_private_store(pool):
+    box: dict[str, object] = {}
+    job = threading.Thread(target=lambda: box.update(
+        result=pool.run(fns.sleep_then_allreduce, {"seconds": 1.5}, 4)))
+    pool.start()
+    job.start()
+    try:
+        time.sleep(0.5)
+        assert stat.S_IMODE(os.stat(pool.store_dir).st_mode) == 0o700
+        conns = [c for pid in pool.pids for c in psutil.Process(pid).net_connections("inet")]
+        assert conns, "expected gloo sockets"
+        for c in conns:
+            assert c.laddr.ip in LOOPBACK, c
+            assert not c.raddr or c.raddr.ip in LOOPBACK, c
+    finally:
+        job.join(60)
+    assert [r["sum"] for r in box["result"]] == [10.0] * 4
+
+
+@pytest.mark.parametrize(
+    ("make", "text"),
+    [
+        (lambda: DDPPool(0), "0"),
+        (lambda: DDPPool(65), "65"),
+        (lambda: DDPPool(2, timeout=0), "0"),
+        (lambda: DDPPool(2, timeout=-1.5), "-1.5"),
+        (lambda: DDPPool(2).run(fns.allreduce_rank, None, 3), "3"),
+        (lambda: DDPPool(2).run(fns.allreduce_rank, None, 0), "0"),
+        (lambda: DDPPool(2).run(fns.allreduce_rank, None, 1, timeout=0), "0"),
+        (lambda: get_pool(0), "0"),
+    ],
+)
+def test_invalid_arguments(make, text):
+    with pytest.raises(ValueError, match=text):
+        make()
+
+
+def test_world_size_error_names_both_numbers():
+    with pytest.raises(ValueError, match=r"world_size 5 .*\b4\b"):
+        DDPPool(4).run(fns.allreduce_rank, None, 5)
+
+
+def test_shared_pool_grows_and_shuts_down():
+    try:
+        a = get_pool(2, timeout=7.0)
+        assert get_pool(1) is a and get_pool(2) is a and a.size == 2 and a.timeout == 7.0
+        b = get_pool(3)
+        assert b is not a and b.size == 3 and not b.alive
+    finally:
+        shutdown_pool()
+    assert get_pool(2) is not b
+    shutdown_pool()
+
+
+CHILD = textwrap.dedent(
+    """
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from torchref import _pool_testfns as fns
+    from torchref.pool import DDPPool
+    pool = DDPPool(2, timeout=120.0)
+    pool.start()
+    print("READY", flush=True)
+    pool.run(fns.sleep_then_allreduce, {"seconds": 600}, 2)
+    """
+)
+
+
+def test_ctrl_c_tears_the_pool_down():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 120)
+        assert ready and child.stdout.readline().strip() == "READY", child.stderr.read()
+        time.sleep(1.0)  # let it enter run()
+        tree = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
+        assert len(tree) >= 2
+        start = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=20)
+        assert time.monotonic() - start < 20
+        assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr.read()
+        deadline = time.monotonic() + 5
+        while _gone(tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(tree) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+ORPHAN = textwrap.dedent(
+    """
+    import time
+    from torchref.pool import DDPPool
+    pool = DDPPool(2, timeout=60.0)
+    pool.start()
+    print(*pool.pids, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_workers_exit_when_parent_dies():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", ORPHAN], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 120)
+        assert ready
+        pids = [int(word) for word in child.stdout.readline().split()]
+        assert len(pids) == 2
+        child.kill()  # no atexit, no clean-up: the workers must notice on their own
+        child.wait()
+        deadline = time.monotonic() + 10
+        while _gone(pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pids) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

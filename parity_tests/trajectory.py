@@ -1,0 +1,58 @@
+"""Trajectory files (``trajectory.npz``): plain arrays, no pickles, written atomically.
+
+Keys: ``loss`` ``[steps]``; ``param/<name>`` ``[steps+1, *shape]``;
+``grad/<name>`` ``[steps, *shape]``; ``state/<name>`` ``[steps+1, *shape]``.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_write_npz
+from .errors import CaseError
+
+__all__ = ["save_trajectory", "load_trajectory", "check_trajectory"]
+
+_PREFIXES = ("param/", "grad/", "state/")
+
+
+def check_trajectory(traj: dict[str, np.ndarray], steps: int | None = None) -> None:
+    """Assert the contract's keys and shapes (``steps`` from ``loss`` if not given)."""
+    if "loss" not in traj:
+        raise ValueError("trajectory has no 'loss' array")
+    steps = len(traj["loss"]) if steps is None else steps
+    if traj["loss"].shape != (steps,):
+        raise ValueError(f"loss has shape {traj['loss'].shape}, expected ({steps},)")
+    for k, v in traj.items():
+        if k == "loss":
+            continue
+        if not k.startswith(_PREFIXES):
+            raise ValueError(f"unexpected trajectory key {k!r}")
+        rows = steps if k.startswith("grad/") else steps + 1
+        if v.shape[0] != rows:
+            raise ValueError(f"{k} has {v.shape[0]} rows, expected {rows}")
+
+
+def save_trajectory(path: str | os.PathLike, traj: dict[str, np.ndarray]) -> Path:
+    """Write ``traj`` to ``path`` (``.npz``) atomically."""
+    check_trajectory(traj)
+    return atomic_write_npz(path, traj)
+
+
+def load_trajectory(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a trajectory file (``allow_pickle=False``); bad files raise :class:`CaseError`."""
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            traj = {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise CaseError(str(p), f"a trajectory .npz file ({type(e).__name__})") from None
+    try:
+        check_trajectory(traj)
+    except ValueError as e:
+        raise CaseError(str(p), f"a trajectory in the contract's format ({e})") from None
+    return traj

@@ -1,0 +1,63 @@
+"""Combining towers: the seeds' ``average_gradients`` and the averaged loss.
+
+Weights: ``equal`` gives every tower 1/N (a plain mean, as the seeds and DDP
+do); ``by_size`` gives tower r the weight n_r/B, which makes the combined
+gradient equal the full-batch gradient of a mean loss even for uneven shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+__all__ = ["average_gradients", "combine_losses", "tower_weights"]
+
+
+def tower_weights(sizes: Sequence[int], weighting: str) -> list[float] | None:
+    """Per-tower weights; ``None`` means the plain mean (``equal``).
+
+    Args:
+        sizes: rows per tower, ``[N]``.
+        weighting: ``equal`` or ``by_size``.
+    """
+    if weighting == "equal":
+        return None
+    if weighting == "by_size":
+        total = float(sum(sizes))
+        return [n / total for n in sizes]
+    raise ValueError(f"unknown weighting {weighting!r}")
+
+
+def average_gradients(tower_grads: Sequence[Sequence[tf.Tensor]], weights: Sequence[float] | None = None) -> list[tf.Tensor]:
+    """Average gradients across towers, variable by variable.
+
+    Args:
+        tower_grads: ``[N towers][V variables]`` gradients, each of the
+            variable's shape (as the seeds collect them: one list per tower).
+        weights: ``[N]`` tower weights summing to 1, or ``None`` for the plain mean.
+    Returns:
+        ``[V]`` combined gradients: ``g = (1/N) sum_r g_r`` or ``g = sum_r w_r g_r``.
+
+    The plain mean is computed as the seeds do it: stack along a new tower
+    axis and ``reduce_mean``.
+    """
+    out = []
+    for grads in zip(*tower_grads, strict=True):
+        if any(g is None for g in grads):
+            raise ValueError("a tower produced no gradient for a variable (is it used in the loss?)")
+        stacked = tf.stack(list(grads), axis=0)  # [N, *shape]
+        if weights is None:
+            out.append(tf.reduce_mean(stacked, axis=0))
+        else:
+            w = tf.reshape(tf.constant(list(weights), dtype=stacked.dtype), [-1] + [1] * (stacked.shape.rank - 1))
+            out.append(tf.reduce_sum(stacked * w, axis=0))
+    return out
+
+
+def combine_losses(losses: Sequence[tf.Tensor], weights: Sequence[float] | None = None) -> tf.Tensor:
+    """The combined loss ``(1/N) sum_r l_r`` or ``sum_r w_r l_r`` (a scalar)."""
+    stacked = tf.stack(list(losses))
+    if weights is None:
+        return tf.reduce_mean(stacked)
+    return tf.reduce_sum(stacked * tf.constant(list(weights), dtype=stacked.dtype))

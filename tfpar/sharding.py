@@ -1,0 +1,33 @@
+"""Splitting a global batch across towers, in TensorFlow ops.
+
+``contiguous``: ``tf.split`` with ``np.array_split`` sizes (the first ``B mod N``
+towers get one extra row), the seeds' ``tf.split``. ``strided``: tower r takes
+rows r, r+N, r+2N, ... (the order of torch's ``DistributedSampler`` without
+shuffling or padding).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+__all__ = ["shard_sizes", "split_batch"]
+
+
+def shard_sizes(batch: int, n: int, shard: str) -> list[int]:
+    """Rows per tower for a global batch of ``batch`` rows over ``n`` towers."""
+    if n < 1 or batch < n:
+        raise ValueError(f"cannot split a batch of {batch} rows over {n} towers (each needs a row)")
+    if shard == "contiguous":
+        return [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+    if shard == "strided":
+        return [len(range(r, batch, n)) for r in range(n)]
+    raise ValueError(f"unknown shard {shard!r}")
+
+
+def split_batch(t: tf.Tensor, n: int, shard: str) -> list[tf.Tensor]:
+    """Split ``t`` (``[B, ...]``) into ``n`` tower shards along axis 0."""
+    batch = int(t.shape[0])
+    sizes = shard_sizes(batch, n, shard)
+    if shard == "contiguous":
+        return tf.split(t, sizes, axis=0)
+    return [t[r::n] for r in range(n)]

@@ -1,0 +1,56 @@
+"""Module-level job functions for the pool's tests and benchmark (torch only).
+
+Spawned workers import job functions by reference, so these must live in an importable module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchref.pool import RankContext
+
+
+def allreduce_rank(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    """All-reduce rank+1 over the job's group: the sum is n(n+1)/2."""
+    t = torch.tensor([float(ctx.rank + 1)], dtype=torch.float64)
+    dist.all_reduce(t, group=ctx.group)
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "sum": float(t.item()),
+            "pid": os.getpid(), "threads": torch.get_num_threads(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "sigint": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
+
+
+def raise_on_rank1(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    if ctx.rank == 1:
+        raise ValueError("boom from rank 1")
+    return allreduce_rank(ctx, payload)
+
+
+def sigkill_rank2(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    if ctx.rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return allreduce_rank(ctx, payload)
+
+
+def hang_rank1(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    """Rank 1 skips the collective, so the others wait for it until the gloo timeout."""
+    if ctx.rank == 1:
+        return {"rank": 1}
+    return allreduce_rank(ctx, payload)
+
+
+def shape_mismatch(ctx: RankContext, payload: Any) -> list[float]:
+    t = torch.ones(ctx.rank + 1, dtype=torch.float64)
+    dist.all_reduce(t, group=ctx.group)
+    return t.tolist()
+
+
+def sleep_then_allreduce(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    time.sleep(payload["seconds"])
+    return allreduce_rank(ctx, payload)

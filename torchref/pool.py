@@ -1,0 +1,350 @@
+"""A persistent pool of spawned worker processes forming one torch.distributed gloo group.
+
+Starting a process group costs seconds per case on a small machine, so the pool is started
+once and reused: every world size 1..size is served by a subgroup of ranks 0..n-1 created at
+start-up. The pool only talks over loopback and a file store in a private 0700 folder.
+
+    with DDPPool(4, timeout=30.0) as pool:
+        results = pool.run(module_level_fn, payload, world_size=2)  # [result0, result1]
+
+A failed job (a rank raised, died or did not answer) raises :class:`RankFailed` and tears the
+whole pool down, since the other ranks may be stuck in a collective; the next ``run`` starts
+a fresh one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool"]
+
+MAX_SIZE = 64
+_POLL_S = 0.1  # how often the parent looks at the pipes and the processes while waiting
+_GRACE_S = 1.0  # after one rank fails, how long to wait for the others' reports
+_JOIN_S = 5.0  # how long close() lets workers exit on their own before killing them
+_PARENT_CHECK_S = 1.0  # how often an idle worker checks that its parent still lives
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a job function gets besides its payload."""
+
+    rank: int  #: this rank in the job, 0..world_size-1
+    world_size: int  #: the job's world size
+    group: dist.ProcessGroup  #: gloo subgroup of ranks 0..world_size-1
+    timeout: float  #: seconds after which a collective of this pool fails
+
+
+class PoolError(RuntimeError):
+    """Base class of the pool's errors."""
+
+
+class RankFailed(PoolError):
+    """A rank of a job (or of the start-up) raised, died or did not answer in time."""
+
+    def __init__(self, rank: int, how: str, detail: str = "", when: str = "") -> None:
+        self.rank, self.how, self.detail, self.when = rank, how, detail, when
+        text = f"rank {rank} {how}{when}"
+        super().__init__(f"{text}:\n{detail}" if detail else text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.rank, self.how, self.detail, self.when))
+
+
+def _check_timeout(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _margin(timeout: float) -> float:
+    # Collectives fail by themselves after `timeout`; the margin lets that error reach us
+    # before we call the rank silent.
+    return 2.0 + 0.25 * timeout
+
+
+def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_timeout: float,
+                 conn: Connection, parent_pid: int) -> None:
+    # Ctrl-C belongs to the parent, which tears the pool down; the parent blocked SIGINT
+    # before spawning us so that no signal lands before this line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo binds to 127.0.0.1 only
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        # Ranks start seconds apart on a busy machine: rendezvous under start_timeout and
+        # switch to the (short) collective timeout afterwards.
+        start_td, td = timedelta(seconds=start_timeout), timedelta(seconds=timeout)
+        store = dist.FileStore(store_path, size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=start_td)
+        groups: dict[int, Any] = {size: dist.group.WORLD}
+        for n in range(1, size):  # collective: every rank creates every group, in order
+            # new_group defaults to the backend's 30 min, not to the world's timeout.
+            groups[n] = dist.new_group(list(range(n)), timeout=start_td)
+        for n, group in groups.items():
+            if rank < n:
+                dist.distributed_c10d._set_pg_timeout(td, group)
+        conn.send(("ready", None))
+    except BaseException:
+        conn.send(("raised", traceback.format_exc()))
+        return
+    stopped = False
+    try:
+        while not stopped:
+            if not conn.poll(_PARENT_CHECK_S):
+                if os.getppid() != parent_pid:
+                    break  # orphaned: nobody will ever send "stop"
+                continue
+            data = conn.recv_bytes()
+            try:
+                message = pickle.loads(data)  # fails here if fn's module is not importable
+                if message[0] == "stop":
+                    stopped = True
+                    continue
+                _, fn, payload, n = message
+                conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout), payload)))
+            except Exception:
+                conn.send(("raised", traceback.format_exc()))
+    except (EOFError, OSError):
+        pass  # the parent is gone
+    if stopped:
+        dist.destroy_process_group()
+    # Interpreter finalisation tears down the gloo contexts for seconds (4-7 s at 8 ranks);
+    # nothing is left to save, so exit at once and let the OS close the sockets.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def _describe_death(proc: mp.process.BaseProcess) -> str:
+    proc.join(_POLL_S)  # the pipe may close a moment before the exit code is known
+    code = proc.exitcode
+    if code is None:
+        return "died (closed its pipe)"
+    return f"died (signal {-code})" if code < 0 else f"died (exit code {code})"
+
+
+class DDPPool:
+    """A pool of ``size`` spawned ranks forming one gloo process group, reused for many jobs."""
+
+    def __init__(self, size: int = 8, *, timeout: float = 60.0, start_timeout: float = 300.0):
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SIZE:
+            raise ValueError(f"pool size must be an integer in 1..{MAX_SIZE}, got {size!r}")
+        self.size = size
+        self.timeout = _check_timeout("timeout", timeout)
+        self.start_timeout = _check_timeout("start_timeout", start_timeout)
+        self._procs: list[mp.process.BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._dir: str | None = None
+        self._lock = threading.RLock()  # one job (or start, or close) at a time
+
+    @property
+    def alive(self) -> bool:
+        """True when the pool is started and every worker is running."""
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        """Worker process ids in rank order (empty when not started)."""
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    @property
+    def store_dir(self) -> str | None:
+        """The private folder holding the rendezvous file store (None when not started)."""
+        return self._dir
+
+    def start(self) -> None:
+        """Spawn the workers and wait until all of them joined every group; no-op if alive."""
+        with self._lock:
+            if self.alive:
+                return
+            self._teardown()
+            try:
+                self._spawn()
+                self._gather(self.size, self.start_timeout, " during start-up")
+            except BaseException:
+                self._teardown()
+                raise
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._dir = tempfile.mkdtemp(prefix="torchref-pool-")  # mode 0700
+        store_path = os.path.join(self._dir, "store")
+        # A blocked signal stays blocked across fork+exec, closing the window before the
+        # worker installs SIG_IGN for SIGINT. Launching multiprocessing's resource tracker
+        # unblocks SIGINT in this thread, so launch it first.
+        resource_tracker.ensure_running()
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for rank in range(self.size):
+                parent_conn, child_conn = ctx.Pipe()
+                proc = ctx.Process(
+                    target=_worker_main, name=f"torchref-pool-rank{rank}", daemon=True,
+                    args=(rank, self.size, store_path, self.timeout, self.start_timeout,
+                          child_conn, os.getpid()))
+                proc.start()
+                child_conn.close()
+                self._procs.append(proc)
+                self._conns.append(parent_conn)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    def run(self, fn: Callable[[RankContext, Any], Any], payload: Any, world_size: int, *,
+            timeout: float | None = None) -> list[Any]:
+        """Run ``fn(ctx, payload)`` on ranks 0..world_size-1; return their results in rank order.
+
+        ``timeout`` bounds how long the parent waits for this job (default: the pool's); the
+        collectives themselves fail after the pool's timeout. Raises :class:`RankFailed`
+        (and tears the pool down) when a rank raises, dies or does not answer.
+        """
+        if (isinstance(world_size, bool) or not isinstance(world_size, int)
+                or not 1 <= world_size <= self.size):
+            raise ValueError(f"world_size {world_size!r} is outside 1..{self.size} "
+                             f"(the pool's size is {self.size})")
+        limit = self.timeout if timeout is None else _check_timeout("timeout", timeout)
+        # Pickled once, up front: an unpicklable fn or payload fails here, pool intact.
+        message = pickle.dumps(("job", fn, payload, world_size), pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self.start()
+            try:
+                for conn in self._conns[:world_size]:
+                    with contextlib.suppress(OSError):  # a dead worker: _gather reports it
+                        conn.send_bytes(message)
+                return self._gather(world_size, limit + _margin(limit), "")
+            except BaseException:
+                self._teardown()
+                raise
+
+    def _gather(self, n: int, limit: float, when: str) -> list[Any]:
+        pending = dict(enumerate(self._conns[:n]))
+        results: dict[int, Any] = {}
+        failures: dict[int, tuple[str, str]] = {}  # rank -> (how, detail)
+        deadline = time.monotonic() + limit
+        while pending and (left := deadline - time.monotonic()) > 0:
+            wait([*pending.values(), *(self._procs[r].sentinel for r in pending)],
+                 timeout=min(_POLL_S, left))
+            for rank, conn in list(pending.items()):
+                try:
+                    kind, value = conn.recv() if conn.poll() else (None, None)
+                except (EOFError, OSError):
+                    kind, value = "died", None
+                if kind is None and not self._procs[rank].is_alive():
+                    kind = "died"
+                if kind is None:
+                    continue
+                del pending[rank]
+                if kind in ("ok", "ready"):
+                    results[rank] = value
+                    continue
+                how = "raised" if kind == "raised" else _describe_death(self._procs[rank])
+                failures[rank] = (how, value or "")
+                # The others may wait in a collective for the failed rank: stop soon.
+                deadline = min(deadline, time.monotonic() + _GRACE_S)
+        if failures:
+            # A death explains the others' broken-connection errors, not the reverse.
+            rank = min(failures, key=lambda r: (not failures[r][0].startswith("died"), r))
+            how, detail = failures[rank]
+        elif pending:
+            rank, how, detail = min(pending), f"timed out after {limit:.1f} s", ""
+        else:
+            return [results[r] for r in range(n)]
+        self._teardown()
+        raise RankFailed(rank, how, detail, when)
+
+    def close(self) -> None:
+        """Stop the workers (killing any that do not exit promptly); idempotent."""
+        with self._lock:
+            stop = pickle.dumps(("stop",))
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(stop)
+            deadline = time.monotonic() + _JOIN_S
+            for proc in self._procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+            self._teardown()
+
+    def _teardown(self) -> None:
+        procs, conns, self._procs, self._conns = self._procs, self._conns, [], []
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()  # SIGKILL: a rank stuck in a collective ignores anything gentler
+        for proc in procs:
+            proc.join(_JOIN_S)
+        for item in [*conns, *procs]:
+            with contextlib.suppress(OSError, ValueError):
+                item.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def restart(self) -> None:
+        """Close the pool and start a fresh one."""
+        with self._lock:
+            self.close()
+            self.start()
+
+    def __enter__(self) -> DDPPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DDPPool(size={self.size}, timeout={self.timeout}, alive={self.alive})"
+
+
+_shared: DDPPool | None = None
+_shared_lock = threading.Lock()
+_atexit_registered = False
+
+
+def get_pool(size: int = 8, *, timeout: float = 60.0) -> DDPPool:
+    """The process-wide shared pool; created on first use, started by its first ``run``.
+
+    Asking for a larger size than the current pool's closes it and creates a bigger one;
+    ``timeout`` applies when a pool is created. The pool is closed at interpreter exit.
+    """
+    global _shared, _atexit_registered
+    DDPPool(size, timeout=timeout)  # validates the arguments; starts nothing
+    with _shared_lock:
+        if _shared is not None and _shared.size < size:
+            _shared.close()
+            _shared = None
+        if _shared is None:
+            _shared = DDPPool(size, timeout=timeout)
+            if not _atexit_registered:
+                atexit.register(shutdown_pool)
+                _atexit_registered = True
+        return _shared
+
+
+def shutdown_pool() -> None:
+    """Close the shared pool, if any."""
+    global _shared
+    with _shared_lock:
+        pool, _shared = _shared, None
+    if pool is not None:
+        pool.close()

@@ -1,0 +1,40 @@
+"""Run one validated case on a torch implementation, in the shared worker pool.
+
+``torch.ddp`` runs ``train_rank`` on N ranks of the pool; ``torch.single``
+runs ``train_single`` on one rank (so the calling process never needs to run
+torch itself, and every torch run has the same thread and determinism settings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .ddp import train_rank, train_single
+from .pool import DDPPool, get_pool
+
+__all__ = ["IMPLS", "run_case"]
+
+IMPLS = ("torch.ddp", "torch.single")
+
+
+def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool | None = None,
+             timeout: float | None = None) -> dict[str, np.ndarray]:
+    """Train as the case says and return rank 0's trajectory (numpy arrays, canonical names).
+
+    Args:
+        payload: ``{"spec", "x", "y", "init"}`` as validated by ``parity_tests``.
+        impl: ``torch.ddp`` or ``torch.single``.
+        pool: the worker pool (default: the process-wide shared pool, sized to
+            at least the case's device count).
+        timeout: per-job timeout in seconds (default: the pool's).
+    """
+    n = payload["spec"]["parallel"]["devices"]
+    if impl == "torch.ddp":
+        pool = pool or get_pool(max(n, 8))
+        return pool.run(train_rank, payload, n, timeout=timeout)[0]
+    if impl == "torch.single":
+        pool = pool or get_pool(8)
+        return pool.run(train_single, payload, 1, timeout=timeout)[0]
+    raise ValueError(f"unknown torch implementation {impl!r}")
