@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -22,9 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from .case_model import LAYER_TYPES, LOSSES, validate_model
+from .case_optimizer import OPTIMIZERS, SEMANTICS, validate_optimizer
+from .case_parallel import COMBINES, SHARDS, WEIGHTINGS, validate_parallel
 from .errors import CaseError
+from .fields import choice, integer, need, no_extra, number, obj
 from .generators import GENERATORS, INIT_KINDS, draw_init, generate_data
-from .specs import ParamSpec, output_shape, param_specs
+from .specs import ParamSpec, param_specs
 
 __all__ = [
     "SCHEMA",
@@ -44,19 +47,7 @@ __all__ = [
 
 SCHEMA = "parity-case/1"
 DTYPES = ("float32", "float64")
-LAYER_TYPES = ("dense", "poly")
-ACTIVATIONS = ("none", "relu", "tanh", "sigmoid")
-LOSSES = ("mse", "sigmoid_ce", "softmax_ce")
-REDUCTIONS = ("mean", "sum")
-OPTIMIZERS = ("sgd", "momentum", "adam")
-SEMANTICS = ("native", "torch", "tf")
-COMBINES = ("grad_mean", "loss_mean")
-SHARDS = ("contiguous", "strided")
-WEIGHTINGS = ("equal", "by_size")
-MAX_DEVICES = 64
-
 _TOP_KEYS = {"schema", "name", "dtype", "model", "init", "data", "optimizer", "parallel", "steps", "seed", "description"}
-_OPT_KEYS = {"name", "lr", "momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho", "semantics"}
 
 
 @dataclass
@@ -106,142 +97,6 @@ class Case:
         return case_from_dict(raw, x=self.x, y=self.y, init=self.init)
 
 
-# ---------------------------------------------------------------- field readers
-
-
-def _need(d: dict, key: str, path: str) -> Any:
-    if key not in d:
-        raise CaseError(f"{path}.{key}" if path else key, "a value (the field is missing)")
-    return d[key]
-
-
-def _int(v: Any, path: str, lo: int = 1, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise CaseError(path, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""), v)
-    if v < lo or (hi is not None and v > hi):
-        raise CaseError(path, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""), v)
-    return v
-
-
-def _num(v: Any, path: str, *, lo: float = 0.0, lo_open: bool = False, hi: float | None = None, hi_open: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise CaseError(path, "a finite number", v)
-    v = float(v)
-    bad = v < lo or (lo_open and v == lo) or (hi is not None and (v > hi or (hi_open and v == hi)))
-    if bad:
-        lo_s = f"> {lo:g}" if lo_open else f">= {lo:g}"
-        hi_s = "" if hi is None else (f" and < {hi:g}" if hi_open else f" and <= {hi:g}")
-        raise CaseError(path, f"a number {lo_s}{hi_s}", v)
-    return v
-
-
-def _choice(v: Any, path: str, options: tuple[str, ...]) -> str:
-    if v not in options:
-        raise CaseError(path, "one of " + ", ".join(options), v)
-    return v
-
-
-def _dict(v: Any, path: str) -> dict:
-    if not isinstance(v, dict):
-        raise CaseError(path, "an object", v)
-    return v
-
-
-def _no_extra(d: dict, allowed: set[str], path: str) -> None:
-    extra = sorted(set(d) - allowed)
-    if extra:
-        where = f"{path}.{extra[0]}" if path else extra[0]
-        raise CaseError(where, "no such field (allowed: " + ", ".join(sorted(allowed)) + ")")
-
-
-def _shape(v: Any, path: str) -> tuple[int, ...]:
-    if not isinstance(v, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v):
-        raise CaseError(path, "a list of positive integers (e.g. [5], or [] for a scalar)", v)
-    if len(v) > 3:
-        raise CaseError(path, "at most 3 dimensions", v)
-    return tuple(v)
-
-
-# ---------------------------------------------------------------- sections
-
-
-def _model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
-    m = _dict(m, "model")
-    _no_extra(m, {"input_shape", "layers", "loss", "reduction"}, "model")
-    in_shape = _shape(_need(m, "input_shape", "model"), "model.input_shape")
-    layers_in = _need(m, "layers", "model")
-    if not isinstance(layers_in, list) or not layers_in:
-        raise CaseError("model.layers", "a non-empty list of layers", layers_in)
-    layers = []
-    shape = in_shape
-    for i, layer in enumerate(layers_in):
-        p = f"model.layers[{i}]"
-        layer = _dict(layer, p)
-        kind = _choice(_need(layer, "type", p), f"{p}.type", LAYER_TYPES)
-        if kind == "dense":
-            _no_extra(layer, {"type", "units", "activation", "use_bias"}, p)
-            if len(shape) != 1:
-                raise CaseError(p, f"a 1-D input for a dense layer (add a flatten layer first); the input here has shape {list(shape)}")
-            use_bias = layer.get("use_bias", True)
-            if not isinstance(use_bias, bool):
-                raise CaseError(f"{p}.use_bias", "true or false", use_bias)
-            out = {
-                "type": "dense",
-                "units": _int(_need(layer, "units", p), f"{p}.units", 1, 100_000),
-                "activation": _choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
-                "use_bias": use_bias,
-            }
-            shape = (out["units"],)
-        else:  # poly
-            _no_extra(layer, {"type", "degree"}, p)
-            if shape != ():
-                raise CaseError(p, f"a scalar input (input_shape []) for a poly layer; the input here has shape {list(shape)}")
-            out = {"type": "poly", "degree": _int(_need(layer, "degree", p), f"{p}.degree", 1, 12)}
-            shape = (out["degree"] + 1,)
-        layers.append(out)
-    loss = _choice(_need(m, "loss", "model"), "model.loss", LOSSES)
-    reduction = _choice(m.get("reduction", "mean"), "model.reduction", REDUCTIONS)
-    out_shape = output_shape(in_shape, layers)
-    if loss == "softmax_ce":
-        if len(out_shape) != 1 or out_shape[0] < 2:
-            raise CaseError("model.loss", f"an output of shape [k] with k >= 2 classes for softmax_ce; the model outputs {list(out_shape)}")
-    model = {"input_shape": list(in_shape), "layers": layers, "loss": loss, "reduction": reduction}
-    return model, in_shape, out_shape
-
-
-def _optimizer(o: Any) -> dict:
-    o = _dict(o, "optimizer")
-    _no_extra(o, _OPT_KEYS, "optimizer")
-    name = _choice(_need(o, "name", "optimizer"), "optimizer.name", OPTIMIZERS)
-    semantics = _choice(o.get("semantics", "native"), "optimizer.semantics", SEMANTICS)
-    out: dict[str, Any] = {"name": name, "semantics": semantics}
-    out["lr"] = _num(_need(o, "lr", "optimizer"), "optimizer.lr", lo=0.0, lo_open=True)
-    allowed = {"sgd": set(), "momentum": {"momentum"}, "adam": {"beta1", "beta2", "epsilon"}}[name]
-    for key in ("momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho"):
-        if key in o and key not in allowed:
-            raise CaseError(f"optimizer.{key}", f"no such hyperparameter for {name} (it takes: " + ", ".join(["lr", *sorted(allowed)]) + ")")
-    if name == "momentum":
-        out["momentum"] = _num(o.get("momentum", 0.9), "optimizer.momentum", lo=0.0, hi=1.0, hi_open=True)
-    if name == "adam":
-        out["beta1"] = _num(o.get("beta1", 0.9), "optimizer.beta1", lo=0.0, hi=1.0, hi_open=True)
-        out["beta2"] = _num(o.get("beta2", 0.999), "optimizer.beta2", lo=0.0, hi=1.0, hi_open=True)
-        # framework defaults differ (Keras 1e-7, torch 1e-8): the default follows the semantics
-        default_eps = 1e-8 if semantics == "torch" else 1e-7
-        out["epsilon"] = _num(o.get("epsilon", default_eps), "optimizer.epsilon", lo=0.0, lo_open=True)
-    return out
-
-
-def _parallel(p: Any) -> dict:
-    p = _dict(p, "parallel")
-    _no_extra(p, {"devices", "combine", "shard", "weighting"}, "parallel")
-    return {
-        "devices": _int(_need(p, "devices", "parallel"), "parallel.devices", 1, MAX_DEVICES),
-        "combine": _choice(p.get("combine", "grad_mean"), "parallel.combine", COMBINES),
-        "shard": _choice(p.get("shard", "contiguous"), "parallel.shard", SHARDS),
-        "weighting": _choice(p.get("weighting", "equal"), "parallel.weighting", WEIGHTINGS),
-    }
-
-
 def _load_npz(base: Path | None, name: Any, path: str) -> dict[str, np.ndarray]:
     if not isinstance(name, str) or not name:
         raise CaseError(path, "a file name (relative to the case file's folder)", name)
@@ -272,17 +127,17 @@ def _check_array(a: np.ndarray, path: str, *, integer: bool = False) -> np.ndarr
 
 
 def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None) -> tuple[dict, dict[str, np.ndarray]]:
-    i = _dict(i, "init")
+    i = obj(i, "init")
     if arrays is not None and i.get("arrays"):
         raw, spec = arrays, {"arrays": True}
     elif "npz" in i:
-        _no_extra(i, {"npz"}, "init")
+        no_extra(i, {"npz"}, "init")
         raw, spec = _load_npz(base, i["npz"], "init.npz"), {"npz": i["npz"]}
     elif "seed" in i:
-        _no_extra(i, {"seed", "kind", "stddev"}, "init")
-        seed = _int(i["seed"], "init.seed", 0, 2**32 - 1)
-        kind = _choice(i.get("kind", "normal"), "init.kind", INIT_KINDS)
-        stddev = _num(i.get("stddev", 1.0), "init.stddev", lo=0.0, lo_open=True)
+        no_extra(i, {"seed", "kind", "stddev"}, "init")
+        seed = integer(i["seed"], "init.seed", 0, 2**32 - 1)
+        kind = choice(i.get("kind", "normal"), "init.kind", INIT_KINDS)
+        stddev = number(i.get("stddev", 1.0), "init.stddev", lo=0.0, lo_open=True)
         spec = {"seed": seed, "kind": kind, "stddev": stddev}
         return spec, draw_init(specs, seed, kind, stddev)
     else:
@@ -302,8 +157,8 @@ def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None
 
 
 def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: int, devices: int, arrays) -> tuple[dict, np.ndarray, np.ndarray]:
-    d = _dict(d, "data")
-    batch = _int(_need(d, "global_batch", "data"), "data.global_batch", 1, 10_000_000)
+    d = obj(d, "data")
+    batch = integer(need(d, "global_batch", "data"), "data.global_batch", 1, 10_000_000)
     if batch < devices:
         raise CaseError("data.global_batch", f"at least parallel.devices = {devices} rows, so every device gets one", batch)
     rows = steps * batch
@@ -312,7 +167,7 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
         spec = {"arrays": True, "global_batch": batch}
         x, y = arrays
     elif "npz" in d:
-        _no_extra(d, {"npz", "global_batch"}, "data")
+        no_extra(d, {"npz", "global_batch"}, "data")
         z = _load_npz(base, d["npz"], "data.npz")
         for key in ("x", "y"):
             if key not in z:
@@ -320,9 +175,9 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
         spec = {"npz": d["npz"], "global_batch": batch}
         x, y = z["x"], z["y"]
     elif "generator" in d:
-        _no_extra(d, {"generator", "seed", "global_batch"}, "data")
-        gen = _choice(d["generator"], "data.generator", tuple(GENERATORS))
-        seed = _int(d.get("seed", 0), "data.seed", 0, 2**32 - 1)
+        no_extra(d, {"generator", "seed", "global_batch"}, "data")
+        gen = choice(d["generator"], "data.generator", tuple(GENERATORS))
+        seed = integer(d.get("seed", 0), "data.seed", 0, 2**32 - 1)
         _, need_in, need_out, losses = GENERATORS[gen]
         if need_in is not None and tuple(in_shape) != need_in:
             raise CaseError("model.input_shape", f"{list(need_in)} for data.generator {gen!r}", list(in_shape))
@@ -384,24 +239,24 @@ def case_from_dict(
     Raises:
         CaseError: naming the field, on any bad input.
     """
-    raw = _dict(raw, "case")
-    _no_extra(raw, _TOP_KEYS, "")
+    raw = obj(raw, "case")
+    no_extra(raw, _TOP_KEYS, "")
     schema = raw.get("schema", SCHEMA)
     if schema != SCHEMA:
         raise CaseError("schema", f"{SCHEMA!r}", schema)
     name = raw.get("name", "case")
     if not isinstance(name, str) or not name or len(name) > 200 or any(c in name for c in "/\\\0"):
         raise CaseError("name", "a short name without slashes", name)
-    dtype = _choice(raw.get("dtype", "float32"), "dtype", DTYPES)
-    model, in_shape, out_shape = _model(_need(raw, "model", ""))
-    parallel = _parallel(_need(raw, "parallel", ""))
-    steps = _int(_need(raw, "steps", ""), "steps", 1, 100_000)
-    optimizer = _optimizer(_need(raw, "optimizer", ""))
-    seed = _int(raw.get("seed", 0), "seed", 0, 2**32 - 1)
+    dtype = choice(raw.get("dtype", "float32"), "dtype", DTYPES)
+    model, in_shape, out_shape = validate_model(need(raw, "model", ""))
+    parallel = validate_parallel(need(raw, "parallel", ""))
+    steps = integer(need(raw, "steps", ""), "steps", 1, 100_000)
+    optimizer = validate_optimizer(need(raw, "optimizer", ""))
+    seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
     base = Path(base_dir) if base_dir is not None else None
     specs = param_specs(in_shape, model["layers"])
-    init_spec, init_arrays = _init(_need(raw, "init", ""), base, specs, init)
-    data_spec, xs, ys = _data(_need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"], (x, y) if x is not None else None)
+    init_spec, init_arrays = _init(need(raw, "init", ""), base, specs, init)
+    data_spec, xs, ys = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"], (x, y) if x is not None else None)
     spec = {
         "schema": SCHEMA,
         "name": name,

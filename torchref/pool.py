@@ -36,9 +36,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool"]
+__all__ = [
+    "MAX_SIZE", "DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool",
+]
 
-MAX_SIZE = 64
+MAX_SIZE = 64  #: the largest pool size accepted
 _POLL_S = 0.1  # how often the parent looks at the pipes and the processes while waiting
 _GRACE_S = 1.0  # after one rank fails, how long to wait for the others' reports
 _JOIN_S = 5.0  # how long close() lets workers exit on their own before killing them

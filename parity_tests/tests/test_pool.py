@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from torchref import _pool_testfns as fns
-from torchref.pool import DDPPool, RankFailed, get_pool, shutdown_pool
+from torchref.pool import MAX_SIZE, DDPPool, RankFailed, get_pool, shutdown_pool
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
@@ -27,7 +27,8 @@ pytestmark = pytest.mark.timeout(180)  # a pool bug must fail here, not hang the
 
 
 @pytest.fixture(scope="module")
-def pool():
+def pool4():
+    """A pool of 4 ranks for this module (the session's shared 8-rank pool is left alone)."""
     with DDPPool(4, timeout=POOL_TIMEOUT) as p:
         yield p
 
@@ -58,54 +59,54 @@ def _assert_restarts(pool: DDPPool) -> None:
     assert pool.alive
 
 
-def test_allreduce_over_subgroups_in_warm_pool(pool):
-    pids = pool.pids
+def test_allreduce_over_subgroups_in_warm_pool(pool4):
+    pids = pool4.pids
     for _ in range(2):
         for n in range(1, 5):
-            results = pool.run(fns.allreduce_rank, {"unused": [1, 2]}, n)
+            results = pool4.run(fns.allreduce_rank, {"unused": [1, 2]}, n)
             assert [r["rank"] for r in results] == list(range(n))
             assert all(r["world_size"] == n for r in results)
             assert all(r["sum"] == n * (n + 1) / 2 for r in results)
             assert [r["pid"] for r in results] == pids[:n]  # same workers: the pool is reused
     worker = results[0]
     assert worker["threads"] == 1 and worker["deterministic"] and worker["sigint"]
-    assert pool.pids == pids
+    assert pool4.pids == pids
 
 
-def test_rank_that_raises_is_named_and_pool_restarts(pool):
+def test_rank_that_raises_is_named_and_pool_restarts(pool4):
     with pytest.raises(RankFailed) as info:
-        pool.run(fns.raise_on_rank1, None, 4)
+        pool4.run(fns.raise_on_rank1, None, 4)
     assert info.value.rank == 1 and info.value.how == "raised"
     assert "ValueError: boom from rank 1" in str(info.value)
     assert str(info.value).startswith("rank 1 raised")
-    _assert_restarts(pool)
+    _assert_restarts(pool4)
 
 
-def test_killed_rank_is_named_and_pool_restarts(pool):
-    old = pool.pids
+def test_killed_rank_is_named_and_pool_restarts(pool4):
+    old = pool4.pids
     with pytest.raises(RankFailed) as info:
-        pool.run(fns.sigkill_rank2, None, 4)
+        pool4.run(fns.sigkill_rank2, None, 4)
     assert info.value.rank == 2 and info.value.how == f"died (signal {int(signal.SIGKILL)})"
     assert "rank 2 died" in str(info.value)
     assert _gone(old) == []
-    _assert_restarts(pool)
+    _assert_restarts(pool4)
 
 
-def test_hang_times_out_within_bound(pool):
+def test_hang_times_out_within_bound(pool4):
     start = time.monotonic()
     with pytest.raises(RankFailed) as info:
-        pool.run(fns.hang_rank1, None, 4)
+        pool4.run(fns.hang_rank1, None, 4)
     elapsed = time.monotonic() - start
     # The waiting ranks' collective times out after POOL_TIMEOUT and they report it.
     assert POOL_TIMEOUT - 0.5 < elapsed < POOL_TIMEOUT + 30
     assert info.value.how == "raised" and "Timed out" in str(info.value)
-    _assert_restarts(pool)
+    _assert_restarts(pool4)
 
 
-def test_shape_mismatch_between_ranks_fails(pool):
+def test_shape_mismatch_between_ranks_fails(pool4):
     with pytest.raises(RankFailed):
-        pool.run(fns.shape_mismatch, None, 4)
-    _assert_restarts(pool)
+        pool4.run(fns.shape_mismatch, None, 4)
+    _assert_restarts(pool4)
 
 
 def test_silent_rank_times_out_in_parent():
@@ -143,16 +144,16 @@ def test_close_and_restart_leave_nothing_behind():
     assert [c.pid for c in extra if not _is_resource_tracker(c)] == []
 
 
-def test_sockets_on_loopback_and_private_store(pool):
+def test_sockets_on_loopback_and_private_store(pool4):
     box: dict[str, object] = {}
     job = threading.Thread(target=lambda: box.update(
-        result=pool.run(fns.sleep_then_allreduce, {"seconds": 1.5}, 4)))
-    pool.start()
+        result=pool4.run(fns.sleep_then_allreduce, {"seconds": 1.5}, 4)))
+    pool4.start()
     job.start()
     try:
         time.sleep(0.5)
-        assert stat.S_IMODE(os.stat(pool.store_dir).st_mode) == 0o700
-        conns = [c for pid in pool.pids for c in psutil.Process(pid).net_connections("inet")]
+        assert stat.S_IMODE(os.stat(pool4.store_dir).st_mode) == 0o700
+        conns = [c for pid in pool4.pids for c in psutil.Process(pid).net_connections("inet")]
         assert conns, "expected gloo sockets"
         for c in conns:
             assert c.laddr.ip in LOOPBACK, c
@@ -166,7 +167,7 @@ def test_sockets_on_loopback_and_private_store(pool):
     ("make", "text"),
     [
         (lambda: DDPPool(0), "0"),
-        (lambda: DDPPool(65), "65"),
+        (lambda: DDPPool(MAX_SIZE + 1), str(MAX_SIZE + 1)),
         (lambda: DDPPool(2, timeout=0), "0"),
         (lambda: DDPPool(2, timeout=-1.5), "-1.5"),
         (lambda: DDPPool(2).run(fns.allreduce_rank, None, 3), "3"),
@@ -185,7 +186,10 @@ def test_world_size_error_names_both_numbers():
         DDPPool(4).run(fns.allreduce_rank, None, 5)
 
 
-def test_shared_pool_grows_and_shuts_down():
+def test_shared_pool_grows_and_shuts_down(monkeypatch):
+    import torchref.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_shared", None)  # leave the session's shared pool alone
     try:
         a = get_pool(2, timeout=7.0)
         assert get_pool(1) is a and get_pool(2) is a and a.size == 2 and a.timeout == 7.0
