@@ -10,6 +10,8 @@ numpy trajectories out.
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from collections.abc import Callable
 
 import numpy as np
@@ -46,10 +48,35 @@ def parse_impls(text: str, field: str = "--impls") -> list[str]:
     return names
 
 
-def _tf():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tfpar
+_BENIGN = ("All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
+           "This TensorFlow binary is optimized", "rebuild TensorFlow with the appropriate compiler flags")
 
+
+def _tf():
+    """Import ``tfpar`` (and TensorFlow) once, without TensorFlow's start-up chatter.
+
+    TensorFlow 2.21 logs through absl before ``TF_CPP_MIN_LOG_LEVEL`` is read, so
+    the C++ stderr is captured during the import and replayed without the known
+    informational lines (anything else is shown as it was).
+    """
+    if "tfpar" in sys.modules:
+        return sys.modules["tfpar"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            import tfpar
+
+            tfpar.available_devices()  # the first op logs too
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines():
+                if line.strip() and not any(b in line for b in _BENIGN):
+                    print(line, file=sys.stderr)
     return tfpar
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prediction", "predict", "is_parallel", "uneven_shards"]
+__all__ = ["Prediction", "predict", "is_parallel", "uneven_shards", "keras_rounds_hyperparameters", "KERAS_IMPLS"]
 
 PARALLEL = ("tf.towers", "torch.ddp")
 
@@ -81,3 +81,26 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
             )
     return Prediction(tuple(expected), tuple(known))
+
+
+KERAS_IMPLS = ("tf.towers", "tf.single", "tf.mirrored")
+
+
+def keras_rounds_hyperparameters(spec: dict[str, Any], a: str, b: str) -> str | None:
+    """The implementation to run with Keras' float32-rounded hyperparameters, or ``None``.
+
+    In a float64 ``native`` run, Keras 3 rounds ``learning_rate`` and ``momentum``
+    to float32 (measured: that rounding reproduces Keras' SGD to the last bit).
+    For SGD and momentum this is the whole difference from the other framework's
+    rule, so it can be mapped exactly: the non-Keras side runs with the same
+    rounded values. (Adam's betas are rounded only inside Keras' bias
+    correction, which no hyperparameter of torch's rule can reproduce; native
+    Adam differs by its epsilon placement anyway.)
+    """
+    opt = spec["optimizer"]
+    if spec["dtype"] != "float64" or opt["semantics"] != "native" or opt["name"] not in ("sgd", "momentum"):
+        return None
+    ka, kb = a in KERAS_IMPLS, b in KERAS_IMPLS
+    if ka == kb:
+        return None
+    return b if ka else a

@@ -24,6 +24,7 @@ differentiates:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     dtype, x, y = _arrays(payload)
     model = CaseModel(model_spec["layers"], payload["init"], dtype)
     # DDP broadcasts rank 0's parameters at construction: all ranks start equal anyway
-    ddp = DDP(model, process_group=ctx.group, broadcast_buffers=True)
+    ddp = DDP(model, process_group=ctx.group)
     opt = make_optimizer(spec["optimizer"], model.parameters())
     named = model.canonical()
     batch = spec["data"]["global_batch"]
@@ -98,7 +99,10 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
         l_r = shard_loss(model_spec["loss"], model_spec["reduction"], ddp(x[ix]), y[ix])
         opt.zero_grad(set_to_none=True)
         if par["combine"] == "loss_mean":
-            total = dist_fn.all_reduce(l_r * w[r], op=dist.ReduceOp.SUM, group=ctx.group)
+            with warnings.catch_warnings():
+                # deprecated in favour of a private module; it is still the public differentiable allreduce
+                warnings.simplefilter("ignore", FutureWarning)
+                total = dist_fn.all_reduce(l_r * w[r], op=dist.ReduceOp.SUM, group=ctx.group)
             total.backward()
             loss_value = total.detach()
         else:

@@ -26,15 +26,16 @@ def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool 
     Args:
         payload: ``{"spec", "x", "y", "init"}`` as validated by ``parity_tests``.
         impl: ``torch.ddp`` or ``torch.single``.
-        pool: the worker pool (default: the process-wide shared pool, sized to
-            at least the case's device count).
+        pool: the worker pool (default: the process-wide shared pool, grown to
+            at least the case's device count when it is smaller).
         timeout: per-job timeout in seconds (default: the pool's).
     """
     n = payload["spec"]["parallel"]["devices"]
     if impl == "torch.ddp":
-        pool = pool or get_pool(max(n, 8))
+        # the shared pool is reused when it is large enough, and restarted larger when not
+        pool = pool or get_pool(n)
         return pool.run(train_rank, payload, n, timeout=timeout)[0]
     if impl == "torch.single":
-        pool = pool or get_pool(8)
+        pool = pool or get_pool(1)
         return pool.run(train_single, payload, 1, timeout=timeout)[0]
     raise ValueError(f"unknown torch implementation {impl!r}")

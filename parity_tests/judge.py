@@ -1,0 +1,213 @@
+"""Judge one case across implementations: run them, apply the tolerance model, explain.
+
+The first implementation is the reference; every other one is judged against
+it. A float64 case is judged by the float64 rule. A float32 case is also run
+in float64 on every implementation, so each side's own float32 noise floor is
+known (``tolerance.judge_float32``).
+
+Theory (``theory.predict``) says which pairs must differ (expected
+differences: the verdict must be a divergence) and which documented effects
+apply (known differences). One known difference is *mapped* rather than
+merely named: in a float64 run Keras 3 rounds ``learning_rate`` and
+``momentum`` to float32, so the other side of such a pair is run with those
+two hyperparameters rounded the same way, and the gap without that mapping is
+reported beside the verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .case import Case
+from .harness import run_impl
+from .theory import Prediction, keras_rounds_hyperparameters, predict
+from .tolerance import Verdict, judge_float32, judge_float64
+
+__all__ = ["PairResult", "CaseResult", "compare_case", "write_case_report", "OK_STATUSES"]
+
+OK_STATUSES = ("parity", "expected_difference")
+Runner = Callable[[Case, str], dict[str, np.ndarray]]
+
+
+@dataclass
+class PairResult:
+    """The verdict on ``impl`` against ``reference``."""
+
+    reference: str
+    impl: str
+    verdict: Verdict
+    prediction: Prediction
+    mapping: str | None = None  # what was mapped before judging, if anything
+    unmapped_gap: float | None = None  # the float64 gap without that mapping
+
+    @property
+    def as_expected(self) -> bool:
+        """Parity where theory predicts none, a divergence where it predicts one."""
+        return self.verdict.status in OK_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "impl": self.impl,
+            "verdict": self.verdict.to_dict(),
+            "expected_differences": list(self.prediction.expected),
+            "known_differences": list(self.prediction.known),
+            "mapping": self.mapping,
+            "unmapped_gap": self.unmapped_gap,
+            "as_expected": self.as_expected,
+        }
+
+
+@dataclass
+class CaseResult:
+    """Everything ``tfpar compare`` found for one case."""
+
+    case: Case
+    impls: list[str]
+    pairs: list[PairResult]
+    trajectories: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # "impl@dtype" -> traj
+    seconds: float = 0.0
+
+    @property
+    def parity(self) -> bool:
+        """True when every pair is at parity (``compare``'s exit status 0)."""
+        return all(p.verdict.status == "parity" for p in self.pairs)
+
+    @property
+    def as_expected(self) -> bool:
+        return all(p.as_expected for p in self.pairs)
+
+    def summary(self) -> str:
+        """A table a person reads in a terminal, then one line per finding."""
+        c = self.case
+        head = (f"case {c.name}: {c.spec['dtype']}, {c.devices} device(s), {c.spec['parallel']['combine']}, "
+                f"{c.spec['optimizer']['name']} ({c.spec['optimizer']['semantics']}), {c.spec['steps']} steps")
+        rows = [head, f"{'pair':<30} {'verdict':<20} {'rule':<20} {'gap':>10} {'bound':>10}"]
+        notes = []
+        for p in self.pairs:
+            v = p.verdict
+            rows.append(f"{p.reference + ' vs ' + p.impl:<30} {v.status:<20} {v.rule:<20} {v.gap:>10.3g} {v.bound:>10.3g}")
+            for e in p.prediction.expected:
+                notes.append(f"  {p.impl}: expected difference: {e}")
+            for k in p.prediction.known:
+                notes.append(f"  {p.impl}: known difference: {k}")
+            if p.mapping:
+                notes.append(f"  {p.impl}: mapped: {p.mapping}; gap without the mapping {p.unmapped_gap:.3g}")
+            if v.status not in ("parity", "expected_difference") or v.status == "expected_difference":
+                notes.extend("  " + line for line in v.detail.splitlines())
+        verdict = "PARITY" if self.parity else ("DIVERGENCE (as theory predicts)" if self.as_expected else "DIVERGENCE")
+        return "\n".join([*rows, *notes, f"verdict: {verdict} ({self.seconds:.1f} s)"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case": self.case.spec,
+            "impls": self.impls,
+            "parity": self.parity,
+            "as_expected": self.as_expected,
+            "seconds": round(self.seconds, 3),
+            "pairs": [p.to_dict() for p in self.pairs],
+        }
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def _keras_mapped(case: Case) -> tuple[Case, str]:
+    """``case`` with learning rate and momentum rounded to float32, as Keras rounds them."""
+    opt = case.spec["optimizer"]
+    changes: dict[str, Any] = {"optimizer.lr": _f32(opt["lr"])}
+    text = f"lr {opt['lr']!r} -> float32 {_f32(opt['lr'])!r}"
+    if "momentum" in opt:
+        changes["optimizer.momentum"] = _f32(opt["momentum"])
+        text += f", momentum {opt['momentum']!r} -> {_f32(opt['momentum'])!r}"
+    return case.replace(**changes), text
+
+
+def compare_case(
+    case: Case,
+    impls: list[str],
+    *,
+    progress: bool | Callable[[str], None] = False,
+    runner: Runner | None = None,
+) -> CaseResult:
+    """Run ``case`` on every implementation in ``impls`` and judge each against ``impls[0]``.
+
+    Args:
+        case: a validated case.
+        impls: two or more implementation names; the first is the reference.
+        progress: ``True`` for a progress bar on stderr, or a callable given a label per run.
+        runner: ``runner(case, impl) -> trajectory`` (default: :func:`harness.run_impl`).
+    """
+    runner = runner or (lambda c, i: run_impl(c, i))
+    t0 = time.perf_counter()
+    dtypes = ["float64"] if case.spec["dtype"] == "float64" else ["float32", "float64"]
+    variants = {d: (case if case.spec["dtype"] == d else case.replace(dtype=d)) for d in dtypes}
+    plan: list[tuple[str, str, bool]] = []  # (impl, dtype, keras-mapped)
+    ref = impls[0]
+    pairs_pred = {impl: predict(variants["float64"].spec, ref, impl) for impl in impls[1:]}
+    mapped_needed = {impl: keras_rounds_hyperparameters(variants["float64"].spec, ref, impl) for impl in impls[1:]}
+    for impl in impls:
+        for d in dtypes:
+            plan.append((impl, d, False))
+    for impl, side in mapped_needed.items():
+        if side is not None:
+            plan.append((side, "float64", True))
+    bar = None
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(plan), desc=case.name, unit="run", leave=False)
+    trajs: dict[str, dict[str, np.ndarray]] = {}
+    mapping_text: str | None = None
+    for impl, d, mapped in plan:
+        key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
+        if key in trajs:
+            continue
+        c = variants[d]
+        if mapped:
+            c, mapping_text = _keras_mapped(c)
+        if bar is not None:
+            bar.set_postfix_str(key)
+        elif callable(progress):
+            progress(key)
+        trajs[key] = runner(c, impl)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+
+    def get(impl: str, d: str, mapped: bool) -> dict[str, np.ndarray]:
+        return trajs[f"{impl}@{d}" + ("+keras-f32" if mapped else "")]
+
+    pairs = []
+    for impl in impls[1:]:
+        pred = pairs_pred[impl]
+        side = mapped_needed[impl]
+        ma, mb = side == ref, side == impl
+        kw = {"expect_difference": pred.differ, "known_differences": pred.known + pred.expected}
+        if case.spec["dtype"] == "float64":
+            verdict = judge_float64(get(ref, "float64", ma), get(impl, "float64", mb), **kw)
+        else:
+            verdict = judge_float32(
+                get(ref, "float32", False), get(impl, "float32", False),
+                a64=get(ref, "float64", ma), b64=get(impl, "float64", mb), **kw,
+            )
+        unmapped = None
+        if side is not None:
+            unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap
+        pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped))
+    return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)
+
+
+def write_case_report(result: CaseResult, out: Path) -> Path:
+    """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy."""
+    from .report import write_report
+
+    return write_report([result], out, title=f"tfpar compare: {result.case.name}")

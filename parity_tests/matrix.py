@@ -1,0 +1,144 @@
+"""``tfpar matrix``: the built-in scenario matrix, written as a report.
+
+Rows: the seeds' scenarios (polynomial regression with Adam, the 5-10-1 binary
+MLP with SGD, a softmax classifier with momentum) x device counts 1, 2, 4, 8 x
+both combine rules x float32 and float64; in every row ``tf.towers`` is the
+reference and ``torch.ddp``, ``tf.single`` and ``torch.single`` are judged
+against it. Then the rows where theory predicts a difference: sum reduction
+under data parallelism, uneven shards with equal weighting (and the
+``by_size`` weighting that removes it), and native Adam across frameworks
+(epsilon placement). The exit status is 0 only when every verdict is the
+expected one.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .case import Case, case_from_dict
+from .judge import CaseResult, compare_case
+from .report import write_report
+
+__all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "matrix_cases", "run_matrix"]
+
+IMPLS = ["tf.towers", "torch.ddp", "tf.single", "torch.single"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    case: dict[str, Any]
+
+
+def _base(name: str, model: dict, data: dict, optimizer: dict, init: dict, steps: int = 10) -> dict:
+    return {"schema": "parity-case/1", "name": name, "dtype": "float64", "model": model, "init": init,
+            "data": data, "optimizer": optimizer, "parallel": {"devices": 1}, "steps": steps}
+
+
+SCENARIOS = [
+    # y = 5x^2 + 3 fitted by w . [x^2, x, 1] with Adam (Keras' rule, computed exactly on both sides)
+    Scenario("poly-adam", _base(
+        "poly-adam",
+        {"input_shape": [], "layers": [{"type": "poly", "degree": 2}, {"type": "dense", "units": 1, "use_bias": False}], "loss": "mse"},
+        {"generator": "poly", "seed": 1, "global_batch": 64},
+        {"name": "adam", "lr": 0.1, "semantics": "tf"},
+        {"seed": 2, "kind": "normal", "stddev": 1.0})),
+    # the 5-10-1 binary MLP with plain SGD, each framework's own optimizer class
+    Scenario("mlp-sgd", _base(
+        "mlp-sgd",
+        {"input_shape": [5], "layers": [{"type": "dense", "units": 10, "activation": "relu"}, {"type": "dense", "units": 1}], "loss": "sigmoid_ce"},
+        {"generator": "binary5", "seed": 3, "global_batch": 64},
+        {"name": "sgd", "lr": 0.01, "semantics": "native"},
+        {"seed": 4, "kind": "normal", "stddev": 0.5})),
+    # a small softmax classifier with momentum, each framework's own optimizer class
+    Scenario("softmax-momentum", _base(
+        "softmax-momentum",
+        {"input_shape": [4], "layers": [{"type": "dense", "units": 16, "activation": "tanh"}, {"type": "dense", "units": 3}], "loss": "softmax_ce"},
+        {"generator": "blobs", "seed": 5, "global_batch": 64},
+        {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
+        {"seed": 6, "kind": "glorot_uniform"})),
+]
+_BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def _with(raw: dict, name: str, **changes: Any) -> dict:
+    out = copy.deepcopy(raw)
+    out["name"] = name
+    for dotted, value in changes.items():
+        node = out
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = value
+    return out
+
+
+# (scenario, changes): rows where theory predicts differences for some pairs
+EXPECTED_ROWS: list[tuple[str, str, dict[str, Any]]] = [
+    ("mlp-sum-reduction", "mlp-sgd", {"model.reduction": "sum", "optimizer.semantics": "torch"}),
+    ("mlp-uneven-equal", "mlp-sgd", {"data.global_batch": 63, "optimizer.semantics": "torch"}),
+    ("mlp-uneven-by_size", "mlp-sgd", {"data.global_batch": 63, "parallel.weighting": "by_size", "optimizer.semantics": "torch"}),
+    ("poly-adam-native", "poly-adam", {"optimizer.semantics": "native", "optimizer.epsilon": 1e-3}),
+]
+
+
+def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8), dtypes: Iterable[str] = ("float64", "float32"),
+                 combines: Iterable[str] = ("grad_mean", "loss_mean"), expected_rows: bool = True) -> list[Case]:
+    """Every case of the matrix, validated, named ``scenario:nN:combine:dtype``."""
+    devices, dtypes, combines = list(devices), list(dtypes), list(combines)
+    cases = []
+    for s in SCENARIOS:
+        for n in devices:
+            for combine in combines:
+                for dtype in dtypes:
+                    raw = _with(s.case, f"{s.name}:n{n}:{combine}:{dtype}", **{
+                        "parallel.devices": n, "parallel.combine": combine, "dtype": dtype})
+                    cases.append(case_from_dict(raw))
+    if expected_rows:
+        for name, base, changes in EXPECTED_ROWS:
+            for n in [d for d in devices if d > 1] or [2]:
+                raw = _with(_BY_NAME[base].case, f"{name}:n{n}:grad_mean:float64",
+                            **{"parallel.devices": n, **changes})
+                cases.append(case_from_dict(raw))
+    return cases
+
+
+def run_matrix(
+    out: Path,
+    *,
+    quick: bool = False,
+    cases: list[Case] | None = None,
+    runner: Callable[[Case, str], Any] | None = None,
+    stream=None,
+) -> int:
+    """Run the matrix, write the report to ``out``; returns the exit status (0: all as expected)."""
+    from tqdm import tqdm
+
+    stream = stream or sys.stderr
+    if cases is None:
+        cases = matrix_cases(devices=(1, 2), dtypes=("float64",)) if quick else matrix_cases()
+    if runner is None:
+        from torchref.pool import get_pool  # the pool once, at the size the matrix needs
+
+        get_pool(max(c.devices for c in cases))
+    t0 = time.perf_counter()
+    results: list[CaseResult] = []
+    with tqdm(cases, desc="tfpar matrix", unit="row", file=stream) as bar:
+        for case in bar:
+            bar.set_postfix_str(case.name)
+            results.append(compare_case(case, IMPLS, runner=runner))
+    bad = [(r.case.name, p.impl, p.verdict.status) for r in results for p in r.pairs if not p.as_expected]
+    seconds = time.perf_counter() - t0
+    path = write_report(results, out, title="tfpar scenario matrix",
+                        meta={"seconds": round(seconds, 1), "rows": len(results)}, trajectories=False)
+    total = sum(len(r.pairs) for r in results)
+    print(f"{total - len(bad)} / {total} verdicts as expected over {len(results)} cases in {seconds:.0f} s; report: {path}")
+    for name, impl, status in bad:
+        print(f"  NOT AS EXPECTED: {name}: tf.towers vs {impl}: {status}")
+    return 0 if not bad else 1
