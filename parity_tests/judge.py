@@ -156,7 +156,7 @@ def compare_case(
     for impl in impls:
         for d in dtypes:
             plan.append((impl, d, False))
-    for impl, side in mapped_needed.items():
+    for side in mapped_needed.values():
         if side is not None:
             plan.append((side, "float64", True))
     bar = None

@@ -132,6 +132,8 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
         pass  # the parent is gone
     if stopped:
         dist.destroy_process_group()
+    elif rank == 0:  # orphaned: the parent cannot remove its store folder any more
+        shutil.rmtree(os.path.dirname(store_path), ignore_errors=True)
     # Interpreter finalisation tears down the gloo contexts for seconds (4-7 s at 8 ranks);
     # nothing is left to save, so exit at once and let the OS close the sockets.
     for stream in (sys.stdout, sys.stderr):

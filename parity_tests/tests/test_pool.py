@@ -209,7 +209,7 @@ CHILD = textwrap.dedent(
     from torchref.pool import DDPPool
     pool = DDPPool(2, timeout=120.0)
     pool.start()
-    print("READY", flush=True)
+    print("READY", pool.store_dir, flush=True)
     pool.run(fns.sleep_then_allreduce, {"seconds": 600}, 2)
     """
 )
@@ -221,7 +221,9 @@ def test_ctrl_c_tears_the_pool_down():
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready, _, _ = select.select([child.stdout], [], [], 120)
-        assert ready and child.stdout.readline().strip() == "READY", child.stderr.read()
+        assert ready
+        word, folder = child.stdout.readline().split()
+        assert word == "READY" and os.path.isdir(folder)
         time.sleep(1.0)  # let it enter run()
         tree = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
         assert len(tree) >= 2
@@ -229,11 +231,12 @@ def test_ctrl_c_tears_the_pool_down():
         child.send_signal(signal.SIGINT)
         child.wait(timeout=20)
         assert time.monotonic() - start < 20
-        assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr.read()
         deadline = time.monotonic() + 5
         while _gone(tree) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _gone(tree) == []
+        assert not os.path.exists(folder)
+        assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr.read()
     finally:
         if child.poll() is None:
             child.kill()
@@ -246,7 +249,7 @@ ORPHAN = textwrap.dedent(
     from torchref.pool import DDPPool
     pool = DDPPool(2, timeout=60.0)
     pool.start()
-    print(*pool.pids, flush=True)
+    print(pool.store_dir, *pool.pids, flush=True)
     time.sleep(600)
     """
 )
@@ -259,14 +262,16 @@ def test_workers_exit_when_parent_dies():
     try:
         ready, _, _ = select.select([child.stdout], [], [], 120)
         assert ready
-        pids = [int(word) for word in child.stdout.readline().split()]
-        assert len(pids) == 2
+        folder, *words = child.stdout.readline().split()
+        pids = [int(word) for word in words]
+        assert len(pids) == 2 and os.path.isdir(folder)
         child.kill()  # no atexit, no clean-up: the workers must notice on their own
         child.wait()
         deadline = time.monotonic() + 10
         while _gone(pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _gone(pids) == []
+        assert not os.path.exists(folder)  # rank 0 removed the orphaned store folder
     finally:
         if child.poll() is None:
             child.kill()
