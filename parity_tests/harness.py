@@ -21,7 +21,7 @@ from .errors import CaseError
 
 __all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout"]
 
-IMPLS = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
 _POOL_TIMEOUT: float | None = None
 
 
@@ -98,7 +98,7 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
     if impl.startswith("tf."):
         tfpar = _tf()
         have = len(tfpar.available_devices())
-        if impl == "tf.towers" and n > have:
+        if impl != "tf.single" and n > have:  # tf.towers, tf.v1, tf.mirrored: one device per tower
             raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has; set TFPAR_DEVICES before start-up for more)", n)
         try:
             return tfpar.run_case(case.payload(), impl, progress=progress)

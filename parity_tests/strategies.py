@@ -1,0 +1,221 @@
+"""Public hypothesis strategies for parity cases.
+
+Usable by anyone testing their own set-ups::
+
+    from hypothesis import given
+    from parity_tests.strategies import dense_cases
+
+    @given(dense_cases(devices=device_counts(2, 4), dtypes=["float64"]))
+    def test_my_property(case): ...
+
+Every strategy is a plain function returning a ``SearchStrategy``; its
+arguments are checked up front, and a bad one raises ``InvalidArgument``
+naming the value. Cases are built through the same validation as
+``case.json`` files (``parity_tests.case.case_from_dict``), with data and
+initial weights drawn in numpy from drawn seeds, so a shrunk failure is small
+and replays exactly (``parity_tests.case.write_case``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from .case import Case, case_from_dict
+from .case_model import ACTIVATIONS, LOSSES
+from .case_optimizer import SEMANTICS
+from .case_parallel import COMBINES, MAX_DEVICES, SHARDS, WEIGHTINGS
+
+__all__ = [
+    "device_counts",
+    "widths",
+    "activations",
+    "dense_layer_lists",
+    "input_shapes",
+    "global_batches",
+    "optimizers",
+    "dtypes",
+    "parallel_settings",
+    "init_specs",
+    "dense_cases",
+]
+
+_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(f"{name}={value!r}: expected an integer in [{lo}, {hi}]")
+    return value
+
+
+def _subset(name: str, values: Sequence[str], allowed: Sequence[str]) -> list[str]:
+    values = [values] if isinstance(values, str) else list(values)
+    bad = [v for v in values if v not in allowed]
+    if not values or bad:
+        raise InvalidArgument(f"{name}={values!r}: expected a non-empty list drawn from {list(allowed)}")
+    return values
+
+
+def _range(name: str, lo: int, hi: int, floor: int, ceil: int) -> tuple[int, int]:
+    _int_arg(f"min_{name}", lo, floor, ceil)
+    _int_arg(f"max_{name}", hi, floor, ceil)
+    if lo > hi:
+        raise InvalidArgument(f"min_{name}={lo} > max_{name}={hi}")
+    return lo, hi
+
+
+def device_counts(min_value: int = 1, max_value: int = 8) -> st.SearchStrategy[int]:
+    """Device counts N in ``[min_value, max_value]`` (at most 64)."""
+    lo, hi = _range("value", min_value, max_value, 1, MAX_DEVICES)
+    return st.integers(lo, hi)
+
+
+def widths(min_value: int = 1, max_value: int = 16) -> st.SearchStrategy[int]:
+    """Layer widths (dense ``units``)."""
+    lo, hi = _range("value", min_value, max_value, 1, 4096)
+    return st.integers(lo, hi)
+
+
+def activations(allowed: Sequence[str] = ACTIVATIONS) -> st.SearchStrategy[str]:
+    """Activation names among ``allowed``."""
+    return st.sampled_from(_subset("allowed", allowed, ACTIVATIONS))
+
+
+def dense_layer_lists(*, min_layers: int = 1, max_layers: int = 3, max_width: int = 16, outputs: int = 1,
+                      allowed_activations: Sequence[str] = ACTIVATIONS) -> st.SearchStrategy[list[dict]]:
+    """Lists of dense layers ending in ``outputs`` units with no activation (logits / regression)."""
+    lo, hi = _range("layers", min_layers, max_layers, 1, 16)
+    _int_arg("outputs", outputs, 1, 4096)
+    hidden = st.builds(
+        lambda u, a, b: {"type": "dense", "units": u, "activation": a, "use_bias": b},
+        widths(1, max_width), activations(allowed_activations), st.booleans(),
+    )
+    last = st.builds(lambda b: {"type": "dense", "units": outputs, "activation": "none", "use_bias": b}, st.booleans())
+    return st.tuples(st.lists(hidden, min_size=lo - 1, max_size=hi - 1), last).map(lambda t: [*t[0], t[1]])
+
+
+def input_shapes(min_features: int = 1, max_features: int = 8) -> st.SearchStrategy[list[int]]:
+    """1-D input shapes ``[d]``."""
+    lo, hi = _range("features", min_features, max_features, 1, 4096)
+    return st.integers(lo, hi).map(lambda d: [d])
+
+
+def global_batches(devices: int, *, max_value: int = 48, divisible: bool | None = None) -> st.SearchStrategy[int]:
+    """Global batch sizes >= ``devices``; ``divisible=True`` only multiples of it, ``False`` only non-multiples."""
+    _int_arg("devices", devices, 1, MAX_DEVICES)
+    _int_arg("max_value", max_value, devices, 1_000_000)
+    values = st.integers(devices, max_value)
+    if divisible is True:
+        return st.integers(1, max_value // devices).map(lambda k: k * devices)
+    if divisible is False:
+        if devices == 1 or max_value <= devices:
+            raise InvalidArgument(f"devices={devices}, max_value={max_value}: no batch size that does not divide")
+        return values.filter(lambda b: b % devices != 0)
+    return values
+
+
+def optimizers(*, names: Sequence[str] = _OPTIMIZERS, semantics: Sequence[str] = ("torch", "tf")) -> st.SearchStrategy[dict]:
+    """Optimizer sections with hyperparameters in ranges where training is stable for a few steps."""
+    names = _subset("names", names, _OPTIMIZERS)
+    sems = _subset("semantics", semantics, SEMANTICS)
+
+    @st.composite
+    def build(draw):
+        name = draw(st.sampled_from(names))
+        out: dict[str, Any] = {"name": name, "semantics": draw(st.sampled_from(sems)),
+                               "lr": draw(st.sampled_from([1e-3, 1e-2, 5e-2, 0.1]))}
+        if name == "momentum":
+            out["momentum"] = draw(st.sampled_from([0.0, 0.5, 0.9, 0.99]))
+        if name == "adam":
+            out["beta1"] = draw(st.sampled_from([0.0, 0.9]))
+            out["beta2"] = draw(st.sampled_from([0.9, 0.999]))
+            out["epsilon"] = draw(st.sampled_from([1e-8, 1e-7, 1e-3]))
+        return out
+
+    return build()
+
+
+def dtypes(allowed: Sequence[str] = ("float32", "float64")) -> st.SearchStrategy[str]:
+    """``float32`` / ``float64``."""
+    return st.sampled_from(_subset("allowed", allowed, ("float32", "float64")))
+
+
+def parallel_settings(devices: int, *, combines: Sequence[str] = COMBINES, shards: Sequence[str] = SHARDS,
+                      weightings: Sequence[str] = WEIGHTINGS) -> st.SearchStrategy[dict]:
+    """``parallel`` sections for ``devices`` devices."""
+    _int_arg("devices", devices, 1, MAX_DEVICES)
+    return st.builds(
+        lambda c, s, w: {"devices": devices, "combine": c, "shard": s, "weighting": w},
+        st.sampled_from(_subset("combines", combines, COMBINES)),
+        st.sampled_from(_subset("shards", shards, SHARDS)),
+        st.sampled_from(_subset("weightings", weightings, WEIGHTINGS)),
+    )
+
+
+def init_specs() -> st.SearchStrategy[dict]:
+    """Seeded initial-weight draws (``normal`` with a small stddev, or ``glorot_uniform``)."""
+    return st.one_of(
+        st.builds(lambda s, sd: {"seed": s, "kind": "normal", "stddev": sd}, st.integers(0, 2**16), st.sampled_from([0.1, 0.5])),
+        st.builds(lambda s: {"seed": s, "kind": "glorot_uniform"}, st.integers(0, 2**16)),
+    )
+
+
+def dense_cases(
+    *,
+    devices: st.SearchStrategy[int] | None = None,
+    dtypes: Sequence[str] = ("float64",),
+    losses: Sequence[str] = LOSSES,
+    reductions: Sequence[str] = ("mean",),
+    combines: Sequence[str] = COMBINES,
+    shards: Sequence[str] = SHARDS,
+    weightings: Sequence[str] = WEIGHTINGS,
+    optimizer_names: Sequence[str] = _OPTIMIZERS,
+    semantics: Sequence[str] = ("torch", "tf"),
+    even_shards: bool | None = None,
+    max_batch: int = 48,
+    max_steps: int = 3,
+) -> st.SearchStrategy[Case]:
+    """Validated dense-model cases: layer lists, widths, batches (uneven ones included), device
+    counts, sharding, weighting, optimizers, dtypes, data and initial weights.
+
+    ``even_shards=True`` draws only global batches that divide by the device count,
+    ``False`` only ones that do not (device counts >= 2), ``None`` either.
+    """
+    devices = devices if devices is not None else device_counts()
+    dts = _subset("dtypes", dtypes, ("float32", "float64"))
+    losses = _subset("losses", losses, LOSSES)
+    reductions = _subset("reductions", reductions, ("mean", "sum"))
+    _int_arg("max_steps", max_steps, 1, 1000)
+    _int_arg("max_batch", max_batch, 2, 100_000)
+    if not isinstance(devices, st.SearchStrategy):
+        raise InvalidArgument(f"devices={devices!r}: expected a SearchStrategy of ints, e.g. device_counts(1, 8)")
+
+    @st.composite
+    def build(draw) -> Case:
+        n = draw(devices.filter(lambda k: k <= max_batch and not (even_shards is False and (k == 1 or k >= max_batch))))
+        loss = draw(st.sampled_from(losses))
+        outputs = draw(st.integers(2, 4)) if loss == "softmax_ce" else draw(st.integers(1, 3))
+        raw = {
+            "schema": "parity-case/1",
+            "name": "generated",
+            "dtype": draw(st.sampled_from(dts)),
+            "model": {
+                "input_shape": draw(input_shapes(1, 6)),
+                "layers": draw(dense_layer_lists(max_layers=3, max_width=12, outputs=outputs)),
+                "loss": loss,
+                "reduction": draw(st.sampled_from(reductions)),
+            },
+            "init": draw(init_specs()),
+            "data": {"generator": "gaussian", "seed": draw(st.integers(0, 2**16)),
+                     "global_batch": draw(global_batches(n, max_value=max_batch, divisible=even_shards))},
+            "optimizer": draw(optimizers(names=optimizer_names, semantics=semantics)),
+            "parallel": draw(parallel_settings(n, combines=combines, shards=shards, weightings=weightings)),
+            "steps": draw(st.integers(1, max_steps)),
+        }
+        return case_from_dict(raw)
+
+    return build()

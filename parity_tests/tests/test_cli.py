@@ -1,0 +1,92 @@
+"""The ``tfpar`` command: run, compare, exit statuses, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity_tests.cli import main
+from parity_tests.tests.helpers import MLP, set_path
+from parity_tests.trajectory import load_trajectory
+
+TFPAR = [sys.executable, "-m", "parity_tests.cli"]
+
+
+def _write(tmp_path: Path, raw: dict, name: str = "case.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(raw))
+    return p
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([*TFPAR, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_run_writes_a_contract_trajectory(tmp_path):
+    case = _write(tmp_path, set_path(MLP, "parallel.devices", 2))
+    out = tmp_path / "t.npz"
+    res = _cli("run", str(case), "--impl", "torch.ddp", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    traj = load_trajectory(out)
+    assert traj["loss"].shape == (4,)
+    assert traj["param/0.kernel"].shape == (5, 5, 10) and traj["grad/1.bias"].shape == (4, 1)
+    assert traj["param/0.kernel"].dtype == np.float64
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_compare_parity_exit_0_and_divergence_exit_1(tmp_path):
+    good = _write(tmp_path, set_path(set_path(MLP, "parallel.devices", 2), "optimizer.semantics", "torch"), "good.json")
+    res = _cli("compare", str(good), "--impls", "tf.towers,torch.ddp", "--report", str(tmp_path / "rep"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "verdict: PARITY" in res.stdout
+    assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "case" / "case.json").is_file()
+    bad = set_path(set_path(MLP, "parallel.devices", 2), "model.reduction", "sum")
+    res = _cli("compare", str(_write(tmp_path, bad, "sum.json")), "--impls", "torch.ddp,torch.single")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "expected_difference" in res.stdout and "sum reduction" in res.stdout
+    assert "step 1" in res.stdout  # the mismatch message names the step
+
+
+BAD_ARGS = [
+    (["run", "{case}", "--impl", "tf.nope", "--out", "{tmp}/t.npz"], "--impl"),
+    (["run", "{case}", "--impl", "tf.towers", "--out", "{tmp}/t.txt"], "--out"),
+    (["run", "{case}", "--impl", "tf.towers", "--out", "{tmp}/missing/t.npz"], "--out"),
+    (["run", "{tmp}/nope.json", "--impl", "tf.towers", "--out", "{tmp}/t.npz"], "CASE"),
+    (["compare", "{case}", "--impls", "tf.towers"], "--impls"),
+    (["compare", "{case}", "--impls", "tf.towers,tf.towers"], "--impls"),
+    (["frobnicate"], "command line"),
+    (["run", "{case}"], "command line"),
+]
+
+
+@pytest.mark.parametrize(("argv", "field"), BAD_ARGS, ids=[" ".join(a[:1] + [f]) for a, f in BAD_ARGS])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, field):
+    case = _write(tmp_path, MLP)
+    argv = [a.format(case=case, tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"tfpar: error: {field}"), err
+
+
+def test_bad_case_file_exit_2_names_the_field(tmp_path, capsys):
+    p = _write(tmp_path, set_path(MLP, "optimizer.lr", -1))
+    assert main(["run", str(p), "--impl", "tf.single", "--out", str(tmp_path / "t.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tfpar: error: optimizer.lr: expected a number > 0, got -1.0"]
+    (tmp_path / "broken.json").write_text("{not json")
+    assert main(["run", str(tmp_path / "broken.json"), "--impl", "tf.single", "--out", str(tmp_path / "t.npz")]) == 2
+    assert "valid JSON" in capsys.readouterr().err
+
+
+def test_too_many_devices_is_bad_input(tmp_path, capsys):
+    p = _write(tmp_path, set_path(MLP, "parallel.devices", 9))
+    assert main(["run", str(p), "--impl", "tf.towers", "--out", str(tmp_path / "t.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tfpar: error: parallel.devices: expected at most 8"), err

@@ -1,0 +1,73 @@
+"""The judge: verdicts, expected and known differences, and injected bugs it must catch."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity_tests.harness import run_impl
+from parity_tests.judge import compare_case
+from parity_tests.tests.helpers import MLP, POLY, make
+
+pytestmark = pytest.mark.usefixtures("pool")
+
+
+def test_parity_float64_exact_semantics():
+    r = compare_case(make(MLP, optimizer__semantics="torch"), ["tf.towers", "torch.ddp", "tf.single", "torch.single"])
+    assert r.parity and r.as_expected, r.summary()
+    assert all(p.verdict.rule == "float64 bound" for p in r.pairs)
+
+
+def test_float32_case_is_judged_against_the_noise_floor():
+    r = compare_case(make(POLY, dtype="float32", optimizer__semantics="tf"), ["tf.towers", "torch.ddp"])
+    v = r.pairs[0].verdict
+    assert r.parity, r.summary()
+    assert v.rule == "float32 noise floor" and v.floor_a is not None and v.floor_b is not None
+    assert v.floor_a > 0 and v.floor_b > 0  # float32 really rounds: a floor of 0 would mean float64 ran twice
+
+
+def test_a_wrong_learning_rate_on_one_side_is_caught_with_step_and_parameter():
+    """Mutation test: the torch side gets lr * (1 + 1e-6): a bug far below float32 noise per step."""
+    def buggy(case, impl):
+        if impl == "torch.ddp":
+            case = case.replace(**{"optimizer.lr": case.spec["optimizer"]["lr"] * (1 + 1e-6)})
+        return run_impl(case, impl)
+
+    r = compare_case(make(MLP, optimizer__semantics="torch"), ["tf.towers", "torch.ddp"], runner=buggy)
+    v = r.pairs[0].verdict
+    assert not r.parity and v.status == "divergence"
+    assert v.first_step == 1 and v.key.startswith("param/")
+    assert "step 1, param" in v.detail
+
+
+def test_sum_reduction_is_an_expected_difference_and_parity_there_is_flagged():
+    case = make(MLP, model__reduction="sum", optimizer__semantics="torch")
+    r = compare_case(case, ["torch.ddp", "torch.single"])
+    p = r.pairs[0]
+    assert p.verdict.status == "expected_difference" and p.as_expected and not r.parity
+    assert "sum reduction" in p.prediction.expected[0]
+
+    # a "DDP" that secretly computes the full-batch sum would be unexpected parity
+    def too_good(c, impl):
+        return run_impl(c, "torch.single")
+
+    r2 = compare_case(case, ["torch.ddp", "torch.single"], runner=too_good)
+    assert r2.pairs[0].verdict.status == "unexpected_parity" and not r2.as_expected
+
+
+def test_native_adam_across_frameworks_is_the_epsilon_placement():
+    case = make(POLY, optimizer={"name": "adam", "lr": 0.05, "epsilon": 1e-3, "semantics": "native"})
+    r = compare_case(case, ["tf.towers", "torch.ddp", "tf.single"])
+    ddp, single = r.pairs
+    assert ddp.verdict.status == "expected_difference"
+    assert any("epsilon" in e for e in ddp.prediction.expected)
+    assert single.verdict.status == "parity"  # same framework, same class
+
+
+def test_keras_float32_hyperparameters_are_mapped_and_reported():
+    case = make(MLP, optimizer={"name": "momentum", "lr": 0.01, "momentum": 0.9, "semantics": "native"})
+    r = compare_case(case, ["tf.towers", "torch.ddp"])
+    p = r.pairs[0]
+    assert p.verdict.status == "parity", r.summary()
+    assert p.mapping and "float32" in p.mapping
+    assert p.unmapped_gap is not None and p.unmapped_gap > 1e-10  # the effect is real and reported
+    assert p.prediction.known

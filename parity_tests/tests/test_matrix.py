@@ -1,0 +1,55 @@
+"""The matrix command's engine: rows, report files, exit status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parity_tests.harness import run_impl
+from parity_tests.matrix import EXPECTED_ROWS, SCENARIOS, matrix_cases, run_matrix
+
+pytestmark = pytest.mark.usefixtures("pool")
+
+
+def test_matrix_covers_scenarios_devices_combines_dtypes():
+    cases = matrix_cases()
+    names = {c.name for c in cases}
+    for s in SCENARIOS:
+        for n in (1, 2, 4, 8):
+            for combine in ("grad_mean", "loss_mean"):
+                for dtype in ("float32", "float64"):
+                    assert f"{s.name}:n{n}:{combine}:{dtype}" in names
+    for name, _, _ in EXPECTED_ROWS:
+        assert any(c.name.startswith(name + ":") for c in cases)
+
+
+def _small():
+    return [c for c in matrix_cases(devices=(2,), dtypes=("float64",), combines=("grad_mean",))
+            if c.name.split(":")[0] in ("mlp-sgd", "mlp-sum-reduction")]
+
+
+def test_matrix_report_and_exit_0(tmp_path, capsys):
+    assert run_matrix(tmp_path, cases=_small()) == 0
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["all_as_expected"] is True and "torch" in doc["versions"]
+    statuses = {(r["case"], r["pair"]): r["status"] for r in doc["rows"]}
+    assert statuses[("mlp-sum-reduction:n2:grad_mean:float64", "tf.towers vs tf.single")] == "expected_difference"
+    assert statuses[("mlp-sum-reduction:n2:grad_mean:float64", "tf.towers vs torch.ddp")] == "parity"
+    md = (tmp_path / "report.md").read_text()
+    assert "| mlp-sgd | float64 | 2 | grad_mean |" in md and "gaps-mlp-sgd.png" in md
+    assert (tmp_path / "gaps-mlp-sgd.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "6 / 6 verdicts as expected" in capsys.readouterr().out
+
+
+def test_matrix_exit_1_when_a_verdict_is_not_the_expected_one(tmp_path, capsys):
+    def buggy(case, impl):  # a DDP that forgets to average: every rank's gradient summed
+        if impl == "torch.ddp":
+            n = case.devices
+            case = case.replace(**{"optimizer.lr": case.spec["optimizer"]["lr"] * n})
+        return run_impl(case, impl)
+
+    assert run_matrix(tmp_path, cases=_small(), runner=buggy) == 1
+    out = capsys.readouterr().out
+    assert "NOT AS EXPECTED: mlp-sgd:n2:grad_mean:float64: tf.towers vs torch.ddp: divergence" in out
+    assert "**NO**" in (tmp_path / "report.md").read_text()
