@@ -2,7 +2,8 @@
 
     tfpar run CASE --impl IMPL --out FILE.npz
     tfpar compare CASE [--impls A,B,...] [--report DIR]
-    tfpar matrix [--out DIR]
+    tfpar matrix [--out DIR] [--resume]
+    tfpar replay MANIFEST
 
 Exit status: 0 ok / parity / every expected result held; 1 a divergence was
 found (compare), an expected result did not hold (matrix) or an
@@ -58,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
     m.add_argument("--out", default="report", help="report folder (default: %(default)s)")
     m.add_argument("--quick", action="store_true", help="a smaller matrix (1 and 2 devices, float64 only)")
+    m.add_argument("--resume", action="store_true", help="keep the rows an interrupted run already finished in --out")
+
+    rp = sub.add_parser("replay", help="re-run a recorded run and check it bit for bit")
+    rp.add_argument("manifest", help="a .manifest.json written beside a trajectory")
     return p
 
 
@@ -77,9 +82,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     impl = parse_impls(args.impl, "--impl")
     if len(impl) != 1:
         raise CaseError("--impl", "exactly one implementation", args.impl)
+    from .compare import first_nonfinite
+    from .manifest import build_manifest, manifest_path, write_manifest
+
     traj = run_impl(case, impl[0])
     save_trajectory(out, traj)
-    print(f"{impl[0]}: {case.spec['steps']} steps of {case.name} -> {out} (final loss {float(traj['loss'][-1]):.6g})")
+    mpath = write_manifest(manifest_path(out), build_manifest(case, impl[0], traj, out.name))
+    print(f"{impl[0]}: {case.spec['steps']} steps of {case.name} -> {out} (final loss {float(traj['loss'][-1]):.6g}); manifest {mpath}")
+    bad = first_nonfinite(traj, impl[0])
+    if bad:
+        print(f"warning: {bad}", file=sys.stderr)
     return 0
 
 
@@ -103,7 +115,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from .matrix import run_matrix
 
-    return run_matrix(Path(args.out), quick=args.quick)
+    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .manifest import load_manifest, replay
+
+    same, line = replay(load_manifest(args.manifest))
+    print(line)
+    return 0 if same else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .harness import RunError, set_pool_timeout
 
         set_pool_timeout(args.timeout)
-        handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix}[args.command]
+        handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]
         try:
             return handler(args)
         except RunError as e:

@@ -57,6 +57,7 @@ __all__ = [
     "describe_key",
     "describe_step",
     "key_order",
+    "first_nonfinite",
 ]
 
 #: Smallest normal float64: the floor of every denominator, so ``0 / 0`` is ``0`` and
@@ -586,3 +587,18 @@ def assert_trajectories_close(
     result = compare_trajectories(a, b, rtol=rtol, atol=atol, keys=keys, equal_nan=equal_nan)
     if not result.ok:
         raise AssertionError(result.message())
+
+
+def first_nonfinite(traj: Mapping[str, Any], impl: str = "trajectory") -> str | None:
+    """Where a trajectory first holds a NaN or Inf, as a sentence, or ``None`` if it is finite.
+
+    Synchronous training can explode; this names the first step, the
+    implementation and the array: ``"torch.ddp becomes NaN at step 3 (grad 0.kernel)"``.
+    Loss and gradients of step k are looked at before the parameters after it.
+    """
+    keys = sorted(_trajectory_keys(traj), key=key_order)
+    found = _first_nonfinite(traj, keys, "A")
+    if found is None:
+        return None
+    (step, _), key, kind = found
+    return f"{impl} becomes {kind} at step {step} ({describe_key(key)})"

@@ -16,6 +16,7 @@ reported beside the verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from .case import Case
+from .compare import compare_trajectories, first_nonfinite
 from .harness import run_impl
 from .theory import Prediction, keras_rounds_hyperparameters, predict
-from .tolerance import Verdict, judge_float32, judge_float64
+from .tolerance import RULE_NONFINITE, Verdict, judge_float32, judge_float64
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "write_case_report", "OK_STATUSES"]
 
@@ -62,6 +64,11 @@ class PairResult:
             "unmapped_gap": self.unmapped_gap,
             "as_expected": self.as_expected,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PairResult:
+        pred = Prediction(tuple(d["expected_differences"]), tuple(d["known_differences"]))
+        return cls(d["reference"], d["impl"], Verdict.from_dict(d["verdict"]), pred, d["mapping"], d["unmapped_gap"])
 
 
 @dataclass
@@ -101,6 +108,10 @@ class CaseResult:
                 notes.append(f"  {p.impl}: mapped: {p.mapping}; gap without the mapping {p.unmapped_gap:.3g}")
             if v.status not in ("parity", "expected_difference") or v.status == "expected_difference":
                 notes.extend("  " + line for line in v.detail.splitlines())
+        for key, traj in self.trajectories.items():
+            bad = first_nonfinite(traj, key)
+            if bad:
+                notes.append(f"  non-finite: {bad}")
         verdict = "PARITY" if self.parity else ("DIVERGENCE (as theory predicts)" if self.as_expected else "DIVERGENCE")
         return "\n".join([*rows, *notes, f"verdict: {verdict} ({self.seconds:.1f} s)"])
 
@@ -113,6 +124,33 @@ class CaseResult:
             "seconds": round(self.seconds, 3),
             "pairs": [p.to_dict() for p in self.pairs],
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaseResult:
+        """A stored result (no trajectories); the case is rebuilt from its spec."""
+        from .case import case_from_dict
+
+        return cls(case_from_dict(d["case"]), list(d["impls"]), [PairResult.from_dict(p) for p in d["pairs"]],
+                   {}, float(d["seconds"]))
+
+
+def _nonfinite_guard(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
+    """Never let a NaN or Inf anywhere (loss and gradients included) pass as parity.
+
+    The tolerance model judges parameters; a run whose loss or gradients overflow
+    while its parameters are still finite has not trained as intended. One side
+    non-finite is a divergence; both, at the same place, is no verdict ("error")
+    and says where.
+    """
+    if verdict.status not in ("parity", "unexpected_parity"):
+        return verdict
+    fa, fb = first_nonfinite(a, "A"), first_nonfinite(b, "B")
+    if fa is None and fb is None:
+        return verdict
+    where = compare_trajectories(a, b, rtol=0.0, atol=0.0, equal_nan=True).first_nonfinite or (fa or fb)
+    status = "error" if fa and fb else "divergence"
+    return dataclasses.replace(verdict, status=status, rule=RULE_NONFINITE,
+                               detail=f"{where}; the values before that point: {verdict.detail}")
 
 
 def _f32(v: float) -> float:
@@ -199,6 +237,8 @@ def compare_case(
                 get(ref, "float32", False), get(impl, "float32", False),
                 a64=get(ref, "float64", ma), b64=get(impl, "float64", mb), **kw,
             )
+        verdict = _nonfinite_guard(verdict, get(ref, case.spec["dtype"], ma and case.spec["dtype"] == "float64"),
+                                   get(impl, case.spec["dtype"], mb and case.spec["dtype"] == "float64"))
         unmapped = None
         if side is not None:
             unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap

@@ -14,6 +14,9 @@ expected one.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -21,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_text
 from .case import Case, case_from_dict
 from .judge import CaseResult, compare_case
-from .report import write_report
+from .report import jsonable, versions, write_report
 
 __all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "matrix_cases", "run_matrix"]
 
@@ -109,10 +113,27 @@ def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8), dtypes: Iterable[str]
     return cases
 
 
+def _row_file(out: Path, case: Case) -> Path:
+    digest = hashlib.sha256(json.dumps(case.spec, sort_keys=True).encode()).hexdigest()[:10]
+    return out / "rows" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", case.name) + f"-{digest}.json")
+
+
+def _load_row(path: Path, tool: dict[str, str]) -> CaseResult | None:
+    """A finished row of an earlier run, if it exists and was made by the same versions."""
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("versions") != tool:
+            return None
+        return CaseResult.from_dict(doc["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, or unreadable: run it again
+
+
 def run_matrix(
     out: Path,
     *,
     quick: bool = False,
+    resume: bool = False,
     cases: list[Case] | None = None,
     runner: Callable[[Case, str], Any] | None = None,
     stream=None,
@@ -128,17 +149,29 @@ def run_matrix(
 
         get_pool(max(c.devices for c in cases))
     t0 = time.perf_counter()
+    tool = versions()
     results: list[CaseResult] = []
+    reused = 0
     with tqdm(cases, desc="tfpar matrix", unit="row", file=stream) as bar:
         for case in bar:
             bar.set_postfix_str(case.name)
-            results.append(compare_case(case, IMPLS, runner=runner))
+            row = _row_file(out, case)
+            done = _load_row(row, tool) if resume else None
+            if done is not None:
+                results.append(done)
+                reused += 1
+                continue
+            result = compare_case(case, IMPLS, runner=runner)
+            # each finished row is on disk at once, so an interrupted run can resume (--resume)
+            atomic_write_text(row, json.dumps(jsonable({"versions": tool, "result": result.to_dict()}), allow_nan=False))
+            results.append(result)
     bad = [(r.case.name, p.impl, p.verdict.status) for r in results for p in r.pairs if not p.as_expected]
     seconds = time.perf_counter() - t0
     path = write_report(results, out, title="tfpar scenario matrix",
                         meta={"seconds": round(seconds, 1), "rows": len(results)}, trajectories=False)
     total = sum(len(r.pairs) for r in results)
-    print(f"{total - len(bad)} / {total} verdicts as expected over {len(results)} cases in {seconds:.0f} s; report: {path}")
+    again = f" ({reused} rows reused from an earlier run)" if reused else ""
+    print(f"{total - len(bad)} / {total} verdicts as expected over {len(results)} cases in {seconds:.0f} s{again}; report: {path}")
     for name, impl, status in bad:
         print(f"  NOT AS EXPECTED: {name}: tf.towers vs {impl}: {status}")
     return 0 if not bad else 1

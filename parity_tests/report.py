@@ -25,7 +25,7 @@ from .atomic import atomic_write_bytes, atomic_write_text
 if TYPE_CHECKING:
     from .judge import CaseResult
 
-__all__ = ["versions", "write_report", "render_markdown", "plot_scenario", "scenario_of"]
+__all__ = ["versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
 
 
 def versions() -> dict[str, str]:
@@ -186,24 +186,32 @@ def write_report(
         atomic_write_bytes(out / name, plot_scenario(rs, scenario))
         plots[scenario] = name
     if trajectories and len(results) == 1:
+        from .manifest import build_manifest, manifest_path, write_manifest
+
         r = results[0]
+        case_json = write_case(r.case, out / "case")
+        from .case import load_case
+
+        replayable = load_case(case_json)  # manifests point at the copy, which travels with the report
         for key, traj in r.trajectories.items():
-            save_trajectory(out / "trajectories" / f"{_safe(key)}.npz", traj)
-        write_case(r.case, out / "case")
+            path = save_trajectory(out / "trajectories" / f"{_safe(key)}.npz", traj)
+            impl, _, variant = key.partition("@")
+            if variant == r.case.spec["dtype"]:  # the case as given (other variants are derived runs)
+                write_manifest(manifest_path(path), build_manifest(replayable, impl, traj, path.name))
     doc = {"title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
            "rows": _rows(results), "cases": [r.to_dict() for r in results]}
-    atomic_write_text(out / "report.json", json.dumps(_clean(doc), indent=1, allow_nan=False) + "\n")
+    atomic_write_text(out / "report.json", json.dumps(jsonable(doc), indent=1, allow_nan=False) + "\n")
     return atomic_write_text(out / "report.md", render_markdown(results, title, meta, plots))
 
 
-def _clean(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     """JSON-ready copy: arrays to lists, numpy scalars to Python, NaN/Inf to strings."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, np.ndarray):
-        return _clean(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     if isinstance(x, (np.integer, int)):

@@ -205,6 +205,24 @@ class Verdict:
         """True when a difference beyond rounding was found (expected or not)."""
         return self.status in ("divergence", "expected_difference")
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        """The inverse of :meth:`to_dict` (``"nan"``/``"inf"`` strings back to floats)."""
+
+        def num(x: Any) -> float | None:
+            return None if x is None else float(x)
+
+        def arr(x: Any) -> np.ndarray | None:
+            return None if x is None else np.asarray([float(v) for v in x], dtype=np.float64)
+
+        return cls(
+            status=d["status"], rule=d["rule"], gap=float(d["gap"]), bound=float(d["bound"]),
+            floor_a=num(d["floor_a"]), floor_b=num(d["floor_b"]), per_step_gap=arr(d["per_step_gap"]),
+            per_step_floor=arr(d["per_step_floor"]), detail=d["detail"],
+            known_differences=tuple(d["known_differences"]), per_step_bound=arr(d["per_step_bound"]),
+            step=d["step"], key=d["key"], first_step=d["first_step"],
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``json.dumps(..., allow_nan=False)`` works): non-finite floats as strings."""
         return {

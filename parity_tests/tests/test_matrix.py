@@ -53,3 +53,23 @@ def test_matrix_exit_1_when_a_verdict_is_not_the_expected_one(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "NOT AS EXPECTED: mlp-sgd:n2:grad_mean:float64: tf.towers vs torch.ddp: divergence" in out
     assert "**NO**" in (tmp_path / "report.md").read_text()
+
+
+def test_resume_reuses_finished_rows_and_reruns_missing_ones(tmp_path, capsys):
+    cases = _small()
+    assert run_matrix(tmp_path, cases=cases) == 0
+    rows = sorted((tmp_path / "rows").glob("*.json"))
+    assert len(rows) == len(cases)
+    rows[0].unlink()  # as if the run had been interrupted before this row
+    capsys.readouterr()
+    calls = []
+
+    def counting(case, impl):
+        calls.append(case.name)
+        return run_impl(case, impl)
+
+    assert run_matrix(tmp_path, cases=cases, resume=True, runner=counting) == 0
+    assert len(set(calls)) == 1  # only the missing row ran again
+    assert f"({len(cases) - 1} rows reused from an earlier run)" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert len({r["case"] for r in doc["rows"]}) == len(cases)

@@ -1,0 +1,159 @@
+"""Run manifests and bit-for-bit replay.
+
+Every trajectory the tool writes gets a manifest beside it
+(``<name>.manifest.json``): the normalised case, SHA-256 of every input array
+and npz file, the tool, TensorFlow, torch, numpy and Python versions, the
+platform, the determinism settings, the environment variables that change
+numerics or device placement, and a SHA-256 of every trajectory array.
+
+``tfpar replay MANIFEST`` rebuilds the case (from its generator seeds, or from
+the npz files, which must still hash the same), runs the implementation again
+and says whether every array is bit-identical, naming the first that is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic import atomic_write_text
+from .case import Case, case_from_dict
+from .compare import key_order
+from .errors import CaseError
+from .report import versions
+
+__all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "write_manifest",
+           "manifest_path", "load_manifest", "replay"]
+
+MANIFEST_SCHEMA = "tfpar-manifest/1"
+# environment that changes numerics, threads or device placement
+ENV_VARS = ("TF_ENABLE_ONEDNN_OPTS", "TF_DETERMINISTIC_OPS", "CUDA_VISIBLE_DEVICES", "TFPAR_DEVICES",
+            "TFPAR_GPU_MEMORY_MB", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
+            "TF_NUM_INTRAOP_THREADS", "PYTHONHASHSEED")
+DETERMINISM = {
+    "tensorflow": "tf.config.experimental.enable_op_determinism() (tfpar.devices.configure_devices)",
+    "torch": "torch.use_deterministic_algorithms(True), torch.set_num_threads(1) in every rank (torchref.pool)",
+}
+
+
+def array_digest(a: np.ndarray) -> str:
+    """SHA-256 over dtype, shape and the C-ordered bytes (so a reshape or cast changes it)."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _file_digest(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _inputs(case: Case) -> dict[str, str]:
+    out = {"x": array_digest(case.x), "y": array_digest(case.y)}
+    out.update({f"init/{k}": array_digest(v) for k, v in sorted(case.init.items())})
+    return out
+
+
+def _npz_files(case: Case) -> dict[str, str]:
+    if case.source is None:
+        return {}
+    base = case.source.parent
+    files = {}
+    for section in ("init", "data"):
+        name = case.spec[section].get("npz")
+        if name:
+            files[name] = _file_digest(base / name)
+    return files
+
+
+def manifest_path(trajectory: str | os.PathLike) -> Path:
+    """``out/t.npz`` -> ``out/t.manifest.json``."""
+    p = Path(trajectory)
+    return p.with_name(p.stem + ".manifest.json")
+
+
+def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajectory_file: str | None = None) -> dict[str, Any]:
+    """The manifest of one run (plain JSON data)."""
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "impl": impl,
+        "case": case.spec,
+        "case_file": str(case.source.resolve()) if case.source else None,
+        "inputs": _inputs(case),
+        "npz_files": _npz_files(case),
+        "versions": versions(),
+        "determinism": DETERMINISM,
+        "env": {k: os.environ.get(k) for k in ENV_VARS},
+        "trajectory_file": trajectory_file,
+        "trajectory": {k: array_digest(traj[k]) for k in sorted(traj, key=key_order)},
+    }
+
+
+def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> Path:
+    """Write a manifest atomically."""
+    return atomic_write_text(path, json.dumps(manifest, indent=1, sort_keys=False) + "\n")
+
+
+def load_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a manifest; problems raise :class:`CaseError` naming the field."""
+    p = Path(path)
+    if not p.is_file():
+        raise CaseError("MANIFEST", f"an existing manifest file; {p} does not exist")
+    try:
+        m = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CaseError("MANIFEST", f"a JSON manifest ({type(e).__name__})") from None
+    if not isinstance(m, dict) or m.get("schema") != MANIFEST_SCHEMA:
+        raise CaseError("schema", f"{MANIFEST_SCHEMA!r} in the manifest", m.get("schema") if isinstance(m, dict) else m)
+    for key in ("impl", "case", "inputs", "trajectory"):
+        if key not in m:
+            raise CaseError(key, "a value in the manifest (the field is missing)")
+    return m
+
+
+def _rebuild(m: dict[str, Any]) -> Case:
+    spec = m["case"]
+    from_files = "npz" in spec["init"] or "npz" in spec["data"]
+    base = None
+    if from_files:
+        if not m.get("case_file"):
+            raise CaseError("case_file", "the case file the npz paths are relative to")
+        base = Path(m["case_file"]).parent
+        for name, digest in m.get("npz_files", {}).items():
+            f = base / name
+            if not f.is_file() or _file_digest(f) != digest:
+                raise CaseError(f"npz_files[{name!r}]", f"{f} with SHA-256 {digest[:12]}... (missing or changed since the run)")
+    case = case_from_dict(spec, base)
+    inputs = _inputs(case)
+    for k, digest in m["inputs"].items():
+        if inputs.get(k) != digest:
+            raise CaseError(f"inputs[{k!r}]", "the same input array as the recorded run (it hashes differently)")
+    return case
+
+
+def replay(manifest: dict[str, Any], run: Any = None) -> tuple[bool, str]:
+    """Re-run the manifest's case; returns (bit-identical, one line saying so or naming the first difference)."""
+    from .harness import run_impl
+
+    run = run or run_impl
+    case = _rebuild(manifest)
+    traj = run(case, manifest["impl"])
+    got = {k: array_digest(v) for k, v in traj.items()}
+    want = manifest["trajectory"]
+    for key in sorted(set(want) | set(got), key=key_order):
+        if key not in got:
+            return False, f"{key}: recorded, but the replay did not produce it"
+        if key not in want:
+            return False, f"{key}: produced by the replay, absent from the record"
+        if got[key] != want[key]:
+            return False, f"{key}: first array that differs (recorded {want[key][:12]}..., replayed {got[key][:12]}...)"
+    return True, f"bit-identical: all {len(want)} arrays of {manifest['impl']} on {case.name}"
