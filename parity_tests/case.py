@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 SCHEMA = "parity-case/1"
+# a parity case is a small, exactly replayable run: these bounds keep a mistyped size from
+# making the tool allocate gigabytes (both are far above any case the checks need)
+MAX_PARAMETERS = 20_000_000
+MAX_INPUT_VALUES = 50_000_000
 DTYPES = ("float32", "float64")
 _TOP_KEYS = {"schema", "name", "dtype", "model", "init", "data", "optimizer", "parallel", "steps", "seed", "description"}
 
@@ -77,8 +81,14 @@ class Case:
         return self.spec["parallel"]["devices"]
 
     def payload(self) -> dict[str, Any]:
-        """Everything an implementation needs, as plain data (picklable)."""
-        return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init}
+        """Everything an implementation needs, as plain data (picklable).
+
+        ``masks``: the dropout keep-masks by layer index (``generators.dropout_masks``),
+        drawn here once so that every implementation gets the same ones.
+        """
+        from .generators import dropout_masks
+
+        return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec)}
 
     def replace(self, **changes: Any) -> Case:
         """A copy with top-level or dotted spec fields changed and re-validated.
@@ -162,6 +172,10 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
     if batch < devices:
         raise CaseError("data.global_batch", f"at least parallel.devices = {devices} rows, so every device gets one", batch)
     rows = steps * batch
+    values = rows * int(np.prod(in_shape, dtype=np.int64))
+    if values > MAX_INPUT_VALUES:
+        raise CaseError("data", f"at most {MAX_INPUT_VALUES:,} input values in all (steps x global_batch x "
+                                f"input size = {steps} x {batch} x {int(np.prod(in_shape))} = {values:,})")
     loss = model["loss"]
     if arrays is not None and d.get("arrays"):
         spec = {"arrays": True, "global_batch": batch}
@@ -255,6 +269,9 @@ def case_from_dict(
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
     base = Path(base_dir) if base_dir is not None else None
     specs = param_specs(in_shape, model["layers"])
+    n_params = sum(int(np.prod(sp.shape)) for sp in specs)
+    if n_params > MAX_PARAMETERS:
+        raise CaseError("model.layers", f"at most {MAX_PARAMETERS:,} parameter values in all (this model has {n_params:,})")
     init_spec, init_arrays = _init(need(raw, "init", ""), base, specs, init)
     data_spec, xs, ys = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"], (x, y) if x is not None else None)
     spec = {
