@@ -19,3 +19,28 @@ def pool():
     p = get_pool(8, timeout=120.0)
     yield p
     shutdown_pool()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After the suite: the shared pool is shut down and no worker process is left (counted)."""
+    import psutil
+
+    from torchref.pool import shutdown_pool
+
+    shutdown_pool()
+    me = psutil.Process()
+    left = []
+    for _ in range(50):  # workers get a moment to exit after the stop message
+        left = [p for p in me.children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                and "resource_tracker" not in " ".join(p.cmdline())]
+        if not left:
+            break
+        import time
+
+        time.sleep(0.1)
+    if left:
+        print(f"\nworker processes left behind after the test session: {[(p.pid, p.name()) for p in left]}")
+        session.exitstatus = 1
+    else:
+        print("\nno worker process left behind after the test session")

@@ -1,0 +1,53 @@
+"""Ctrl-C during ``tfpar matrix``: a prompt stop, status 130, no process left, no half-written file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-m", "parity_tests.cli", "matrix", "--quick", "--out", str(tmp_path / "rep")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        # wait until the DDP pool's ranks exist and the first rows are done
+        deadline = time.monotonic() + 240
+        seen: list[psutil.Process] = []
+        while time.monotonic() < deadline:
+            seen = _tree(proc.pid)
+            rows = list((tmp_path / "rep" / "rows").glob("*.json")) if (tmp_path / "rep" / "rows").exists() else []
+            if len([p for p in seen if "resource_tracker" not in " ".join(p.cmdline())]) >= 2 and rows:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the matrix did not get going in 240 s")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        stopped = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "interrupted" in err
+    assert stopped < 30
+    time.sleep(1.0)
+    alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    assert not list((tmp_path / "rep").rglob("*.tmp"))  # atomic writes only
+    for row in (tmp_path / "rep" / "rows").glob("*.json"):
+        assert row.read_text().endswith("}")  # every row file is whole
