@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["Prediction", "predict", "is_parallel", "uneven_shards", "keras_rounds_hyperparameters", "KERAS_IMPLS"]
 
-PARALLEL = ("tf.towers", "torch.ddp")
+PARALLEL = ("tf.towers", "tf.v1", "tf.mirrored", "torch.ddp")
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,116 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
     opt = spec["optimizer"]
     fa, fb = _framework(a), _framework(b)
     if opt["semantics"] == "native" and fa != fb:
-        if opt["name"] == "adam":
-            expected.append(
-                "Adam epsilon placement: Keras adds eps to sqrt(v), torch to sqrt(v)/sqrt(1-beta2^t)"
-            )
+        expected.extend(_native_optimizer_differences(spec))
         if spec["dtype"] == "float64":
             known.append(
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
+                " (and its schedules' rates, weight_decay and Adagrad's initial accumulator)"
             )
+    clip = par.get("clip")
+    if clip is not None:
+        # a single device has nothing to average: per_device == after_combine there
+        if clip["where"] == "per_device" and one_parallel:
+            expected.append(
+                "clipping before vs after averaging: each device's gradient is clipped, then averaged,"
+                " which is not the clipped full-batch gradient (when a device's norm exceeds the threshold)"
+            )
+        if opt["semantics"] == "native" and fa != fb:
+            # known, not expected: it shows only on steps where the threshold is reached
+            known.append(
+                "torch clip_grad_norm_ adds 1e-6 to the norm: scale c/(norm+1e-6) vs TensorFlow's c/norm,"
+                " about 1e-6/norm relative on clipped steps"
+            )
+    layer_expected, layer_known = _model_differences(spec, a, b, one_parallel)
+    expected.extend(layer_expected)
+    known.extend(layer_known)
     return Prediction(tuple(expected), tuple(known))
 
 
-KERAS_IMPLS = ("tf.towers", "tf.single", "tf.mirrored")
+def _loss_rule(spec: dict[str, Any], impl: str) -> str:
+    """Whose loss formula ``impl`` computes: ``tf`` (Keras') or ``torch``."""
+    sem = spec["model"].get("loss_semantics", "native")
+    return _framework(impl) if sem == "native" else sem
+
+
+def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool) -> tuple[list[str], list[str]]:
+    """Batch norm and loss options (see ``docs/layers.md``)."""
+    expected: list[str] = []
+    known: list[str] = []
+    model, par = spec["model"], spec["parallel"]
+    n = par["devices"]
+    bns = [layer for layer in model["layers"] if layer["type"] == "batch_norm"]
+    if bns and one_parallel and par.get("batch_norm", "local") == "local":
+        expected.append(
+            f"local batch-norm statistics: each of the {n} devices normalises with its own shard's mean and"
+            " variance (and the moving statistics kept are device 0's), not the full batch's"
+        )
+    if any(layer["semantics"] == "native" for layer in bns) and _framework(a) != _framework(b):
+        expected.append(
+            "moving variance: unbiased vs biased (torch's running_var takes the batch variance times n/(n-1),"
+            " Keras' moving_variance the batch variance itself)"
+        )
+    ra, rb = _loss_rule(spec, a), _loss_rule(spec, b)
+    weights = model.get("class_weights")
+    if weights is not None and any(w != 1.0 for w in weights):
+        if model["reduction"] == "mean" and ra != rb:
+            expected.append(
+                "class-weight normalisation: Keras divides the weighted sum by the number of examples,"
+                " torch by the sum of the targets' class weights"
+            )
+        if model["reduction"] == "mean" and ra == rb == "torch" and one_parallel and len(set(weights)) > 1:
+            expected.append(
+                "per-device weight sums: each device divides by its own shard's sum of class weights,"
+                " so the mean over devices is not the full-batch weighted mean"
+            )
+        if model.get("label_smoothing", 0.0) and ra != rb and len(set(weights)) > 1:
+            expected.append(
+                "label smoothing with class weights: torch weights each class's smoothing term by that class's"
+                " weight, Keras the whole smoothed example by its target's weight"
+            )
+    if not model.get("from_logits", True) and ra != rb:
+        # exact for moderate logits; it grows as the sigmoid saturates (see docs/layers.md)
+        known.append(
+            "probabilities: Keras recovers the logits from the final sigmoid, torch's BCELoss uses the"
+            " rounded probabilities and clamps its logs at -100 (visible once |logit| is large)"
+        )
+    return expected, known
+
+
+def _native_optimizer_differences(spec: dict[str, Any]) -> list[str]:
+    """What Keras' and torch's own optimizer classes do differently with the same nominal hyperparameters.
+
+    See ``docs/optimizers.md`` for the formulas and measured gaps.
+    """
+    from .case_optimizer import lr_at
+
+    opt = spec["optimizer"]
+    name = opt["name"]
+    out: list[str] = []
+    if name in ("adam", "amsgrad", "adamw"):
+        label = {"adam": "Adam", "amsgrad": "AMSGrad", "adamw": "AdamW"}[name]
+        out.append(f"{label} epsilon placement: Keras adds eps to sqrt(v), torch to sqrt(v)/sqrt(1-beta2^t)")
+    if name == "rmsprop":
+        out.append("RMSprop epsilon placement: Keras sqrt(v + eps), torch sqrt(v) + eps")
+    if name == "adagrad":
+        out.append("Adagrad epsilon placement: Keras sqrt(s + eps), torch sqrt(s) + eps")
+    if opt.get("weight_decay", 0.0) > 0 and name not in ("sgd", "adamw"):
+        # plain SGD: p - lr(g + wd p) == p - lr wd p - lr g; AdamW is decoupled on both sides
+        out.append(
+            "weight decay: Keras decouples it (p -= p wd lr before the update), torch adds wd p to the gradient (L2)"
+        )
+    holds_lr = name in ("momentum", "nesterov") or (name == "rmsprop" and opt["momentum"] > 0)
+    if holds_lr and len({lr_at(opt["schedule"], opt["lr"], t) for t in range(1, spec["steps"] + 1)}) > 1:
+        out.append(
+            "momentum holds lr: Keras' velocity includes the learning rate, torch's buffer does not,"
+            " so they differ once the schedule changes the rate"
+        )
+    return out
+
+
+# tf.v1's GradientDescentOptimizer / MomentumOptimizer round lr and momentum to
+# float32 exactly as Keras does (measured: native tf.v1 == native tf.towers to 1e-15)
+KERAS_IMPLS = ("tf.towers", "tf.single", "tf.mirrored", "tf.v1")
 
 
 def keras_rounds_hyperparameters(spec: dict[str, Any], a: str, b: str) -> str | None:
@@ -99,6 +197,10 @@ def keras_rounds_hyperparameters(spec: dict[str, Any], a: str, b: str) -> str | 
     """
     opt = spec["optimizer"]
     if spec["dtype"] != "float64" or opt["semantics"] != "native" or opt["name"] not in ("sgd", "momentum"):
+        return None
+    if opt.get("weight_decay", 0.0) or opt.get("schedule", {"kind": "constant"})["kind"] != "constant":
+        # Keras also rounds weight_decay and a schedule's rates, which rounding lr and momentum
+        # does not map (and a step schedule's lr must equal its first value)
         return None
     ka, kb = a in KERAS_IMPLS, b in KERAS_IMPLS
     if ka == kb:

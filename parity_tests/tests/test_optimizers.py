@@ -1,94 +1,424 @@
-"""Every optimizer in every semantics, on both backends, against the numpy statement of its rule."""
+"""Every optimizer x semantics x backend against the numpy statement of its rule; schedules; the differences.
+
+The oracle is :mod:`parity_tests.tests.rules` (plain numpy, written from the
+frameworks' installed sources, not from ``tfpar``/``torchref``).
+"""
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from parity_tests.tests.rules import np_update
+from parity_tests.case_optimizer import (
+    DEFAULTS,
+    HYPERPARAMETERS,
+    OPTIMIZERS,
+    lr_at,
+    validate_optimizer,
+)
+from parity_tests.errors import CaseError
+from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
+from parity_tests.tests.rules import (
+    DIFFERENCES,
+    KERAS_FLOAT32,
+    OPTIMIZER_TABLE,
+    TYPICAL_HP,
+    f32,
+    gap,
+    np_lr,
+    np_update,
+    typical_case,
+)
 
-HP = {
-    "sgd": {"name": "sgd", "lr": 0.01},
-    "momentum": {"name": "momentum", "lr": 0.01, "momentum": 0.9},
-    "adam": {"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7},
-}
-RTOL = 1e-12  # a handful of float64 ulps: the same formula evaluated in a different op order
+# a handful of float64 ulps: the same formula evaluated in a different op order.
+# Measured: every exact rule is within 2e-16 of the oracle on the typical case.
+RTOL = 1e-12
+# two frameworks computing one rule: the project's float64 bound (tolerance.FLOAT64_RTOL)
+CROSS_RTOL, CROSS_ATOL = 1e-10, 1e-12
 
-rng = np.random.default_rng(0)
-P0 = rng.normal(size=(3, 4))
-# small gradients make Adam's epsilon placement visible; varied signs and scales
-GRADS = [rng.normal(size=(3, 4)) * s for s in (1.0, 1e-3, 0.5, 1e-4, 2.0)]
+P0, GRADS = typical_case()
+STEP = {"kind": "step", "boundaries": [2, 4], "values": [0.01, 0.005, 0.0025]}
+WARMUP = {"kind": "warmup_linear", "warmup_steps": 3}
 
 
-def _tf_apply(spec):
+def _variants() -> list:
+    out = []
+    for name in OPTIMIZERS:
+        out += [
+            pytest.param(name, {}, id=f"{name}"),
+            pytest.param(name, {"weight_decay": 0.013}, id=f"{name}-wd"),
+            pytest.param(name, {"schedule": STEP}, id=f"{name}-step"),
+            pytest.param(name, {"schedule": WARMUP}, id=f"{name}-warmup"),
+        ]
+    out += [
+        pytest.param("rmsprop", {"centered": True}, id="rmsprop-centered"),
+        pytest.param("rmsprop", {"momentum": 0.7}, id="rmsprop-momentum"),
+        pytest.param("rmsprop", {"centered": True, "momentum": 0.7, "schedule": STEP, "weight_decay": 0.013},
+                     id="rmsprop-all"),
+        pytest.param("adagrad", {"initial_accumulator": 0.0}, id="adagrad-from-0"),
+    ]
+    return out
+
+
+VARIANTS = _variants()
+
+
+def _spec(name: str, semantics: str, overrides: dict) -> dict:
+    raw = {"name": name, "semantics": semantics, **TYPICAL_HP[name], **overrides}
+    if raw.get("schedule", {}).get("kind") == "step":
+        raw["lr"] = raw["schedule"]["values"][0]
+    return validate_optimizer(raw)
+
+
+def _tf():
+    """TensorFlow, with the tower devices configured first (the runtime fixes them on first use)."""
     import tensorflow as tf
 
+    from tfpar.devices import available_devices
+
+    available_devices()
+    return tf
+
+
+def _tf_apply(spec, p0=P0, grads=GRADS):
     from tfpar.optimizers import make_optimizer
 
-    v = tf.Variable(P0, dtype=tf.float64)
+    tf = _tf()
+
+    v = tf.Variable(p0, dtype=tf.float64)
     opt = make_optimizer(spec)
     opt.build([v])
     out = []
-    for g in GRADS:
+    for g in grads:
         opt.apply([tf.constant(g)], [v])
         out.append(v.numpy().copy())
     return out
 
 
-def _torch_apply(spec):
+def _torch_apply(spec, p0=P0, grads=GRADS):
     import torch
 
-    from torchref.optimizers import make_optimizer
+    from torchref.optimizers import make_optimizer, make_scheduler
 
-    p = torch.nn.Parameter(torch.tensor(P0, dtype=torch.float64))
+    p = torch.nn.Parameter(torch.tensor(p0, dtype=torch.float64))
     opt = make_optimizer(spec, [p])
+    sched = make_scheduler(spec, opt)
     out = []
-    for g in GRADS:
+    for g in grads:
         p.grad = torch.tensor(g)
         opt.step()
+        if sched is not None:
+            sched.step()
         out.append(p.detach().numpy().copy())
     return out
 
 
-def _close(got, want, rtol=RTOL):
+def _close(got, want, rtol=RTOL, atol=0.0):
     for step, (a, b) in enumerate(zip(got, want, strict=True), start=1):
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=0, err_msg=f"step {step}")
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"step {step}")
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+# ---------------------------------------------------------------- each rule against the oracle
+
+
 @pytest.mark.parametrize("semantics", ["torch", "tf"])
-@pytest.mark.parametrize("backend", ["tf", "torch"])
-def test_exact_rules_match_numpy(name, semantics, backend):
-    spec = dict(HP[name], semantics=semantics)
-    got = (_tf_apply if backend == "tf" else _torch_apply)(spec)
-    _close(got, np_update(name, semantics, spec, P0, GRADS))
+@pytest.mark.parametrize(("name", "overrides"), VARIANTS)
+def test_exact_rules_match_numpy_on_both_backends(name, overrides, semantics):
+    spec = _spec(name, semantics, overrides)
+    want = np_update(name, semantics, spec, P0, GRADS)
+    tf_got, torch_got = _tf_apply(spec), _torch_apply(spec)
+    _close(tf_got, want)
+    _close(torch_got, want)
+    # mapped semantics: the two frameworks agree with each other
+    _close(tf_got, torch_got, rtol=CROSS_RTOL, atol=CROSS_ATOL)
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
-def test_torch_native_is_torchs_rule(name):
-    spec = dict(HP[name], semantics="native")
+@pytest.mark.parametrize(("name", "overrides"), VARIANTS)
+def test_torch_native_is_torchs_rule(name, overrides):
+    spec = _spec(name, "native", overrides)
     _close(_torch_apply(spec), np_update(name, "torch", spec, P0, GRADS))
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
-def test_keras_native_is_keras_rule_with_float32_hyperparameters(name):
-    spec = dict(HP[name], semantics="native")
+@pytest.mark.parametrize(("name", "overrides"), VARIANTS)
+def test_keras_native_is_keras_rule_with_float32_hyperparameters(name, overrides):
+    spec = _spec(name, "native", overrides)
     got = _tf_apply(spec)
     _close(got, np_update(name, "tf", spec, P0, GRADS, keras_float32=True))
     # and the float32 hyperparameters are a real, measurable difference in float64
-    exact = np_update(name, "tf", spec, P0, GRADS)
-    gap = max(np.max(np.abs(a - b) / np.abs(b)) for a, b in zip(got, exact, strict=True))
-    assert gap > 1e-11, gap
+    assert gap(got, np_update(name, "tf", spec, P0, GRADS)) > 1e-11
 
 
-def test_adam_epsilon_placement_differs():
-    spec = dict(HP["adam"], semantics="torch")
-    t = np_update("adam", "torch", spec, P0, GRADS)
-    k = np_update("adam", "tf", spec, P0, GRADS)
-    gap = np.max(np.abs(t[0] - k[0]) / np.abs(P0))
-    assert gap > 1e-9, gap
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_keras_float32_rounding_is_needed(name, monkeypatch):
+    """Leave any one rounding out of the table and the oracle no longer reproduces Keras."""
+    overrides = {"weight_decay": 0.013}
+    if name == "adagrad":
+        overrides["initial_accumulator"] = 0.3  # not a float32 number, so its rounding shows
+    spec = _spec(name, "native", overrides)
+    got = _tf_apply(spec)
+    for left_out in KERAS_FLOAT32[name]:
+        monkeypatch.setitem(KERAS_FLOAT32, name, tuple(k for k in KERAS_FLOAT32[name] if k != left_out))
+        # lr's rounding moves an update by ~1e-9 relative (float32 has 24 bits), far above RTOL
+        assert gap(got, np_update(name, "tf", spec, P0, GRADS, keras_float32=True)) > 1e-12, left_out
+        monkeypatch.undo()
 
 
-def test_momentum_forms_agree_for_constant_lr():
-    spec = dict(HP["momentum"])
-    _close(np_update("momentum", "torch", spec, P0, GRADS), np_update("momentum", "tf", spec, P0, GRADS), rtol=1e-13)
+# ---------------------------------------------------------------- the differences
+
+
+@pytest.mark.parametrize("diff", DIFFERENCES, ids=lambda d: d.key)
+def test_difference_is_detected(diff):
+    """The two rules differ on the typical case, and so do the real native classes."""
+    assert diff.measure() > diff.min_gap
+    spec = validate_optimizer({"name": diff.name, "semantics": "native", **diff.hp})
+    if diff.keras_float32:
+        real = gap(_tf_apply(spec), _tf_apply(dict(spec, semantics="tf")))
+    else:
+        real = gap(_torch_apply(spec), _tf_apply(spec))
+    assert real > diff.min_gap, real
+
+
+@pytest.mark.parametrize("semantics", ["torch", "tf"])
+@pytest.mark.parametrize("diff", DIFFERENCES, ids=lambda d: d.key)
+def test_difference_vanishes_under_mapped_semantics(diff, semantics):
+    spec = validate_optimizer({"name": diff.name, "semantics": semantics, **diff.hp})
+    _close(_tf_apply(spec), _torch_apply(spec), rtol=CROSS_RTOL, atol=CROSS_ATOL)
+
+
+# float32 numbers (dyadic rationals): Keras' float32 hyperparameters are then exact in
+# float64, so native Keras and native torch can be compared to a few ulps
+_dyadic = st.integers(1, 64).map(lambda k: k / 1024.0)
+_mu = st.sampled_from([0.5, 0.75, 0.875, 0.9375])
+
+
+@given(name=st.sampled_from(["momentum", "nesterov"]), lr=_dyadic, lr2=_dyadic, mu=_mu,
+       boundary=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_momentum_native_agrees_for_a_constant_lr_and_differs_once_it_changes(name, lr, lr2, mu, boundary, seed):
+    """Keras' velocity holds lr (v = -lr b), torch's buffer does not: equal until lr changes."""
+    rng = np.random.default_rng(seed)
+    p0 = rng.normal(size=(4,))
+    grads = [rng.normal(size=(4,)) for _ in range(6)]
+    const = validate_optimizer({"name": name, "semantics": "native", "lr": lr, "momentum": mu})
+    _close(_tf_apply(const, p0, grads), _torch_apply(const, p0, grads), rtol=RTOL, atol=1e-15)
+    if lr2 == lr:
+        return
+    sched = {"kind": "step", "boundaries": [boundary], "values": [lr, lr2]}
+    stepped = validate_optimizer({"name": name, "semantics": "native", "momentum": mu, "schedule": sched})
+    keras_run, torch_run = _tf_apply(stepped, p0, grads), _torch_apply(stepped, p0, grads)
+    # identical up to the boundary, then the buffers carry different multiples of lr
+    _close(keras_run[:boundary], torch_run[:boundary], rtol=RTOL, atol=1e-15)
+    assert gap(keras_run, torch_run) > 1e-9
+
+
+# ---------------------------------------------------------------- schedules
+
+
+@pytest.mark.parametrize("schedule", [
+    {"kind": "constant"},
+    {"kind": "step", "boundaries": [1, 3, 7], "values": [0.1, 0.03, 0.02, 0.001]},
+    {"kind": "warmup_linear", "warmup_steps": 1},
+    {"kind": "warmup_linear", "warmup_steps": 7},
+], ids=["constant", "step", "warmup-1", "warmup-7"])
+def test_every_schedule_implementation_gives_the_oracles_rates(schedule):
+    from tfpar.optimizers import keras_schedule, schedule_lr
+    from torchref.optimizers import lr_at as torch_lr_at
+
+    tf = _tf()
+    lr = schedule["values"][0] if schedule["kind"] == "step" else 0.1
+    ts = range(1, 12)
+    want = [np_lr(schedule, lr, t) for t in ts]
+    assert [lr_at(schedule, lr, t) for t in ts] == want
+    assert [torch_lr_at(schedule, lr, t) for t in ts] == want
+    exact = [float(schedule_lr(schedule, lr, tf.constant(t, tf.int64), tf.float64)) for t in ts]
+    np.testing.assert_allclose(exact, want, rtol=1e-15, atol=0)
+    ks = keras_schedule(schedule, lr)
+    # Keras calls the schedule with iterations = t - 1, the updates already applied
+    keras = [f32(ks) if isinstance(ks, float) else float(ks(tf.constant(t - 1, tf.int64))) for t in ts]
+    assert keras == [np_lr(schedule, lr, t, keras_float32=True) for t in ts]
+
+
+def test_step_schedule_boundary_semantics():
+    """Boundary b: steps 1..b use the first value; step b+1 the next."""
+    s = {"kind": "step", "boundaries": [2], "values": [1.0, 0.5]}
+    assert [lr_at(s, 1.0, t) for t in (1, 2, 3, 4)] == [1.0, 1.0, 0.5, 0.5]
+    w = {"kind": "warmup_linear", "warmup_steps": 4}
+    assert [lr_at(w, 1.0, t) for t in (1, 2, 4, 5)] == [0.25, 0.5, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------- defaults and validation
+
+
+def _torch_defaults(name: str) -> dict:
+    import torch
+
+    cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "nesterov": torch.optim.SGD,
+           "adam": torch.optim.Adam, "amsgrad": torch.optim.Adam, "adamw": torch.optim.AdamW,
+           "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}[name]
+    sig = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+    names = {"weight_decay": "weight_decay", "epsilon": "eps", "rho": "alpha", "centered": "centered",
+             "momentum": "momentum", "initial_accumulator": "initial_accumulator_value"}
+    out = {}
+    for hp in HYPERPARAMETERS[name]:
+        if hp in ("beta1", "beta2"):
+            out[hp] = sig["betas"][0 if hp == "beta1" else 1]
+        else:
+            out[hp] = sig[names[hp]]
+    return out
+
+
+def _keras_defaults(name: str) -> dict:
+    import keras
+
+    cls = {"sgd": keras.optimizers.SGD, "momentum": keras.optimizers.SGD, "nesterov": keras.optimizers.SGD,
+           "adam": keras.optimizers.Adam, "amsgrad": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+           "rmsprop": keras.optimizers.RMSprop, "adagrad": keras.optimizers.Adagrad}[name]
+    sig = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+    names = {"beta1": "beta_1", "beta2": "beta_2", "epsilon": "epsilon", "rho": "rho", "centered": "centered",
+             "momentum": "momentum", "initial_accumulator": "initial_accumulator_value", "weight_decay": "weight_decay"}
+    # Keras' weight_decay=None means "no decay": the case's 0.0
+    return {hp: (sig[names[hp]] if sig[names[hp]] is not None else 0.0) for hp in HYPERPARAMETERS[name]}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_defaults_are_the_frameworks_and_the_docs_tables(name):
+    row = next(r for r in OPTIMIZER_TABLE if r.name == name)
+    assert row.torch_defaults == DEFAULTS[name]["torch"]
+    assert row.tf_defaults == DEFAULTS[name]["tf"]
+    assert row.hyperparameters == HYPERPARAMETERS[name]
+    torch_sig, keras_sig = _torch_defaults(name), _keras_defaults(name)
+    # the one deliberate departure: momentum defaults to 0.9 (both frameworks: 0)
+    for d in (torch_sig, keras_sig):
+        if name in ("momentum", "nesterov"):
+            assert d.pop("momentum") == 0
+    assert torch_sig == {k: v for k, v in DEFAULTS[name]["torch"].items() if k in torch_sig}
+    assert keras_sig == {k: v for k, v in DEFAULTS[name]["tf"].items() if k in keras_sig}
+    for sem, table in (("torch", "torch"), ("tf", "tf"), ("native", "tf")):
+        raw = {"name": name, "lr": 0.1, "semantics": sem}
+        if name == "nesterov":
+            raw["momentum"] = 0.9
+        spec = validate_optimizer(raw)
+        assert {k: spec[k] for k in HYPERPARAMETERS[name]} == DEFAULTS[name][table]
+
+
+@pytest.mark.parametrize(("changes", "field", "text"), [
+    ({"name": "sgd", "momentum": 0.9}, "optimizer.momentum", "no such hyperparameter for sgd"),
+    ({"name": "adam", "rho": 0.9}, "optimizer.rho", "no such hyperparameter for adam"),
+    ({"name": "adagrad", "beta1": 0.9}, "optimizer.beta1", "no such hyperparameter for adagrad"),
+    ({"name": "momentum", "centered": True}, "optimizer.centered", "no such hyperparameter for momentum"),
+    ({"name": "rmsprop", "initial_accumulator": 0.1}, "optimizer.initial_accumulator", "no such hyperparameter"),
+    ({"name": "rmsprop", "rho": 1.5}, "optimizer.rho", "a number >= 0 and < 1"),
+    ({"name": "rmsprop", "centered": "yes"}, "optimizer.centered", "true or false"),
+    ({"name": "nesterov", "momentum": 0.0}, "optimizer.momentum", "a number > 0 and < 1"),
+    ({"name": "adamw", "weight_decay": -0.1}, "optimizer.weight_decay", "a number >= 0"),
+    ({"name": "adagrad", "initial_accumulator": -1}, "optimizer.initial_accumulator", "a number >= 0"),
+    ({"name": "adam", "epsilon": 0}, "optimizer.epsilon", "a number > 0"),
+    ({"name": "sgd", "schedule": {"kind": "cosine"}}, "optimizer.schedule.kind", "one of constant, step"),
+    ({"name": "sgd", "schedule": {"kind": "constant", "x": 1}}, "optimizer.schedule.x", "no such field"),
+    ({"name": "sgd", "schedule": {"kind": "step", "boundaries": [], "values": [0.1]}},
+     "optimizer.schedule.boundaries", "a non-empty list"),
+    ({"name": "sgd", "schedule": {"kind": "step", "boundaries": [3, 3], "values": [0.1, 0.1, 0.1]}},
+     "optimizer.schedule.boundaries[1]", "an integer >= 4"),
+    ({"name": "sgd", "schedule": {"kind": "step", "boundaries": [0], "values": [0.1, 0.1]}},
+     "optimizer.schedule.boundaries[0]", "an integer >= 1"),
+    ({"name": "sgd", "schedule": {"kind": "step", "boundaries": [2], "values": [0.1]}},
+     "optimizer.schedule.values", "a list of 2 learning rates"),
+    ({"name": "sgd", "schedule": {"kind": "step", "boundaries": [2], "values": [0.1, -1]}},
+     "optimizer.schedule.values[1]", "a number > 0"),
+    ({"name": "sgd", "lr": 0.2, "schedule": {"kind": "step", "boundaries": [2], "values": [0.1, 0.05]}},
+     "optimizer.lr", "the step schedule's first value"),
+    ({"name": "sgd", "schedule": {"kind": "warmup_linear", "warmup_steps": 0}},
+     "optimizer.schedule.warmup_steps", "an integer >= 1"),
+    ({"name": "sgd", "schedule": {"kind": "warmup_linear"}}, "optimizer.schedule.warmup_steps", "the field is missing"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_optimizer_fields_name_the_field(changes, field, text):
+    raw = {"lr": 0.1, **changes}
+    if "schedule" in raw and raw["schedule"].get("kind") == "step" and "lr" not in changes:
+        raw.pop("lr")
+    with pytest.raises(CaseError) as e:
+        validate_optimizer(raw)
+    assert e.value.field == field
+    assert text in str(e.value), str(e.value)
+
+
+def test_step_schedule_takes_lr_from_its_first_value():
+    spec = validate_optimizer({"name": "sgd", "schedule": {"kind": "step", "boundaries": [2], "values": [0.1, 0.05]}})
+    assert spec["lr"] == 0.1 and spec["schedule"]["values"] == [0.1, 0.05]
+    assert validate_optimizer({"name": "sgd", "lr": 0.1})["schedule"] == {"kind": "constant"}
+
+
+# ---------------------------------------------------------------- theory
+
+
+@pytest.mark.parametrize("diff", [d for d in DIFFERENCES if not d.keras_float32], ids=lambda d: d.key)
+def test_theory_predicts_each_native_difference(diff):
+    from parity_tests.theory import predict
+
+    opt = {"name": diff.name, "semantics": "native", **diff.hp}
+    native = make(MLP, optimizer=opt, steps=6).spec
+    got = predict(native, "tf.towers", "torch.ddp").expected
+    assert len(got) >= 1, got
+    assert predict(native, "tf.towers", "tf.single").expected == ()
+    for sem in ("torch", "tf"):
+        assert predict(make(MLP, optimizer=dict(opt, semantics=sem), steps=6).spec, "tf.towers", "torch.ddp").expected == ()
+
+
+def test_theory_predicts_nothing_where_the_classes_agree():
+    from parity_tests.theory import predict
+
+    for opt in (
+        {"name": "sgd", "lr": 0.1, "weight_decay": 0.01},  # L2 and decoupled are the same update for plain SGD
+        {"name": "momentum", "lr": 0.1, "schedule": {"kind": "warmup_linear", "warmup_steps": 1}},  # lr never changes
+        {"name": "nesterov", "lr": 0.1, "schedule": {"kind": "step", "boundaries": [9], "values": [0.1, 0.01]}},
+        {"name": "rmsprop", "lr": 0.1, "schedule": {"kind": "step", "boundaries": [1], "values": [0.1, 0.01]}},
+    ):
+        spec = make(MLP, optimizer=dict(opt, semantics="native"), steps=6).spec
+        expected = predict(spec, "tf.towers", "torch.ddp").expected
+        assert all("momentum holds lr" not in e and "weight decay" not in e for e in expected), (opt, expected)
+
+
+# ---------------------------------------------------------------- end to end: tf.towers vs torch.ddp
+
+_E2E = [
+    pytest.param(MLP, {"name": "adamw", "lr": 0.02, "weight_decay": 0.05}, id="mlp-adamw"),
+    pytest.param(POLY, {"name": "rmsprop", "lr": 0.02, "momentum": 0.5, "centered": True}, id="poly-rmsprop"),
+    pytest.param(SOFTMAX, {"name": "nesterov", "momentum": 0.9,
+                           "schedule": {"kind": "step", "boundaries": [2], "values": [0.05, 0.01]}},
+                 id="softmax-nesterov-step"),
+    pytest.param(MLP, {"name": "adagrad", "lr": 0.05, "weight_decay": 0.01,
+                       "schedule": {"kind": "warmup_linear", "warmup_steps": 3}}, id="mlp-adagrad-warmup"),
+]
+
+
+@pytest.mark.parametrize(("base", "opt"), _E2E)
+def test_end_to_end_towers_and_ddp_agree_under_mapped_semantics_and_differ_natively(base, opt, pool):
+    from parity_tests.compare import assert_trajectories_close, compare_trajectories
+    from parity_tests.harness import run_impl
+    from parity_tests.theory import predict
+
+    for sem in ("torch", "tf"):
+        case = make(base, parallel__devices=3, optimizer=dict(opt, semantics=sem))
+        assert_trajectories_close(run_impl(case, "tf.towers"), run_impl(case, "torch.ddp"),
+                                  rtol=CROSS_RTOL, atol=CROSS_ATOL)
+    native = make(base, parallel__devices=3, optimizer=dict(opt, semantics="native"))
+    result = compare_trajectories(run_impl(native, "tf.towers"), run_impl(native, "torch.ddp"),
+                                  rtol=CROSS_RTOL, atol=CROSS_ATOL)
+    assert not result.ok
+    assert predict(native.spec, "tf.towers", "torch.ddp").expected
+
+
+# ---------------------------------------------------------------- the generated page
+
+
+def test_docs_page_is_up_to_date():
+    from parity_tests.docs_optimizers import render
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "optimizers.md"
+    assert page.read_text(encoding="utf-8") == render(), (
+        "docs/optimizers.md is stale: run `python -m parity_tests.docs_optimizers > docs/optimizers.md`"
+    )
+
