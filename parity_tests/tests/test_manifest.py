@@ -9,6 +9,7 @@ import pytest
 
 from parity_tests.case import load_case, write_case
 from parity_tests.cli import main
+from parity_tests.errors import CaseError
 from parity_tests.harness import run_impl
 from parity_tests.manifest import array_digest, build_manifest, load_manifest, replay
 from parity_tests.tests.helpers import MLP, make
@@ -72,5 +73,5 @@ def test_bad_manifest_is_bad_input(tmp_path, capsys):
     (tmp_path / "m.json").write_text('{"schema": "other"}')
     assert main(["replay", str(tmp_path / "m.json")]) == 2
     assert "schema" in capsys.readouterr().err
-    with pytest.raises(Exception):
+    with pytest.raises(CaseError, match="MANIFEST: expected an existing manifest file"):
         load_manifest(tmp_path / "missing.json")
