@@ -1,0 +1,44 @@
+"""The architecture's one hard rule: tfpar never imports torch, torchref never imports TensorFlow,
+and the CLI's top level imports neither (spawned workers re-import the parent's main module)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [("tfpar", {"torch", "torchref"}), ("torchref", {"tensorflow", "keras", "tfpar"})])
+def test_no_source_file_imports_the_other_framework(package, forbidden):
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files
+    bad = {str(f.relative_to(ROOT)): sorted(_imports(f) & forbidden) for f in files if _imports(f) & forbidden}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [("tfpar", ["torch"]), ("torchref.run", ["tensorflow", "keras"]), ("parity_tests.cli", ["tensorflow", "torch"]),
+     ("parity_tests.case", ["tensorflow", "torch"])],
+)
+def test_importing_does_not_load_the_other_framework(module, forbidden):
+    code = f"import sys, {module}; print(','.join(m for m in {forbidden!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"importing {module} loaded {out.stdout.strip()}"
