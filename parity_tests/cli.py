@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run one implementation and write its trajectory")
     r.add_argument("case", help="path to case.json")
-    r.add_argument("--impl", required=True, help="tf.towers, tf.single, torch.ddp or torch.single")
+    r.add_argument("--impl", required=True, help="one of: tf.towers, tf.single, tf.v1, tf.mirrored, torch.ddp, torch.single")
     r.add_argument("--out", required=True, help="trajectory file to write (.npz)")
 
     c = sub.add_parser("compare", help="run several implementations and judge parity")

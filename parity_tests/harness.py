@@ -102,8 +102,8 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
             raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has; set TFPAR_DEVICES before start-up for more)", n)
         try:
             return tfpar.run_case(case.payload(), impl, progress=progress)
-        except CaseError:
-            raise
+        except tfpar.Unsupported as e:  # a valid case this implementation does not implement
+            raise CaseError(e.field, e.expected) from None
         except Exception as e:  # a TensorFlow failure on a valid case: one line, not a traceback
             raise RunError(f"{impl} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     from torchref.pool import MAX_SIZE, PoolError

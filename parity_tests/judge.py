@@ -27,6 +27,7 @@ import numpy as np
 
 from .case import Case
 from .compare import compare_trajectories, first_nonfinite
+from .errors import CaseError
 from .harness import run_impl
 from .theory import Prediction, keras_rounds_hyperparameters, predict
 from .tolerance import RULE_NONFINITE, Verdict, judge_float32, judge_float64
@@ -34,6 +35,7 @@ from .tolerance import RULE_NONFINITE, Verdict, judge_float32, judge_float64
 __all__ = ["PairResult", "CaseResult", "compare_case", "write_case_report", "OK_STATUSES"]
 
 OK_STATUSES = ("parity", "expected_difference")
+UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
 
 
@@ -50,8 +52,8 @@ class PairResult:
 
     @property
     def as_expected(self) -> bool:
-        """Parity where theory predicts none, a divergence where it predicts one."""
-        return self.verdict.status in OK_STATUSES
+        """Parity where theory predicts none, a divergence where it predicts one (or not applicable)."""
+        return self.verdict.status in OK_STATUSES or self.verdict.status == UNSUPPORTED
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -174,6 +176,7 @@ def compare_case(
     *,
     progress: bool | Callable[[str], None] = False,
     runner: Runner | None = None,
+    skip_unsupported: bool = False,
 ) -> CaseResult:
     """Run ``case`` on every implementation in ``impls`` and judge each against ``impls[0]``.
 
@@ -182,6 +185,9 @@ def compare_case(
         impls: two or more implementation names; the first is the reference.
         progress: ``True`` for a progress bar on stderr, or a callable given a label per run.
         runner: ``runner(case, impl) -> trajectory`` (default: :func:`harness.run_impl`).
+        skip_unsupported: when an implementation other than the reference refuses the
+            case as not implemented (``CaseError``), record the pair as ``unsupported``
+            instead of raising (what the matrix does for rows a path cannot run).
     """
     runner = runner or (lambda c, i: run_impl(c, i))
     t0 = time.perf_counter()
@@ -204,9 +210,10 @@ def compare_case(
         bar = tqdm(total=len(plan), desc=case.name, unit="run", leave=False)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     mapping_text: str | None = None
+    refused: dict[str, str] = {}
     for impl, d, mapped in plan:
         key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
-        if key in trajs:
+        if key in trajs or impl in refused:
             continue
         c = variants[d]
         if mapped:
@@ -215,7 +222,12 @@ def compare_case(
             bar.set_postfix_str(key)
         elif callable(progress):
             progress(key)
-        trajs[key] = runner(c, impl)
+        try:
+            trajs[key] = runner(c, impl)
+        except CaseError as e:
+            if not skip_unsupported or impl == ref:
+                raise
+            refused[impl] = str(e)
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -227,6 +239,12 @@ def compare_case(
     pairs = []
     for impl in impls[1:]:
         pred = pairs_pred[impl]
+        if impl in refused:
+            nan = float("nan")
+            verdict = Verdict(UNSUPPORTED, "not implemented", nan, nan, None, None, np.array([]), None,
+                              f"{impl} does not run this case: {refused[impl]}")
+            pairs.append(PairResult(ref, impl, verdict, pred))
+            continue
         side = mapped_needed[impl]
         ma, mb = side == ref, side == impl
         kw = {"expect_difference": pred.differ, "known_differences": pred.known + pred.expected}

@@ -3,8 +3,9 @@
 Rows: the seeds' scenarios (polynomial regression with Adam, the 5-10-1 binary
 MLP with SGD, a softmax classifier with momentum) x device counts 1, 2, 4, 8 x
 both combine rules x float32 and float64; in every row ``tf.towers`` is the
-reference and ``torch.ddp``, ``tf.single`` and ``torch.single`` are judged
-against it. Then the rows where theory predicts a difference: sum reduction
+reference and ``torch.ddp``, ``tf.single``, ``torch.single``, ``tf.v1`` (the
+seeds' graph towers) and ``tf.mirrored`` are judged against it (a path that
+does not implement a row's features is listed as ``unsupported``). Then the rows where theory predicts a difference: sum reduction
 under data parallelism, uneven shards with equal weighting (and the
 ``by_size`` weighting that removes it), and native Adam across frameworks
 (epsilon placement). The exit status is 0 only when every verdict is the
@@ -31,7 +32,7 @@ from .report import jsonable, versions, write_report
 
 __all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "matrix_cases", "run_matrix"]
 
-IMPLS = ["tf.towers", "torch.ddp", "tf.single", "torch.single"]
+IMPLS = ["tf.towers", "torch.ddp", "tf.single", "torch.single", "tf.v1", "tf.mirrored"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def run_matrix(
                 results.append(done)
                 reused += 1
                 continue
-            result = compare_case(case, IMPLS, runner=runner)
+            result = compare_case(case, IMPLS, runner=runner, skip_unsupported=True)
             # each finished row is on disk at once, so an interrupted run can resume (--resume)
             atomic_write_text(row, json.dumps(jsonable({"versions": tool, "result": result.to_dict()}), allow_nan=False))
             results.append(result)

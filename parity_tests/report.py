@@ -45,7 +45,7 @@ def scenario_of(name: str) -> str:
 
 
 def _fmt(x: float | None) -> str:
-    if x is None:
+    if x is None or np.isnan(x):
         return "-"
     if not np.isfinite(x):
         return str(x)
@@ -139,6 +139,8 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
         for r in by_dev[n]:
             for p in r.pairs:
                 v = p.verdict
+                if v.status == "unsupported":
+                    continue
                 gap = np.asarray(v.per_step_gap, dtype=float)
                 steps = np.arange(len(gap))
                 label = f"{r.case.spec['dtype'][-2:]} {r.case.spec['parallel']['combine']} {p.impl}"

@@ -6,17 +6,28 @@ count the process will need (8 logical CPU devices by default; ``TFPAR_DEVICES``
 overrides) and hand out the first N to N towers. Where GPUs are present they
 are used: one tower per GPU, or, when there are fewer GPUs than towers, GPU 0
 split into virtual GPUs with a memory limit each (``TFPAR_GPU_MEMORY_MB``,
-default 1024). Memory growth is switched on for GPUs that are not split.
+default 1024). GPUs that are not split get that limit when
+``TFPAR_GPU_MEMORY_MB`` is set, memory growth otherwise.
 ``CUDA_VISIBLE_DEVICES`` is respected because TensorFlow only sees those GPUs.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import tensorflow as tf
 
-__all__ = ["DeviceError", "configure_devices", "tower_devices", "available_devices", "DEFAULT_DEVICES"]
+__all__ = [
+    "DEFAULT_DEVICES",
+    "DeviceError",
+    "DeviceInfo",
+    "available_devices",
+    "configure_devices",
+    "list_devices",
+    "session_config",
+    "tower_devices",
+]
 
 DEFAULT_DEVICES = 8
 _configured: list[str] | None = None
@@ -54,6 +65,11 @@ def configure_devices(count: int | None = None) -> list[str]:
             tf.config.set_logical_device_configuration(
                 gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=mb)] * count
             )
+        elif gpus and "TFPAR_GPU_MEMORY_MB" in os.environ:
+            # one tower per GPU, each capped at the limit asked for
+            mb = int(os.environ["TFPAR_GPU_MEMORY_MB"])
+            for g in gpus:
+                tf.config.set_logical_device_configuration(g, [tf.config.LogicalDeviceConfiguration(memory_limit=mb)])
         else:
             for g in gpus:
                 tf.config.experimental.set_memory_growth(g, True)
@@ -85,3 +101,74 @@ def tower_devices(n: int) -> list[str]:
             f"(set TFPAR_DEVICES={n} before the first TensorFlow op to make more)"
         )
     return devs[:n]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device TensorFlow can see.
+
+    Attributes:
+        name: ``/physical_device:GPU:0`` (physical) or ``/device:CPU:3`` (logical,
+            usable in ``tf.device``).
+        device_type: ``CPU`` or ``GPU``.
+        kind: ``physical`` or ``logical``.
+        memory_limit_mb: the configured memory limit of a (virtual) GPU, where one was set.
+        memory_growth: for physical GPUs, whether memory growth is on; ``None`` otherwise.
+        description: the GPU's model name where TensorFlow reports it, else ``""``.
+    """
+
+    name: str
+    device_type: str
+    kind: str
+    memory_limit_mb: int | None = None
+    memory_growth: bool | None = None
+    description: str = ""
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every physical and logical device of this process (configures them on first call).
+
+    GPUs are only those ``CUDA_VISIBLE_DEVICES`` leaves visible (TensorFlow
+    never sees the others). On a CPU-only machine the list is the one physical
+    CPU and the logical CPU devices that stand in for towers.
+    """
+    configure_devices()
+    out: list[DeviceInfo] = []
+    limits: dict[str, int | None] = {}  # logical GPU "GPU:k" -> its limit
+    for d in tf.config.list_physical_devices():
+        growth, limit, desc = None, None, ""
+        if d.device_type == "GPU":
+            growth = bool(tf.config.experimental.get_memory_growth(d))
+            confs = tf.config.get_logical_device_configuration(d) or []
+            limit = confs[0].memory_limit if len(confs) == 1 else None
+            desc = str(tf.config.experimental.get_device_details(d).get("device_name", ""))
+            # logical GPUs are numbered in physical order; an unsplit GPU makes one
+            for c in confs or [None]:
+                limits[f"GPU:{len(limits)}"] = c.memory_limit if c is not None else None
+        out.append(DeviceInfo(d.name, d.device_type, "physical", limit, growth, desc))
+    for d in tf.config.list_logical_devices():
+        short = d.name.split("device:")[-1]
+        out.append(DeviceInfo(d.name, d.device_type, "logical", limits.get(short) if d.device_type == "GPU" else None))
+    return out
+
+
+def session_config() -> tf.compat.v1.ConfigProto:
+    """A ``tf.compat.v1.Session`` config that sees the devices :func:`configure_devices` made.
+
+    A Session given its own ``ConfigProto`` starts from one CPU device
+    (measured: 1 device instead of 8); the eager context's config carries the
+    logical-device set-up, so we start from it and add ``allow_soft_placement``
+    (ops without a kernel on a tower's device fall back, as the seeds configure).
+    """
+    configure_devices()
+    cfg = tf.compat.v1.ConfigProto()
+    try:
+        # private, but it is exactly what Session(config=None) uses
+        from tensorflow.python.eager import context
+
+        cfg.CopyFrom(context.context().config)
+    except (ImportError, AttributeError):
+        cfg.device_count["CPU"] = len(tf.config.list_logical_devices("CPU"))
+        cfg.device_count["GPU"] = len(tf.config.list_logical_devices("GPU"))
+    cfg.allow_soft_placement = True
+    return cfg

@@ -39,7 +39,7 @@ def test_matrix_report_and_exit_0(tmp_path, capsys):
     md = (tmp_path / "report.md").read_text()
     assert "| mlp-sgd | float64 | 2 | grad_mean |" in md and "gaps-mlp-sgd.png" in md
     assert (tmp_path / "gaps-mlp-sgd.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "6 / 6 verdicts as expected" in capsys.readouterr().out
+    assert "10 / 10 verdicts as expected" in capsys.readouterr().out  # 2 cases x 5 pairs
 
 
 def test_matrix_exit_1_when_a_verdict_is_not_the_expected_one(tmp_path, capsys):

@@ -1,0 +1,212 @@
+"""``tf.mirrored``: the same synchronous step through ``tf.distribute.MirroredStrategy``.
+
+A custom training loop as the ``tf.distribute`` guide writes it:
+
+1. ``MirroredStrategy(devices=first N tower devices)``; on CPU devices its
+   all-reduce is ``ReductionToOneDevice`` (sum on the first device, broadcast);
+2. variables and the optimizer are created under ``strategy.scope()``
+   (``MirroredVariable``: one copy per replica, kept identical);
+3. ``experimental_distribute_values_from_function`` hands replica r exactly
+   its shard of the global batch (contiguous or strided, rows in order; no
+   ``tf.data`` in between, so nothing re-orders or re-batches rows);
+4. replica r scales its loss with ``tf.nn.compute_average_loss``, differentiates
+   it, and the optimizer's ``apply_gradients`` (inside ``strategy.run``) sums
+   the replicas' gradients and updates every copy;
+5. ``strategy.reduce(SUM)`` gives the step's loss.
+
+Loss scaling and tower weights (``l_r``: replica r's mean loss over its
+``n_r`` rows, ``B``: the global batch):
+
+``by_size``
+    ``compute_average_loss(per_example, global_batch_size=B)`` = ``(n_r/B) l_r``:
+    the strategy's documented recipe, and its natural weighting.
+``equal``
+    ``compute_average_loss(per_example)`` with the default global batch size,
+    ``n_r * N`` = ``l_r / N``: the seeds' plain mean over towers (differs from
+    ``by_size`` only for uneven shards).
+``model.reduction: sum``
+    per-replica ``l_r`` is a sum; it is scaled by the same weight (``1/N`` or
+    ``n_r/B``) directly, as ``tf.towers`` weights it.
+
+The all-reduce sums the gradients of the scaled losses, so the update is the
+gradient of ``sum_r w_r l_r``: the same number for ``combine: grad_mean`` and
+``loss_mean`` (a strategy has no separate "average the losses" program; in
+exact arithmetic the two agree, and ``tf.towers`` shows they do in float64).
+
+Optimizers: ``native`` uses Keras' own class, whose ``apply_gradients``
+inside ``strategy.run`` all-reduces (SUM) and updates each copy;
+``torch``/``tf`` semantics use the exact rules of :mod:`tfpar.optimizers`
+applied once in cross-replica context to ``strategy.reduce(SUM)`` of the
+replicas' gradients, every assignment to a ``MirroredVariable`` writing all
+copies. (Both leave the copies bit-identical; :func:`run_mirrored` checks.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from .devices import tower_devices
+from .errors import Unsupported
+from .losses import device_loss
+from .models import build_variables, forward
+from .optimizers import KerasOptimizer, make_optimizer
+from .sharding import shard_sizes
+
+__all__ = ["check_supported", "make_strategy", "per_example_loss", "run_mirrored", "split_rows"]
+
+
+def make_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
+    """A ``MirroredStrategy`` over ``devices`` whose all-reduce works on CPU devices too.
+
+    ``ReductionToOneDevice`` sums on ``devices[0]`` and broadcasts the sum
+    (NCCL, the GPU default, has no CPU kernels).
+    """
+    return tf.distribute.MirroredStrategy(
+        devices=list(devices),
+        cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0]),
+    )
+
+
+def per_example_loss(loss: str, out: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """One loss per example, ``[n]``: the mean over the example's output elements.
+
+    The mean of these over a shard is :func:`tfpar.losses.device_loss` with
+    ``mean`` reduction (every example has the same number of elements).
+    """
+    if loss == "softmax_ce":
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
+    if loss == "mse":
+        per = tf.square(out - y)
+    elif loss == "sigmoid_ce":
+        per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=out)
+    else:
+        raise ValueError(f"unknown loss {loss!r}")
+    return tf.reduce_mean(per, axis=list(range(1, per.shape.rank))) if per.shape.rank > 1 else per
+
+
+def split_rows(a: np.ndarray, n: int, shard: str) -> list[np.ndarray]:
+    """Replica shards of a global batch, rows in order: ``np.array_split`` or rows r, r+N, ..."""
+    if shard == "contiguous":
+        return np.split(a, np.cumsum(shard_sizes(len(a), n, shard))[:-1])
+    return [a[r::n] for r in range(n)]
+
+
+def check_supported(spec: Mapping[str, Any]) -> None:
+    """Refuse what the MirroredStrategy runner does not implement, naming the case field.
+
+    Every optimizer, schedule and weight decay of :mod:`tfpar.optimizers` works.
+
+    Raises:
+        Unsupported: naming the field, for gradient clipping or
+            batch-norm / dropout layers.
+    """
+    if spec["parallel"].get("clip") is not None:
+        raise Unsupported("parallel.clip", "no gradient clipping for tf.mirrored (tf.towers has it)")
+    for i, layer in enumerate(spec["model"]["layers"]):
+        if layer["type"] in ("batch_norm", "dropout"):
+            raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for tf.mirrored (tf.towers has it)")
+
+
+def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run a validated case through ``MirroredStrategy`` and record its trajectory.
+
+    Args:
+        payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
+        progress: called with the number of steps done.
+    Returns:
+        ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``;
+        ``grad`` is the strategy's sum of the replicas' scaled gradients (what was applied).
+    Raises:
+        DeviceError: ``parallel.devices`` exceeds the configured devices.
+        ValueError: a case feature this runner does not implement (:func:`check_supported`).
+    """
+    spec = payload["spec"]
+    check_supported(spec)
+    dtype = tf.float64 if spec["dtype"] == "float64" else tf.float32
+    np_dtype = np.float64 if spec["dtype"] == "float64" else np.float32
+    model, par, batch = spec["model"], spec["parallel"], spec["data"]["global_batch"]
+    n = par["devices"]
+    devices = tower_devices(n)
+    strategy = make_strategy(devices)
+    with strategy.scope():
+        variables = build_variables(payload["init"], dtype, device=devices[0])
+        names = list(variables)
+        var_list = [variables[k] for k in names]
+        optimizer = make_optimizer(spec["optimizer"])
+        optimizer.build(var_list)
+    native = isinstance(optimizer, KerasOptimizer)
+    sizes = shard_sizes(batch, n, par["shard"])
+    weights = [1.0 / n] * n if par["weighting"] == "equal" else [s / batch for s in sizes]
+
+    def scaled_loss(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        out = forward(model["layers"], dict(zip(names, var_list, strict=True)), x)
+        if model["reduction"] == "mean":
+            per = per_example_loss(model["loss"], out, y)
+            if par["weighting"] == "by_size":
+                return tf.nn.compute_average_loss(per, global_batch_size=batch)
+            return tf.nn.compute_average_loss(per)  # default: n_r * N, i.e. l_r / N
+        # sum reduction: compute_average_loss divides a sum; weight the sum itself
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        w = tf.gather(tf.constant(weights, dtype=out.dtype), r)
+        return w * device_loss(model["loss"], "sum", out, y)
+
+    def replica_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        with tf.GradientTape() as tape:
+            loss = scaled_loss(x, y)
+        grads = tape.gradient(loss, var_list)
+        if native:
+            optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
+        return loss, grads
+
+    @tf.function
+    def step(x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        loss, local_grads = strategy.run(replica_step, args=(x, y))
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+        # the strategy's sum of the replicas' gradients: what Keras' all-reduce
+        # applied (native), or what the exact rule applies here
+        grads = [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in local_grads]
+        if not native:
+            # cross-replica context: each assignment to a MirroredVariable
+            # (parameters, slots, step count) writes the same value to every copy
+            optimizer.apply(grads, var_list)
+        return total, grads
+
+    x_all = np.asarray(payload["x"], np_dtype)
+    y_all = payload["y"]
+    y_all = y_all.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y_all, np_dtype)
+
+    def distribute(a: np.ndarray) -> Any:
+        parts = split_rows(a, n, par["shard"])
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
+
+    def values() -> list[np.ndarray]:
+        # every copy must agree; record the first, check the rest
+        out = []
+        for k, v in zip(names, var_list, strict=True):
+            copies = [c.numpy() for c in strategy.experimental_local_results(v)]
+            if any(not np.array_equal(copies[0], c) for c in copies[1:]):
+                raise RuntimeError(f"the replicas' copies of {k} differ")
+            out.append(copies[0])
+        return out
+
+    hist = {k: [val] for k, val in zip(names, values(), strict=True)}
+    ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    losses = []
+    for k in range(spec["steps"]):
+        rows = slice(k * batch, (k + 1) * batch)
+        loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]))
+        losses.append(loss.numpy())
+        for name, g, val in zip(names, grads, values(), strict=True):
+            ghist[name].append(g.numpy())
+            hist[name].append(val)
+        if progress:
+            progress(k + 1)
+    traj = {"loss": np.asarray(losses)}
+    traj.update({f"param/{k}": np.stack(v) for k, v in hist.items()})
+    traj.update({f"grad/{k}": np.stack(v) for k, v in ghist.items()})
+    return traj

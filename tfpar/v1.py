@@ -1,0 +1,457 @@
+"""``tf.v1``: the seeds' graph-mode towers on ``tf.compat.v1``, as the classic multi-GPU code wrote them.
+
+The pattern of TensorFlow's CIFAR-10 multi-GPU tutorial
+(``cifar10_multi_gpu_train.py``), kept step for step:
+
+1. one ``tf.Graph``; the variables are created once, on the CPU (the
+   "parameter server"), with ``tf.compat.v1.get_variable`` and shared by all
+   towers through ``variable_scope`` reuse (``AUTO_REUSE``);
+2. tower r runs under ``tf.device(devices[r])`` and ``name_scope('tower_r')``
+   on its shard of the global batch (``tf.split``, or strided rows);
+3. each tower calls ``opt.compute_gradients(loss, colocate_gradients_with_ops=True)``;
+4. ``average_gradients(tower_grads)`` averages them variable by variable
+   (``expand_dims``, ``concat``, ``reduce_mean``; the first tower's variable);
+5. ``opt.apply_gradients(grads, global_step=global_step)`` applies one update;
+   the first tower's ``UPDATE_OPS`` (batch-norm moving statistics) run with it;
+6. a ``tf.compat.v1.Session`` runs the train op, one step per ``sess.run``.
+
+Plugging in your own model: ``model_fn(*shards) -> scalar loss`` builds one
+tower; create every variable with ``tf.compat.v1.get_variable`` so the towers
+share them (a ``tf.Variable`` would be duplicated per tower, which
+:func:`build_towers` refuses)::
+
+    import numpy as np
+    import tensorflow as tf
+    from tfpar import tower_devices
+    from tfpar.devices import session_config
+    from tfpar.v1 import build_towers
+
+    v1 = tf.compat.v1
+
+    def model_fn(x, y):  # x: [n, 5], y: [n, 1], one tower's shard
+        w = v1.get_variable("w", [5, 1], tf.float64, v1.zeros_initializer())
+        return tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float64, [48, 5])
+        y = v1.placeholder(tf.float64, [48, 1])
+        towers = build_towers(model_fn, (x, y), tower_devices(4),
+                              v1.train.GradientDescentOptimizer(0.1))
+        with v1.Session(graph=graph, config=session_config()) as sess:
+            sess.run(v1.global_variables_initializer())
+            loss, _ = sess.run([towers.loss, towers.train_op],
+                               {x: np.ones([48, 5]), y: np.zeros([48, 1])})
+
+Optimizers (:func:`make_v1_optimizer`): ``native`` semantics uses the
+``tf.compat.v1.train`` classes themselves; ``torch`` and ``tf`` semantics use
+:class:`ExactRuleOptimizer`, a ``tf.compat.v1.train.Optimizer`` subclass that
+computes the published rule in the variables' dtype.
+
+.. warning:: The ``tf.compat.v1.train`` optimizers keep their
+   hyperparameters as float32 tensors (``convert_to_tensor`` of a Python float)
+   and cast them to the variable dtype, so in a float64 run ``lr``,
+   ``momentum``, ``beta1``, ``beta2`` and ``epsilon`` are rounded to float32;
+   ``AdamOptimizer`` also keeps ``beta1^t`` and ``beta2^t`` in float32
+   variables, multiplied by the float32 betas every step. Measured against the
+   exact rule in float64: 4e-8 relative (sgd), 2e-7 (momentum), 4e-5 (adam,
+   eps=1e-7, 5 steps). The formulas themselves (read from ``training_ops.cc``):
+
+   GradientDescentOptimizer:  p <- p - lr g
+   MomentumOptimizer:         a <- mu a + g;  p <- p - lr a   (torch's form)
+   AdamOptimizer:             m <- m + (g - m)(1 - b1);  v <- v + (g^2 - v)(1 - b2)
+                              p <- p - lr sqrt(1 - b2^t)/(1 - b1^t) m / (sqrt(v) + eps)
+
+   This is Keras' Adam formula ("epsilon hat": eps added to the uncorrected
+   sqrt(v)); torch adds eps to sqrt(v)/sqrt(1 - b2^t).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from .combine import tower_weights
+from .devices import session_config, tower_devices
+from .errors import Unsupported
+from .losses import device_loss
+from .models import forward
+from .sharding import shard_sizes, split_batch
+
+__all__ = [
+    "ExactRuleOptimizer",
+    "Towers",
+    "average_gradients",
+    "build_towers",
+    "check_supported",
+    "make_v1_optimizer",
+    "run_v1",
+]
+
+v1 = tf.compat.v1
+
+GradsAndVars = list[tuple[tf.Tensor, tf.Variable]]
+
+
+def average_gradients(tower_grads: Sequence[Sequence[tuple[tf.Tensor, tf.Variable]]],
+                      weights: Sequence[float] | None = None) -> GradsAndVars:
+    """The classic ``average_gradients``: one (gradient, variable) pair per variable.
+
+    Args:
+        tower_grads: ``[N towers][V]`` lists of ``(gradient, variable)`` pairs,
+            as ``opt.compute_gradients`` returns them, in the same variable order.
+        weights: ``[N]`` tower weights summing to 1 (``by_size``), or ``None``
+            for the plain mean of the seeds.
+    Returns:
+        ``[V]`` pairs ``(g, v)``: ``g = (1/N) sum_r g_r`` (or ``sum_r w_r g_r``),
+        of the variable's shape; ``v`` is the first tower's variable (they are
+        shared, so all towers name the same one).
+    """
+    average_grads = []
+    for grad_and_vars in zip(*tower_grads, strict=True):
+        grads = []
+        for g, v in grad_and_vars:
+            if g is None:
+                raise ValueError(f"a tower produced no gradient for {v.name} (is it used in the loss?)")
+            # a leading 'tower' dimension, averaged over below
+            grads.append(tf.expand_dims(g, 0))
+        grad = tf.concat(axis=0, values=grads)  # [N, *shape]
+        if weights is None:
+            grad = tf.reduce_mean(grad, 0)
+        else:
+            w = tf.constant(list(weights), dtype=grad.dtype)
+            grad = tf.reduce_sum(grad * tf.reshape(w, [-1] + [1] * (grad.shape.rank - 1)), 0)
+        average_grads.append((grad, grad_and_vars[0][1]))
+    return average_grads
+
+
+class Towers(NamedTuple):
+    """What :func:`build_towers` built, to run with a ``Session``.
+
+    Attributes:
+        train_op: one synchronous step (apply the combined gradient, run the
+            first tower's update ops, increment ``global_step``).
+        loss: the combined loss, a scalar: ``(1/N) sum_r l_r`` or ``sum_r w_r l_r``.
+        grads_and_vars: ``[V]`` (combined gradient, variable) pairs applied by ``train_op``.
+        tower_losses: ``[N]`` per-tower scalar losses.
+        global_step: the int64 step counter ``apply_gradients`` increments.
+        update_ops: the first tower's ``UPDATE_OPS``, grouped into ``train_op``.
+    """
+
+    train_op: tf.Operation
+    loss: tf.Tensor
+    grads_and_vars: GradsAndVars
+    tower_losses: list[tf.Tensor]
+    global_step: tf.Variable
+    update_ops: list[tf.Operation]
+
+
+def _on_device(device: str) -> Callable[..., tf.Variable]:
+    # a variable-scope custom getter: whatever tower asks, the variable lives on
+    # the parameter device (the classic code's _variable_on_cpu)
+    def getter(getter: Callable[..., tf.Variable], *args: Any, **kwargs: Any) -> tf.Variable:
+        with tf.device(device):
+            return getter(*args, **kwargs)
+
+    return getter
+
+
+def build_towers(
+    model_fn: Callable[..., tf.Tensor],
+    inputs: Sequence[tf.Tensor],
+    devices: Sequence[str],
+    optimizer: v1.train.Optimizer,
+    *,
+    combine: str = "grad_mean",
+    shard: str = "contiguous",
+    weighting: str = "equal",
+    variables_device: str = "/device:CPU:0",
+    global_step: tf.Variable | None = None,
+    var_list: Sequence[tf.Variable] | None = None,
+) -> Towers:
+    """Build the classic multi-tower training step in the current (v1) graph.
+
+    Args:
+        model_fn: ``model_fn(*shards) -> scalar`` loss of one tower; creates its
+            variables with ``tf.compat.v1.get_variable`` (shared by reuse).
+        inputs: tensors ``[B, ...]`` with one static ``B``, split across towers.
+        devices: one device name per tower (``tower_devices(n)``).
+        optimizer: a ``tf.compat.v1.train.Optimizer``.
+        combine: ``grad_mean`` (per-tower ``compute_gradients``, then
+            :func:`average_gradients`) or ``loss_mean`` (average the tower
+            losses, ``compute_gradients`` once).
+        shard: ``contiguous`` (``tf.split``, ``np.array_split`` sizes) or ``strided``.
+        weighting: ``equal`` (1/N) or ``by_size`` (n_r/B).
+        variables_device: where variables, the combine and the update live.
+        global_step: an existing step counter; by default the graph's
+            ``get_or_create_global_step()``.
+        var_list: the variables to train; by default every trainable variable
+            of the graph once the first tower is built (``compute_gradients``'
+            default, as the seeds use it).
+    Returns:
+        :class:`Towers`.
+    Raises:
+        ValueError: a bad option, or ``model_fn`` created variables in a tower
+            after the first (they would not be shared).
+    """
+    if combine not in ("grad_mean", "loss_mean"):
+        raise ValueError(f"combine must be grad_mean or loss_mean, got {combine!r}")
+    n = len(devices)
+    if n < 1:
+        raise ValueError("build_towers needs at least one device")
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    batch = inputs[0].shape[0]
+    if batch is None or any(t.shape[0] != batch for t in inputs):
+        raise ValueError(f"every input needs the same static batch size, got {[t.shape[0] for t in inputs]}")
+    weights = tower_weights(shard_sizes(int(batch), n, shard), weighting)
+    with tf.device(variables_device):
+        if global_step is None:
+            global_step = v1.train.get_or_create_global_step()
+        # the seeds split the batch once, on the parameter device, then hand
+        # each tower its slice
+        shards = [split_batch(t, n, shard) for t in inputs]
+    tower_losses: list[tf.Tensor] = []
+    tower_grads: list[GradsAndVars] = []
+    update_ops: list[tf.Operation] = []
+    train_vars: list[tf.Variable] = list(var_list or [])
+    with v1.variable_scope(v1.get_variable_scope(), reuse=v1.AUTO_REUSE, custom_getter=_on_device(variables_device)):
+        for r, dev in enumerate(devices):
+            before = len(v1.global_variables())
+            with tf.device(dev), v1.name_scope(f"tower_{r}") as scope:
+                loss_r = model_fn(*[s[r] for s in shards])
+                if r == 0:
+                    train_vars = train_vars or v1.trainable_variables()
+                    # batch-norm statistics are updated from the first tower only, as the seeds do
+                    update_ops = v1.get_collection(v1.GraphKeys.UPDATE_OPS, scope)
+                elif len(v1.global_variables()) != before:
+                    raise ValueError(
+                        f"model_fn created variables in tower {r}: create them with "
+                        "tf.compat.v1.get_variable so that every tower shares the first tower's"
+                    )
+                if combine == "grad_mean":
+                    tower_grads.append(optimizer.compute_gradients(
+                        loss_r, var_list=train_vars, colocate_gradients_with_ops=True))
+            tower_losses.append(loss_r)
+    if not train_vars:
+        raise ValueError("no variables to train: model_fn created no trainable variables")
+    with tf.device(variables_device):
+        stacked = tf.stack(tower_losses)
+        loss = (tf.reduce_mean(stacked) if weights is None
+                else tf.reduce_sum(stacked * tf.constant(weights, dtype=stacked.dtype)))
+        if combine == "grad_mean":
+            grads = average_gradients(tower_grads, weights)
+        else:
+            grads = optimizer.compute_gradients(loss, var_list=train_vars, colocate_gradients_with_ops=True)
+            for g, v in grads:
+                if g is None:
+                    raise ValueError(f"no gradient for {v.name} (is it used in the loss?)")
+        # the loss is fetched with the train op: make sure it reads the
+        # variables before the update writes them, whatever the model's dataflow
+        with tf.control_dependencies([loss]):
+            apply_op = optimizer.apply_gradients(grads, global_step=global_step)
+        train_op = tf.group(apply_op, *update_ops, name="train_op")
+    return Towers(train_op, loss, list(grads), tower_losses, global_step, list(update_ops))
+
+
+class ExactRuleOptimizer(v1.train.Optimizer):
+    """A published update rule, computed exactly in the variable dtype, as a v1 optimizer.
+
+    Hyperparameters are constants of the variable's dtype (exact in float64);
+    the step count ``t`` (from 1) is an int64 non-slot variable. Rules
+    (``g``: the gradient):
+
+    sgd:               p <- p - lr g
+    momentum, torch:   b <- mu b + g;  p <- p - lr b
+    momentum, tf:      v <- mu v - lr g;  p <- p + v
+    adam, torch:       m <- m + (1-b1)(g-m);  v <- b2 v + (1-b2) g^2
+                       p <- p - (lr/(1-b1^t)) m / (sqrt(v)/sqrt(1-b2^t) + eps)
+    adam, tf (Keras):  m <- m + (g-m)(1-b1);  v <- v + (g^2-v)(1-b2)
+                       p <- p - lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)
+
+    .. warning:: Adam's epsilon differs between the frameworks (see
+       :mod:`tfpar.optimizers`): torch adds it to the bias-corrected sqrt(v).
+
+    Args:
+        name: ``sgd``, ``momentum`` or ``adam``.
+        semantics: ``torch`` or ``tf``.
+        hp: ``lr`` and the rule's hyperparameters (``momentum``; ``beta1``,
+            ``beta2``, ``epsilon``).
+    """
+
+    _SLOTS = {"sgd": (), "momentum": ("momentum",), "adam": ("m", "v")}
+
+    def __init__(self, name: str, semantics: str, hp: Mapping[str, float]) -> None:
+        if name not in self._SLOTS or semantics not in ("torch", "tf"):
+            raise ValueError(f"no exact rule for {name!r} with semantics {semantics!r}")
+        super().__init__(use_locking=False, name=f"Exact_{name}_{semantics}")
+        self.rule, self.semantics, self.hp = name, semantics, dict(hp)
+
+    def _create_slots(self, var_list: list[tf.Variable]) -> None:
+        first = min(var_list, key=lambda v: v.name)
+        self._create_non_slot_variable(initial_value=tf.constant(0, tf.int64), name="t", colocate_with=first)
+        for v in var_list:
+            for s in self._SLOTS[self.rule]:
+                self._zeros_slot(v, s, self._name)
+
+    def _prepare(self) -> None:
+        # the step this update is: read before the updates, incremented in _finish after them
+        self._t = self._get_non_slot_variable("t", graph=v1.get_default_graph()) + 1
+
+    def _c(self, key: str, var: tf.Variable) -> tf.Tensor:
+        return tf.constant(self.hp[key], dtype=var.dtype.base_dtype)
+
+    def _apply(self, grad: tf.Tensor, var: tf.Variable) -> tf.Operation:
+        dt = var.dtype.base_dtype
+        g = tf.cast(grad, dt)
+        one = tf.constant(1.0, dt)
+        if self.rule == "sgd":
+            return v1.assign_sub(var, self._c("lr", var) * g).op
+        lr = self._c("lr", var)
+        if self.rule == "momentum":
+            buf = self.get_slot(var, "momentum")
+            mu = self._c("momentum", var)
+            # new values are computed from one read of each slot, then written
+            # once: graph mode gives no order between reads and writes otherwise
+            if self.semantics == "torch":
+                b = mu * buf + g
+                return tf.group(v1.assign(buf, b), v1.assign_sub(var, lr * b))
+            vel = buf * mu - g * lr
+            return tf.group(v1.assign(buf, vel), v1.assign_add(var, vel))
+        m, s = self.get_slot(var, "m"), self.get_slot(var, "v")
+        b1, b2, eps = self._c("beta1", var), self._c("beta2", var), self._c("epsilon", var)
+        t = tf.cast(self._t, dt)
+        bc1, bc2 = one - tf.pow(b1, t), one - tf.pow(b2, t)
+        if self.semantics == "torch":
+            m_new = m + (one - b1) * (g - m)
+            s_new = s * b2 + (one - b2) * g * g
+            step = (lr / bc1) * (m_new / (tf.sqrt(s_new) / tf.sqrt(bc2) + eps))
+        else:
+            m_new = m + (g - m) * (one - b1)
+            s_new = s + (tf.square(g) - s) * (one - b2)
+            step = (m_new * (lr * tf.sqrt(bc2) / bc1)) / (tf.sqrt(s_new) + eps)
+        return tf.group(v1.assign(m, m_new), v1.assign(s, s_new), v1.assign_sub(var, step))
+
+    def _apply_dense(self, grad: tf.Tensor, var: tf.Variable) -> tf.Operation:
+        return self._apply(grad, var)
+
+    def _resource_apply_dense(self, grad: tf.Tensor, handle: tf.Variable) -> tf.Operation:
+        return self._apply(grad, handle)
+
+    def _apply_sparse(self, grad: Any, var: tf.Variable) -> tf.Operation:
+        raise NotImplementedError("ExactRuleOptimizer handles dense gradients only")
+
+    def _resource_apply_sparse(self, grad: Any, handle: tf.Variable, indices: Any) -> tf.Operation:
+        raise NotImplementedError("ExactRuleOptimizer handles dense gradients only")
+
+    def _finish(self, update_ops: list[tf.Operation], name_scope: str) -> tf.Operation:
+        t = self._get_non_slot_variable("t", graph=v1.get_default_graph())
+        with tf.control_dependencies(update_ops):
+            inc = v1.assign_add(t, tf.constant(1, tf.int64))
+        return tf.group(*update_ops, inc, name=name_scope)
+
+
+def make_v1_optimizer(spec: Mapping[str, Any]) -> v1.train.Optimizer:
+    """The v1 optimizer a validated case's ``optimizer`` section asks for.
+
+    ``native``: ``GradientDescentOptimizer`` / ``MomentumOptimizer`` /
+    ``AdamOptimizer`` with the nominal hyperparameters as Python floats (as a
+    user writes them; float32 inside, see the module warning). ``torch`` / ``tf``:
+    :class:`ExactRuleOptimizer`.
+    """
+    name, sem, lr = spec["name"], spec["semantics"], spec["lr"]
+    if sem == "native":
+        if name == "sgd":
+            return v1.train.GradientDescentOptimizer(lr)
+        if name == "momentum":
+            return v1.train.MomentumOptimizer(lr, spec["momentum"])
+        if name == "adam":
+            return v1.train.AdamOptimizer(lr, spec["beta1"], spec["beta2"], spec["epsilon"])
+        raise ValueError(f"no tf.compat.v1 optimizer for {name!r}")
+    return ExactRuleOptimizer(name, sem, spec)
+
+
+def check_supported(spec: Mapping[str, Any]) -> None:
+    """Refuse what the v1 runner does not implement, naming the case field.
+
+    Raises:
+        Unsupported: naming the field, for an optimizer other than sgd,
+            momentum or adam, a learning-rate schedule, weight decay, gradient
+            clipping, or batch-norm / dropout layers.
+    """
+    opt, par = spec["optimizer"], spec["parallel"]
+    if opt["name"] not in ("sgd", "momentum", "adam"):
+        raise Unsupported("optimizer.name", f"sgd, momentum or adam for tf.v1, got {opt['name']!r}")
+    if opt.get("schedule", {"kind": "constant"})["kind"] != "constant":
+        raise Unsupported("optimizer.schedule", f"a constant learning rate for tf.v1, got {opt['schedule']['kind']!r}")
+    if opt.get("weight_decay"):
+        raise Unsupported("optimizer.weight_decay", "no weight decay for tf.v1 (tf.towers has it)")
+    if par.get("clip") is not None:
+        raise Unsupported("parallel.clip", "no gradient clipping for tf.v1 (tf.towers has it)")
+    for i, layer in enumerate(spec["model"]["layers"]):
+        if layer["type"] in ("batch_norm", "dropout"):
+            raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for tf.v1 (tf.towers has it)")
+
+
+def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run a validated case on the v1 graph towers and record its trajectory.
+
+    Args:
+        payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
+        progress: called with the number of steps done.
+    Returns:
+        ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``.
+    Raises:
+        DeviceError: ``parallel.devices`` exceeds the configured devices.
+        ValueError: a case feature this runner does not implement (:func:`check_supported`).
+    """
+    spec = payload["spec"]
+    check_supported(spec)
+    dtype = tf.float64 if spec["dtype"] == "float64" else tf.float32
+    np_dtype = np.float64 if spec["dtype"] == "float64" else np.float32
+    model, par, batch = spec["model"], spec["parallel"], spec["data"]["global_batch"]
+    devices = tower_devices(par["devices"])
+    x_all = np.asarray(payload["x"], np_dtype)
+    y_all = payload["y"]
+    y_all = y_all.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y_all, np_dtype)
+    init = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
+    names = list(init)
+    var_name = {k: k.replace(".", "_") for k in names}  # op names: no dots, as models.py
+
+    def model_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        params = {k: v1.get_variable(var_name[k], shape=init[k].shape, dtype=dtype,
+                                     initializer=v1.constant_initializer(init[k]))
+                  for k in names}
+        return device_loss(model["loss"], model["reduction"], forward(model["layers"], params, x), y)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(dtype, [batch, *x_all.shape[1:]], name="x")
+        y = v1.placeholder(tf.int64 if model["loss"] == "softmax_ce" else dtype, [batch, *y_all.shape[1:]], name="y")
+        towers = build_towers(model_fn, (x, y), devices, make_v1_optimizer(spec["optimizer"]),
+                              combine=par["combine"], shard=par["shard"], weighting=par["weighting"])
+        by_var = {v.op.name: g for g, v in towers.grads_and_vars}
+        variables = {v.op.name: v for _, v in towers.grads_and_vars}
+        grads = [by_var[var_name[k]] for k in names]
+        params = [variables[var_name[k]] for k in names]
+        init_op = v1.global_variables_initializer()
+    graph.finalize()  # nothing may add ops while the steps run
+    with v1.Session(graph=graph, config=session_config()) as sess:
+        sess.run(init_op)
+        hist = {k: [val] for k, val in zip(names, sess.run(params), strict=True)}
+        ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
+        losses = []
+        for k in range(spec["steps"]):
+            feed = {x: x_all[k * batch:(k + 1) * batch], y: y_all[k * batch:(k + 1) * batch]}
+            loss, g, _ = sess.run([towers.loss, grads, towers.train_op], feed)
+            losses.append(loss)
+            for name, gv, pv in zip(names, g, sess.run(params), strict=True):
+                ghist[name].append(gv)
+                hist[name].append(pv)
+            if progress:
+                progress(k + 1)
+    traj = {"loss": np.asarray(losses)}
+    traj.update({f"param/{k}": np.stack(v) for k, v in hist.items()})
+    traj.update({f"grad/{k}": np.stack(v) for k, v in ghist.items()})
+    return traj
