@@ -23,11 +23,11 @@ import numpy as np
 
 from .case_model import LAYER_TYPES, LOSSES, validate_model
 from .case_optimizer import OPTIMIZERS, SEMANTICS, validate_optimizer
-from .case_parallel import COMBINES, SHARDS, WEIGHTINGS, validate_parallel
+from .case_parallel import COMBINES, SHARDS, WEIGHTINGS, check_combine_model, validate_parallel
 from .errors import CaseError
 from .fields import choice, integer, need, no_extra, number, obj
 from .generators import GENERATORS, INIT_KINDS, draw_init, generate_data
-from .specs import ParamSpec, param_specs
+from .specs import ParamSpec, output_shape, param_specs
 
 __all__ = [
     "SCHEMA",
@@ -43,6 +43,7 @@ __all__ = [
     "SHARDS",
     "WEIGHTINGS",
     "DTYPES",
+    "ORDERS",
 ]
 
 SCHEMA = "parity-case/1"
@@ -51,6 +52,9 @@ SCHEMA = "parity-case/1"
 MAX_PARAMETERS = 20_000_000
 MAX_INPUT_VALUES = 50_000_000
 DTYPES = ("float32", "float64")
+# data.order: split (the global batch split as parallel.shard says) or distributed_sampler
+# (torch's DistributedSampler + DataLoader order, padding included; docs/data-pipeline.md)
+ORDERS = ("split", "distributed_sampler")
 _TOP_KEYS = {"schema", "name", "dtype", "model", "init", "data", "optimizer", "parallel", "steps", "seed", "description"}
 
 
@@ -64,6 +68,11 @@ class Case:
         y: targets, float64 ``[rows, *output_shape]``, or int64 ``[rows]`` for ``softmax_ce``.
         init: initial value of every parameter by canonical name, float64.
         source: the case file it was loaded from, if any.
+        perm: with ``data.order: distributed_sampler``, optional int64 ``[epochs, rows]``:
+            epoch e reads the dataset in the order ``perm[e mod epochs]`` (a shuffle drawn in numpy).
+
+    With ``data.order: distributed_sampler`` ``x`` and ``y`` hold the dataset,
+    ``data.rows`` rows, which the run reads epoch after epoch.
     """
 
     spec: dict[str, Any]
@@ -71,6 +80,7 @@ class Case:
     y: np.ndarray
     init: dict[str, np.ndarray]
     source: Path | None = field(default=None)
+    perm: np.ndarray | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -88,7 +98,8 @@ class Case:
         """
         from .generators import dropout_masks
 
-        return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec)}
+        return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec),
+                "perm": self.perm}
 
     def replace(self, **changes: Any) -> Case:
         """A copy with top-level or dotted spec fields changed and re-validated.
@@ -103,8 +114,8 @@ class Case:
                 node = node[p]
             node[parts[-1]] = value
         raw["init"] = {"arrays": True}
-        raw["data"] = {"arrays": True, "global_batch": raw["data"]["global_batch"]}
-        return case_from_dict(raw, x=self.x, y=self.y, init=self.init)
+        raw["data"] = {"arrays": True, **{k: raw["data"][k] for k in ("global_batch", *_ORDER_KEYS) if k in raw["data"]}}
+        return case_from_dict(raw, x=self.x, y=self.y, init=self.init, perm=self.perm)
 
 
 def _load_npz(base: Path | None, name: Any, path: str) -> dict[str, np.ndarray]:
@@ -166,30 +177,79 @@ def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None
     return spec, out
 
 
-def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: int, devices: int, arrays) -> tuple[dict, np.ndarray, np.ndarray]:
+_ORDER_KEYS = ("order", "rows")
+
+
+def _order(d: dict, batch: int, steps: int, devices: int) -> tuple[str, int]:
+    """``data.order`` and the number of data rows the run reads (the dataset's length D).
+
+    ``split``: ``steps x global_batch`` rows, step k reads ``[k B, (k+1) B)``.
+    ``distributed_sampler``: a dataset of ``data.rows`` rows (default ``steps x
+    global_batch``) read epoch after epoch as N ``DataLoader``s over
+    ``DistributedSampler`` read it: ``ceil(D / B)`` steps per epoch, the last one
+    smaller and, when N does not divide D, holding ``N ceil(D/N) - D`` padded
+    repeats of the epoch's first rows (see ``docs/data-pipeline.md``).
+    """
+    order = choice(d.get("order", "split"), "data.order", ORDERS)
+    if order == "split":
+        if "rows" in d:
+            raise CaseError("data.rows", "no value with data.order split (it reads steps x global_batch rows;"
+                                         " rows is the dataset length of data.order distributed_sampler)", d["rows"])
+        return order, steps * batch
+    if batch % devices:
+        raise CaseError("data.global_batch", f"a multiple of parallel.devices = {devices} with data.order distributed_sampler"
+                                             " (every rank's DataLoader takes global_batch / devices rows)", batch)
+    return order, integer(d.get("rows", steps * batch), "data.rows", 1, 10_000_000)
+
+
+def _perm(p: Any, order: str, rows: int) -> np.ndarray | None:
+    """The optional ``perm`` array: int64 ``[epochs, rows]``, each row a permutation of ``range(rows)``."""
+    if p is None:
+        return None
+    p = np.asarray(p)
+    if order != "distributed_sampler":
+        raise CaseError("data.perm", "no 'perm' array with data.order split (a permutation orders the epochs of"
+                                     " data.order distributed_sampler)")
+    if p.dtype.kind not in "iu":
+        raise CaseError("data.perm", "integer row indices", f"array of dtype {p.dtype}")
+    p = p.reshape(1, -1) if p.ndim == 1 else p
+    if p.ndim != 2 or p.shape[1] != rows or p.size > MAX_INPUT_VALUES:
+        raise CaseError("data.perm", f"shape [{rows}] or [epochs, {rows}] (rows = data.rows), at most {MAX_INPUT_VALUES:,} values",
+                        f"shape {list(np.shape(p))}")
+    p = p.astype(np.int64)
+    want = np.arange(rows)
+    for e, row in enumerate(p):
+        if not np.array_equal(np.sort(row), want):
+            raise CaseError(f"data.perm[{e}]", f"a permutation of 0..{rows - 1} (every row index once)")
+    return p
+
+
+def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: int, devices: int,
+          arrays) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
     d = obj(d, "data")
     batch = integer(need(d, "global_batch", "data"), "data.global_batch", 1, 10_000_000)
     if batch < devices:
         raise CaseError("data.global_batch", f"at least parallel.devices = {devices} rows, so every device gets one", batch)
-    rows = steps * batch
+    order, rows = _order(d, batch, steps, devices)
     values = rows * int(np.prod(in_shape, dtype=np.int64))
     if values > MAX_INPUT_VALUES:
-        raise CaseError("data", f"at most {MAX_INPUT_VALUES:,} input values in all (steps x global_batch x "
-                                f"input size = {steps} x {batch} x {int(np.prod(in_shape))} = {values:,})")
+        what = f"steps x global_batch x input size = {steps} x {batch}" if order == "split" else f"data.rows x input size = {rows}"
+        raise CaseError("data", f"at most {MAX_INPUT_VALUES:,} input values in all ({what} x {int(np.prod(in_shape))} = {values:,})")
     loss = model["loss"]
     if arrays is not None and d.get("arrays"):
         spec = {"arrays": True, "global_batch": batch}
-        x, y = arrays
+        x, y, perm = arrays
     elif "npz" in d:
-        no_extra(d, {"npz", "global_batch"}, "data")
+        no_extra(d, {"npz", "global_batch", *_ORDER_KEYS}, "data")
         z = _load_npz(base, d["npz"], "data.npz")
         for key in ("x", "y"):
             if key not in z:
                 raise CaseError(f"data.npz[{key!r}]", f"an array named {key!r} in {d['npz']}")
         spec = {"npz": d["npz"], "global_batch": batch}
-        x, y = z["x"], z["y"]
+        x, y, perm = z["x"], z["y"], z.get("perm")
     elif "generator" in d:
-        no_extra(d, {"generator", "seed", "global_batch"}, "data")
+        no_extra(d, {"generator", "seed", "global_batch", *_ORDER_KEYS}, "data")
+        perm = None
         gen = choice(d["generator"], "data.generator", tuple(GENERATORS))
         seed = integer(d.get("seed", 0), "data.seed", 0, 2**32 - 1)
         _, need_in, need_out, losses = GENERATORS[gen]
@@ -214,7 +274,8 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
         what = "one integer label per row" if loss == "softmax_ce" else "targets shaped like the model output"
         raise CaseError("data.y", f"shape {list(want_y)} ({what})", f"shape {list(y.shape)}")
     if x.shape[0] < rows:
-        raise CaseError("data.x", f"at least steps x global_batch = {steps} x {batch} = {rows} rows", f"{x.shape[0]} rows")
+        need_rows = f"steps x global_batch = {steps} x {batch} = {rows}" if order == "split" else f"data.rows = {rows}"
+        raise CaseError("data.x", f"at least {need_rows} rows", f"{x.shape[0]} rows")
     x = _check_array(x[:rows], "data.x")
     if loss == "softmax_ce":
         y = _check_array(y[:rows], "data.y", integer=True)
@@ -226,10 +287,42 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
         y = _check_array(y[:rows], "data.y")
         if loss == "sigmoid_ce" and y.size and (y.min() < 0 or y.max() > 1):
             raise CaseError("data.y", "labels in [0, 1] for sigmoid_ce", float(y.min() if y.min() < 0 else y.max()))
-    return spec, x, y
+    if order != "split":  # carried only when not the default, so older cases keep their spec
+        spec.update(order=order, rows=rows)
+    return spec, x, y, _perm(perm, order, rows)
 
 
 # ---------------------------------------------------------------- entry points
+
+
+def _check_batch_norm_rows(model: dict, in_shape: tuple[int, ...], batch: int, devices: int) -> None:
+    """Batch statistics need two values per channel on every device (torch refuses one; a variance of one value is 0)."""
+    rows = batch // devices  # the smallest shard, in either shard order
+    for i, layer in enumerate(model["layers"]):
+        if layer["type"] != "batch_norm":
+            continue
+        shape = output_shape(in_shape, model["layers"][:i])
+        per_channel = rows * int(np.prod(shape[:-1], dtype=np.int64))
+        if per_channel < 2:
+            raise CaseError("data.global_batch", f"at least {2 * devices} rows ({devices} devices x 2) so that "
+                            f"batch norm (model.layers[{i}]) sees 2 values per channel on every device", batch)
+
+
+def _check_sampler_batch_norm(model: dict, in_shape: tuple[int, ...], data: dict, devices: int, steps: int) -> None:
+    """With distributed_sampler an epoch's last batch is smaller: batch norm needs 2 values there too."""
+    batch, rows = data["global_batch"], data["rows"]
+    per_epoch = -(-rows // batch)
+    if steps < per_epoch:
+        return
+    rank_last = -(-rows // devices) - (per_epoch - 1) * (batch // devices)  # each rank's, padding included
+    single_last = rows - (per_epoch - 1) * batch  # one device's, unpadded
+    for last in (rank_last, single_last):
+        try:
+            _check_batch_norm_rows(model, in_shape, last, 1)
+        except CaseError:
+            raise CaseError("data.rows", f"a dataset length whose epoch ends in batches batch norm can use (the last"
+                            f" step gives each of {devices} devices {rank_last} rows and one device {single_last};"
+                            " batch norm needs 2 values per channel)", rows) from None
 
 
 def case_from_dict(
@@ -239,6 +332,7 @@ def case_from_dict(
     x: np.ndarray | None = None,
     y: np.ndarray | None = None,
     init: dict[str, np.ndarray] | None = None,
+    perm: np.ndarray | None = None,
 ) -> Case:
     """Validate a case given as a dictionary.
 
@@ -248,6 +342,7 @@ def case_from_dict(
         x, y, init: arrays given directly, used when the case says
             ``"data": {"arrays": true, ...}`` / ``"init": {"arrays": true}``
             (how the hypothesis strategies build cases in memory).
+        perm: with ``x``: the data's optional ``perm`` array (``data.order: distributed_sampler``).
     Returns:
         a :class:`Case`.
     Raises:
@@ -264,6 +359,7 @@ def case_from_dict(
     dtype = choice(raw.get("dtype", "float32"), "dtype", DTYPES)
     model, in_shape, out_shape = validate_model(need(raw, "model", ""))
     parallel = validate_parallel(need(raw, "parallel", ""))
+    check_combine_model(parallel, model["layers"], raw.get("data"))
     steps = integer(need(raw, "steps", ""), "steps", 1, 100_000)
     optimizer = validate_optimizer(need(raw, "optimizer", ""))
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
@@ -273,7 +369,16 @@ def case_from_dict(
     if n_params > MAX_PARAMETERS:
         raise CaseError("model.layers", f"at most {MAX_PARAMETERS:,} parameter values in all (this model has {n_params:,})")
     init_spec, init_arrays = _init(need(raw, "init", ""), base, specs, init)
-    data_spec, xs, ys = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"], (x, y) if x is not None else None)
+    data_spec, xs, ys, perms = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"],
+                                     (x, y, perm) if x is not None else None)
+    _check_batch_norm_rows(model, in_shape, data_spec["global_batch"], parallel["devices"])
+    if data_spec.get("order") == "distributed_sampler":
+        # the padded list is dealt out like cards: rank r reads entries r, r+N, ... (strided)
+        if need(raw, "parallel", "").get("shard", "strided") != "strided":
+            raise CaseError("parallel.shard", "strided (or absent) with data.order distributed_sampler"
+                                              " (DistributedSampler gives rank r the rows r, r+N, ...)", parallel["shard"])
+        parallel["shard"] = "strided"
+        _check_sampler_batch_norm(model, in_shape, data_spec, parallel["devices"], steps)
     spec = {
         "schema": SCHEMA,
         "name": name,
@@ -286,7 +391,7 @@ def case_from_dict(
         "steps": steps,
         "seed": seed,
     }
-    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None)
+    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None, perm=perms)
 
 
 def load_case(path: str | os.PathLike) -> Case:
@@ -319,8 +424,8 @@ def write_case(case: Case, folder: str | os.PathLike, *, name: str | None = None
     if name:
         spec["name"] = name
     spec["init"] = {"npz": "weights.npz"}
-    spec["data"] = {"npz": "data.npz", "global_batch": case.spec["data"]["global_batch"]}
+    spec["data"] = {"npz": "data.npz", **{k: case.spec["data"][k] for k in ("global_batch", *_ORDER_KEYS) if k in case.spec["data"]}}
     atomic_write_npz(out / "weights.npz", case.init)
-    atomic_write_npz(out / "data.npz", {"x": case.x, "y": case.y})
+    atomic_write_npz(out / "data.npz", {"x": case.x, "y": case.y, **({"perm": case.perm} if case.perm is not None else {})})
     atomic_write_bytes(out / "case.json", (json.dumps(spec, indent=2) + "\n").encode())
     return out / "case.json"

@@ -1,56 +1,217 @@
-"""Validation of the ``model`` section: input shape, layers, loss, reduction."""
+"""Validation of the ``model`` section: input shape, layers, loss and its options.
+
+Layers (fields, defaults):
+
+``dense``       ``units``, ``activation`` (none), ``use_bias`` (true); needs a 1-D input.
+``poly``        ``degree``; needs a scalar input.
+``conv2d``      ``filters``, ``kernel_size`` (n or [kh, kw]), ``strides`` (1), ``padding``
+                (``valid``, Keras' default), ``activation`` (none), ``use_bias`` (true);
+                needs an image input ``[height, width, channels]``.
+``max_pool2d``  ``pool_size`` (2), ``strides`` (= pool_size), ``padding`` (``valid``).
+``flatten``     no fields; channels-last order, as TensorFlow flattens.
+``batch_norm``  ``momentum`` (0.99, TensorFlow's convention: ``moving = m moving + (1-m) batch``),
+                ``epsilon`` (1e-3), ``semantics`` (``native``: each framework's own moving-variance
+                update, ``tf``: both use the biased batch variance, ``torch``: both the unbiased).
+``dropout``     ``rate``; the masks are data drawn from the case ``seed``.
+
+Loss options (model level): ``from_logits`` (true), ``label_smoothing`` (0), ``class_weights``
+(null, or one positive weight per class, ``softmax_ce`` only), ``loss_semantics`` (``native``:
+each framework's own loss function, ``tf`` / ``torch``: both follow that framework's formula).
+See ``docs/layers.md`` for the formulas.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .errors import CaseError
-from .fields import choice, integer, need, no_extra, obj, shape_of
-from .specs import output_shape
+from .fields import choice, integer, need, no_extra, number, obj, shape_of
+from .specs import output_shape, spatial_output
 
-__all__ = ["LAYER_TYPES", "ACTIVATIONS", "LOSSES", "REDUCTIONS", "validate_model"]
+__all__ = [
+    "LAYER_TYPES",
+    "ACTIVATIONS",
+    "LOSSES",
+    "REDUCTIONS",
+    "PADDINGS",
+    "LAYER_SEMANTICS",
+    "validate_model",
+]
 
-LAYER_TYPES = ("dense", "poly")
+LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout")
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid")
 LOSSES = ("mse", "sigmoid_ce", "softmax_ce")
 REDUCTIONS = ("mean", "sum")
+PADDINGS = ("valid", "same")
+LAYER_SEMANTICS = ("native", "tf", "torch")
+_MODEL_KEYS = {"input_shape", "layers", "loss", "reduction", "from_logits", "label_smoothing", "class_weights", "loss_semantics"}
 
+
+def _flag(v: Any, path: str) -> bool:
+    if not isinstance(v, bool):
+        raise CaseError(path, "true or false", v)
+    return v
+
+
+def _pair(v: Any, path: str, what: str) -> list[int]:
+    """``n`` or ``[a, b]`` (positive integers) -> ``[a, b]``."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v, v]
+    ok = isinstance(v, list) and len(v) == 2 and all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 10_000 for s in v)
+    if not ok:
+        raise CaseError(path, f"a positive integer or a list of two ({what})", v)
+    return list(v)
+
+
+def _image(shape: tuple[int, ...], p: str, kind: str) -> None:
+    if len(shape) != 3:
+        raise CaseError(p, f"an image input [height, width, channels] for a {kind} layer; the input here has shape {list(shape)}")
+
+
+def _window(shape, win, strides, padding, p: str, field: str, kind: str) -> None:
+    """A 'valid' window must fit the input along both axes."""
+    for axis, n, k, s in zip(("height", "width"), shape[:2], win, strides, strict=True):
+        if spatial_output(n, k, s, padding) < 1:
+            raise CaseError(f"{p}.{field}", f"a {kind} window that fits the input {axis} {n} with padding 'valid' (or padding 'same')", list(win))
+
+
+def _dense(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "units", "activation", "use_bias"}, p)
+    if len(shape) != 1:
+        raise CaseError(p, f"a 1-D input for a dense layer (add a flatten layer first); the input here has shape {list(shape)}")
+    return {
+        "type": "dense",
+        "units": integer(need(layer, "units", p), f"{p}.units", 1, 100_000),
+        "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+        "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
+    }
+
+
+def _poly(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "degree"}, p)
+    if shape != ():
+        raise CaseError(p, f"a scalar input (input_shape []) for a poly layer; the input here has shape {list(shape)}")
+    return {"type": "poly", "degree": integer(need(layer, "degree", p), f"{p}.degree", 1, 12)}
+
+
+def _conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "filters", "kernel_size", "strides", "padding", "activation", "use_bias"}, p)
+    _image(shape, p, "conv2d")
+    out = {
+        "type": "conv2d",
+        "filters": integer(need(layer, "filters", p), f"{p}.filters", 1, 100_000),
+        "kernel_size": _pair(need(layer, "kernel_size", p), f"{p}.kernel_size", "[kernel height, kernel width]"),
+        "strides": _pair(layer.get("strides", 1), f"{p}.strides", "[stride along height, along width]"),
+        "padding": choice(layer.get("padding", "valid"), f"{p}.padding", PADDINGS),
+        "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+        "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
+    }
+    _window(shape, out["kernel_size"], out["strides"], out["padding"], p, "kernel_size", "kernel")
+    return out
+
+
+def _max_pool2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "pool_size", "strides", "padding"}, p)
+    _image(shape, p, "max_pool2d")
+    pool = _pair(layer.get("pool_size", 2), f"{p}.pool_size", "[pool height, pool width]")
+    out = {
+        "type": "max_pool2d",
+        "pool_size": pool,
+        "strides": _pair(layer.get("strides", pool), f"{p}.strides", "[stride along height, along width]"),
+        "padding": choice(layer.get("padding", "valid"), f"{p}.padding", PADDINGS),
+    }
+    _window(shape, pool, out["strides"], out["padding"], p, "pool_size", "pooling")
+    return out
+
+
+def _flatten(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type"}, p)
+    if not shape:
+        raise CaseError(p, "an input with at least one axis for a flatten layer; the input here is a scalar")
+    return {"type": "flatten"}
+
+
+def _batch_norm(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "momentum", "epsilon", "semantics"}, p)
+    if not shape:
+        raise CaseError(p, "an input with a channel (last) axis for a batch_norm layer; the input here is a scalar")
+    return {
+        "type": "batch_norm",
+        "momentum": number(layer.get("momentum", 0.99), f"{p}.momentum", lo=0.0, hi=1.0),
+        "epsilon": number(layer.get("epsilon", 1e-3), f"{p}.epsilon", lo=0.0, lo_open=True),
+        "semantics": choice(layer.get("semantics", "native"), f"{p}.semantics", LAYER_SEMANTICS),
+    }
+
+
+def _dropout(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "rate"}, p)
+    return {"type": "dropout", "rate": number(need(layer, "rate", p), f"{p}.rate", lo=0.0, hi=1.0, hi_open=True)}
+
+
+_LAYERS = {
+    "dense": _dense,
+    "poly": _poly,
+    "conv2d": _conv2d,
+    "max_pool2d": _max_pool2d,
+    "flatten": _flatten,
+    "batch_norm": _batch_norm,
+    "dropout": _dropout,
+}
+
+
+def _loss_options(m: dict, loss: str, layers: list[dict], out_shape: tuple[int, ...]) -> dict:
+    from_logits = _flag(m.get("from_logits", True), "model.from_logits")
+    if not from_logits:
+        if loss != "sigmoid_ce":
+            raise CaseError("model.from_logits", f"true for {loss} (probability inputs are supported for sigmoid_ce)", False)
+        last = layers[-1]
+        if last.get("activation") != "sigmoid":
+            raise CaseError(
+                "model.from_logits",
+                f"true, or a last layer with activation 'sigmoid' so the model outputs probabilities (model.layers[{len(layers) - 1}] is a {last['type']}"
+                + (f" with activation {last.get('activation')!r})" if "activation" in last else ")"),
+                False,
+            )
+    smoothing = number(m.get("label_smoothing", 0.0), "model.label_smoothing", lo=0.0, hi=1.0, hi_open=True)
+    if smoothing and loss == "mse":
+        raise CaseError("model.label_smoothing", "0 for mse (label smoothing applies to sigmoid_ce and softmax_ce)", smoothing)
+    weights = m.get("class_weights")
+    if weights is not None:
+        if loss != "softmax_ce":
+            raise CaseError("model.class_weights", f"null for {loss} (class weights apply to softmax_ce)", weights)
+        k = out_shape[0]
+        if not isinstance(weights, list) or len(weights) != k:
+            raise CaseError("model.class_weights", f"a list of {k} positive numbers, one per class", weights)
+        weights = [number(w, f"model.class_weights[{j}]", lo=0.0, lo_open=True) for j, w in enumerate(weights)]
+    return {
+        "from_logits": from_logits,
+        "label_smoothing": smoothing,
+        "class_weights": weights,
+        "loss_semantics": choice(m.get("loss_semantics", "native"), "model.loss_semantics", LAYER_SEMANTICS),
+    }
 
 
 def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
+    """Check the ``model`` section and fill in its defaults.
+
+    Returns:
+        the normalised model dict, the per-example input shape and output shape.
+    Raises:
+        CaseError: naming the field, e.g. ``model.layers[2].kernel_size``.
+    """
     m = obj(m, "model")
-    no_extra(m, {"input_shape", "layers", "loss", "reduction"}, "model")
+    no_extra(m, _MODEL_KEYS, "model")
     in_shape = shape_of(need(m, "input_shape", "model"), "model.input_shape")
     layers_in = need(m, "layers", "model")
     if not isinstance(layers_in, list) or not layers_in:
         raise CaseError("model.layers", "a non-empty list of layers", layers_in)
-    layers = []
-    shape = in_shape
+    layers: list[dict] = []
     for i, layer in enumerate(layers_in):
         p = f"model.layers[{i}]"
         layer = obj(layer, p)
         kind = choice(need(layer, "type", p), f"{p}.type", LAYER_TYPES)
-        if kind == "dense":
-            no_extra(layer, {"type", "units", "activation", "use_bias"}, p)
-            if len(shape) != 1:
-                raise CaseError(p, f"a 1-D input for a dense layer (add a flatten layer first); the input here has shape {list(shape)}")
-            use_bias = layer.get("use_bias", True)
-            if not isinstance(use_bias, bool):
-                raise CaseError(f"{p}.use_bias", "true or false", use_bias)
-            out = {
-                "type": "dense",
-                "units": integer(need(layer, "units", p), f"{p}.units", 1, 100_000),
-                "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
-                "use_bias": use_bias,
-            }
-            shape = (out["units"],)
-        else:  # poly
-            no_extra(layer, {"type", "degree"}, p)
-            if shape != ():
-                raise CaseError(p, f"a scalar input (input_shape []) for a poly layer; the input here has shape {list(shape)}")
-            out = {"type": "poly", "degree": integer(need(layer, "degree", p), f"{p}.degree", 1, 12)}
-            shape = (out["degree"] + 1,)
-        layers.append(out)
+        shape = output_shape(in_shape, layers) if layers else in_shape
+        layers.append(_LAYERS[kind](layer, shape, p))
     loss = choice(need(m, "loss", "model"), "model.loss", LOSSES)
     reduction = choice(m.get("reduction", "mean"), "model.reduction", REDUCTIONS)
     out_shape = output_shape(in_shape, layers)
@@ -58,4 +219,5 @@ def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
         if len(out_shape) != 1 or out_shape[0] < 2:
             raise CaseError("model.loss", f"an output of shape [k] with k >= 2 classes for softmax_ce; the model outputs {list(out_shape)}")
     model = {"input_shape": list(in_shape), "layers": layers, "loss": loss, "reduction": reduction}
+    model.update(_loss_options(m, loss, layers, out_shape))
     return model, in_shape, out_shape

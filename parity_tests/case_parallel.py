@@ -1,4 +1,9 @@
-"""Validation of the ``parallel`` section: devices, combine rule, sharding, weighting."""
+"""Validation of the ``parallel`` section: devices, combine rule, sharding, weighting.
+
+Combine rules (``docs/combine-rules.md``): ``grad_mean`` and ``loss_mean`` apply one
+combined gradient per step; ``param_mean`` (with ``period``) and ``async`` (with
+``staleness`` and ``order_seed``) let every device apply its own updates.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,15 @@ from typing import Any
 from .errors import CaseError
 from .fields import choice, integer, need, no_extra, number, obj
 
-__all__ = ["COMBINES", "SHARDS", "WEIGHTINGS", "BATCH_NORMS", "CLIP_PLACES", "MAX_DEVICES", "validate_parallel", "validate_clip"]
+__all__ = ["COMBINES", "LOCAL_COMBINES", "ALL_COMBINES", "SHARDS", "WEIGHTINGS", "BATCH_NORMS", "CLIP_PLACES",
+           "MAX_DEVICES", "validate_parallel", "validate_clip", "check_combine_model"]
 
+# the synchronous rules: one combined gradient per step (what the strategies draw by default)
 COMBINES = ("grad_mean", "loss_mean")
+# every device applies its own updates (docs/combine-rules.md): param_mean (local SGD,
+# parameters averaged every `period` steps) and async (a seeded order of applications)
+LOCAL_COMBINES = ("param_mean", "async")
+ALL_COMBINES = COMBINES + LOCAL_COMBINES
 SHARDS = ("contiguous", "strided")
 WEIGHTINGS = ("equal", "by_size")
 BATCH_NORMS = ("local", "sync")
@@ -33,15 +44,63 @@ def validate_clip(c: Any, combine: str) -> dict:
     if where == "per_device" and combine == "loss_mean":
         raise CaseError("parallel.clip.where", "after_combine with combine loss_mean (it has no per-device gradient to clip)",
                         where)
+    if where == "after_combine" and combine in LOCAL_COMBINES:
+        raise CaseError("parallel.clip.where", f"per_device with combine {combine} (every device applies its own"
+                        " gradient: there is no combined gradient to clip)", where)
     return {"global_norm": norm, "where": where}
 
 
+# field -> the combine rule it belongs to; all default to the values in _local_fields
+_LOCAL_FIELDS = {"period": "param_mean", "staleness": "async", "order_seed": "async"}
+
+
+def _local_fields(p: dict, combine: str) -> dict:
+    """``period`` (param_mean: local steps between averages, >= 1, default 1); ``staleness``
+    (async: how many of the step's earlier applications a device's read may miss, >= 0,
+    default 0) and ``order_seed`` (async: seed of the per-step application orders, default 0).
+
+    Each is an error with any other combine rule (it would be silently ignored), and the
+    normalised spec carries them only for their rule, so other cases keep their spec.
+    """
+    for field, rule in _LOCAL_FIELDS.items():
+        if field in p and combine != rule:
+            raise CaseError(f"parallel.{field}", f"no such field with combine {combine} (it belongs to combine {rule})")
+    if combine == "param_mean":
+        return {"period": integer(p.get("period", 1), "parallel.period", 1, 100_000)}
+    if combine == "async":
+        return {"staleness": integer(p.get("staleness", 0), "parallel.staleness", 0, 100_000),
+                "order_seed": integer(p.get("order_seed", 0), "parallel.order_seed", 0, 2**32 - 1)}
+    return {}
+
+
+def check_combine_model(parallel: dict, layers: list[dict], data: Any = None) -> None:
+    """Cross-checks for param_mean and async, against the model and the (raw) data section.
+
+    Batch norm: param_mean and async do not define how moving statistics combine (each
+    device would keep its own, and neither torch's model averager, which averages
+    ``parameters()`` only, nor an asynchronous server has a rule for them).
+    ``data.order``: both read step k's global batch split as ``parallel.shard`` says.
+    """
+    combine = parallel["combine"]
+    if combine not in LOCAL_COMBINES:
+        return
+    bn = [i for i, layer in enumerate(layers) if layer["type"] == "batch_norm"]
+    if bn:
+        raise CaseError("parallel.combine", f"grad_mean or loss_mean for a model with batch_norm layers (layer {bn[0]});"
+                        " param_mean and async do not define how moving statistics combine", combine)
+    order = data.get("order", "split") if isinstance(data, dict) else "split"
+    if order != "split":
+        raise CaseError("data.order", f"split with combine {combine} (each device reads its shard of step k's"
+                        " global batch)", order)
+
+
 def validate_parallel(p: Any) -> dict:
+    """The ``parallel`` section, normalised (defaults filled in); see the module docstring."""
     p = obj(p, "parallel")
-    no_extra(p, {"devices", "combine", "shard", "weighting", "clip", "batch_norm"}, "parallel")
+    no_extra(p, {"devices", "combine", "shard", "weighting", "clip", "batch_norm", *_LOCAL_FIELDS}, "parallel")
     out = {
         "devices": integer(need(p, "devices", "parallel"), "parallel.devices", 1, MAX_DEVICES),
-        "combine": choice(p.get("combine", "grad_mean"), "parallel.combine", COMBINES),
+        "combine": choice(p.get("combine", "grad_mean"), "parallel.combine", ALL_COMBINES),
         "shard": choice(p.get("shard", "contiguous"), "parallel.shard", SHARDS),
         "weighting": choice(p.get("weighting", "equal"), "parallel.weighting", WEIGHTINGS),
     }
@@ -50,6 +109,10 @@ def validate_parallel(p: Any) -> dict:
     # older cases keep their spec; readers use .get("batch_norm", "local").
     if "batch_norm" in p:
         out["batch_norm"] = choice(p["batch_norm"], "parallel.batch_norm", BATCH_NORMS)
+        if out["batch_norm"] == "sync" and out["combine"] in LOCAL_COMBINES:
+            raise CaseError("parallel.batch_norm", f"local with combine {out['combine']} (devices do not run in"
+                            " lockstep, so there are no shared statistics)", "sync")
+    out.update(_local_fields(p, out["combine"]))
     # absent (or null) means no clipping; only a clipping case carries the key
     if p.get("clip") is not None:
         out["clip"] = validate_clip(p["clip"], out["combine"])

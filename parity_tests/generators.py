@@ -19,6 +19,17 @@ Generators (``data.generator``):
     Generic: ``x ~ N(0, 1)`` of the input shape; targets drawn to suit the
     loss (``N(0, 1)`` for ``mse``, ``U[0, 1]`` for ``sigmoid_ce``, uniform
     integer labels for ``softmax_ce``).
+``images``
+    MNIST-shaped synthetic digits for ``softmax_ce``, of any image
+    ``input_shape`` ``[H, W, C]`` (``[28, 28, 1]`` like MNIST, or smaller such
+    as ``[8, 8, 1]`` for speed): each of the ``k`` classes has a prototype made
+    of a few Gaussian strokes; an example is its class's prototype shifted by
+    up to one pixel, scaled in contrast by U[0.8, 1.2], plus N(0, 0.1^2)
+    noise, clipped to [0, 1]. Drawn in numpy (no image set ships with the
+    installed packages: scikit-learn is not installed).
+
+Dropout masks (:func:`dropout_masks`) are drawn here too, from the case's
+top-level ``seed``, and handed to both frameworks as data.
 """
 
 from __future__ import annotations
@@ -27,9 +38,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .specs import ParamSpec
+from .errors import CaseError
+from .specs import ParamSpec, layer_shapes
 
-__all__ = ["GENERATORS", "generate_data", "draw_init", "INIT_KINDS"]
+__all__ = ["GENERATORS", "generate_data", "draw_init", "dropout_masks", "INIT_KINDS"]
 
 INIT_KINDS = ("normal", "glorot_uniform")
 
@@ -63,12 +75,36 @@ def _gaussian(rng, rows, in_shape, out_shape, loss):
     return x, y
 
 
+def _images(rng, rows, in_shape, out_shape, loss):
+    if len(in_shape) != 3:
+        raise CaseError("model.input_shape", "an image shape [height, width, channels] for data.generator 'images'", list(in_shape))
+    h, w, c = in_shape
+    k = out_shape[-1]
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+    protos = np.zeros((k, h, w))
+    for j in range(k):  # three strokes per class: Gaussian bumps along short random segments
+        for _ in range(3):
+            (y0, x0), (y1, x1) = rng.uniform(0.2, 0.8, size=(2, 2)) * [h - 1, w - 1]
+            for t in np.linspace(0.0, 1.0, 5):
+                cy, cx = y0 + t * (y1 - y0), x0 + t * (x1 - x0)
+                protos[j] += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * max(h, w) / 14.0))
+        protos[j] /= protos[j].max()
+    y = rng.integers(0, k, size=(rows,))
+    shifts = rng.integers(-1, 2, size=(rows, 2))
+    contrast = rng.uniform(0.8, 1.2, size=(rows, 1, 1, 1))
+    channel = rng.uniform(0.5, 1.0, size=(1, 1, 1, c))
+    x = np.stack([np.roll(protos[y[i]], tuple(shifts[i]), axis=(0, 1)) for i in range(rows)])[..., None]
+    x = np.clip(x * contrast * channel + rng.normal(0.0, 0.1, size=(rows, h, w, c)), 0.0, 1.0)
+    return x, y.astype(np.int64)
+
+
 # name -> (function, required input shape or None, required output shape or None, losses allowed)
 GENERATORS: dict[str, tuple[Callable, tuple | None, tuple | None, tuple[str, ...]]] = {
     "poly": (_poly, (), (1,), ("mse",)),
     "binary5": (_binary5, (5,), (1,), ("sigmoid_ce", "mse")),
     "blobs": (_blobs, None, None, ("softmax_ce",)),
     "gaussian": (_gaussian, None, None, ("mse", "sigmoid_ce", "softmax_ce")),
+    "images": (_images, None, None, ("softmax_ce",)),
 }
 
 
@@ -114,4 +150,26 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
                 fan_in, fan_out = receptive * s.shape[-2], receptive * s.shape[-1]
             lim = np.sqrt(6.0 / (fan_in + fan_out))
             out[s.name] = rng.uniform(-lim, lim, size=s.shape)
+    return out
+
+
+def dropout_masks(spec: dict) -> dict[str, np.ndarray]:
+    """Keep-masks of every dropout layer, for every data row, drawn once in numpy.
+
+    Layer ``i``'s mask comes from ``np.random.default_rng([seed, i])`` (``seed``:
+    the case's top-level field): ``keep = U[0, 1) >= rate``, the comparison
+    ``tf.nn.dropout`` makes. Row ``j`` belongs to data row ``j``, so a device
+    gets the mask rows of the data rows it gets, whatever the sharding.
+
+    Returns:
+        layer index (as a string) -> bool ``[steps * global_batch, *layer_input_shape]``.
+    """
+    model = spec["model"]
+    rows = spec["steps"] * spec["data"]["global_batch"]
+    shapes = layer_shapes(model["input_shape"], model["layers"])
+    out = {}
+    for i, layer in enumerate(model["layers"]):
+        if layer["type"] == "dropout":
+            rng = np.random.default_rng([spec.get("seed", 0), i])
+            out[str(i)] = rng.random(size=(rows, *shapes[i])) >= layer["rate"]
     return out

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prediction", "predict", "is_parallel", "uneven_shards", "keras_rounds_hyperparameters", "KERAS_IMPLS"]
+__all__ = ["Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "keras_rounds_hyperparameters", "KERAS_IMPLS",
+           "LINEAR_OPTIMIZERS"]
 
 PARALLEL = ("tf.towers", "tf.v1", "tf.mirrored", "torch.ddp")
 
@@ -49,6 +50,21 @@ def uneven_shards(spec: dict[str, Any]) -> bool:
     return len(set(_sizes(spec))) > 1
 
 
+def sampler_padding(spec: dict[str, Any]) -> int:
+    """Padded rows per epoch that the run reads with ``data.order: distributed_sampler`` (0 if none).
+
+    ``DistributedSampler`` pads a dataset of D rows to ``N ceil(D/N)`` by
+    repeating the epoch's first rows; they all fall in the epoch's last step
+    (step ``ceil(D/B)``), so a run of fewer steps never reads them.
+    """
+    data, n = spec["data"], spec["parallel"]["devices"]
+    if data.get("order", "split") != "distributed_sampler":
+        return 0
+    rows, batch = data["rows"], data["global_batch"]
+    reaches_epoch_end = spec["steps"] >= -(-rows // batch)
+    return (-rows) % n if reaches_epoch_end else 0
+
+
 def _framework(impl: str) -> str:
     return impl.split(".")[0]
 
@@ -68,6 +84,13 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
         elif par["weighting"] == "equal" and uneven_shards(spec):
             expected.append(
                 "uneven shards with equal weighting: the device mean weights rows of smaller shards more"
+            )
+        pad = sampler_padding(spec)
+        if pad:
+            expected.append(
+                f"DistributedSampler padding: the last step of an epoch also reads the epoch's first {pad} row(s)"
+                f" again, to give each of the {n} ranks ceil(rows/{n}) rows; DDP counts them as data, one device"
+                " reads every row once"
             )
     opt = spec["optimizer"]
     fa, fb = _framework(a), _framework(b)
@@ -99,10 +122,46 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
                 "torch clip_grad_norm_ adds 1e-6 to the norm: scale c/(norm+1e-6) vs TensorFlow's c/norm,"
                 " about 1e-6/norm relative on clipped steps"
             )
+    if one_parallel:
+        expected.extend(_combine_differences(spec))
     layer_expected, layer_known = _model_differences(spec, a, b, one_parallel)
     expected.extend(layer_expected)
     known.extend(layer_known)
     return Prediction(tuple(expected), tuple(known))
+
+
+# optimizers whose update (and state) is linear in the gradient, for any schedule and weight decay:
+# averaging N copies each updated from the same parameters equals one update by the mean gradient
+LINEAR_OPTIMIZERS = ("sgd", "momentum", "nesterov")
+
+
+def _combine_differences(spec: dict[str, Any]) -> list[str]:
+    """param_mean and async against one device on the full batch (docs/combine-rules.md).
+
+    param_mean with period 1 and a linear optimizer equals grad_mean (so only the causes
+    above apply); a nonlinear optimizer or period > 1 (with a second step) makes it differ.
+    async with N > 1 always applies N separate updates per step.
+    """
+    par, opt = spec["parallel"], spec["optimizer"]
+    n, combine = par["devices"], par["combine"]
+    out: list[str] = []
+    if combine == "param_mean":
+        if opt["name"] not in LINEAR_OPTIMIZERS:
+            out.append(
+                f"param_mean with {opt['name']}: each of the {n} devices applies its own nonlinear update"
+                " (and keeps its own optimizer state); the mean of those is not one update by the mean gradient"
+            )
+        if par["period"] > 1 and spec["steps"] > 1:
+            out.append(
+                f"param_mean with period {par['period']}: between averages the {n} copies drift apart, so later"
+                " gradients are taken at different parameters"
+            )
+    elif combine == "async":
+        out.append(
+            f"async: {n} separate updates per step, in a seeded order with staleness {par['staleness']},"
+            " not one update by the combined gradient"
+        )
+    return out
 
 
 def _loss_rule(spec: dict[str, Any], impl: str) -> str:

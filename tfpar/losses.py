@@ -1,30 +1,133 @@
-"""Per-device losses, reduced over the elements of one device's shard."""
+"""Per-device losses, reduced over the elements of one device's shard.
+
+The loss options come from the case's ``model`` section (``docs/layers.md``);
+``semantics`` is ``model.loss_semantics``: ``native`` and ``tf`` compute what
+Keras computes (its own loss functions), ``torch`` computes torch's formula in
+TensorFlow ops. Notation: ``l_i`` per-example cross entropy, ``w_i = cw[y_i]``
+the class weight of example i's target (1 without class weights), ``n`` the
+examples in the shard, ``k`` the classes, ``s`` the label smoothing.
+
+softmax_ce, Keras (``CategoricalCrossentropy`` with ``sample_weight = w``)
+    ``t = (1 - s) onehot(y) + s / k``; ``L = sum_i w_i (-sum_c t_ic log p_ic) / n``
+    (``sum_over_batch_size``: divided by the number of examples, whatever the weights).
+softmax_ce, torch (``F.cross_entropy(weight=cw, label_smoothing=s)``)
+    ``L = [(1 - s) sum_i w_i (-log p_iy) + (s / k) sum_i sum_c cw_c (-log p_ic)] / sum_i w_i``
+    (``mean`` divides by the sum of the targets' weights, and the smoothing term
+    weights each *class* by its weight, not each example by its target's).
+sigmoid_ce (both; torch has no label smoothing for it, so torchref smooths the
+    labels by hand the way Keras does): ``t = y (1 - s) + s / 2``; from logits
+    ``softplus`` form (``tf.nn.sigmoid_cross_entropy_with_logits``).
+sigmoid_ce on probabilities (``from_logits: false``)
+    Keras (``keras.ops.binary_crossentropy``): when ``p`` comes straight from a
+    ``Sigmoid`` op in a graph (the tower engine's ``tf.function``, or a Keras
+    activation's ``_keras_logits``) it *recovers the logits* and uses the
+    logits formula; otherwise (eager ``tf.sigmoid``, any op in between) it clips
+    ``p`` to ``[1e-7, 1 - 1e-7]`` and computes ``-(t log p + (1-t) log(1-p))``.
+    torch (``F.binary_cross_entropy``): ``-(t max(log p, -100) + (1-t) max(log1p(-p), -100))``,
+    with the gradient ``(p - t) / max(p (1 - p), 1e-12)``.
+
+``reduction``: ``mean`` (the above; for mse and sigmoid_ce the mean over all
+elements) or ``sum`` (the same without the division).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
 import tensorflow as tf
 
-__all__ = ["device_loss"]
+__all__ = ["device_loss", "model_loss", "TORCH_BCE_EPS"]
+
+#: torch's BCE backward divides by max(p (1 - p), EPSILON), EPSILON = 1e-12 as a C++ float (measured)
+TORCH_BCE_EPS = float(np.float32(1e-12))
 
 
-def device_loss(loss: str, reduction: str, out: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+@tf.custom_gradient
+def _torch_bce(p: tf.Tensor, t: tf.Tensor):
+    """torch's ``binary_cross_entropy`` elementwise: clamped logs, and its own backward formula."""
+    loss = (t - 1.0) * tf.maximum(tf.math.log1p(-p), -100.0) - t * tf.maximum(tf.math.log(p), -100.0)
+
+    def grad(g):
+        return g * (p - t) / tf.maximum((1.0 - p) * p, TORCH_BCE_EPS), None
+
+    return loss, grad
+
+
+def _reduce(per: tf.Tensor, reduction: str) -> tf.Tensor:
+    return tf.reduce_mean(per) if reduction == "mean" else tf.reduce_sum(per)
+
+
+def _softmax_torch(out: tf.Tensor, y: tf.Tensor, reduction: str, smoothing: float, cw: tf.Tensor | None) -> tf.Tensor:
+    """torch's ``cross_entropy(weight=cw, label_smoothing=s)`` written in TensorFlow ops."""
+    logp = tf.nn.log_softmax(out, axis=-1)
+    nll = -tf.gather(logp, y, axis=1, batch_dims=1)  # [n]
+    w = tf.ones_like(nll) if cw is None else tf.gather(cw, y)
+    smooth = -tf.reduce_sum(logp if cw is None else logp * cw, axis=-1)  # [n]
+    k = int(out.shape[-1])
+    total = (1.0 - smoothing) * tf.reduce_sum(w * nll) + (smoothing / k) * tf.reduce_sum(smooth)
+    return total / tf.reduce_sum(w) if reduction == "mean" else total
+
+
+def device_loss(
+    loss: str,
+    reduction: str,
+    out: tf.Tensor,
+    y: tf.Tensor,
+    *,
+    from_logits: bool = True,
+    label_smoothing: float = 0.0,
+    class_weights: Sequence[float] | None = None,
+    semantics: str = "native",
+) -> tf.Tensor:
     """The loss of one shard.
 
     Args:
         loss: ``mse`` (squared error per element), ``sigmoid_ce`` (``out`` are
-            logits, ``y`` in [0, 1] shaped like ``out``), ``softmax_ce``
-            (``out`` logits ``[n, k]``, ``y`` int labels ``[n]``).
-        reduction: ``mean`` or ``sum`` over all elements of the shard (per
-            element for mse/sigmoid_ce, per example for softmax_ce).
+            logits, or probabilities when ``from_logits`` is false; ``y`` in
+            [0, 1] shaped like ``out``), ``softmax_ce`` (``out`` logits
+            ``[n, k]``, ``y`` int labels ``[n]``).
+        reduction: ``mean`` or ``sum`` over the shard (see the module docstring).
+        from_logits, label_smoothing, class_weights, semantics: the case's
+            ``model`` options (validated: class weights only for softmax_ce,
+            probabilities only for sigmoid_ce).
     Returns:
         a scalar.
     """
     if loss == "mse":
-        per = tf.square(out - y)
-    elif loss == "sigmoid_ce":
-        per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=out)
-    elif loss == "softmax_ce":
-        per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
-    else:
+        return _reduce(tf.square(out - y), reduction)
+    if loss == "sigmoid_ce":
+        t = y * (1.0 - label_smoothing) + 0.5 * label_smoothing if label_smoothing else y  # Keras' smoothing
+        if from_logits:
+            per = tf.nn.sigmoid_cross_entropy_with_logits(labels=t, logits=out)
+        elif semantics == "torch":
+            per = _torch_bce(out, t)
+        else:
+            per = keras.ops.binary_crossentropy(t, out, from_logits=False)
+        return _reduce(per, reduction)
+    if loss != "softmax_ce":
         raise ValueError(f"unknown loss {loss!r}")
-    return tf.reduce_mean(per) if reduction == "mean" else tf.reduce_sum(per)
+    if not label_smoothing and class_weights is None:
+        return _reduce(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out), reduction)
+    cw = None if class_weights is None else tf.constant(list(class_weights), dtype=out.dtype)
+    if semantics == "torch":
+        return _softmax_torch(out, y, reduction, label_smoothing, cw)
+    k = int(out.shape[-1])
+    keras_loss = keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=label_smoothing,
+        reduction="sum_over_batch_size" if reduction == "mean" else "sum", dtype=out.dtype.name,
+    )
+    return keras_loss(tf.one_hot(y, k, dtype=out.dtype), out, sample_weight=None if cw is None else tf.gather(cw, y))
+
+
+def model_loss(model: Mapping[str, Any], out: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """:func:`device_loss` with every option read from a validated ``model`` section."""
+    return device_loss(
+        model["loss"], model["reduction"], out, y,
+        from_logits=model.get("from_logits", True),
+        label_smoothing=model.get("label_smoothing", 0.0),
+        class_weights=model.get("class_weights"),
+        semantics=model.get("loss_semantics", "native"),
+    )

@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from .devices import tower_devices
-from .errors import Unsupported
+from .errors import Unsupported, refuse_loss_options
 from .losses import device_loss
 from .models import build_variables, forward
 from .optimizers import KerasOptimizer, make_optimizer
@@ -106,6 +106,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
     """
     if spec["parallel"].get("clip") is not None:
         raise Unsupported("parallel.clip", "no gradient clipping for tf.mirrored (tf.towers has it)")
+    refuse_loss_options(spec, "tf.mirrored")
     for i, layer in enumerate(spec["model"]["layers"]):
         if layer["type"] in ("batch_norm", "dropout"):
             raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for tf.mirrored (tf.towers has it)")

@@ -1,51 +1,226 @@
 """Models built from the case's layer list, as plain functions over named variables.
 
 Parameters are ``tf.Variable`` objects keyed by canonical name (``0.kernel``),
-in canonical layouts (dense kernel ``[in, out]``); the forward pass is a pure
-function of the parameters and the input, so each tower calls it under its
-own ``tf.device`` while sharing the one set of variables.
+in canonical layouts (dense kernel ``[in, out]``, conv kernel ``[kh, kw, in, out]``,
+images NHWC); the forward pass is a pure function of the parameters and the
+input (plus the batch-norm moving statistics it updates), so each tower calls
+it under its own ``tf.device`` while sharing the one set of variables.
+
+The layers use TensorFlow's own ops, the ones Keras 3's layers call
+(``tf.nn.conv2d``, ``tf.nn.max_pool2d``, ``tf.nn.moments``,
+``tf.nn.batch_normalization``); ``tests/test_layers.py`` pins each against
+the Keras layer.
+
+Layer formulas (x: ``[B, ...]`` the layer input; shapes per example in ``parity_tests.specs``):
+
+conv2d
+    ``y = act(conv(x, kernel) + bias)``, SAME padding puts the odd extra row
+    bottom/right.
+max_pool2d
+    window maximum; SAME padding never selects a padded position.
+flatten
+    ``[B, H, W, C] -> [B, H*W*C]`` in channels-last (row-major NHWC) order.
+batch_norm (training)
+    ``mu, var = mean and biased variance over every axis but the last``;
+    ``y = gamma (x - mu) / sqrt(var + eps) + beta``;
+    ``moving_mean <- m moving_mean + (1 - m) mu``;
+    ``moving_variance <- m moving_variance + (1 - m) var'`` with ``var' = var``
+    (Keras, ``semantics`` native/tf) or ``var n/(n-1)`` (torch's rule, ``semantics: torch``;
+    n = the values per channel the statistics were taken over).
+dropout
+    ``y = where(keep, x * (1 / (1 - rate)), 0)``, ``tf.nn.dropout``'s arithmetic,
+    with the keep-mask given as data.
+
+Batch norm across towers (:func:`forward_towers`): ``local`` normalises every
+tower with its own shard's statistics and keeps the *first* tower's update of
+the moving statistics (what DDP keeps: it broadcasts rank 0's buffers at every
+forward); ``sync`` sums ``sum x``, ``sum x^2`` and the counts over the towers,
+``mu = S / n``, ``var = max(Q / n - mu^2, 0)`` (Keras' synchronized moments),
+and normalises every tower with those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["build_variables", "forward"]
+__all__ = [
+    "STATE_KINDS",
+    "build_variables",
+    "forward",
+    "forward_towers",
+    "is_state",
+    "needs_towers_fn",
+]
 
+STATE_KINDS = ("moving_mean", "moving_variance")
 _ACT = {"none": lambda t: t, "relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}
 
 
+def is_state(name: str) -> bool:
+    """True for non-trainable state (``3.moving_mean``), False for trainable parameters."""
+    return name.rsplit(".", 1)[-1] in STATE_KINDS
+
+
+def needs_towers_fn(layers: Sequence[Mapping]) -> bool:
+    """True when towers must run in lockstep (batch norm, whose state and statistics cross towers, or dropout masks)."""
+    return any(layer["type"] in ("batch_norm", "dropout") for layer in layers)
+
+
 def build_variables(init: Mapping[str, np.ndarray], dtype: tf.DType, *, device: str = "/device:CPU:0") -> dict[str, tf.Variable]:
-    """One variable per canonical parameter, on ``device`` (the seeds keep variables on the CPU)."""
+    """One variable per canonical name, on ``device`` (the seeds keep variables on the CPU).
+
+    Batch-norm moving statistics become non-trainable variables (see :func:`is_state`).
+    """
     with tf.device(device):
-        return {k: tf.Variable(np.asarray(v), dtype=dtype, name=k.replace(".", "_")) for k, v in init.items()}
+        return {
+            k: tf.Variable(np.asarray(v), dtype=dtype, name=k.replace(".", "_"), trainable=not is_state(k))
+            for k, v in init.items()
+        }
 
 
-def forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
-    """Apply the layer list.
+def _on(device: str | None):
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None) -> tf.Tensor:
+    """Layer ``i`` on one tower's activations (every type but batch_norm)."""
+    kind = layer["type"]
+    if kind == "poly":
+        d = layer["degree"]
+        powers = tf.constant(np.arange(d, -1, -1, dtype=np.float64), dtype=h.dtype)
+        return tf.pow(h[:, None], powers)  # [batch, d+1]: x^d ... x^1, x^0 = 1
+    if kind == "dense":
+        h = tf.matmul(h, params[f"{i}.kernel"])
+        if layer["use_bias"]:
+            h = h + params[f"{i}.bias"]
+        return _ACT[layer["activation"]](h)
+    if kind == "conv2d":
+        (sh, sw) = layer["strides"]
+        h = tf.nn.conv2d(h, params[f"{i}.kernel"], strides=[1, sh, sw, 1], padding=layer["padding"].upper())
+        if layer["use_bias"]:
+            h = tf.nn.bias_add(h, params[f"{i}.bias"])
+        return _ACT[layer["activation"]](h)
+    if kind == "max_pool2d":
+        return tf.nn.max_pool2d(h, ksize=layer["pool_size"], strides=layer["strides"], padding=layer["padding"].upper())
+    if kind == "flatten":
+        return tf.reshape(h, [-1, math.prod(h.shape[1:])])  # row-major over [H, W, C]: channels fastest
+    if kind == "dropout":
+        if layer["rate"] == 0.0:
+            return h
+        if mask is None:
+            raise ValueError(f"layer {i}: a dropout layer needs its keep-mask (payload['masks'][{str(i)!r}])")
+        scale = tf.constant(1.0 / (1.0 - layer["rate"]), dtype=h.dtype)  # as tf.nn.dropout: 1 / keep_prob
+        return tf.where(mask, h * scale, tf.zeros_like(h))
+    raise ValueError(f"layer {i}: unknown type {kind!r}")
+
+
+def _update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mean: tf.Tensor, var: tf.Tensor, count: int) -> None:
+    """Keras' moving-average update (``moving * m + batch * (1 - m)``), with torch's unbiased variance when asked."""
+    if layer["semantics"] == "torch":
+        if count < 2:
+            raise ValueError(f"layer {i}: batch_norm with semantics 'torch' needs more than 1 value per channel per device, got {count}")
+        var = var * (count / (count - 1))
+    m = layer["momentum"]
+    mm, mv = state[f"{i}.moving_mean"], state[f"{i}.moving_variance"]
+    mm.assign(mm * m + tf.stop_gradient(mean) * (1.0 - m))
+    mv.assign(mv * m + tf.stop_gradient(var) * (1.0 - m))
+
+
+def _batch_norm(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], hs: list[tf.Tensor], devices: list[str | None],
+                state: Mapping[str, tf.Variable] | None, mode: str, reduce_device: str | None) -> list[tf.Tensor]:
+    gamma, beta, eps = params[f"{i}.gamma"], params[f"{i}.beta"], layer["epsilon"]
+    axes = list(range(hs[0].shape.rank - 1))
+    counts = [math.prod(h.shape[:-1]) for h in hs]
+    if mode == "sync":
+        sums, squares = [], []
+        for h, dev in zip(hs, devices, strict=True):
+            with _on(dev):
+                sums.append(tf.reduce_sum(h, axes))
+                squares.append(tf.reduce_sum(tf.square(h), axes))
+        with _on(reduce_device):
+            total = sum(counts)
+            mean = tf.add_n(sums) / total
+            var = tf.maximum(tf.add_n(squares) / total - tf.square(mean), 0.0)
+        stats = [(mean, var)] * len(hs)
+        update = (mean, var, total)
+    elif mode == "local":
+        stats = []
+        for h, dev in zip(hs, devices, strict=True):
+            with _on(dev):
+                stats.append(tf.nn.moments(h, axes))
+        update = (*stats[0], counts[0])  # the first tower's update wins, as rank 0's buffers do under DDP
+    else:
+        raise ValueError(f"unknown batch_norm mode {mode!r}")
+    outs = []
+    for h, dev, (mean, var) in zip(hs, devices, stats, strict=True):
+        with _on(dev):
+            outs.append(tf.nn.batch_normalization(h, mean, var, offset=beta, scale=gamma, variance_epsilon=eps))
+    if state is not None:
+        with _on(reduce_device):
+            _update_moving(state, i, layer, *update)
+    return outs
+
+
+def forward_towers(
+    layers: Sequence[Mapping],
+    params: Mapping[str, tf.Tensor],
+    xs: Sequence[tf.Tensor],
+    *,
+    devices: Sequence[str | None] | None = None,
+    masks: Sequence[Mapping[str, tf.Tensor]] | None = None,
+    state: Mapping[str, tf.Variable] | None = None,
+    batch_norm: str = "local",
+    reduce_device: str | None = None,
+) -> list[tf.Tensor]:
+    """Apply the layer list to every tower's shard, layer by layer (in lockstep).
+
+    Args:
+        layers: validated ``model.layers``.
+        params: canonical name -> tensor (trainable parameters).
+        xs: N shards, ``[n_r, *input_shape]`` each.
+        devices: the tower devices (``None``: no placement).
+        masks: per tower, layer index (str) -> bool keep-mask ``[n_r, *layer_input_shape]``.
+        state: canonical name -> moving-statistics variable, updated in place
+            (``None``: not updated).
+        batch_norm: ``local`` or ``sync`` (see the module docstring).
+        reduce_device: where synchronized statistics and state updates are computed.
+    Returns:
+        N outputs, ``[n_r, *output_shape]`` (logits for the cross-entropy losses,
+        or probabilities after a final sigmoid).
+    """
+    hs = list(xs)
+    devices = list(devices) if devices is not None else [None] * len(hs)
+    for i, layer in enumerate(layers):
+        if layer["type"] == "batch_norm":
+            hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device)
+            continue
+        new = []
+        for r, (h, dev) in enumerate(zip(hs, devices, strict=True)):
+            with _on(dev):
+                new.append(_apply(i, layer, params, h, None if masks is None else masks[r].get(str(i))))
+        hs = new
+    return hs
+
+
+def forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *,
+            masks: Mapping[str, tf.Tensor] | None = None, state: Mapping[str, tf.Variable] | None = None,
+            batch_norm: str = "local") -> tf.Tensor:
+    """Apply the layer list to one batch (one device).
 
     Args:
         layers: validated ``model.layers``.
         params: canonical name -> tensor.
         x: ``[batch, *input_shape]``.
+        masks: layer index (str) -> keep-mask, for dropout layers.
+        state: moving statistics to update (``None``: batch norm still uses batch
+            statistics, but nothing is updated).
+        batch_norm: ``local`` (``tf.nn.moments``) or ``sync`` (the summed-moments formula).
     Returns:
         ``[batch, *output_shape]`` (logits for the cross-entropy losses).
     """
-    h = x
-    for i, layer in enumerate(layers):
-        kind = layer["type"]
-        if kind == "poly":
-            d = layer["degree"]
-            powers = tf.constant(np.arange(d, -1, -1, dtype=np.float64), dtype=h.dtype)
-            h = tf.pow(h[:, None], powers)  # [batch, d+1]: x^d ... x^1, x^0 = 1
-        elif kind == "dense":
-            h = tf.matmul(h, params[f"{i}.kernel"])
-            if layer["use_bias"]:
-                h = h + params[f"{i}.bias"]
-            h = _ACT[layer["activation"]](h)
-        else:
-            raise ValueError(f"layer {i}: unknown type {kind!r}")
-    return h
+    return forward_towers(layers, params, [x], masks=None if masks is None else [masks], state=state, batch_norm=batch_norm)[0]

@@ -75,7 +75,7 @@ import tensorflow as tf
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
-from .errors import Unsupported
+from .errors import Unsupported, refuse_loss_options
 from .losses import device_loss
 from .models import forward
 from .sharding import shard_sizes, split_batch
@@ -389,6 +389,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
         raise Unsupported("optimizer.weight_decay", "no weight decay for tf.v1 (tf.towers has it)")
     if par.get("clip") is not None:
         raise Unsupported("parallel.clip", "no gradient clipping for tf.v1 (tf.towers has it)")
+    refuse_loss_options(spec, "tf.v1")
     for i, layer in enumerate(spec["model"]["layers"]):
         if layer["type"] in ("batch_norm", "dropout"):
             raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for tf.v1 (tf.towers has it)")

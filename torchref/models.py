@@ -1,22 +1,78 @@
 """Models built from the case's layer list, in torch.
 
 Parameters are stored in canonical (TensorFlow) layouts, dense kernel
-``[in, out]``, so the forward pass is ``x @ kernel + bias`` and no layout
-conversion is needed for dense layers; names are canonical with ``_`` for
-``.`` inside the module (``0_kernel``), since torch reserves the dot.
+``[in, out]``, conv kernel ``[kh, kw, in, out]`` (HWIO), so their gradients
+come out in canonical layouts too; names are canonical with ``_`` for ``.``
+inside the module (``0_kernel``), since torch reserves the dot. Batch-norm
+moving statistics are buffers (``3_moving_mean``), which DDP broadcasts from
+rank 0 at every forward.
+
+Layouts at the boundary: inputs arrive NHWC (canonical) and images are turned
+into NCHW once, at the model's input; conv kernels are permuted HWIO -> OIHW
+where they are used; ``flatten`` permutes NCHW -> NHWC before flattening, so
+its order is TensorFlow's (channels fastest); dropout masks arrive NHWC and are
+permuted like the activations.
+
+TensorFlow's SAME padding puts the odd extra row at the bottom/right
+(``parity_tests.specs.same_padding``); torch's ``padding=`` pads both sides
+equally, so SAME is done as ``F.pad`` (zeros for conv, ``-inf`` for max
+pooling, which can then never be selected) followed by a 'valid' op.
+
+Batch norm (training mode; ``m`` the case's momentum in TensorFlow's convention):
+
+local, semantics native/torch
+    ``F.batch_norm(..., training=True, momentum=1 - m)``: torch's own kernel;
+    normalises with the biased batch variance but updates ``running_var`` with
+    the *unbiased* one, ``var n / (n - 1)``.
+local, semantics tf
+    the same normalisation; the buffers get Keras' update with the biased variance.
+sync
+    torch's ``nn.SyncBatchNorm`` refuses CPU tensors (torch 2.13:
+    "SyncBatchNorm expected input tensor to be on GPU or XPU ..."), so its math
+    is written out: ``sum x``, ``sum x^2`` and the count are all-reduced over the
+    group with the differentiable ``torch.distributed.nn.functional.all_reduce``
+    (its backward all-reduces the gradients, as SyncBatchNorm's backward does),
+    ``mu = S / n``, ``var = max(Q / n - mu^2, 0)``, and ``running_var`` gets
+    ``var n / (n - 1)`` with the global ``n`` (as ``batch_norm_gather_stats_with_counts``
+    does), or the biased ``var`` under ``tf`` semantics.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CaseModel"]
+__all__ = ["CaseModel", "same_padding", "STATE_KINDS"]
 
+STATE_KINDS = ("moving_mean", "moving_variance")
 _ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+
+
+def same_padding(n: int, k: int, s: int) -> tuple[int, int]:
+    """TensorFlow's SAME padding ``(before, after)`` along one axis of length ``n`` (window ``k``, stride ``s``)."""
+    total = max((math.ceil(n / s) - 1) * s + k - n, 0)
+    return total // 2, total - total // 2
+
+
+def _pad_same(h: torch.Tensor, window: list[int], strides: list[int], value: float) -> torch.Tensor:
+    """``h`` NCHW padded as TensorFlow's SAME would (extra row/column after)."""
+    top, bottom = same_padding(h.shape[2], window[0], strides[0])
+    left, right = same_padding(h.shape[3], window[1], strides[1])
+    if top == bottom == left == right == 0:
+        return h
+    return F.pad(h, (left, right, top, bottom), value=value)
+
+
+def _is_state(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in STATE_KINDS
 
 
 class CaseModel(nn.Module):
@@ -24,24 +80,87 @@ class CaseModel(nn.Module):
 
     Args:
         layers: validated ``model.layers``.
-        init: canonical name -> initial value (numpy).
+        init: canonical name -> initial value (numpy), parameters and moving statistics.
         dtype: ``torch.float32`` or ``torch.float64``.
+        batch_norm: ``local`` or ``sync`` (the case's ``parallel.batch_norm``).
+        group: the process group that ``sync`` statistics are all-reduced over
+            (``None``: this process's batch is the whole batch).
     """
 
-    def __init__(self, layers: list[dict], init: Mapping[str, np.ndarray], dtype: torch.dtype) -> None:
+    def __init__(self, layers: list[dict], init: Mapping[str, np.ndarray], dtype: torch.dtype, *,
+                 batch_norm: str = "local", group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
+        if batch_norm not in ("local", "sync"):
+            raise ValueError(f"batch_norm must be local or sync, got {batch_norm!r}")
         self.layers = layers
+        self.batch_norm, self.group = batch_norm, group
         self.params = nn.ParameterDict(
-            {k.replace(".", "_"): nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype)) for k, v in init.items()}
+            {k.replace(".", "_"): nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype)) for k, v in init.items() if not _is_state(k)}
         )
+        for k, v in init.items():
+            if _is_state(k):
+                self.register_buffer(k.replace(".", "_"), torch.tensor(np.asarray(v), dtype=dtype))
 
     def canonical(self) -> dict[str, nn.Parameter]:
-        """Canonical name -> parameter, in creation order."""
+        """Canonical name -> trainable parameter, in creation order."""
         return {k.replace("_", ".", 1): p for k, p in self.params.items()}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[batch, *input_shape]`` -> ``[batch, *output_shape]``."""
-        h = x
+    def state(self) -> dict[str, torch.Tensor]:
+        """Canonical name -> moving-statistics buffer, in creation order."""
+        return {k.replace("_", ".", 1): b for k, b in self.named_buffers()}
+
+    def _p(self, i: int, kind: str) -> torch.Tensor:
+        return self.params[f"{i}_{kind}"]
+
+    def _batch_norm(self, i: int, layer: dict, h: torch.Tensor) -> torch.Tensor:
+        gamma, beta = self._p(i, "gamma"), self._p(i, "beta")
+        rm, rv = getattr(self, f"{i}_moving_mean"), getattr(self, f"{i}_moving_variance")
+        m, eps, sem = layer["momentum"], layer["epsilon"], layer["semantics"]
+        channels_last = h.dim() == 3  # [B, L, C]: torch wants the channels at dim 1
+        if channels_last:
+            h = h.movedim(-1, 1)
+        dims = [d for d in range(h.dim()) if d != 1]
+        if self.batch_norm == "local" and sem != "tf":
+            out = F.batch_norm(h, rm, rv, gamma, beta, training=True, momentum=1.0 - m, eps=eps)
+        elif self.batch_norm == "local":
+            out = F.batch_norm(h, None, None, gamma, beta, training=True, eps=eps)
+            with torch.no_grad():
+                var, mean = torch.var_mean(h, dim=dims, correction=0)
+                rm.copy_(rm * m + mean * (1.0 - m))  # Keras' update, biased variance
+                rv.copy_(rv * m + var * (1.0 - m))
+        else:
+            c = h.shape[1]
+            count = torch.tensor([h.numel() / c], dtype=h.dtype)
+            stats = torch.cat([h.sum(dim=dims), (h * h).sum(dim=dims), count])
+            if self.group is not None:
+                with warnings.catch_warnings():
+                    # deprecated in favour of a private module; it is still the public differentiable allreduce
+                    warnings.simplefilter("ignore", FutureWarning)
+                    stats = dist_fn.all_reduce(stats, op=dist.ReduceOp.SUM, group=self.group)
+            n = stats[-1]
+            mean = stats[:c] / n
+            var = torch.clamp(stats[c:2 * c] / n - mean * mean, min=0.0)
+            shape = [1, c] + [1] * (h.dim() - 2)
+            out = (h - mean.view(shape)) * torch.rsqrt(var.view(shape) + eps) * gamma.view(shape) + beta.view(shape)
+            with torch.no_grad():
+                if sem == "tf":
+                    rm.copy_(rm * m + mean * (1.0 - m))
+                    rv.copy_(rv * m + var * (1.0 - m))
+                else:  # SyncBatchNorm's update: torch momentum 1 - m, unbiased with the global count
+                    mom = 1.0 - m
+                    rm.copy_((1.0 - mom) * rm + mom * mean)
+                    rv.copy_((1.0 - mom) * rv + mom * var * (n / (n - 1)))
+        return out.movedim(1, -1) if channels_last else out
+
+    def forward(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor] | None = None, *,
+                with_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``x``: ``[batch, *input_shape]`` (canonical, NHWC for images) -> ``[batch, *output_shape]``.
+
+        ``masks``: layer index (str) -> bool keep-mask ``[batch, *layer_input_shape]`` (canonical).
+        With ``with_logits``, also returns the last layer's value before its activation.
+        """
+        h = x.permute(0, 3, 1, 2) if x.dim() == 4 else x  # NHWC -> NCHW, once
+        pre = h
         for i, layer in enumerate(self.layers):
             kind = layer["type"]
             if kind == "poly":
@@ -49,10 +168,38 @@ class CaseModel(nn.Module):
                 powers = torch.arange(d, -1, -1, dtype=h.dtype)
                 h = torch.pow(h[:, None], powers)  # x^d ... x, 1
             elif kind == "dense":
-                h = h @ self.params[f"{i}_kernel"]
+                h = h @ self._p(i, "kernel")
                 if layer["use_bias"]:
-                    h = h + self.params[f"{i}_bias"]
+                    h = h + self._p(i, "bias")
+                pre = h
                 h = _ACT[layer["activation"]](h)
+            elif kind == "conv2d":
+                if layer["padding"] == "same":
+                    h = _pad_same(h, layer["kernel_size"], layer["strides"], 0.0)
+                w = self._p(i, "kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
+                h = F.conv2d(h, w, self._p(i, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]))
+                pre = h
+                h = _ACT[layer["activation"]](h)
+            elif kind == "max_pool2d":
+                if layer["padding"] == "same":
+                    h = _pad_same(h, layer["pool_size"], layer["strides"], -math.inf)
+                h = F.max_pool2d(h, tuple(layer["pool_size"]), tuple(layer["strides"]))
+            elif kind == "flatten":
+                h = (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).reshape(h.shape[0], -1)  # NHWC order
+            elif kind == "batch_norm":
+                h = self._batch_norm(i, layer, h)
+            elif kind == "dropout":
+                if layer["rate"] > 0.0:
+                    if masks is None or str(i) not in masks:
+                        raise ValueError(f"layer {i}: a dropout layer needs its keep-mask (payload['masks'][{str(i)!r}])")
+                    keep = masks[str(i)]
+                    keep = keep.permute(0, 3, 1, 2) if keep.dim() == 4 else keep
+                    # torch's dropout arithmetic: noise = bernoulli(1-p) / (1-p); input * noise
+                    h = h * (keep.to(h.dtype) / (1.0 - layer["rate"]))
             else:
                 raise ValueError(f"layer {i}: unknown type {kind!r}")
-        return h
+        if h.dim() == 4:
+            h = h.permute(0, 2, 3, 1)  # back to canonical NHWC
+        if pre.dim() == 4:
+            pre = pre.permute(0, 2, 3, 1)
+        return (h, pre) if with_logits else h

@@ -72,3 +72,29 @@ def make(base: dict, **changes: Any) -> Case:
     for k, v in changes.items():
         raw = set_path(raw, k.replace("__", "."), v)
     return case_from_dict(raw)
+
+# conv(same, relu) -> batch_norm -> max_pool -> dropout -> flatten -> dense (softmax_ce), on 8x8x1
+# synthetic digits: small enough that a step at 8 devices takes milliseconds
+CNN: dict[str, Any] = {
+    "schema": "parity-case/1",
+    "name": "cnn",
+    "dtype": "float64",
+    "seed": 7,
+    "model": {
+        "input_shape": [8, 8, 1],
+        "layers": [
+            {"type": "conv2d", "filters": 4, "kernel_size": 3, "padding": "same", "activation": "relu"},
+            {"type": "batch_norm", "momentum": 0.9},
+            {"type": "max_pool2d", "pool_size": 2},
+            {"type": "dropout", "rate": 0.25},
+            {"type": "flatten"},
+            {"type": "dense", "units": 3},
+        ],
+        "loss": "softmax_ce",
+    },
+    "init": {"seed": 8, "kind": "glorot_uniform"},
+    "data": {"generator": "images", "seed": 9, "global_batch": 32},
+    "optimizer": {"name": "sgd", "lr": 0.1, "semantics": "torch"},
+    "parallel": {"devices": 4, "batch_norm": "sync"},
+    "steps": 3,
+}

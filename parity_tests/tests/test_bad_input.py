@@ -137,6 +137,9 @@ TABLE: list[tuple[str, Build, str]] = [
     ("poly on a vector input", _mut("model.layers.0", {"type": "poly", "degree": 2}), "model.layers[0]"),
     ("softmax with one class", _run(set_path(SOFTMAX, "model.layers.1.units", 1)), "model.loss"),
     ("batch smaller than devices", _mut("data.global_batch", 3), "data.global_batch"),
+    ("batch norm with one row per device", _run(set_path(set_path(set_path(MLP, "model.layers", [
+        {"type": "dense", "units": 4}, {"type": "batch_norm"}, {"type": "dense", "units": 1}]),
+        "parallel.devices", 8), "data.global_batch", 12)), "data.global_batch"),
     ("model far too large", _run(set_path(set_path(MLP, "model.layers.0.units", 100_000), "model.layers.1.units", 100_000)), "model.layers"),
     ("data x of the wrong width", _run(lambda t: _npz_case(MLP, t, data={"x": case_from_dict(MLP).x[:, :4]})), "data.x"),
     ("data y of the wrong width", _run(lambda t: _npz_case(MLP, t, data={"y": np.zeros((192, 2))})), "data.y"),

@@ -284,3 +284,16 @@ def test_v1_more_devices_than_configured_is_refused():
     payload["spec"] = dict(payload["spec"], parallel=dict(payload["spec"]["parallel"], devices=9))
     with pytest.raises(DeviceError, match="9 devices asked for, but this process has 8"):
         tfpar.run_case(payload, "tf.v1")
+
+
+@pytest.mark.parametrize("impl", ["tf.v1", "tf.mirrored"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("class_weights", [1.0, 2.0, 0.5]), ("label_smoothing", 0.1), ("loss_semantics", "torch")],
+)
+def test_paths_without_loss_options_refuse_them(impl, field, value):
+    """A loss option a path would silently drop is refused, naming the field."""
+    from parity_tests.tests.helpers import SOFTMAX
+
+    with pytest.raises(CaseError, match=rf"^model.{field}: expected"):
+        run_impl(make(SOFTMAX, **{f"model__{field}": value}), impl)
