@@ -69,7 +69,27 @@ SCENARIOS = [
         {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
         {"seed": 6, "kind": "glorot_uniform"})),
 ]
+# the CNN of issue 4 on MNIST-shaped synthetic digits (28x28x1): conv -> batch norm -> pool ->
+# dropout (masks drawn in numpy from the case seed) -> dense -> softmax; batch norm computes Keras'
+# moving variance on both sides (semantics "tf"), so the rows isolate local vs sync statistics
+CNN = Scenario("cnn", {
+    "schema": "parity-case/1", "name": "cnn", "dtype": "float64", "seed": 7,
+    "model": {"input_shape": [28, 28, 1], "layers": [
+        {"type": "conv2d", "filters": 4, "kernel_size": 3, "strides": 2, "padding": "same", "activation": "relu"},
+        {"type": "batch_norm", "momentum": 0.9, "semantics": "tf"},
+        {"type": "max_pool2d", "pool_size": 2},
+        {"type": "dropout", "rate": 0.25},
+        {"type": "flatten"},
+        {"type": "dense", "units": 10},
+    ], "loss": "softmax_ce"},
+    "init": {"seed": 8, "kind": "glorot_uniform"},
+    "data": {"generator": "images", "seed": 9, "global_batch": 32},
+    "optimizer": {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "torch"},
+    "parallel": {"devices": 1, "batch_norm": "sync"},
+    "steps": 3,
+})
 _BY_NAME = {s.name: s for s in SCENARIOS}
+_BY_NAME[CNN.name] = CNN
 
 
 def _with(raw: dict, name: str, **changes: Any) -> dict:
@@ -90,6 +110,13 @@ EXPECTED_ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("mlp-uneven-equal", "mlp-sgd", {"data.global_batch": 63, "optimizer.semantics": "torch"}),
     ("mlp-uneven-by_size", "mlp-sgd", {"data.global_batch": 63, "parallel.weighting": "by_size", "optimizer.semantics": "torch"}),
     ("poly-adam-native", "poly-adam", {"optimizer.semantics": "native", "optimizer.epsilon": 1e-3}),
+    # each framework's own batch norm: torch's running_var takes the unbiased batch variance
+    ("cnn-bn-native", "cnn", {"model.layers": [dict(layer, semantics="native") if layer["type"] == "batch_norm" else layer
+                                                for layer in CNN.case["model"]["layers"]]}),
+    # every device applies its own updates (docs/combine-rules.md): tf.towers vs torch.ddp must agree,
+    # and both must differ from one device on the full batch
+    ("poly-adam-param_mean", "poly-adam", {"parallel.combine": "param_mean", "parallel.period": 2}),
+    ("mlp-async", "mlp-sgd", {"parallel.combine": "async", "parallel.staleness": 1, "optimizer.semantics": "torch"}),
 ]
 
 
@@ -105,10 +132,16 @@ def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8), dtypes: Iterable[str]
                     raw = _with(s.case, f"{s.name}:n{n}:{combine}:{dtype}", **{
                         "parallel.devices": n, "parallel.combine": combine, "dtype": dtype})
                     cases.append(case_from_dict(raw))
+    for n in devices:
+        for bn in ("sync", "local"):
+            for dtype in dtypes:
+                raw = _with(CNN.case, f"cnn-bn-{bn}:n{n}:grad_mean:{dtype}",
+                            **{"parallel.devices": n, "parallel.batch_norm": bn, "dtype": dtype})
+                cases.append(case_from_dict(raw))
     if expected_rows:
         for name, base, changes in EXPECTED_ROWS:
             for n in [d for d in devices if d > 1] or [2]:
-                raw = _with(_BY_NAME[base].case, f"{name}:n{n}:grad_mean:float64",
+                raw = _with(_BY_NAME[base].case, f"{name}:n{n}:{changes.get('parallel.combine', 'grad_mean')}:float64",
                             **{"parallel.devices": n, **changes})
                 cases.append(case_from_dict(raw))
     return cases
