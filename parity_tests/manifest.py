@@ -60,6 +60,8 @@ def _file_digest(p: Path) -> str:
 def _inputs(case: Case) -> dict[str, str]:
     out = {"x": array_digest(case.x), "y": array_digest(case.y)}
     out.update({f"init/{k}": array_digest(v) for k, v in sorted(case.init.items())})
+    if case.perm is not None:  # an explicit shuffle order is an input like the data
+        out["perm"] = array_digest(case.perm)
     return out
 
 

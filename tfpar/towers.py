@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from .combine import average_gradients, combine_losses, tower_weights
-from .optimizers import Optimizer
+from .optimizers import GradientClip, Optimizer
 from .sharding import shard_sizes, split_batch
 
 __all__ = ["make_parallel", "TowerTrainer"]
@@ -73,6 +73,20 @@ class TowerTrainer:
         weighting: ``equal`` or ``by_size``.
         combine_device: where gradients are averaged and the update runs
             (the seeds' "parameter server": the variables' device by default).
+        clip: clipping by global norm (:class:`~tfpar.optimizers.GradientClip`):
+            ``where="per_device"`` clips each tower's gradients before they are
+            averaged (the classic tower order; needs ``grad_mean``),
+            ``"after_combine"`` clips the combined gradient. The gradient
+            :meth:`step` returns is the one applied, i.e. after clipping.
+        towers_fn: ``towers_fn(params, xs, ys, extras) -> [N] losses``: all towers
+            at once, used instead of ``loss_fn`` for models whose towers share
+            something within a step (batch-norm statistics and moving averages;
+            ``tfpar.models.forward_towers``). ``extras[r]`` holds tower r's rows
+            of the per-example arrays given to :meth:`step` (dropout masks). It
+            places each tower's ops itself. One tape records every tower; with
+            ``grad_mean`` tower r's gradient is ``d l_r / d params`` (through
+            every tower, when statistics cross towers), so their weighted mean
+            is the gradient of the combined loss, as in DDP.
     """
 
     def __init__(
@@ -86,10 +100,16 @@ class TowerTrainer:
         shard: str = "contiguous",
         weighting: str = "equal",
         combine_device: str | None = None,
+        clip: GradientClip | None = None,
+        towers_fn: Callable[..., list[tf.Tensor]] | None = None,
     ) -> None:
         if combine not in ("grad_mean", "loss_mean"):
             raise ValueError(f"combine must be grad_mean or loss_mean, got {combine!r}")
+        if clip is not None and clip.where == "per_device" and combine != "grad_mean":
+            raise ValueError("per_device clipping needs combine grad_mean (loss_mean has no per-tower gradient)")
+        self.clip = clip
         self.loss_fn = loss_fn
+        self.towers_fn = towers_fn
         self.names = list(variables)
         self.variables = [variables[k] for k in self.names]
         self.optimizer = optimizer
@@ -97,23 +117,55 @@ class TowerTrainer:
         self.combine, self.shard, self.weighting = combine, shard, weighting
         self.combine_device = combine_device or self.variables[0].device
         self.optimizer.build(self.variables)
-        self._step = tf.function(self._step_impl, reduce_retracing=True)
+        # one trace per batch size: the split sizes are static (tf.split needs them), and a relaxed
+        # trace (reduce_retracing) would leave the batch dimension unknown, so an epoch's smaller
+        # last batch (a DataLoader's or tf.data's without drop_remainder) could not be split
+        self._step = tf.function(self._step_impl)
 
     def _tower_loss(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         params = dict(zip(self.names, self.variables, strict=True))
         return self.loss_fn(params, x, y)
 
-    def _step_impl(self, x: tf.Tensor, y: tf.Tensor):
+    def _lockstep(self, xs: list[tf.Tensor], ys: list[tf.Tensor], extra: Mapping[str, tf.Tensor],
+                  weights: list[float] | None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """Loss and combined gradient with every tower run at once by ``towers_fn``."""
+        n = len(self.devices)
+        parts = {k: split_batch(v, n, self.shard) for k, v in extra.items()}
+        extras = [{k: p[r] for k, p in parts.items()} for r in range(n)]
+        params = dict(zip(self.names, self.variables, strict=True))
+        with tf.GradientTape(persistent=self.combine == "grad_mean") as tape:
+            losses = self.towers_fn(params, xs, ys, extras)
+            with tf.device(self.combine_device):
+                loss = combine_losses(losses, weights)
+        if self.combine == "loss_mean":
+            return loss, tape.gradient(loss, self.variables)
+        tower_grads = []
+        for r, dev in enumerate(self.devices):
+            with tf.device(dev), tf.name_scope(f"tower_{r}"):
+                g_r = tape.gradient(losses[r], self.variables)
+                if self.clip is not None and self.clip.where == "per_device":
+                    g_r = self.clip(g_r)
+            tower_grads.append(g_r)
+        del tape
+        with tf.device(self.combine_device):
+            return loss, average_gradients(tower_grads, weights)
+
+    def _step_impl(self, x: tf.Tensor, y: tf.Tensor, extra: Mapping[str, tf.Tensor] | None = None):
         n = len(self.devices)
         xs, ys = split_batch(x, n, self.shard), split_batch(y, n, self.shard)
         weights = tower_weights(shard_sizes(int(x.shape[0]), n, self.shard), self.weighting)
-        if self.combine == "grad_mean":
+        if self.towers_fn is not None:
+            loss, grads = self._lockstep(xs, ys, extra or {}, weights)
+        elif self.combine == "grad_mean":
             losses, tower_grads = [], []
             for r, dev in enumerate(self.devices):
                 with tf.device(dev), tf.name_scope(f"tower_{r}"):
                     with tf.GradientTape() as tape:
                         loss_r = self._tower_loss(xs[r], ys[r])
-                    tower_grads.append(tape.gradient(loss_r, self.variables))
+                    g_r = tape.gradient(loss_r, self.variables)
+                    if self.clip is not None and self.clip.where == "per_device":
+                        g_r = self.clip(g_r)
+                    tower_grads.append(g_r)
                 losses.append(loss_r)
             with tf.device(self.combine_device):
                 grads = average_gradients(tower_grads, weights)
@@ -128,18 +180,26 @@ class TowerTrainer:
                     loss = combine_losses(losses, weights)
             grads = tape.gradient(loss, self.variables)
         with tf.device(self.combine_device):
+            if self.clip is not None and self.clip.where == "after_combine":
+                grads = self.clip(grads)
             self.optimizer.apply(grads, self.variables)
         return loss, grads
 
-    def step(self, x: np.ndarray | tf.Tensor, y: np.ndarray | tf.Tensor) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def step(self, x: np.ndarray | tf.Tensor, y: np.ndarray | tf.Tensor,
+             extra: Mapping[str, np.ndarray | tf.Tensor] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """One synchronous step on a global batch.
 
         Args:
             x: ``[B, *input_shape]``; y: targets ``[B, ...]``.
+            extra: more per-example arrays ``[B, ...]`` (dropout masks), split
+                like ``x`` and handed to ``towers_fn``.
         Returns:
             the combined loss (a scalar) and the combined gradient applied, by name.
         """
-        loss, grads = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+        if extra and self.towers_fn is None:
+            raise ValueError("per-example extras (dropout masks) need a towers_fn")
+        extra = {k: tf.convert_to_tensor(v) for k, v in (extra or {}).items()}
+        loss, grads = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y), extra)
         return loss.numpy(), {k: g.numpy() for k, g in zip(self.names, grads, strict=True)}
 
     def values(self) -> dict[str, np.ndarray]:
