@@ -44,7 +44,9 @@ LOSSES = ("mse", "sigmoid_ce", "softmax_ce")
 REDUCTIONS = ("mean", "sum")
 PADDINGS = ("valid", "same")
 LAYER_SEMANTICS = ("native", "tf", "torch")
-_MODEL_KEYS = {"input_shape", "layers", "loss", "reduction", "from_logits", "label_smoothing", "class_weights", "loss_semantics"}
+_MODEL_KEYS = {"input_shape", "layers", "loss", "reduction", "from_logits", "label_smoothing", "class_weights",
+               "loss_semantics", "placement"}
+MAX_PLACEMENT_DEVICE = 63
 
 
 def _flag(v: Any, path: str) -> bool:
@@ -220,4 +222,38 @@ def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
             raise CaseError("model.loss", f"an output of shape [k] with k >= 2 classes for softmax_ce; the model outputs {list(out_shape)}")
     model = {"input_shape": list(in_shape), "layers": layers, "loss": loss, "reduction": reduction}
     model.update(_loss_options(m, loss, layers, out_shape))
+    if "placement" in m:
+        model["placement"] = _placement(m["placement"], layers)
     return model, in_shape, out_shape
+
+
+def _placement(v: Any, layers: list[dict]) -> list[list[int]]:
+    """``model.placement``: model parallelism, ``[[first_layer, last_layer, device], ...]``.
+
+    Layers ``first..last`` (inclusive) run on logical device ``device`` (an index
+    into the process's tower devices) whatever tower they belong to; layers no
+    range covers run on their tower's device. Ranges may not overlap. Each placed
+    layer also gets ``"device": index`` in the normalised layer list, which is
+    what the TensorFlow side reads. The torch reference has one device per
+    process here (the CPU), so placement changes nothing there: the property is
+    that placement never changes the trajectory.
+    """
+    path = "model.placement"
+    if not isinstance(v, list):
+        raise CaseError(path, "a list of [first_layer, last_layer, device] triples", v)
+    taken: dict[int, int] = {}
+    out = []
+    for j, item in enumerate(v):
+        p = f"{path}[{j}]"
+        if not isinstance(item, list) or len(item) != 3:
+            raise CaseError(p, "[first_layer, last_layer, device]", item)
+        first = integer(item[0], f"{p}[0]", 0, len(layers) - 1)
+        last = integer(item[1], f"{p}[1]", first, len(layers) - 1)
+        device = integer(item[2], f"{p}[2]", 0, MAX_PLACEMENT_DEVICE)
+        for i in range(first, last + 1):
+            if i in taken:
+                raise CaseError(p, f"ranges that do not overlap (layer {i} is already placed by {path}[{taken[i]}])", item)
+            taken[i] = j
+            layers[i]["device"] = device
+        out.append([first, last, device])
+    return out

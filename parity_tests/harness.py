@@ -100,6 +100,9 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
         have = len(tfpar.available_devices())
         if impl != "tf.single" and n > have:  # tf.towers, tf.v1, tf.mirrored: one device per tower
             raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has; set TFPAR_DEVICES before start-up for more)", n)
+        for j, (_, _, device) in enumerate(case.spec["model"].get("placement", [])):
+            if device >= have:
+                raise CaseError(f"model.placement[{j}][2]", f"a device index below {have} (the devices this process has)", device)
         try:
             return tfpar.run_case(case.payload(), impl, progress=progress)
         except tfpar.Unsupported as e:  # a valid case this implementation does not implement

@@ -83,6 +83,13 @@ def build_variables(init: Mapping[str, np.ndarray], dtype: tf.DType, *, device: 
         }
 
 
+def _placed(layer: Mapping) -> str:
+    """The device name of a layer placed by ``model.placement`` (an index into the tower devices)."""
+    from .devices import tower_devices
+
+    return tower_devices(layer["device"] + 1)[layer["device"]]
+
+
 def _on(device: str | None):
     return tf.device(device) if device else contextlib.nullcontext()
 
@@ -194,8 +201,10 @@ def forward_towers(
         or probabilities after a final sigmoid).
     """
     hs = list(xs)
-    devices = list(devices) if devices is not None else [None] * len(hs)
+    towers = list(devices) if devices is not None else [None] * len(hs)
     for i, layer in enumerate(layers):
+        # model parallelism: a placed layer runs on its device, whichever tower it belongs to
+        devices = [_placed(layer)] * len(hs) if "device" in layer else towers
         if layer["type"] == "batch_norm":
             hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device)
             continue

@@ -1,0 +1,66 @@
+"""Model parallelism (``model.placement``): layers run where the case puts them, and the trajectory
+is the same as with no placement."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity_tests.case import case_from_dict
+from parity_tests.errors import CaseError
+from parity_tests.harness import run_impl
+from parity_tests.tests.helpers import CNN, MLP, make, set_path
+from parity_tests.tolerance import judge_float64
+
+DEEP = set_path(MLP, "model.layers", [
+    {"type": "dense", "units": 8, "activation": "tanh"},
+    {"type": "dense", "units": 8, "activation": "relu"},
+    {"type": "dense", "units": 1},
+])
+
+
+@pytest.mark.parametrize(("placement", "field"), [
+    ([[0, 1, 2], [1, 2, 3]], "model.placement[1]"),  # overlap
+    ([[0, 5, 1]], "model.placement[0][1]"),  # past the last layer
+    ([[2, 1, 1]], "model.placement[0][1]"),  # last before first
+    ([[0, 0, -1]], "model.placement[0][2]"),
+    ([[0, 0]], "model.placement[0]"),
+    ({"0": 1}, "model.placement"),
+])
+def test_bad_placement_names_the_field(placement, field):
+    with pytest.raises(CaseError) as info:
+        case_from_dict(set_path(DEEP, "model.placement", placement))
+    assert str(info.value).startswith(field + ":"), str(info.value)
+
+
+def test_device_beyond_the_process_is_bad_input():
+    with pytest.raises(CaseError, match=r"^model.placement\[0\]\[2\]: expected a device index below 8"):
+        run_impl(make(DEEP, model__placement=[[0, 0, 9]]), "tf.single")
+
+
+def test_placed_layers_run_on_their_devices():
+    import tensorflow as tf
+
+    from tfpar.models import build_variables, forward
+
+    case = make(DEEP, model__placement=[[0, 0, 3], [2, 2, 5]])
+    params = build_variables(case.init, tf.float64)
+    fn = tf.function(lambda x: forward(case.spec["model"]["layers"], params, x))
+    graph = fn.get_concrete_function(tf.TensorSpec([4, 5], tf.float64)).graph
+    matmuls = [op for op in graph.get_operations() if op.type == "MatMul"]
+    assert [op.device.split("device:")[-1] for op in matmuls] == ["CPU:3", "", "CPU:5"]
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.single", "tf.v1", "torch.ddp"])
+def test_placement_does_not_change_the_trajectory(impl, n):
+    plain = make(DEEP, parallel__devices=n, optimizer__semantics="torch")
+    placed = make(DEEP, parallel__devices=n, optimizer__semantics="torch", model__placement=[[0, 1, 6], [2, 2, 7]])
+    v = judge_float64(run_impl(placed, impl), run_impl(plain, impl))
+    assert v.status == "parity", v.detail
+
+
+def test_placed_cnn_with_batch_norm_matches_unplaced():
+    raw = set_path(CNN, "model.placement", [[0, 2, 1], [3, 5, 2]])
+    v = judge_float64(run_impl(case_from_dict(raw), "tf.towers"), run_impl(case_from_dict(CNN), "tf.towers"))
+    assert v.status == "parity", v.detail
