@@ -7,6 +7,7 @@ own ``tf.compat.v1`` graph towers (``build_towers``, :mod:`tfpar.v1`) and a
 tool calls (``run_case``). TensorFlow only: never imports torch.
 """
 
+from .async_ import AsyncTrainer
 from .combine import average_gradients, combine_losses, tower_weights
 from .devices import (
     DeviceError,
@@ -18,6 +19,7 @@ from .devices import (
     tower_devices,
 )
 from .errors import Unsupported
+from .local_sgd import LocalSGDTrainer
 from .mirrored import make_strategy
 from .optimizers import make_optimizer
 from .run import IMPLS, run_case
@@ -26,6 +28,8 @@ from .towers import TowerTrainer, make_parallel
 from .v1 import ExactRuleOptimizer, Towers, build_towers, make_v1_optimizer
 
 __all__ = [
+    "AsyncTrainer",
+    "LocalSGDTrainer",
     "Unsupported",
     "IMPLS",
     "DeviceError",

@@ -2,7 +2,8 @@
 
 Input is plain data (the case ``spec`` dict and numpy arrays, as
 ``parity_tests`` validated them); output is a trajectory: a dict of numpy
-arrays in canonical names (``loss``, ``param/<name>``, ``grad/<name>``).
+arrays in canonical names (``loss``, ``param/<name>``, ``grad/<name>``, and
+``state/<name>`` for batch-norm moving statistics).
 """
 
 from __future__ import annotations
@@ -13,19 +14,30 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from .async_ import run_async
 from .devices import tower_devices
-from .losses import device_loss
-from .models import build_variables, forward
-from .optimizers import make_optimizer
+from .errors import Unsupported
+from .local_sgd import run_param_mean
+from .losses import model_loss
+from .mirrored import run_mirrored
+from .models import build_variables, forward, forward_towers, is_state, needs_towers_fn
+from .optimizers import make_clip, make_optimizer
+from .pipeline import case_batches
 from .towers import TowerTrainer
+from .v1 import run_v1
 
 __all__ = ["IMPLS", "run_case"]
 
-IMPLS = ("tf.towers", "tf.single")
+IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored")
+# every device applies its own updates (tfpar.local_sgd, tfpar.async_); tf.towers only
+LOCAL_COMBINES = ("param_mean", "async")
 
 
-def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple[np.ndarray, np.ndarray]],
-            progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
+            progress: Callable[[int], None] | None,
+            state: Mapping[str, tf.Variable] | None = None) -> dict[str, np.ndarray]:
+    state = state or {}
+    states = {k: [v.numpy()] for k, v in state.items()}
     params = {k: [v] for k, v in trainer.values().items()}
     grads: dict[str, list[np.ndarray]] = {k: [] for k in params}
     losses = []
@@ -35,30 +47,52 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple[np
         for name, value in trainer.values().items():
             params[name].append(value)
             grads[name].append(g[name])
+        for name, v in state.items():
+            states[name].append(v.numpy())
         if progress:
             progress(k + 1)
     traj = {"loss": np.asarray(losses)}
     traj.update({f"param/{k}": np.stack(v) for k, v in params.items()})
     traj.update({f"grad/{k}": np.stack(v) for k, v in grads.items()})
+    traj.update({f"state/{k}": np.stack(v) for k, v in states.items()})
     return traj
 
 
 def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
-             progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+             progress: Callable[[int], None] | None = None, feed: str | None = None) -> dict[str, np.ndarray]:
     """Train as the case says and return the trajectory.
 
     Args:
         payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
-        impl: ``tf.towers`` (N towers, N = ``parallel.devices``) or ``tf.single``
-            (one device, the whole global batch).
+        impl: ``tf.towers`` (N towers, N = ``parallel.devices``), ``tf.single``
+            (one device, the whole global batch), ``tf.v1`` (the seeds'
+            ``tf.compat.v1`` graph towers, :mod:`tfpar.v1`) or ``tf.mirrored``
+            (``MirroredStrategy``, :mod:`tfpar.mirrored`).
         progress: called with the number of steps done.
+        feed: how ``tf.towers`` and ``tf.single`` get their batches
+            (:func:`tfpar.pipeline.case_batches`): ``arrays`` (sliced from the
+            numpy arrays) or ``tfrecord`` (written to a TFRecord file and read
+            through ``tf.data``); both give the same trajectory, bit for bit.
+            Default: ``tfrecord`` for ``data.order: distributed_sampler``,
+            ``arrays`` otherwise.
     Returns:
         ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``,
         arrays in the case dtype.
     """
+    order = payload["spec"]["data"].get("order", "split")
+    if order != "split" and impl not in ("tf.towers", "tf.single"):
+        raise ValueError(f"{impl} reads the split order; data.order {order} runs on tf.towers and tf.single")
+    combine = payload["spec"]["parallel"]["combine"]
+    if combine in LOCAL_COMBINES and impl != "tf.single":  # tf.single: one device, where every rule is the same
+        if impl != "tf.towers":
+            raise Unsupported("parallel.combine", f"grad_mean or loss_mean for {impl} ({combine} runs on tf.towers)")
+        return run_param_mean(payload, progress=progress) if combine == "param_mean" else run_async(payload, progress=progress)
+    if impl == "tf.v1":
+        return run_v1(payload, progress=progress)
+    if impl == "tf.mirrored":
+        return run_mirrored(payload, progress=progress)
     spec = payload["spec"]
     dtype = tf.float64 if spec["dtype"] == "float64" else tf.float32
-    np_dtype = np.float64 if spec["dtype"] == "float64" else np.float32
     par = spec["parallel"]
     n = par["devices"] if impl == "tf.towers" else 1
     if impl not in IMPLS:
@@ -66,20 +100,29 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     devices = tower_devices(n)
     model = spec["model"]
     variables = build_variables(payload["init"], dtype, device=devices[0])
+    state = {k: v for k, v in variables.items() if is_state(k)}
+    variables = {k: v for k, v in variables.items() if not is_state(k)}
 
     def loss_fn(params, x, y):
-        return device_loss(model["loss"], model["reduction"], forward(model["layers"], params, x), y)
+        return model_loss(model, forward(model["layers"], params, x), y)
+
+    def towers_fn(params, xs, ys, extras):
+        # lockstep: batch-norm statistics (sync) and moving averages cross towers within a step
+        outs = forward_towers(model["layers"], params, xs, devices=devices, masks=extras, state=state,
+                              batch_norm=par.get("batch_norm", "local"), reduce_device=devices[0])
+        losses = []
+        for out, y_r, dev in zip(outs, ys, devices, strict=True):
+            with tf.device(dev):
+                losses.append(model_loss(model, out, y_r))
+        return losses
 
     trainer = TowerTrainer(
         loss_fn, variables, make_optimizer(spec["optimizer"]), devices,
-        combine=par["combine"], shard=par["shard"], weighting=par["weighting"],
+        combine=par["combine"] if par["combine"] not in LOCAL_COMBINES else "grad_mean",
+        shard=par["shard"], weighting=par["weighting"],
+        clip=make_clip(spec),
+        towers_fn=towers_fn if needs_towers_fn(model["layers"]) else None,
     )
-    batch = spec["data"]["global_batch"]
-    x = np.asarray(payload["x"], np_dtype)
-    y = payload["y"]
-    y = y.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y, np_dtype)
-
-    def batches(k: int):
-        return x[k * batch:(k + 1) * batch], y[k * batch:(k + 1) * batch]
-
-    return _record(trainer, spec["steps"], batches, progress)
+    feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
+    with case_batches(payload, towers=n if impl == "tf.towers" else None, feed=feed) as batches:
+        return _record(trainer, spec["steps"], batches, progress, state)

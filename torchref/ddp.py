@@ -24,7 +24,10 @@ differentiates:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,9 +36,10 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .losses import shard_loss
+from .data import rank_batches, single_batches
+from .losses import model_loss
 from .models import CaseModel
-from .optimizers import make_optimizer
+from .optimizers import clip_grads, make_optimizer, make_scheduler
 from .pool import RankContext
 
 __all__ = ["shard_rows", "train_rank", "train_single"]
@@ -63,10 +67,46 @@ def _arrays(payload: dict[str, Any]) -> tuple[torch.dtype, torch.Tensor, torch.T
     return dtype, x, y
 
 
-def _trajectory(losses, params, grads) -> dict[str, np.ndarray]:
+def _masks(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Dropout keep-masks by layer index, bool ``[rows, *layer_input_shape]`` (canonical layout)."""
+    return {i: torch.as_tensor(np.asarray(m, bool)) for i, m in (payload.get("masks") or {}).items()}
+
+
+def _shard_loss(module: torch.nn.Module, model_spec: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
+                masks: dict[str, torch.Tensor], rows: torch.Tensor | slice) -> torch.Tensor:
+    """The loss of data rows ``rows`` through ``module`` (a :class:`CaseModel` or its DDP wrapper)."""
+    out, logits = module(x[rows], {i: m[rows] for i, m in masks.items()}, with_logits=True)
+    return model_loss(model_spec, out, y[rows], logits)
+
+
+def _feed(payload: dict[str, Any], x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, *,
+          ranks: int | None, rank: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(x_k, y_k, positions)`` for each step k: this rank's rows and their positions in the step sequence.
+
+    ``split`` order: rows ``k B + rows`` (``rows``: the rank's shard of a global
+    batch), which are also the positions. ``distributed_sampler``: the rank's
+    ``DataLoader`` over a ``DistributedSampler`` (``ranks`` = N), or one
+    process's ``DataLoader(batch_size=B)`` (``ranks=None``), see
+    :mod:`torchref.data`. Positions index the per-position dropout masks.
+    """
+    data = payload["spec"]["data"]
+    batch = data["global_batch"]
+    if data.get("order", "split") == "distributed_sampler":
+        if ranks is None:
+            return single_batches(x, y, global_batch=batch, perms=payload.get("perm"))
+        return rank_batches(x, y, num_replicas=ranks, rank=rank, global_batch=batch, perms=payload.get("perm"))
+    return ((x[ix], y[ix], ix) for ix in (torch.as_tensor(k * batch + rows) for k in itertools.count()))
+
+
+def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: t.detach().numpy().copy() for k, t in tensors.items()}
+
+
+def _trajectory(losses, params, grads, states=None) -> dict[str, np.ndarray]:
     traj = {"loss": np.asarray(losses)}
     traj.update({f"param/{k}": np.stack(v) for k, v in params.items()})
     traj.update({f"grad/{k}": np.stack(v) for k, v in grads.items()})
+    traj.update({f"state/{k}": np.stack(v) for k, v in (states or {}).items()})
     return traj
 
 
@@ -82,23 +122,48 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     if par["devices"] != n:
         raise ValueError(f"case asks for {par['devices']} devices but the job has {n} ranks")
     dtype, x, y = _arrays(payload)
-    model = CaseModel(model_spec["layers"], payload["init"], dtype)
+    masks = _masks(payload)
+    # sync batch norm all-reduces its statistics over the job's group; local keeps each
+    # rank's own, and DDP broadcasts rank 0's buffers at every forward (broadcast_buffers)
+    model = CaseModel(model_spec["layers"], payload["init"], dtype,
+                      batch_norm=par.get("batch_norm", "local"), group=ctx.group)
     # DDP broadcasts rank 0's parameters at construction: all ranks start equal anyway
     ddp = DDP(model, process_group=ctx.group)
     opt = make_optimizer(spec["optimizer"], model.parameters())
+    sched = make_scheduler(spec["optimizer"], opt)
+    clip, clip_sem = par.get("clip"), spec["optimizer"]["semantics"]
+    # Per-device clipping needs each rank's *global* gradient norm before the ranks are
+    # averaged. A DDP comm hook (register_comm_hook) sees one bucket at a time, and DDP
+    # launches a bucket's allreduce as soon as that bucket is ready, so a hook could only
+    # clip by a per-bucket norm. Hence no_sync (DDP skips its allreduce; the forward must
+    # run inside it too), clip the rank's own gradient, weight it, allreduce it by hand.
+    per_device = clip is not None and clip["where"] == "per_device"
     named = model.canonical()
     batch = spec["data"]["global_batch"]
     rows = [shard_rows(batch, n, q, par["shard"]) for q in range(n)]
     sizes = [len(ix) for ix in rows]
     w = [1.0 / n] * n if par["weighting"] == "equal" else [s / batch for s in sizes]
+    # distributed_sampler: every rank's batch has the same size (N | B, strided), so w_r = 1/N
+    feed = _feed(payload, x, y, rows[r], ranks=n, rank=r)
     params = {k: [p.detach().numpy().copy()] for k, p in named.items()}
+    states = {k: [v] for k, v in _snapshot(model.state()).items()}
     grads: dict[str, list[np.ndarray]] = {k: [] for k in named}
     losses = []
-    for k in range(spec["steps"]):
-        ix = torch.as_tensor(k * batch + rows[r])
-        l_r = shard_loss(model_spec["loss"], model_spec["reduction"], ddp(x[ix]), y[ix])
-        opt.zero_grad(set_to_none=True)
-        if par["combine"] == "loss_mean":
+    for _ in range(spec["steps"]):
+        x_r, y_r, pos = next(feed)
+        with ddp.no_sync() if per_device else contextlib.nullcontext():
+            l_r = _shard_loss(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()}, slice(None))
+            opt.zero_grad(set_to_none=True)
+            if per_device:
+                l_r.backward()  # g_r, this rank's own gradient, not yet weighted
+        if per_device:
+            clip_grads(model.parameters(), clip["global_norm"], clip_sem)
+            for p in model.parameters():
+                p.grad.mul_(w[r])
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=ctx.group)
+            loss_value = (l_r.detach() * w[r]).clone()
+            dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
+        elif par["combine"] == "loss_mean":
             with warnings.catch_warnings():
                 # deprecated in favour of a private module; it is still the public differentiable allreduce
                 warnings.simplefilter("ignore", FutureWarning)
@@ -109,15 +174,22 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
             (l_r if par["weighting"] == "equal" else l_r * (n * w[r])).backward()
             loss_value = (l_r.detach() * w[r]).clone()
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
+        if clip is not None and not per_device:
+            # after DDP's allreduce: every rank holds the same combined gradient and clips it alike
+            clip_grads(model.parameters(), clip["global_norm"], clip_sem)
         if r == 0:
             for name, p in named.items():
                 grads[name].append(p.grad.detach().numpy().copy())
         opt.step()
+        if sched is not None:
+            sched.step()
         if r == 0:
             losses.append(loss_value.numpy().copy())
             for name, p in named.items():
                 params[name].append(p.detach().numpy().copy())
-    return _trajectory(losses, params, grads) if r == 0 else None
+            for name, v in _snapshot(model.state()).items():
+                states[name].append(v)
+    return _trajectory(losses, params, grads, states) if r == 0 else None
 
 
 def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -125,22 +197,34 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     spec = payload["spec"]
     model_spec = spec["model"]
     dtype, x, y = _arrays(payload)
-    model = CaseModel(model_spec["layers"], payload["init"], dtype)
+    masks = _masks(payload)
+    model = CaseModel(model_spec["layers"], payload["init"], dtype, batch_norm=spec["parallel"].get("batch_norm", "local"))
     opt = make_optimizer(spec["optimizer"], model.parameters())
+    sched = make_scheduler(spec["optimizer"], opt)
+    clip = spec["parallel"].get("clip")
     named = model.canonical()
     batch = spec["data"]["global_batch"]
     params = {k: [p.detach().numpy().copy()] for k, p in named.items()}
+    states = {k: [v] for k, v in _snapshot(model.state()).items()}
     grads: dict[str, list[np.ndarray]] = {k: [] for k in named}
     losses = []
-    for k in range(spec["steps"]):
-        sl = slice(k * batch, (k + 1) * batch)
-        loss = shard_loss(model_spec["loss"], model_spec["reduction"], model(x[sl]), y[sl])
+    feed = _feed(payload, x, y, np.arange(batch), ranks=None)
+    for _ in range(spec["steps"]):
+        x_k, y_k, pos = next(feed)
+        loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if clip is not None:
+            # one device: nothing to average, so per_device and after_combine are the same
+            clip_grads(model.parameters(), clip["global_norm"], spec["optimizer"]["semantics"])
         for name, p in named.items():
             grads[name].append(p.grad.detach().numpy().copy())
         opt.step()
+        if sched is not None:
+            sched.step()
         losses.append(loss.detach().numpy().copy())
         for name, p in named.items():
             params[name].append(p.detach().numpy().copy())
-    return _trajectory(losses, params, grads)
+        for name, v in _snapshot(model.state()).items():
+            states[name].append(v)
+    return _trajectory(losses, params, grads, states)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .async_ import train_rank_async
+from .averaging import train_rank_param_mean
 from .ddp import train_rank, train_single
 from .pool import DDPPool, get_pool
 
@@ -34,7 +36,10 @@ def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool 
     if impl == "torch.ddp":
         # the shared pool is reused when it is large enough, and restarted larger when not
         pool = pool or get_pool(n)
-        return pool.run(train_rank, payload, n, timeout=timeout)[0]
+        # param_mean and async: no DDP, every rank applies its own updates (torchref.averaging, torchref.async_)
+        fn = {"param_mean": train_rank_param_mean, "async": train_rank_async}.get(
+            payload["spec"]["parallel"]["combine"], train_rank)
+        return pool.run(fn, payload, n, timeout=timeout)[0]
     if impl == "torch.single":
         pool = pool or get_pool(1)
         return pool.run(train_single, payload, 1, timeout=timeout)[0]
