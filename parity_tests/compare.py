@@ -278,7 +278,8 @@ def _elementwise(
         within = both & (diff <= atol + rtol * abs_b)
     bad = ~(within | accepted_nonfinite)
     abs_diff = np.where(both, diff, np.where(accepted_nonfinite, 0.0, np.inf))
-    rel_diff = np.where(both, diff / np.maximum(abs_b, TINY), abs_diff)
+    with np.errstate(over="ignore"):  # a finite difference over a tiny |b| is an infinite relative one
+        rel_diff = np.where(both, diff / np.maximum(abs_b, TINY), abs_diff)
     return abs_diff, rel_diff, bad, same_nonfinite & bad, other_nonfinite
 
 
