@@ -102,20 +102,13 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
             f"{r['status']} | {r['expected']} | {'yes' if r['as_expected'] else '**NO**'} | {_fmt(r['gap'])} | "
             f"{_fmt(r['bound'])} | {_fmt(r['noise_floor'])} | {r['rule']} |"
         )
-    notes = [r for r in rows if r["why"] or r["known"] or r["mapping"] or not r["as_expected"]]
-    if notes:
-        lines += ["", "## Findings", ""]
-        for r in notes:
-            what = [f"**{r['case']}**, {r['pair']}: {r['status']}"]
-            if r["why"]:
-                what.append(f"expected because: {r['why']}")
-            if r["known"]:
-                what.append(f"known difference: {r['known']}")
-            if r["mapping"]:
-                what.append(f"mapped ({r['mapping']}); gap without the mapping {_fmt(r['unmapped_gap'])}")
-            if r["first_step"] is not None:
-                what.append(f"first over the bound at step {r['first_step']} ({r['key']})")
-            lines.append("- " + "; ".join(what))
+    bad = [r for r in rows if not r["as_expected"]]
+    if bad:
+        lines += ["", "## Not as expected", ""]
+        for r in bad:
+            where = f"; first over the bound at step {r['first_step']} ({r['key']})" if r["first_step"] is not None else ""
+            lines.append(f"- **{r['case']}**, {r['pair']}: {r['status']} (expected {r['expected']}){where}")
+    lines += _grouped_findings([r for r in rows if r["why"] or r["known"] or r["mapping"]])
     if plots:
         lines += ["", "## Per-step gaps", ""]
         for scenario, name in plots.items():
@@ -123,37 +116,88 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
     return "\n".join(lines) + "\n"
 
 
+_COLORS = {"torch.ddp": "tab:blue", "tf.single": "tab:orange", "torch.single": "tab:green", "tf.v1": "tab:red",
+           "tf.mirrored": "tab:purple", "tf.towers": "tab:brown"}
+_STYLES = {"grad_mean": "-", "loss_mean": ":", "param_mean": "--", "async": "-."}
+_ZERO = 1e-18  # an exact zero gap is drawn here on the log scale
+
+
+def _grouped_findings(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per scenario and finding (not per row): what theory predicted or mapped, and where."""
+    if not rows:
+        return []
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["scenario"], r["status"], r["why"], r["known"], r["mapping"])].append(r)
+    out = ["", "## Findings", ""]
+    for (scenario, status, why, known, mapping), rs in groups.items():
+        cases = sorted({r["case"] for r in rs})
+        pairs = sorted({r["pair"].split(" vs ")[1] for r in rs})
+        text = [f"**{scenario}**: {status} in {len(cases)} case(s), against {', '.join(pairs)}"]
+        if why:
+            text.append(f"expected because: {why}")
+        if known:
+            text.append(f"known difference: {known}")
+        if mapping:
+            unmapped = [r["unmapped_gap"] for r in rs if r["unmapped_gap"] is not None]
+            text.append(f"mapped ({mapping}); gap without the mapping up to {_fmt(max(unmapped) if unmapped else None)}")
+        if status == "expected_difference":
+            text.append(f"greatest gap {_fmt(max(r['gap'] for r in rs))}")
+        out.append("- " + "; ".join(text))
+    return out
+
+
 def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
-    """PNG: per-step gap (solid) against its bound (dashed) for every pair of every case."""
+    """PNG: per-step gap of every judged pair against its bound.
+
+    One row of panels per dtype, one column per device count; colour = the
+    implementation judged against the reference, line style = the combine
+    rule; dashed lines = the bound (float64: the constant bound; float32: each
+    pair's noise-floor bound, in the pair's colour). Exact zeros sit at 1e-18.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    by_dev: dict[int, list[CaseResult]] = defaultdict(list)
+    dtypes = sorted({r.case.spec["dtype"] for r in results}, reverse=True)  # float64 first
+    devs = sorted({r.case.devices for r in results})
+    fig, axes = plt.subplots(len(dtypes), len(devs), figsize=(3.6 * len(devs) + 2.2, 3.0 * len(dtypes)),
+                             squeeze=False, sharey=True, sharex=True)
+    impls, combines = set(), set()
     for r in results:
-        by_dev[r.case.devices].append(r)
-    devs = sorted(by_dev)
-    fig, axes = plt.subplots(1, len(devs), figsize=(4.2 * len(devs), 3.6), squeeze=False, sharey=True)
-    for ax, n in zip(axes[0], devs, strict=True):
-        for r in by_dev[n]:
-            for p in r.pairs:
-                v = p.verdict
-                if v.status == "unsupported":
-                    continue
-                gap = np.asarray(v.per_step_gap, dtype=float)
-                steps = np.arange(len(gap))
-                label = f"{r.case.spec['dtype'][-2:]} {r.case.spec['parallel']['combine']} {p.impl}"
-                line, = ax.semilogy(steps, np.maximum(gap, 1e-18), marker=".", label=label)
-                bound = v.per_step_bound if v.per_step_bound is not None else np.full(len(gap), v.bound)
-                ax.semilogy(steps, np.maximum(np.asarray(bound, float), 1e-18), linestyle="--", color=line.get_color(), alpha=0.6)
-        ax.set_title(f"{n} device(s)")
-        ax.set_xlabel("step")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("relative gap (solid) vs bound (dashed)")
-    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(title)
-    fig.tight_layout()
+        ax = axes[dtypes.index(r.case.spec["dtype"])][devs.index(r.case.devices)]
+        combine = r.case.spec["parallel"]["combine"]
+        for p in r.pairs:
+            v = p.verdict
+            if v.status == "unsupported" or len(v.per_step_gap) == 0:
+                continue
+            impls.add(p.impl)
+            combines.add(combine)
+            color = _COLORS.get(p.impl, "gray")
+            gap = np.maximum(np.nan_to_num(np.asarray(v.per_step_gap, float), nan=_ZERO, posinf=1e300), _ZERO)
+            steps = np.arange(len(gap))
+            ax.semilogy(steps, gap, linestyle=_STYLES.get(combine, "-"), color=color, marker=".", markersize=3, linewidth=1.2)
+            if v.per_step_bound is not None:
+                ax.semilogy(steps, np.maximum(np.asarray(v.per_step_bound, float), _ZERO), linestyle="--",
+                            color=color, alpha=0.45, linewidth=0.8)
+            else:
+                ax.axhline(v.bound, linestyle="--", color="black", linewidth=0.8)
+    for i, dtype in enumerate(dtypes):
+        for j, n in enumerate(devs):
+            ax = axes[i][j]
+            ax.set_title(f"{dtype}, {n} device(s)", fontsize=9)
+            ax.grid(True, which="major", alpha=0.3)
+            if i == len(dtypes) - 1:
+                ax.set_xlabel("step")
+        axes[i][0].set_ylabel("relative gap")
+    handles = [Line2D([], [], color=_COLORS.get(i, "gray"), label=f"tf.towers vs {i}") for i in sorted(impls)]
+    handles += [Line2D([], [], color="black", linestyle=_STYLES.get(c, "-"), label=c) for c in sorted(combines)]
+    handles += [Line2D([], [], color="black", linestyle="--", linewidth=0.8, label="bound (dashed)")]
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(f"{title}: per-step gap to the reference (exact zeros drawn at 1e-18)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * len(devs) + 2.2), 0.95))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
