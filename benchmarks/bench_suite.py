@@ -67,6 +67,7 @@ def tf_step_ratios() -> None:
     tfpar = _tf()
     impls = [i for i in ("tf.towers", "tf.mirrored", "tf.v1") if i in tfpar.IMPLS]
     print("2. one training step, global batch 512, MLP 32-64-1, float32 (median ms per step after tracing)")
+    _step_ms(tfpar, case_from_dict(MLP), "tf.single")  # warm-up: the first run pays TensorFlow's lazy start
     single = _step_ms(tfpar, case_from_dict(MLP), "tf.single")
     print(f"   tf.single: {single:.2f} ms")
     print(f"   {'N':>3} " + " ".join(f"{i:>22}" for i in impls))

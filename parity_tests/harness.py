@@ -70,6 +70,11 @@ def _tf():
             import tfpar
 
             tfpar.available_devices()  # the first op logs too
+            # every case builds its own trainer, so each traces its step once by design:
+            # TensorFlow's retracing advice is noise here
+            import tensorflow as tf
+
+            tf.get_logger().setLevel("ERROR")
         finally:
             os.dup2(saved, 2)
             os.close(saved)
