@@ -34,6 +34,7 @@ __all__ = [
     "Case",
     "load_case",
     "case_from_dict",
+    "with_changes",
     "write_case",
     "LAYER_TYPES",
     "LOSSES",
@@ -56,6 +57,18 @@ DTYPES = ("float32", "float64")
 # (torch's DistributedSampler + DataLoader order, padding included; docs/data-pipeline.md)
 ORDERS = ("split", "distributed_sampler")
 _TOP_KEYS = {"schema", "name", "dtype", "model", "init", "data", "optimizer", "parallel", "steps", "seed", "description"}
+
+
+def with_changes(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of a case dict with dotted fields set: ``with_changes(raw, **{"parallel.devices": 4})``."""
+    out = copy.deepcopy(raw)
+    for dotted, value in changes.items():
+        node = out
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = value
+    return out
 
 
 @dataclass
@@ -106,13 +119,7 @@ class Case:
 
         ``case.replace(dtype="float64", **{"parallel.devices": 4})``
         """
-        raw = copy.deepcopy(self.spec)
-        for key, value in changes.items():
-            node = raw
-            parts = key.split(".")
-            for p in parts[:-1]:
-                node = node[p]
-            node[parts[-1]] = value
+        raw = with_changes(self.spec, **changes)
         raw["init"] = {"arrays": True}
         raw["data"] = {"arrays": True, **{k: raw["data"][k] for k in ("global_batch", *_ORDER_KEYS) if k in raw["data"]}}
         return case_from_dict(raw, x=self.x, y=self.y, init=self.init, perm=self.perm)

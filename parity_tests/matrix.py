@@ -14,7 +14,6 @@ expected one.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_write_text
-from .case import Case, case_from_dict
+from .case import Case, case_from_dict, with_changes
 from .judge import CaseResult, compare_case
 from .report import jsonable, versions, write_report
 
@@ -93,15 +92,7 @@ _BY_NAME[CNN.name] = CNN
 
 
 def _with(raw: dict, name: str, **changes: Any) -> dict:
-    out = copy.deepcopy(raw)
-    out["name"] = name
-    for dotted, value in changes.items():
-        node = out
-        parts = dotted.split(".")
-        for p in parts[:-1]:
-            node = node[p]
-        node[parts[-1]] = value
-    return out
+    return with_changes(raw, name=name, **changes)
 
 
 # (scenario, changes): rows where theory predicts differences for some pairs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Unsupported", "refuse_loss_options"]
+__all__ = ["Unsupported", "refuse_loss_options", "refuse_unimplemented"]
 
 
 class Unsupported(ValueError):
@@ -16,6 +16,30 @@ class Unsupported(ValueError):
     def __init__(self, field: str, expected: str) -> None:
         self.field, self.expected = field, expected
         super().__init__(f"{field}: {expected}")
+
+
+def refuse_unimplemented(spec: dict, impl: str, *, optimizers: tuple[str, ...] | None = None,
+                         schedules: bool = True, weight_decay: bool = True) -> None:
+    """Refuse, naming the field, what a path other than ``tf.towers`` does not implement.
+
+    Every such path refuses gradient clipping, batch-norm and dropout layers and
+    the loss options; ``optimizers`` (when given) limits the optimizer names, and
+    ``schedules`` / ``weight_decay`` say whether those are implemented.
+    """
+    opt = spec["optimizer"]
+    if optimizers is not None and opt["name"] not in optimizers:
+        names = ", ".join(optimizers[:-1]) + " or " + optimizers[-1] if len(optimizers) > 1 else optimizers[0]
+        raise Unsupported("optimizer.name", f"{names} for {impl}, got {opt['name']!r}")
+    if not schedules and opt.get("schedule", {"kind": "constant"})["kind"] != "constant":
+        raise Unsupported("optimizer.schedule", f"a constant learning rate for {impl}, got {opt['schedule']['kind']!r}")
+    if not weight_decay and opt.get("weight_decay"):
+        raise Unsupported("optimizer.weight_decay", f"no weight decay for {impl} (tf.towers has it)")
+    if spec["parallel"].get("clip") is not None:
+        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers has it)")
+    refuse_loss_options(spec, impl)
+    for i, layer in enumerate(spec["model"]["layers"]):
+        if layer["type"] in ("batch_norm", "dropout"):
+            raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for {impl} (tf.towers has it)")
 
 
 def refuse_loss_options(spec: dict, impl: str) -> None:

@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from .devices import tower_devices
-from .errors import Unsupported, refuse_loss_options
+from .errors import refuse_unimplemented
 from .losses import device_loss
 from .models import build_variables, forward
 from .optimizers import KerasOptimizer, make_optimizer
@@ -104,12 +104,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
         Unsupported: naming the field, for gradient clipping or
             batch-norm / dropout layers.
     """
-    if spec["parallel"].get("clip") is not None:
-        raise Unsupported("parallel.clip", "no gradient clipping for tf.mirrored (tf.towers has it)")
-    refuse_loss_options(spec, "tf.mirrored")
-    for i, layer in enumerate(spec["model"]["layers"]):
-        if layer["type"] in ("batch_norm", "dropout"):
-            raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for tf.mirrored (tf.towers has it)")
+    refuse_unimplemented(spec, "tf.mirrored")
 
 
 def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:

@@ -75,7 +75,7 @@ import tensorflow as tf
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
-from .errors import Unsupported, refuse_loss_options
+from .errors import refuse_unimplemented
 from .losses import device_loss
 from .models import forward
 from .sharding import shard_sizes, split_batch
@@ -380,19 +380,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
             momentum or adam, a learning-rate schedule, weight decay, gradient
             clipping, or batch-norm / dropout layers.
     """
-    opt, par = spec["optimizer"], spec["parallel"]
-    if opt["name"] not in ("sgd", "momentum", "adam"):
-        raise Unsupported("optimizer.name", f"sgd, momentum or adam for tf.v1, got {opt['name']!r}")
-    if opt.get("schedule", {"kind": "constant"})["kind"] != "constant":
-        raise Unsupported("optimizer.schedule", f"a constant learning rate for tf.v1, got {opt['schedule']['kind']!r}")
-    if opt.get("weight_decay"):
-        raise Unsupported("optimizer.weight_decay", "no weight decay for tf.v1 (tf.towers has it)")
-    if par.get("clip") is not None:
-        raise Unsupported("parallel.clip", "no gradient clipping for tf.v1 (tf.towers has it)")
-    refuse_loss_options(spec, "tf.v1")
-    for i, layer in enumerate(spec["model"]["layers"]):
-        if layer["type"] in ("batch_norm", "dropout"):
-            raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for tf.v1 (tf.towers has it)")
+    refuse_unimplemented(spec, "tf.v1", optimizers=("sgd", "momentum", "adam"), schedules=False, weight_decay=False)
 
 
 def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
