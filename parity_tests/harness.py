@@ -114,13 +114,16 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
             raise CaseError(e.field, e.expected) from None
         except Exception as e:  # a TensorFlow failure on a valid case: one line, not a traceback
             raise RunError(f"{impl} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    from torchref.pool import MAX_SIZE, PoolError
+    from torchref.pool import MAX_SIZE, PoolError, RankFailed
     from torchref.run import run_case
 
     if impl == "torch.ddp" and n > MAX_SIZE:
         raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
     try:
         traj = run_case(case.payload(), impl, timeout=_POOL_TIMEOUT)
+    except RankFailed as e:  # one line: the rank, how it failed, and the remote error's last line
+        last = next((line.strip() for line in reversed(e.detail.splitlines()) if line.strip()), "")
+        raise RunError(f"{impl} failed: rank {e.rank} {e.how}{e.when}" + (f": {last}" if last else "")) from e
     except PoolError as e:
         raise RunError(f"{impl} failed: {e}") from e
     if progress:

@@ -30,17 +30,20 @@ def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool 
         impl: ``torch.ddp`` or ``torch.single``.
         pool: the worker pool (default: the process-wide shared pool, grown to
             at least the case's device count when it is smaller).
-        timeout: per-job timeout in seconds (default: the pool's).
+        timeout: per-job timeout in seconds (default: the pool's). A shared pool
+            created by this call also uses it as its collective timeout, so a
+            hung rank fails within it.
     """
     n = payload["spec"]["parallel"]["devices"]
+    shared = {} if timeout is None else {"timeout": timeout}
     if impl == "torch.ddp":
         # the shared pool is reused when it is large enough, and restarted larger when not
-        pool = pool or get_pool(n)
+        pool = pool or get_pool(n, **shared)
         # param_mean and async: no DDP, every rank applies its own updates (torchref.averaging, torchref.async_)
         fn = {"param_mean": train_rank_param_mean, "async": train_rank_async}.get(
             payload["spec"]["parallel"]["combine"], train_rank)
         return pool.run(fn, payload, n, timeout=timeout)[0]
     if impl == "torch.single":
-        pool = pool or get_pool(1)
+        pool = pool or get_pool(1, **shared)
         return pool.run(train_single, payload, 1, timeout=timeout)[0]
     raise ValueError(f"unknown torch implementation {impl!r}")

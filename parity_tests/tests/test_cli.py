@@ -90,3 +90,14 @@ def test_too_many_devices_is_bad_input(tmp_path, capsys):
     assert main(["run", str(p), "--impl", "tf.towers", "--out", str(tmp_path / "t.npz")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tfpar: error: parallel.devices: expected at most 8"), err
+
+
+def test_timeout_flag_bounds_a_job_and_names_the_rank(tmp_path):
+    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 1, nothing left."""
+    case = _write(tmp_path, set_path(MLP, "parallel.devices", 2))
+    res = _cli("--timeout", "0.001", "run", str(case), "--impl", "torch.ddp", "--out", str(tmp_path / "t.npz"))
+    assert res.returncode == 1, res.stdout + res.stderr
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tfpar: run failed: torch.ddp failed: rank "), err
+    assert "timed out" in err[0].lower()
+    assert not (tmp_path / "t.npz").exists()
