@@ -19,6 +19,11 @@ Generators (``data.generator``):
     Generic: ``x ~ N(0, 1)`` of the input shape; targets drawn to suit the
     loss (``N(0, 1)`` for ``mse``, ``U[0, 1]`` for ``sigmoid_ce``, uniform
     integer labels for ``softmax_ce``).
+``digits``
+    Real handwritten digits: the 1797 UCI 8x8 digits that scikit-learn ships
+    in its wheel (nothing is downloaded), enlarged by whole pixel blocks and
+    centred in the image ``input_shape`` (``[28, 28, 1]``: MNIST's shape);
+    10 classes, for ``softmax_ce``; rows drawn in a seeded order.
 ``images``
     MNIST-shaped synthetic digits for ``softmax_ce``, of any image
     ``input_shape`` ``[H, W, C]`` (``[28, 28, 1]`` like MNIST, or smaller such
@@ -75,6 +80,40 @@ def _gaussian(rng, rows, in_shape, out_shape, loss):
     return x, y
 
 
+def digit_images(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 real handwritten digits scikit-learn ships (UCI, 8x8, 16 grey levels), placed in ``shape``.
+
+    Each 8x8 image is scaled to [0, 1], enlarged by the largest whole factor
+    that fits (``np.kron``: pixel blocks, no interpolation) and centred in an
+    ``[H, W, C]`` canvas, copied to every channel: ``[28, 28, 1]`` gives
+    MNIST's shape (24x24 digits with a 2-pixel border).
+
+    Returns:
+        images ``[1797, H, W, C]`` float64 and labels ``[1797]`` int64.
+    """
+    from sklearn.datasets import load_digits  # ships its data in the wheel: nothing is downloaded
+
+    h, w, c = shape
+    f = min(h // 8, w // 8)
+    digits = load_digits()
+    small = digits.images / 16.0
+    big = np.kron(small, np.ones((f, f)))  # [n, 8f, 8f]
+    top, left = (h - 8 * f) // 2, (w - 8 * f) // 2
+    out = np.zeros((len(small), h, w, c))
+    out[:, top:top + 8 * f, left:left + 8 * f, :] = big[..., None]
+    return out, digits.target.astype(np.int64)
+
+
+def _digits(rng, rows, in_shape, out_shape, loss):
+    if len(in_shape) != 3 or in_shape[0] < 8 or in_shape[1] < 8:
+        raise CaseError("model.input_shape", "an image shape [height, width, channels] of at least 8x8 for "
+                        "data.generator 'digits'", list(in_shape))
+    images, labels = digit_images(tuple(in_shape))
+    # every digit once per pass, in a seeded order; more rows than digits take further passes
+    order = np.concatenate([rng.permutation(len(labels)) for _ in range(-(-rows // len(labels)))])[:rows]
+    return images[order], labels[order]
+
+
 def _images(rng, rows, in_shape, out_shape, loss):
     if len(in_shape) != 3:
         raise CaseError("model.input_shape", "an image shape [height, width, channels] for data.generator 'images'", list(in_shape))
@@ -105,6 +144,7 @@ GENERATORS: dict[str, tuple[Callable, tuple | None, tuple | None, tuple[str, ...
     "blobs": (_blobs, None, None, ("softmax_ce",)),
     "gaussian": (_gaussian, None, None, ("mse", "sigmoid_ce", "softmax_ce")),
     "images": (_images, None, None, ("softmax_ce",)),
+    "digits": (lambda *a: _digits(*a), None, (10,), ("softmax_ce",)),
 }
 
 

@@ -68,7 +68,7 @@ SCENARIOS = [
         {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
         {"seed": 6, "kind": "glorot_uniform"})),
 ]
-# the CNN of issue 4 on MNIST-shaped synthetic digits (28x28x1): conv -> batch norm -> pool ->
+# the CNN of issue 4 on MNIST-shaped real digits (scikit-learn's UCI digits in a 28x28x1 canvas): conv -> batch norm -> pool ->
 # dropout (masks drawn in numpy from the case seed) -> dense -> softmax; batch norm computes Keras'
 # moving variance on both sides (semantics "tf"), so the rows isolate local vs sync statistics
 CNN = Scenario("cnn", {
@@ -82,7 +82,7 @@ CNN = Scenario("cnn", {
         {"type": "dense", "units": 10},
     ], "loss": "softmax_ce"},
     "init": {"seed": 8, "kind": "glorot_uniform"},
-    "data": {"generator": "images", "seed": 9, "global_batch": 32},
+    "data": {"generator": "digits", "seed": 9, "global_batch": 32},
     "optimizer": {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "torch"},
     "parallel": {"devices": 1, "batch_norm": "sync"},
     "steps": 3,

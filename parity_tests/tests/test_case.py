@@ -125,3 +125,25 @@ def test_labels_out_of_range(tmp_path):
     raw = set_path(SOFTMAX, "data", {"npz": "d.npz", "global_batch": 48})
     with pytest.raises(CaseError, match=r"data.y: expected class labels in \[0, 3\)"):
         case_from_dict(raw, tmp_path)
+
+
+def test_digits_are_the_real_uci_digits_in_an_mnist_canvas():
+    from sklearn.datasets import load_digits
+
+    raw = {
+        "name": "digits", "dtype": "float64",
+        "model": {"input_shape": [28, 28, 1], "layers": [{"type": "flatten"}, {"type": "dense", "units": 10}], "loss": "softmax_ce"},
+        "init": {"seed": 1}, "data": {"generator": "digits", "seed": 3, "global_batch": 100},
+        "optimizer": {"name": "sgd", "lr": 0.1}, "parallel": {"devices": 1}, "steps": 20,
+    }
+    c = case_from_dict(raw)
+    assert c.x.shape == (2000, 28, 28, 1) and c.y.shape == (2000,)
+    d = load_digits()
+    # the border is empty, and each 3x3 block of the 24x24 digit is one pixel of a UCI digit with its label
+    assert np.all(c.x[:, :2] == 0) and np.all(c.x[:, 26:] == 0)
+    small = c.x[:, 2:26, 2:26, 0][:, ::3, ::3] * 16
+    assert np.array_equal(np.kron(small / 16, np.ones((3, 3))), c.x[:, 2:26, 2:26, 0])
+    index = {img.tobytes(): int(t) for img, t in zip(d.images.astype(np.float64), d.target, strict=True)}
+    assert all(index[s.tobytes()] == y for s, y in zip(small, c.y, strict=True))
+    # the first 1797 rows are every digit once
+    assert len({s.tobytes() for s in small[:1797]}) == len({img.tobytes() for img in d.images})
