@@ -94,6 +94,7 @@ class Case:
     init: dict[str, np.ndarray]
     source: Path | None = field(default=None)
     perm: np.ndarray | None = field(default=None)
+    w: np.ndarray | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -112,7 +113,7 @@ class Case:
         from .generators import dropout_masks
 
         return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec),
-                "perm": self.perm}
+                "perm": self.perm, "w": self.w}
 
     def replace(self, **changes: Any) -> Case:
         """A copy with top-level or dotted spec fields changed and re-validated.
@@ -122,7 +123,7 @@ class Case:
         raw = with_changes(self.spec, **changes)
         raw["init"] = {"arrays": True}
         raw["data"] = {"arrays": True, **{k: raw["data"][k] for k in ("global_batch", *_ORDER_KEYS) if k in raw["data"]}}
-        return case_from_dict(raw, x=self.x, y=self.y, init=self.init, perm=self.perm)
+        return case_from_dict(raw, x=self.x, y=self.y, init=self.init, perm=self.perm, w=self.w)
 
 
 def _load_npz(base: Path | None, name: Any, path: str) -> dict[str, np.ndarray]:
@@ -184,7 +185,7 @@ def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None
     return spec, out
 
 
-_ORDER_KEYS = ("order", "rows")
+_ORDER_KEYS = ("order", "rows", "sample_weights")  # data options carried by replace/write_case
 
 
 def _order(d: dict, batch: int, steps: int, devices: int) -> tuple[str, int]:
@@ -332,6 +333,51 @@ def _check_sampler_batch_norm(model: dict, in_shape: tuple[int, ...], data: dict
                             " batch norm needs 2 values per channel)", rows) from None
 
 
+def _sample_weights(d: dict, base: Path | None, rows: int, model: dict, parallel: dict, data_spec: dict,
+                    given: np.ndarray | None) -> np.ndarray | None:
+    """``data.sample_weights``: one positive weight per example, or ``None``.
+
+    ``true``: the array ``w`` of the data npz; ``{"seed": S, "low": 0.5, "high": 2.0}``:
+    drawn in numpy, ``U[low, high)``. The loss weighs example i by ``w_i``; how a
+    shard's weighted loss is normalised is the loss rule's (``docs/layers.md``):
+    Keras divides by the number of examples, the torch idiom by the sum of the weights.
+    """
+    v = d.get("sample_weights")
+    if v is None:
+        return None
+    path = "data.sample_weights"
+    if data_spec.get("order", "split") != "split":
+        raise CaseError(path, "none with data.order distributed_sampler (its padding repeats rows)", v)
+    if parallel["combine"] not in ("grad_mean", "loss_mean"):
+        raise CaseError(path, f"none with parallel.combine {parallel['combine']} (grad_mean and loss_mean take them)", v)
+    if model.get("class_weights") is not None or model.get("label_smoothing", 0.0):
+        raise CaseError(path, "none together with model.class_weights or model.label_smoothing (one weighting at a time)", v)
+    if given is not None and d.get("arrays"):
+        w = np.asarray(given)
+    elif v is True:
+        if "npz" not in d:
+            raise CaseError(path, 'true only with "npz" data (the array "w"), or {"seed": S, "low": a, "high": b}', v)
+        z = _load_npz(base, d["npz"], "data.npz")
+        if "w" not in z:
+            raise CaseError("data.npz['w']", f"an array named 'w' in {d['npz']} (data.sample_weights is true)")
+        w = z["w"]
+    elif isinstance(v, dict):
+        no_extra(v, {"seed", "low", "high"}, path)
+        seed = integer(v.get("seed", 0), f"{path}.seed", 0, 2**32 - 1)
+        low = number(v.get("low", 0.5), f"{path}.low", lo=0.0, lo_open=True)
+        high = number(v.get("high", 2.0), f"{path}.high", lo=low)
+        w = np.random.default_rng(seed).uniform(low, high, size=rows)
+    else:
+        raise CaseError(path, 'true (the npz array "w") or {"seed": S, "low": a, "high": b}', v)
+    w = _check_array(np.asarray(w), path)
+    if w.shape[:1] != (w.shape[0],) or w.ndim != 1 or w.shape[0] < rows:
+        raise CaseError(path, f"one weight per data row: shape [{rows}]", f"shape {list(w.shape)}")
+    w = w[:rows]
+    if np.any(w <= 0):
+        raise CaseError(path, "positive weights", float(w[w <= 0][0]))
+    return w
+
+
 def case_from_dict(
     raw: Any,
     base_dir: str | os.PathLike | None = None,
@@ -340,6 +386,7 @@ def case_from_dict(
     y: np.ndarray | None = None,
     init: dict[str, np.ndarray] | None = None,
     perm: np.ndarray | None = None,
+    w: np.ndarray | None = None,
 ) -> Case:
     """Validate a case given as a dictionary.
 
@@ -350,6 +397,7 @@ def case_from_dict(
             ``"data": {"arrays": true, ...}`` / ``"init": {"arrays": true}``
             (how the hypothesis strategies build cases in memory).
         perm: with ``x``: the data's optional ``perm`` array (``data.order: distributed_sampler``).
+        w: with ``x``: the per-example sample weights (``data.sample_weights``).
     Returns:
         a :class:`Case`.
     Raises:
@@ -379,6 +427,9 @@ def case_from_dict(
     data_spec, xs, ys, perms = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"],
                                      (x, y, perm) if x is not None else None)
     _check_batch_norm_rows(model, in_shape, data_spec["global_batch"], parallel["devices"])
+    weights = _sample_weights(need(raw, "data", ""), base, len(xs), model, parallel, data_spec, w)
+    if weights is not None:
+        data_spec["sample_weights"] = raw["data"]["sample_weights"]
     if data_spec.get("order") == "distributed_sampler":
         # the padded list is dealt out like cards: rank r reads entries r, r+N, ... (strided)
         if need(raw, "parallel", "").get("shard", "strided") != "strided":
@@ -398,7 +449,7 @@ def case_from_dict(
         "steps": steps,
         "seed": seed,
     }
-    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None, perm=perms)
+    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None, perm=perms, w=weights)
 
 
 def load_case(path: str | os.PathLike) -> Case:
@@ -433,6 +484,9 @@ def write_case(case: Case, folder: str | os.PathLike, *, name: str | None = None
     spec["init"] = {"npz": "weights.npz"}
     spec["data"] = {"npz": "data.npz", **{k: case.spec["data"][k] for k in ("global_batch", *_ORDER_KEYS) if k in case.spec["data"]}}
     atomic_write_npz(out / "weights.npz", case.init)
-    atomic_write_npz(out / "data.npz", {"x": case.x, "y": case.y, **({"perm": case.perm} if case.perm is not None else {})})
+    extra = {**({"perm": case.perm} if case.perm is not None else {}), **({"w": case.w} if case.w is not None else {})}
+    if case.w is not None:
+        spec["data"]["sample_weights"] = True  # the weights travel in data.npz
+    atomic_write_npz(out / "data.npz", {"x": case.x, "y": case.y, **extra})
     atomic_write_bytes(out / "case.json", (json.dumps(spec, indent=2) + "\n").encode())
     return out / "case.json"

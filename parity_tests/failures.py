@@ -32,7 +32,7 @@ def failure_dir() -> Path:
 def record_failure(case: Case, folder: Path | None = None) -> Path:
     """Write ``case`` replayably; returns the path of its ``case.json``."""
     h = hashlib.sha256(json.dumps(case.spec, sort_keys=True).encode())
-    for a in (case.x, case.y, *case.init.values(), *([] if case.perm is None else [case.perm])):
+    for a in (case.x, case.y, *case.init.values(), *(a for a in (case.perm, case.w) if a is not None)):
         h.update(a.tobytes())
     out = (folder or failure_dir()) / f"{case.name}-{h.hexdigest()[:12]}"
     return write_case(case, out)

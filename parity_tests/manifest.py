@@ -62,6 +62,8 @@ def _inputs(case: Case) -> dict[str, str]:
     out.update({f"init/{k}": array_digest(v) for k, v in sorted(case.init.items())})
     if case.perm is not None:  # an explicit shuffle order is an input like the data
         out["perm"] = array_digest(case.perm)
+    if case.w is not None:
+        out["w"] = array_digest(case.w)
     return out
 
 

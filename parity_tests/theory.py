@@ -205,6 +205,17 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool)
                 "label smoothing with class weights: torch weights each class's smoothing term by that class's"
                 " weight, Keras the whole smoothed example by its target's weight"
             )
+    if spec["data"].get("sample_weights") is not None and model["reduction"] == "mean":
+        if ra != rb:
+            expected.append(
+                "sample-weight normalisation: Keras divides the weighted sum by the number of examples,"
+                " the torch idiom (v * l).sum() / v.sum() by the sum of the weights"
+            )
+        elif ra == "torch" and one_parallel:
+            expected.append(
+                "per-device sample-weight sums: each device divides by its own shard's sum of weights,"
+                " so the mean over devices is not the full-batch weighted mean"
+            )
     if not model.get("from_logits", True) and ra != rb:
         # exact for moderate logits; it grows as the sigmoid saturates (see docs/layers.md)
         known.append(

@@ -46,6 +46,8 @@ def refuse_loss_options(spec: dict, impl: str) -> None:
     """Refuse the model's loss options (class weights, label smoothing, probability inputs,
     a non-native loss formula) for a path that computes only the plain loss of ``tfpar.losses.device_loss``."""
     model = spec["model"]
+    if spec["data"].get("sample_weights") is not None:
+        raise Unsupported("data.sample_weights", f"none for {impl} (tf.towers has sample weights)")
     if model.get("class_weights") is not None:
         raise Unsupported("model.class_weights", f"null for {impl} (tf.towers has class weights)")
     if model.get("label_smoothing", 0.0):

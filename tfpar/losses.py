@@ -28,6 +28,20 @@ sigmoid_ce on probabilities (``from_logits: false``)
 
 ``reduction``: ``mean`` (the above; for mse and sigmoid_ce the mean over all
 elements) or ``sum`` (the same without the division).
+
+Sample weights (``data.sample_weights``, one ``v_i > 0`` per example; not
+combined with class weights or label smoothing). With ``e_ij`` the elementwise
+losses of example i (k per example)::
+
+    Keras (sample_weight, sum_over_batch_size):  L = sum_i v_i sum_j e_ij / (n k)
+    torch idiom ((v * l).sum() / v.sum()):        L = sum_i v_i sum_j e_ij / (k sum_i v_i)
+    sum reduction (both):                         L = sum_i v_i sum_j e_ij
+
+.. warning:: torch has no ``sample_weight`` argument; the torch side of a
+   ``native`` case uses the idiom above, the way ``cross_entropy(weight=)``
+   normalises class weights. The two differ unless the weights average 1 in
+   every shard, and under data parallelism the torch idiom divides each shard by
+   its own weight sum, so N devices differ from one (as with class weights).
 """
 
 from __future__ import annotations
@@ -56,8 +70,19 @@ def _torch_bce(p: tf.Tensor, t: tf.Tensor):
     return loss, grad
 
 
-def _reduce(per: tf.Tensor, reduction: str) -> tf.Tensor:
-    return tf.reduce_mean(per) if reduction == "mean" else tf.reduce_sum(per)
+def _reduce(per: tf.Tensor, reduction: str, sample_weight: tf.Tensor | None = None, rule: str = "tf") -> tf.Tensor:
+    """Mean or sum of the elementwise losses ``per`` ``[n, ...]``, weighted per example when given."""
+    if sample_weight is None:
+        return tf.reduce_mean(per) if reduction == "mean" else tf.reduce_sum(per)
+    v = tf.reshape(tf.cast(sample_weight, per.dtype), [-1] + [1] * (per.shape.rank - 1))
+    total = tf.reduce_sum(v * per)
+    if reduction == "sum":
+        return total
+    size = tf.cast(tf.size(per), per.dtype)
+    if rule == "tf":  # Keras: sum_over_batch_size counts examples, whatever the weights
+        return total / size
+    per_example = size / tf.cast(tf.shape(per)[0], per.dtype)
+    return total / (tf.reduce_sum(v) * per_example)  # the torch idiom: a weighted mean
 
 
 def _softmax_torch(out: tf.Tensor, y: tf.Tensor, reduction: str, smoothing: float, cw: tf.Tensor | None) -> tf.Tensor:
@@ -81,6 +106,7 @@ def device_loss(
     label_smoothing: float = 0.0,
     class_weights: Sequence[float] | None = None,
     semantics: str = "native",
+    sample_weight: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """The loss of one shard.
 
@@ -93,11 +119,13 @@ def device_loss(
         from_logits, label_smoothing, class_weights, semantics: the case's
             ``model`` options (validated: class weights only for softmax_ce,
             probabilities only for sigmoid_ce).
+        sample_weight: ``[n]`` per-example weights, or ``None`` (module docstring).
     Returns:
         a scalar.
     """
+    rule = "torch" if semantics == "torch" else "tf"
     if loss == "mse":
-        return _reduce(tf.square(out - y), reduction)
+        return _reduce(tf.square(out - y), reduction, sample_weight, rule)
     if loss == "sigmoid_ce":
         t = y * (1.0 - label_smoothing) + 0.5 * label_smoothing if label_smoothing else y  # Keras' smoothing
         if from_logits:
@@ -106,11 +134,13 @@ def device_loss(
             per = _torch_bce(out, t)
         else:
             per = keras.ops.binary_crossentropy(t, out, from_logits=False)
-        return _reduce(per, reduction)
+        return _reduce(per, reduction, sample_weight, rule)
     if loss != "softmax_ce":
         raise ValueError(f"unknown loss {loss!r}")
     if not label_smoothing and class_weights is None:
-        return _reduce(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out), reduction)
+        return _reduce(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out), reduction, sample_weight, rule)
+    if sample_weight is not None:
+        raise ValueError("sample weights are not combined with class weights or label smoothing")
     cw = None if class_weights is None else tf.constant(list(class_weights), dtype=out.dtype)
     if semantics == "torch":
         return _softmax_torch(out, y, reduction, label_smoothing, cw)
@@ -122,7 +152,8 @@ def device_loss(
     return keras_loss(tf.one_hot(y, k, dtype=out.dtype), out, sample_weight=None if cw is None else tf.gather(cw, y))
 
 
-def model_loss(model: Mapping[str, Any], out: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+def model_loss(model: Mapping[str, Any], out: tf.Tensor, y: tf.Tensor,
+               sample_weight: tf.Tensor | None = None) -> tf.Tensor:
     """:func:`device_loss` with every option read from a validated ``model`` section."""
     return device_loss(
         model["loss"], model["reduction"], out, y,
@@ -130,4 +161,5 @@ def model_loss(model: Mapping[str, Any], out: tf.Tensor, y: tf.Tensor) -> tf.Ten
         label_smoothing=model.get("label_smoothing", 0.0),
         class_weights=model.get("class_weights"),
         semantics=model.get("loss_semantics", "native"),
+        sample_weight=sample_weight,
     )

@@ -307,7 +307,8 @@ def case_batches(payload: Mapping[str, Any], *, towers: int | None,
         the function; steps must be asked for in order 0, 1, 2, ... with ``tfrecord``.
         ``x`` ``[b_k, *input_shape]`` in the case dtype, ``y`` ``[b_k, ...]``
         (int64 labels for ``softmax_ce``), ``extras``: the dropout keep-masks
-        for the step's positions (mask row ``k B + m`` belongs to row m of step k).
+        for the step's positions (mask row ``k B + m`` belongs to row m of step k),
+        and ``"w"``, the sample weights of those positions, when the case has them.
     """
     spec = payload["spec"]
     data = spec["data"]
@@ -321,8 +322,13 @@ def case_batches(payload: Mapping[str, Any], *, towers: int | None,
     length = len(x)
     n = towers if order == "distributed_sampler" else None
 
+    weights = payload.get("w")  # per-example sample weights ride along like the masks, by position
+
     def extras(k: int, size: int) -> dict[str, np.ndarray]:
-        return {i: m[k * batch:k * batch + size] for i, m in masks.items()}
+        out = {i: m[k * batch:k * batch + size] for i, m in masks.items()}
+        if weights is not None:
+            out["w"] = np.asarray(weights[k * batch:k * batch + size], np_dtype)
+        return out
 
     if feed == "arrays":
         def from_arrays(k: int):

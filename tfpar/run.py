@@ -111,9 +111,9 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
         outs = forward_towers(model["layers"], params, xs, devices=devices, masks=extras, state=state,
                               batch_norm=par.get("batch_norm", "local"), reduce_device=devices[0])
         losses = []
-        for out, y_r, dev in zip(outs, ys, devices, strict=True):
+        for out, y_r, ex, dev in zip(outs, ys, extras, devices, strict=True):
             with tf.device(dev):
-                losses.append(model_loss(model, out, y_r))
+                losses.append(model_loss(model, out, y_r, sample_weight=ex.get("w")))
         return losses
 
     trainer = TowerTrainer(
@@ -121,7 +121,8 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
         combine=par["combine"] if par["combine"] not in LOCAL_COMBINES else "grad_mean",
         shard=par["shard"], weighting=par["weighting"],
         clip=make_clip(spec),
-        towers_fn=towers_fn if needs_towers_fn(model["layers"]) else None,
+        # per-example extras (dropout masks, sample weights) are split with the batch by the lockstep path
+        towers_fn=towers_fn if needs_towers_fn(model["layers"]) or payload.get("w") is not None else None,
     )
     feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
     with case_batches(payload, towers=n if impl == "tf.towers" else None, feed=feed) as batches:

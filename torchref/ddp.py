@@ -73,10 +73,17 @@ def _masks(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def _shard_loss(module: torch.nn.Module, model_spec: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
-                masks: dict[str, torch.Tensor], rows: torch.Tensor | slice) -> torch.Tensor:
+                masks: dict[str, torch.Tensor], rows: torch.Tensor | slice,
+                sample_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of data rows ``rows`` through ``module`` (a :class:`CaseModel` or its DDP wrapper)."""
     out, logits = module(x[rows], {i: m[rows] for i, m in masks.items()}, with_logits=True)
-    return model_loss(model_spec, out, y[rows], logits)
+    return model_loss(model_spec, out, y[rows], logits, sample_weight=sample_weight)
+
+
+def _weights(payload: dict[str, Any], dtype: torch.dtype) -> torch.Tensor | None:
+    """Per-example sample weights ``[rows]`` (``data.sample_weights``), indexed by position like the masks."""
+    w = payload.get("w")
+    return None if w is None else torch.as_tensor(np.asarray(w), dtype=dtype)
 
 
 def _feed(payload: dict[str, Any], x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, *,
@@ -123,6 +130,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
         raise ValueError(f"case asks for {par['devices']} devices but the job has {n} ranks")
     dtype, x, y = _arrays(payload)
     masks = _masks(payload)
+    weights = _weights(payload, dtype)
     # sync batch norm all-reduces its statistics over the job's group; local keeps each
     # rank's own, and DDP broadcasts rank 0's buffers at every forward (broadcast_buffers)
     model = CaseModel(model_spec["layers"], payload["init"], dtype,
@@ -152,7 +160,8 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     for _ in range(spec["steps"]):
         x_r, y_r, pos = next(feed)
         with ddp.no_sync() if per_device else contextlib.nullcontext():
-            l_r = _shard_loss(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()}, slice(None))
+            l_r = _shard_loss(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()}, slice(None),
+                              None if weights is None else weights[pos])
             opt.zero_grad(set_to_none=True)
             if per_device:
                 l_r.backward()  # g_r, this rank's own gradient, not yet weighted
@@ -198,6 +207,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     model_spec = spec["model"]
     dtype, x, y = _arrays(payload)
     masks = _masks(payload)
+    weights = _weights(payload, dtype)
     model = CaseModel(model_spec["layers"], payload["init"], dtype, batch_norm=spec["parallel"].get("batch_norm", "local"))
     opt = make_optimizer(spec["optimizer"], model.parameters())
     sched = make_scheduler(spec["optimizer"], opt)
@@ -211,7 +221,8 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     feed = _feed(payload, x, y, np.arange(batch), ranks=None)
     for _ in range(spec["steps"]):
         x_k, y_k, pos = next(feed)
-        loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None))
+        loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None),
+                           None if weights is None else weights[pos])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if clip is not None:

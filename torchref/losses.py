@@ -54,6 +54,7 @@ def shard_loss(
     class_weights: Sequence[float] | None = None,
     semantics: str = "native",
     logits: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The loss of one shard.
 
@@ -65,9 +66,17 @@ def shard_loss(
         from_logits, label_smoothing, class_weights, semantics: the case's ``model`` options.
         logits: the pre-sigmoid values of ``out`` (needed for ``from_logits: false``
             with ``tf`` semantics, where Keras uses the logits).
+        sample_weight: ``[n]`` per-example weights, or ``None``. torch has no
+            ``sample_weight`` argument: the ``native``/``torch`` rule is the idiom
+            ``(v * l).sum() / v.sum()`` (per element: divided by ``k sum v``);
+            ``tf`` is Keras' ``sum_over_batch_size`` (divided by ``n k``).
+            See ``tfpar.losses`` for the formulas.
     Returns:
         a scalar.
     """
+    if sample_weight is not None:
+        per = shard_loss(loss, "none", out, y, from_logits=from_logits, semantics=semantics, logits=logits)
+        return _weighted(per, sample_weight, reduction, "tf" if semantics == "tf" else "torch")
     if loss == "mse":
         return F.mse_loss(out, y, reduction=reduction)
     if loss == "sigmoid_ce":
@@ -87,7 +96,19 @@ def shard_loss(
     return F.cross_entropy(out, y, weight=cw, label_smoothing=label_smoothing, reduction=reduction)
 
 
-def model_loss(model: Mapping[str, Any], out: torch.Tensor, y: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+def _weighted(per: torch.Tensor, v: torch.Tensor, reduction: str, rule: str) -> torch.Tensor:
+    """Per-example weighted mean or sum of the elementwise losses ``per`` ``[n, ...]``."""
+    vb = v.to(per.dtype).reshape(-1, *([1] * (per.dim() - 1)))
+    total = (vb * per).sum()
+    if reduction == "sum":
+        return total
+    if rule == "tf":  # Keras' sum_over_batch_size: divided by the number of elements
+        return total / per.numel()
+    return total / (vb.sum() * (per.numel() // per.shape[0]))
+
+
+def model_loss(model: Mapping[str, Any], out: torch.Tensor, y: torch.Tensor, logits: torch.Tensor | None = None,
+               sample_weight: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`shard_loss` with every option read from a validated ``model`` section."""
     return shard_loss(
         model["loss"], model["reduction"], out, y,
@@ -96,4 +117,5 @@ def model_loss(model: Mapping[str, Any], out: torch.Tensor, y: torch.Tensor, log
         class_weights=model.get("class_weights"),
         semantics=model.get("loss_semantics", "native"),
         logits=logits,
+        sample_weight=sample_weight,
     )

@@ -56,7 +56,12 @@ def _shard_case(case: Case, rows: np.ndarray) -> Case:
 
 @given(dense_cases(devices=device_counts(2, 8), even_shards=False, weightings=["equal"], max_steps=1))
 def test_uneven_shards_with_equal_weights_follow_the_device_mean(case):
-    """g = (1/N) sum_r g_r with g_r the mean gradient of shard r: not the full-batch mean."""
+    """g = (1/N) sum_r g_r (g_r: the mean gradient of shard r), and its difference from the full-batch
+    gradient sum_r (n_r/B) g_r is exactly sum_r (1/N - n_r/B) g_r.
+
+    Judged on the gradients: with Adam the first update is about lr sign(g), so
+    the parameters can coincide even where the gradients differ.
+    """
     n, b = case.devices, case.spec["data"]["global_batch"]
     shards = (np.array_split(np.arange(b), n) if case.spec["parallel"]["shard"] == "contiguous"
               else [np.arange(r, b, n) for r in range(n)])
@@ -68,8 +73,9 @@ def test_uneven_shards_with_equal_weights_follow_the_device_mean(case):
             for key in (k for k in traj if k.startswith("grad/")):
                 want = sum(p[key][0] for p in per_shard) / n
                 np.testing.assert_allclose(traj[key][0], want, rtol=FLOAT64_RTOL, atol=1e-12, err_msg=f"{impl} {key}")
-        # and that is a different update from the full batch's (sizes differ, so weights differ)
-        assert judge_float64(run_impl(case, "tf.towers"), full).status == "divergence"
+                predicted = sum((1.0 / n - len(rows) / b) * p[key][0] for rows, p in zip(shards, per_shard, strict=True))
+                np.testing.assert_allclose(traj[key][0] - full[key][0], predicted, rtol=1e-8, atol=1e-12,
+                                           err_msg=f"{impl} {key}: difference from the full batch")
 
 
 @given(st.one_of(dense_cases(even_shards=True, shards=["contiguous"]), dense_cases(weightings=["by_size"], shards=["contiguous"])),
