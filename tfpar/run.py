@@ -81,7 +81,7 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     """
     order = payload["spec"]["data"].get("order", "split")
     if order != "split" and impl not in ("tf.towers", "tf.single"):
-        raise ValueError(f"{impl} reads the split order; data.order {order} runs on tf.towers and tf.single")
+        raise Unsupported("data.order", f"split for {impl} (data.order {order} runs on tf.towers and tf.single)")
     combine = payload["spec"]["parallel"]["combine"]
     if combine in LOCAL_COMBINES and impl != "tf.single":  # tf.single: one device, where every rule is the same
         if impl != "tf.towers":

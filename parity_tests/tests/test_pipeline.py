@@ -353,3 +353,18 @@ def test_ddp_counts_padded_rows_as_data(pool):
     # and one process on the 10 real rows differs, by far more than rounding
     gap = compare_trajectories(ddp, run_impl(case, "torch.single"), rtol=RTOL, atol=ATOL)
     assert not gap.ok and gap.max_rel > 1e-3
+
+
+def test_paths_without_the_sampler_order_refuse_it_as_bad_input(tmp_path, capsys):
+    """tf.v1 / tf.mirrored read the split order only: a distributed_sampler case is exit 2, naming data.order."""
+    import json
+
+    from parity_tests.cli import main
+    from parity_tests.tests.helpers import MLP, set_path
+
+    raw = set_path(set_path(MLP, "data.order", "distributed_sampler"), "parallel", {"devices": 2})
+    (tmp_path / "case.json").write_text(json.dumps(raw))
+    for impl in ("tf.v1", "tf.mirrored"):
+        assert main(["run", str(tmp_path / "case.json"), "--impl", impl, "--out", str(tmp_path / "t.npz")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"tfpar: error: data.order: expected split for {impl} (data.order distributed_sampler runs on tf.towers and tf.single)"]
