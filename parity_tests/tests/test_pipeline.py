@@ -12,7 +12,7 @@ import pytest
 from parity_tests.case import case_from_dict, load_case, write_case
 from parity_tests.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.errors import CaseError
-from parity_tests.harness import RunError, run_impl
+from parity_tests.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
 from parity_tests.theory import predict, sampler_padding
 
@@ -226,11 +226,6 @@ def test_order_survives_replace_and_write(tmp_path):
     assert back.spec["data"]["order"] == "distributed_sampler" and back.spec["data"]["rows"] == 22
     assert np.array_equal(back.perm, perm[None]) and np.array_equal(back.x, case.x)
     assert case_from_dict(SOFTMAX).spec["data"].keys() == {"generator", "seed", "global_batch"}  # split: spec as before
-
-
-def test_sampler_order_runs_only_on_tf_towers_and_tf_single():
-    with pytest.raises(RunError, match="data.order distributed_sampler runs on tf.towers and tf.single"):
-        run_impl(_sampler_case(MLP, 2, 10, 4, 1), "tf.v1")
 
 
 # ---------------------------------------------------------------- trajectories
