@@ -19,6 +19,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -140,6 +141,27 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(0)
+
+
+# How a rank's failure reads as a consequence of another's. A rank that fails first (dies, or
+# raises an error of its own) leaves its peers waiting in a collective until it times out; a
+# rank whose collective times out closes its connections, and its peers then see "connection
+# closed by peer". So the root cause is the failure lowest in this order; ties go to the
+# lowest rank.
+_PEER_CLOSED = re.compile(r"connection (closed|reset) by peer|broken pipe", re.IGNORECASE)
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+def _consequence_rank(how: str, detail: str) -> int:
+    """0: died; 1: raised its own error; 2: a collective timed out; 3: a peer closed on it."""
+    if how.startswith("died"):
+        return 0
+    last = detail.strip().splitlines()[-1] if detail.strip() else ""
+    if _PEER_CLOSED.search(last):
+        return 3
+    if _TIMED_OUT.search(last):
+        return 2
+    return 1
 
 
 def _describe_death(proc: mp.process.BaseProcess) -> str:
@@ -267,8 +289,7 @@ class DDPPool:
                 # The others may wait in a collective for the failed rank: stop soon.
                 deadline = min(deadline, time.monotonic() + _GRACE_S)
         if failures:
-            # A death explains the others' broken-connection errors, not the reverse.
-            rank = min(failures, key=lambda r: (not failures[r][0].startswith("died"), r))
+            rank = min(failures, key=lambda r: (_consequence_rank(*failures[r]), r))
             how, detail = failures[rank]
         elif pending:
             rank, how, detail = min(pending), f"timed out after {limit:.1f} s", ""

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from torchref import _pool_testfns as fns
+from torchref import pool as pool_mod
 from torchref.pool import MAX_SIZE, DDPPool, RankFailed, get_pool, shutdown_pool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +81,31 @@ def test_rank_that_raises_is_named_and_pool_restarts(pool4):
     assert "ValueError: boom from rank 1" in str(info.value)
     assert str(info.value).startswith("rank 1 raised")
     _assert_restarts(pool4)
+
+
+def test_root_cause_is_named_not_the_peer_that_timed_out_waiting():
+    """Rank 1 raises; rank 0 then times out in its all-reduce within the grace period.
+
+    Both failures reach the parent; the one named is rank 1's own error, because rank 0's
+    timeout is its consequence (lowest rank would name rank 0).
+    """
+    with DDPPool(2, timeout=0.3) as p:
+        with pytest.raises(RankFailed) as info:
+            p.run(fns.raise_on_rank1, None, 2)
+    assert info.value.rank == 1 and "ValueError: boom from rank 1" in info.value.detail
+
+
+@pytest.mark.parametrize(("how", "last_line", "order"), [
+    ("died (signal 9)", "", 0),
+    ("raised", "ValueError: boom", 1),
+    ("raised", "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1ms for recv operation to complete", 2),
+    ("raised", "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234", 3),
+    ("raised", "RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection reset by peer", 3),
+])
+def test_failures_are_ordered_root_cause_first(how, last_line, order):
+    """The gloo messages as torch 2.13 words them (seen in CI: a rank's timeout closes its peer's pair)."""
+    detail = f"Traceback (most recent call last):\n  ...\n{last_line}\n" if last_line else ""
+    assert pool_mod._consequence_rank(how, detail) == order
 
 
 def test_killed_rank_is_named_and_pool_restarts(pool4):
