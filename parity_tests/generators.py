@@ -30,8 +30,8 @@ Generators (``data.generator``):
     as ``[8, 8, 1]`` for speed): each of the ``k`` classes has a prototype made
     of a few Gaussian strokes; an example is its class's prototype shifted by
     up to one pixel, scaled in contrast by U[0.8, 1.2], plus N(0, 0.1^2)
-    noise, clipped to [0, 1]. Drawn in numpy (no image set ships with the
-    installed packages: scikit-learn is not installed).
+    noise, clipped to [0, 1]. Drawn in numpy, any size, no files; ``digits``
+    below gives real handwritten digits instead.
 
 Dropout masks (:func:`dropout_masks`) are drawn here too, from the case's
 top-level ``seed``, and handed to both frameworks as data.

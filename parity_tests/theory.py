@@ -116,6 +116,15 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
                 "clipping before vs after averaging: each device's gradient is clipped, then averaged,"
                 " which is not the clipped full-batch gradient (when a device's norm exceeds the threshold)"
             )
+        has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
+        if (clip["where"] == "per_device" and n > 1 and has_bn and par.get("batch_norm", "local") == "sync"
+                and is_parallel(a) and is_parallel(b) and fa != fb):
+            expected.append(
+                "per-device gradients under synchronized batch norm: a TensorFlow tower differentiates its own"
+                " loss (through the shared statistics); torch SyncBatchNorm all-reduces the statistics'"
+                " gradients in backward, so each rank holds its share of the whole batch's gradient. The"
+                " sums agree, the per-device norms (and so the clipping) do not"
+            )
         if opt["semantics"] == "native" and fa != fb:
             # known, not expected: it shows only on steps where the threshold is reached
             known.append(

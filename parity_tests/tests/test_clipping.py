@@ -207,3 +207,32 @@ def test_per_device_clipping_needs_per_device_gradients():
     spec = make(MLP, parallel__combine="loss_mean", parallel__clip={"global_norm": 1.0}).spec
     assert spec["parallel"]["clip"] == {"global_norm": 1.0, "where": "after_combine"}
     assert "clip" not in make(MLP).spec["parallel"]
+
+
+BN_MLP = set_path(MLP, "model.layers", [{"type": "dense", "units": 8}, {"type": "batch_norm", "semantics": "tf"},
+                                        {"type": "dense", "units": 1}])
+
+
+def test_per_device_clipping_with_sync_batch_norm_is_a_named_difference(pool):
+    """Sync batch norm: TF towers clip d(L_r)/dθ, torch ranks their share of d(ΣL)/dθ.
+
+    Without clipping (and with clipping after the allreduce) the two agree: the per-device
+    gradients sum to the same thing. Clipped per device, they differ from step 1 on, in
+    the gradients, and theory names why.
+    """
+    base = make(BN_MLP, parallel__devices=3, steps=2, parallel__batch_norm="sync",
+                optimizer={"name": "sgd", "lr": 0.1, "semantics": "tf"})
+    for clip in (None, {"global_norm": CLIP, "where": "after_combine"}):
+        same = base.replace(**{"parallel.clip": clip})
+        assert_trajectories_close(run_impl(same, "tf.towers"), run_impl(same, "torch.ddp"), rtol=RTOL, atol=ATOL)
+        assert predict(same.spec, "tf.towers", "torch.ddp").expected == ()
+    case = base.replace(**{"parallel.clip": {"global_norm": CLIP, "where": "per_device"}})
+    result = compare_trajectories(run_impl(case, "torch.ddp"), run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
+    assert not result.ok
+    assert (result.mismatch.key.startswith("grad/"), result.mismatch.step) == (True, 1)
+    assert [e for e in predict(case.spec, "tf.towers", "torch.ddp").expected
+            if e.startswith("per-device gradients under synchronized batch norm")]
+    # local statistics: every device's gradient is its own loss's on both sides, so they agree
+    local = case.replace(**{"parallel.batch_norm": "local"})
+    assert_trajectories_close(run_impl(local, "tf.towers"), run_impl(local, "torch.ddp"), rtol=RTOL, atol=ATOL)
+    assert predict(local.spec, "tf.towers", "torch.ddp").expected == ()
