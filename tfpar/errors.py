@@ -19,12 +19,15 @@ class Unsupported(ValueError):
 
 
 def refuse_unimplemented(spec: dict, impl: str, *, optimizers: tuple[str, ...] | None = None,
-                         schedules: bool = True, weight_decay: bool = True) -> None:
+                         schedules: bool = True, weight_decay: bool = True, clip: bool = False,
+                         layers: bool = False, loss_options: bool = False) -> None:
     """Refuse, naming the field, what a path other than ``tf.towers`` does not implement.
 
-    Every such path refuses gradient clipping, batch-norm and dropout layers and
-    the loss options; ``optimizers`` (when given) limits the optimizer names, and
-    ``schedules`` / ``weight_decay`` say whether those are implemented.
+    ``optimizers`` (when given) limits the optimizer names; the flags say
+    whether the path implements learning-rate ``schedules``, ``weight_decay``,
+    gradient clipping (``clip``), batch-norm and dropout ``layers``, and the
+    ``loss_options`` (class and sample weights, label smoothing, probability
+    inputs, a mapped loss formula).
     """
     opt = spec["optimizer"]
     if optimizers is not None and opt["name"] not in optimizers:
@@ -34,12 +37,14 @@ def refuse_unimplemented(spec: dict, impl: str, *, optimizers: tuple[str, ...] |
         raise Unsupported("optimizer.schedule", f"a constant learning rate for {impl}, got {opt['schedule']['kind']!r}")
     if not weight_decay and opt.get("weight_decay"):
         raise Unsupported("optimizer.weight_decay", f"no weight decay for {impl} (tf.towers has it)")
-    if spec["parallel"].get("clip") is not None:
-        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers has it)")
-    refuse_loss_options(spec, impl)
+    if not clip and spec["parallel"].get("clip") is not None:
+        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers and tf.v1 have it)")
+    if not loss_options:
+        refuse_loss_options(spec, impl)
     for i, layer in enumerate(spec["model"]["layers"]):
-        if layer["type"] in ("batch_norm", "dropout"):
-            raise Unsupported(f"model.layers[{i}].type", f"no {layer['type']} layer for {impl} (tf.towers has it)")
+        if not layers and layer["type"] in ("batch_norm", "dropout"):
+            raise Unsupported(f"model.layers[{i}].type",
+                              f"no {layer['type']} layer for {impl} (tf.towers and tf.v1 have it)")
 
 
 def refuse_loss_options(spec: dict, impl: str) -> None:
@@ -47,12 +52,12 @@ def refuse_loss_options(spec: dict, impl: str) -> None:
     a non-native loss formula) for a path that computes only the plain loss of ``tfpar.losses.device_loss``."""
     model = spec["model"]
     if spec["data"].get("sample_weights") is not None:
-        raise Unsupported("data.sample_weights", f"none for {impl} (tf.towers has sample weights)")
+        raise Unsupported("data.sample_weights", f"none for {impl} (tf.towers and tf.v1 have sample weights)")
     if model.get("class_weights") is not None:
-        raise Unsupported("model.class_weights", f"null for {impl} (tf.towers has class weights)")
+        raise Unsupported("model.class_weights", f"null for {impl} (tf.towers and tf.v1 have class weights)")
     if model.get("label_smoothing", 0.0):
-        raise Unsupported("model.label_smoothing", f"0 for {impl} (tf.towers has label smoothing)")
+        raise Unsupported("model.label_smoothing", f"0 for {impl} (tf.towers and tf.v1 have label smoothing)")
     if not model.get("from_logits", True):
-        raise Unsupported("model.from_logits", f"true for {impl} (tf.towers takes probabilities)")
+        raise Unsupported("model.from_logits", f"true for {impl} (tf.towers and tf.v1 take probabilities)")
     if model.get("loss_semantics", "native") != "native":
-        raise Unsupported("model.loss_semantics", f"native for {impl} (tf.towers has the mapped loss formulas)")
+        raise Unsupported("model.loss_semantics", f"native for {impl} (tf.towers and tf.v1 have the mapped loss formulas)")

@@ -134,8 +134,14 @@ def _update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mea
         var = var * (count / (count - 1))
     m = layer["momentum"]
     mm, mv = state[f"{i}.moving_mean"], state[f"{i}.moving_variance"]
-    mm.assign(mm * m + tf.stop_gradient(mean) * (1.0 - m))
-    mv.assign(mv * m + tf.stop_gradient(var) * (1.0 - m))
+    ops = [mm.assign(mm * m + tf.stop_gradient(mean) * (1.0 - m)),
+           mv.assign(mv * m + tf.stop_gradient(var) * (1.0 - m))]
+    if not tf.executing_eagerly() and not tf.inside_function():
+        # a tf.compat.v1 graph runs only what is fetched: register the updates where the
+        # classic code looks for them (tf.layers.batch_normalization does the same), so
+        # that tfpar.v1.build_towers runs the first tower's with the train op
+        for op in ops:
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, op)
 
 
 def _batch_norm(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], hs: list[tf.Tensor], devices: list[str | None],

@@ -75,9 +75,11 @@ import tensorflow as tf
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
-from .errors import refuse_unimplemented
-from .losses import device_loss
-from .models import forward
+from .errors import Unsupported, refuse_unimplemented
+from .losses import model_loss
+from .models import forward, is_state
+from .optimizers import make_clip
+from .pipeline import case_batches
 from .sharding import shard_sizes, split_batch
 
 __all__ = [
@@ -170,6 +172,8 @@ def build_towers(
     variables_device: str = "/device:CPU:0",
     global_step: tf.Variable | None = None,
     var_list: Sequence[tf.Variable] | None = None,
+    clip: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None = None,
+    clip_where: str = "after_combine",
 ) -> Towers:
     """Build the classic multi-tower training step in the current (v1) graph.
 
@@ -190,6 +194,12 @@ def build_towers(
         var_list: the variables to train; by default every trainable variable
             of the graph once the first tower is built (``compute_gradients``'
             default, as the seeds use it).
+        clip: ``clip(grads) -> grads`` over one list of gradients (e.g.
+            ``lambda gs: tf.clip_by_global_norm(gs, c)[0]``), or ``None``.
+        clip_where: ``per_device`` clips each tower's gradients on its device
+            before :func:`average_gradients` (the classic tower order; needs
+            ``grad_mean``); ``after_combine`` clips the combined gradient once
+            (torch's order, after DDP's allreduce).
     Returns:
         :class:`Towers`.
     Raises:
@@ -198,6 +208,10 @@ def build_towers(
     """
     if combine not in ("grad_mean", "loss_mean"):
         raise ValueError(f"combine must be grad_mean or loss_mean, got {combine!r}")
+    if clip_where not in ("after_combine", "per_device"):
+        raise ValueError(f"clip_where must be after_combine or per_device, got {clip_where!r}")
+    if clip is not None and clip_where == "per_device" and combine != "grad_mean":
+        raise ValueError("per_device clipping needs combine grad_mean (loss_mean has no per-tower gradient)")
     n = len(devices)
     if n < 1:
         raise ValueError("build_towers needs at least one device")
@@ -231,8 +245,10 @@ def build_towers(
                         "tf.compat.v1.get_variable so that every tower shares the first tower's"
                     )
                 if combine == "grad_mean":
-                    tower_grads.append(optimizer.compute_gradients(
-                        loss_r, var_list=train_vars, colocate_gradients_with_ops=True))
+                    pairs = optimizer.compute_gradients(loss_r, var_list=train_vars, colocate_gradients_with_ops=True)
+                    if clip is not None and clip_where == "per_device":
+                        pairs = _clip_pairs(pairs, clip)
+                    tower_grads.append(pairs)
             tower_losses.append(loss_r)
     if not train_vars:
         raise ValueError("no variables to train: model_fn created no trainable variables")
@@ -247,12 +263,23 @@ def build_towers(
             for g, v in grads:
                 if g is None:
                     raise ValueError(f"no gradient for {v.name} (is it used in the loss?)")
+        if clip is not None and clip_where == "after_combine":
+            grads = _clip_pairs(grads, clip)
         # the loss is fetched with the train op: make sure it reads the
         # variables before the update writes them, whatever the model's dataflow
         with tf.control_dependencies([loss]):
             apply_op = optimizer.apply_gradients(grads, global_step=global_step)
         train_op = tf.group(apply_op, *update_ops, name="train_op")
     return Towers(train_op, loss, list(grads), tower_losses, global_step, list(update_ops))
+
+
+def _clip_pairs(pairs: GradsAndVars, clip: Callable[[list[tf.Tensor]], list[tf.Tensor]]) -> GradsAndVars:
+    """``(g, v)`` pairs with the gradients clipped together (by one global norm)."""
+    missing = [v.name for g, v in pairs if g is None]
+    if missing:
+        raise ValueError(f"no gradient for {missing[0]} (is it used in the loss?)")
+    clipped = clip([g for g, _ in pairs])
+    return [(g, v) for g, (_, v) in zip(clipped, pairs, strict=True)]
 
 
 class ExactRuleOptimizer(v1.train.Optimizer):
@@ -377,20 +404,33 @@ def check_supported(spec: Mapping[str, Any]) -> None:
 
     Raises:
         Unsupported: naming the field, for an optimizer other than sgd,
-            momentum or adam, a learning-rate schedule, weight decay, gradient
-            clipping, or batch-norm / dropout layers.
+            momentum or adam, a learning-rate schedule, weight decay, or
+            ``parallel.batch_norm: sync`` (the classic towers normalise each
+            tower with its own statistics).
     """
-    refuse_unimplemented(spec, "tf.v1", optimizers=("sgd", "momentum", "adam"), schedules=False, weight_decay=False)
+    refuse_unimplemented(spec, "tf.v1", optimizers=("sgd", "momentum", "adam"), schedules=False, weight_decay=False,
+                         clip=True, layers=True, loss_options=True)
+    if spec["parallel"].get("batch_norm", "local") == "sync":
+        raise Unsupported("parallel.batch_norm", "local for tf.v1 (the classic towers normalise each tower with its"
+                          " own shard's statistics; tf.towers has sync)")
 
 
 def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
     """Run a validated case on the v1 graph towers and record its trajectory.
 
+    Batch-norm layers normalise each tower with its own shard's statistics;
+    their moving-statistics updates go to ``UPDATE_OPS``, of which the train op
+    runs the first tower's (the classic code's rule, and what DDP keeps: rank
+    0's buffers). Dropout keep-masks and sample weights are fed as inputs and
+    split with the batch. Gradient clipping follows ``parallel.clip``.
+
     Args:
-        payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
+        payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``
+            (plus ``masks`` and ``w`` when the case has dropout or sample weights).
         progress: called with the number of steps done.
     Returns:
-        ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``.
+        ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``,
+        and ``state/<name>`` ``[steps+1, ...]`` for batch-norm moving statistics.
     Raises:
         DeviceError: ``parallel.devices`` exceeds the configured devices.
         ValueError: a case feature this runner does not implement (:func:`check_supported`).
@@ -401,46 +441,64 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
     np_dtype = np.float64 if spec["dtype"] == "float64" else np.float32
     model, par, batch = spec["model"], spec["parallel"], spec["data"]["global_batch"]
     devices = tower_devices(par["devices"])
-    x_all = np.asarray(payload["x"], np_dtype)
-    y_all = payload["y"]
-    y_all = y_all.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y_all, np_dtype)
     init = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
-    names = list(init)
-    var_name = {k: k.replace(".", "_") for k in names}  # op names: no dots, as models.py
+    names = [k for k in init if not is_state(k)]
+    state_names = [k for k in init if is_state(k)]
+    var_name = {k: k.replace(".", "_") for k in init}  # op names: no dots, as models.py
+    clip = make_clip(spec)
 
-    def model_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        params = {k: v1.get_variable(var_name[k], shape=init[k].shape, dtype=dtype,
-                                     initializer=v1.constant_initializer(init[k]))
-                  for k in names}
-        return device_loss(model["loss"], model["reduction"], forward(model["layers"], params, x), y)
+    with case_batches(payload, towers=None, feed="arrays") as batches:
+        x0, y0, extras0 = batches(0)
+        extra_keys = sorted(extras0)
 
-    graph = tf.Graph()
-    with graph.as_default():
-        x = v1.placeholder(dtype, [batch, *x_all.shape[1:]], name="x")
-        y = v1.placeholder(tf.int64 if model["loss"] == "softmax_ce" else dtype, [batch, *y_all.shape[1:]], name="y")
-        towers = build_towers(model_fn, (x, y), devices, make_v1_optimizer(spec["optimizer"]),
-                              combine=par["combine"], shard=par["shard"], weighting=par["weighting"])
-        by_var = {v.op.name: g for g, v in towers.grads_and_vars}
-        variables = {v.op.name: v for _, v in towers.grads_and_vars}
-        grads = [by_var[var_name[k]] for k in names]
-        params = [variables[var_name[k]] for k in names]
-        init_op = v1.global_variables_initializer()
-    graph.finalize()  # nothing may add ops while the steps run
-    with v1.Session(graph=graph, config=session_config()) as sess:
-        sess.run(init_op)
-        hist = {k: [val] for k, val in zip(names, sess.run(params), strict=True)}
-        ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
-        losses = []
-        for k in range(spec["steps"]):
-            feed = {x: x_all[k * batch:(k + 1) * batch], y: y_all[k * batch:(k + 1) * batch]}
-            loss, g, _ = sess.run([towers.loss, grads, towers.train_op], feed)
-            losses.append(loss)
-            for name, gv, pv in zip(names, g, sess.run(params), strict=True):
-                ghist[name].append(gv)
-                hist[name].append(pv)
-            if progress:
-                progress(k + 1)
+        def model_fn(x: tf.Tensor, y: tf.Tensor, *extras: tf.Tensor) -> tf.Tensor:
+            def var(k: str) -> tf.Variable:
+                return v1.get_variable(var_name[k], shape=init[k].shape, dtype=dtype, trainable=not is_state(k),
+                                       initializer=v1.constant_initializer(init[k]))
+            params = {k: var(k) for k in names}
+            state = {k: var(k) for k in state_names}
+            given = dict(zip(extra_keys, extras, strict=True))
+            masks = {k: m for k, m in given.items() if k != "w"}
+            out = forward(model["layers"], params, x, masks=masks, state=state or None, batch_norm="local")
+            return model_loss(model, out, y, sample_weight=given.get("w"))
+
+        graph = tf.Graph()
+        with graph.as_default():
+            x = v1.placeholder(dtype, [batch, *x0.shape[1:]], name="x")
+            y = v1.placeholder(tf.as_dtype(y0.dtype), [batch, *y0.shape[1:]], name="y")
+            extra_in = [v1.placeholder(tf.as_dtype(extras0[k].dtype), [batch, *extras0[k].shape[1:]], name=f"extra_{i}")
+                        for i, k in enumerate(extra_keys)]
+            towers = build_towers(model_fn, (x, y, *extra_in), devices, make_v1_optimizer(spec["optimizer"]),
+                                  combine=par["combine"], shard=par["shard"], weighting=par["weighting"],
+                                  clip=clip, clip_where=clip.where if clip is not None else "after_combine")
+            by_var = {v.op.name: g for g, v in towers.grads_and_vars}
+            variables = {v.op.name: v for v in v1.global_variables()}
+            grads = [by_var[var_name[k]] for k in names]
+            params = [variables[var_name[k]] for k in names]
+            states = [variables[var_name[k]] for k in state_names]
+            init_op = v1.global_variables_initializer()
+        graph.finalize()  # nothing may add ops while the steps run
+        with v1.Session(graph=graph, config=session_config()) as sess:
+            sess.run(init_op)
+            hist = {k: [val] for k, val in zip(names, sess.run(params), strict=True)}
+            shist = {k: [val] for k, val in zip(state_names, sess.run(states), strict=True)}
+            ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
+            losses = []
+            for k in range(spec["steps"]):
+                xb, yb, extras = batches(k)
+                feed = {x: xb, y: yb, **{p: extras[key] for p, key in zip(extra_in, extra_keys, strict=True)}}
+                loss, g, _ = sess.run([towers.loss, grads, towers.train_op], feed)
+                losses.append(loss)
+                values, svalues = sess.run([params, states])
+                for name, gv, pv in zip(names, g, values, strict=True):
+                    ghist[name].append(gv)
+                    hist[name].append(pv)
+                for name, sv in zip(state_names, svalues, strict=True):
+                    shist[name].append(sv)
+                if progress:
+                    progress(k + 1)
     traj = {"loss": np.asarray(losses)}
     traj.update({f"param/{k}": np.stack(v) for k, v in hist.items()})
     traj.update({f"grad/{k}": np.stack(v) for k, v in ghist.items()})
+    traj.update({f"state/{k}": np.stack(v) for k, v in shist.items()})
     return traj

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from parity_tests.case import case_from_dict, load_case, write_case
+from parity_tests.compare import assert_trajectories_close
 from parity_tests.errors import CaseError
 from parity_tests.harness import run_impl
 from parity_tests.judge import compare_case
@@ -113,7 +114,13 @@ def test_negative_weights_in_npz_are_refused(tmp_path):
         case_from_dict(raw, tmp_path)
 
 
-@pytest.mark.parametrize("impl", ["tf.v1", "tf.mirrored"])
-def test_paths_without_sample_weights_refuse_them(impl):
-    with pytest.raises(CaseError, match=r"^data.sample_weights: expected none for"):
-        run_impl(make(MLP, data__sample_weights=SW), impl)
+def test_mirrored_refuses_sample_weights():
+    with pytest.raises(CaseError, match=r"^data.sample_weights: expected none for tf.mirrored"):
+        run_impl(make(MLP, data__sample_weights=SW), "tf.mirrored")
+
+
+@pytest.mark.parametrize("semantics", ["native", "torch"])
+def test_v1_weights_samples_as_the_towers_do(semantics):
+    """tf.v1 feeds the weights with the batch: the same trajectory as tf.towers, per loss formula."""
+    case = make(MLP, parallel__devices=4, data__sample_weights=SW, model__loss_semantics=semantics)
+    assert_trajectories_close(run_impl(case, "tf.v1"), run_impl(case, "tf.towers"), rtol=1e-10, atol=1e-12)

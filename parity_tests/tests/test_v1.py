@@ -11,7 +11,7 @@ import pytest
 from parity_tests.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.errors import CaseError
 from parity_tests.harness import run_impl
-from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
+from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
 from parity_tests.tests.rules import f32, np_update
 
 # float64: the same update computed by two programs agrees to ~1e-15 relative per
@@ -52,6 +52,69 @@ def test_v1_equals_towers_float64(base, n, semantics):
 )
 def test_v1_equals_towers_combine_weighting_shard(changes):
     case = make(MLP, parallel__devices=4, optimizer__semantics="torch", **changes)
+    assert_trajectories_close(run_impl(case, "tf.v1"), run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
+
+
+# The classic tower code's other parts: batch norm whose moving statistics are the first
+# tower's UPDATE_OPS, dropout masks fed with the batch, clipping inside each tower (or once
+# after the average), and the loss options. The CNN case has conv, batch norm (Keras'
+# moving variance), max pool, dropout 0.25 and flatten.
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"parallel__devices": 4},
+        {"parallel__devices": 3, "parallel__combine": "loss_mean"},
+        {"parallel__devices": 4, "parallel__shard": "strided", "parallel__weighting": "by_size", "data__global_batch": 30},
+        {"parallel__devices": 4, "parallel__clip": {"global_norm": 0.05, "where": "per_device"}},
+        {"parallel__devices": 2, "parallel__clip": {"global_norm": 0.05, "where": "after_combine"},
+         "optimizer__semantics": "tf"},
+        {"parallel__devices": 2, "model__layers__1__semantics": "torch"},
+    ],
+    ids=["grad_mean", "loss_mean", "strided-by_size", "clip-per_device", "clip-after_combine", "bn-torch-variance"],
+)
+def test_v1_equals_towers_on_the_cnn(changes):
+    case = make(CNN, parallel__batch_norm="local", **changes)
+    v1, towers = run_impl(case, "tf.v1"), run_impl(case, "tf.towers")
+    assert {k for k in v1 if k.startswith("state/")} == {"state/1.moving_mean", "state/1.moving_variance"}
+    assert_trajectories_close(v1, towers, rtol=RTOL, atol=ATOL)
+    # the moving statistics moved (the UPDATE_OPS ran) and each step's is the first tower's
+    assert not np.array_equal(v1["state/1.moving_mean"][0], v1["state/1.moving_mean"][1])
+    if "parallel__clip" in changes:
+        # the clipping acted: without it the run is another one
+        unclipped = case.replace(**{"parallel.clip": None})
+        assert not compare_trajectories(v1, run_impl(unclipped, "tf.v1"), rtol=RTOL, atol=ATOL).ok
+
+
+def test_v1_batch_norm_keeps_the_first_towers_statistics():
+    """Step 1's moving mean is m * 0 + (1 - m) * (mean of tower 0's conv output), not the batch's."""
+    import tensorflow as tf
+
+    from tfpar.models import forward
+
+    case = make(CNN, parallel__devices=4, parallel__batch_norm="local", steps=1)
+    traj = run_impl(case, "tf.v1")
+    payload = case.payload()
+    conv = [case.spec["model"]["layers"][0]]
+    params = {k: tf.constant(v) for k, v in payload["init"].items() if k.startswith("0.")}
+    h = forward(conv, params, tf.constant(case.x[:32])).numpy()  # [32, 8, 8, 4]
+    m = case.spec["model"]["layers"][1]["momentum"]
+    first = h[:8].mean(axis=(0, 1, 2))
+    np.testing.assert_allclose(traj["state/1.moving_mean"][1], (1 - m) * first, rtol=1e-12, atol=1e-15)
+    assert not np.allclose(traj["state/1.moving_mean"][1], (1 - m) * h.mean(axis=(0, 1, 2)), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model__class_weights": [1.0, 3.0, 0.5]},
+        {"model__label_smoothing": 0.1},
+        {"model__class_weights": [1.0, 3.0, 0.5], "model__loss_semantics": "torch"},
+        {"data__sample_weights": {"seed": 3}},
+    ],
+    ids=["class_weights", "label_smoothing", "class_weights-torch", "sample_weights"],
+)
+def test_v1_equals_towers_with_loss_options(changes):
+    case = make(SOFTMAX, parallel__devices=3, **changes)
     assert_trajectories_close(run_impl(case, "tf.v1"), run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
 
 
@@ -271,8 +334,10 @@ def test_v1_refuses_features_it_does_not_implement():
     """A valid case v1 does not implement is bad input for tf.v1 (exit 2 on the command line), naming the field."""
     with pytest.raises(CaseError, match=r"^optimizer.name: expected sgd, momentum or adam for tf.v1, got 'rmsprop'$"):
         run_impl(make(MLP, optimizer={"name": "rmsprop", "lr": 0.01}), "tf.v1")
-    with pytest.raises(CaseError, match=r"^parallel.clip: expected no gradient clipping for tf.v1"):
-        run_impl(make(MLP, parallel__clip={"global_norm": 1.0}), "tf.v1")
+    with pytest.raises(CaseError, match=r"^parallel.batch_norm: expected local for tf.v1"):
+        run_impl(make(CNN, parallel__devices=2, parallel__batch_norm="sync"), "tf.v1")
+    with pytest.raises(CaseError, match=r"^parallel.clip: expected no gradient clipping for tf.mirrored"):
+        run_impl(make(MLP, parallel__clip={"global_norm": 1.0}), "tf.mirrored")
 
 
 def test_v1_more_devices_than_configured_is_refused():
@@ -286,7 +351,7 @@ def test_v1_more_devices_than_configured_is_refused():
         tfpar.run_case(payload, "tf.v1")
 
 
-@pytest.mark.parametrize("impl", ["tf.v1", "tf.mirrored"])
+@pytest.mark.parametrize("impl", ["tf.mirrored"])
 @pytest.mark.parametrize(
     ("field", "value"),
     [("class_weights", [1.0, 2.0, 0.5]), ("label_smoothing", 0.1), ("loss_semantics", "torch")],
