@@ -10,7 +10,7 @@ class Unsupported(ValueError):
 
     Args:
         field: the case field, e.g. ``"parallel.clip"``.
-        expected: what this implementation accepts, e.g. ``"no gradient clipping for tf.v1 (tf.towers has it)"``.
+        expected: what this implementation accepts, e.g. ``"no dropout layer for tf.mirrored (tf.towers and tf.v1 have it)"``.
     """
 
     def __init__(self, field: str, expected: str) -> None:
@@ -38,7 +38,7 @@ def refuse_unimplemented(spec: dict, impl: str, *, optimizers: tuple[str, ...] |
     if not weight_decay and opt.get("weight_decay"):
         raise Unsupported("optimizer.weight_decay", f"no weight decay for {impl} (tf.towers has it)")
     if not clip and spec["parallel"].get("clip") is not None:
-        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers and tf.v1 have it)")
+        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers, tf.v1 and tf.mirrored have it)")
     if not loss_options:
         refuse_loss_options(spec, impl)
     for i, layer in enumerate(spec["model"]["layers"]):

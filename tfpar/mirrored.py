@@ -53,10 +53,10 @@ from .devices import tower_devices
 from .errors import refuse_unimplemented
 from .losses import device_loss
 from .models import build_variables, forward
-from .optimizers import KerasOptimizer, make_optimizer
+from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
 
-__all__ = ["check_supported", "make_strategy", "per_example_loss", "run_mirrored", "split_rows"]
+__all__ = ["check_supported", "clip_scaled", "make_strategy", "per_example_loss", "run_mirrored", "split_rows"]
 
 
 def make_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
@@ -88,6 +88,29 @@ def per_example_loss(loss: str, out: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(per, axis=list(range(1, per.shape.rank))) if per.shape.rank > 1 else per
 
 
+def clip_scaled(grads: list[tf.Tensor], w: tf.Tensor, clip: GradientClip) -> list[tf.Tensor]:
+    """Per-device clipping of a replica's gradient of its *scaled* loss ``w l_r``.
+
+    ``grads`` are ``w g_r``; the result is ``w clip(g_r)``: the rule's
+    coefficient is computed from the unscaled norm ``|g_r| = |w g_r| / w``,
+    so the threshold means what it means on ``tf.towers`` and ``torch.ddp``.
+
+    .. warning:: Keras' own ``global_clipnorm`` under ``MirroredStrategy``
+       clips ``w g_r`` itself, in the replica, before the all-reduce
+       (``BaseOptimizer._backend_apply_gradients`` clips, then
+       ``_backend_update_step`` sums): per-device clipping at ``c / w``, i.e.
+       ``N c`` with equal weights, not the clipping of the combined gradient.
+    """
+    dtype = grads[0].dtype
+    norm = tf.linalg.global_norm(grads) / w
+    c = tf.constant(clip.global_norm, dtype)
+    if clip.semantics == "torch":
+        coef = tf.minimum(c / (norm + tf.constant(1e-6, dtype)), tf.constant(1.0, dtype))
+    else:  # tf.clip_by_global_norm's arithmetic
+        coef = c * tf.minimum(1.0 / norm, 1.0 / c)
+    return [g * coef for g in grads]
+
+
 def split_rows(a: np.ndarray, n: int, shard: str) -> list[np.ndarray]:
     """Replica shards of a global batch, rows in order: ``np.array_split`` or rows r, r+N, ..."""
     if shard == "contiguous":
@@ -101,10 +124,10 @@ def check_supported(spec: Mapping[str, Any]) -> None:
     Every optimizer, schedule and weight decay of :mod:`tfpar.optimizers` works.
 
     Raises:
-        Unsupported: naming the field, for gradient clipping or
-            batch-norm / dropout layers.
+        Unsupported: naming the field, for batch-norm / dropout layers or
+            the loss options.
     """
-    refuse_unimplemented(spec, "tf.mirrored")
+    refuse_unimplemented(spec, "tf.mirrored", clip=True)
 
 
 def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
@@ -137,6 +160,10 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     native = isinstance(optimizer, KerasOptimizer)
     sizes = shard_sizes(batch, n, par["shard"])
     weights = [1.0 / n] * n if par["weighting"] == "equal" else [s / batch for s in sizes]
+    clip = make_clip(spec)
+    per_device = clip is not None and clip.where == "per_device"
+    # Keras applies (and all-reduces) inside the replica unless the combined gradient must be clipped first
+    apply_in_replica = native and (clip is None or per_device)
 
     def scaled_loss(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         out = forward(model["layers"], dict(zip(names, var_list, strict=True)), x)
@@ -154,7 +181,10 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         with tf.GradientTape() as tape:
             loss = scaled_loss(x, y)
         grads = tape.gradient(loss, var_list)
-        if native:
+        if per_device:
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            grads = clip_scaled(grads, tf.gather(tf.constant(weights, dtype=grads[0].dtype), r), clip)
+        if apply_in_replica:
             optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
         return loss, grads
 
@@ -165,9 +195,13 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         # the strategy's sum of the replicas' gradients: what Keras' all-reduce
         # applied (native), or what the exact rule applies here
         grads = [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in local_grads]
-        if not native:
+        if clip is not None and not per_device:
+            grads = clip(grads)  # torch's order: clip what the all-reduce produced
+        if not apply_in_replica:
             # cross-replica context: each assignment to a MirroredVariable
-            # (parameters, slots, step count) writes the same value to every copy
+            # (parameters, slots, step count) writes the same value to every copy;
+            # a Keras optimizer called here finds no replica context and does not
+            # all-reduce again (keras/src/backend/tensorflow/optimizer.py)
             optimizer.apply(grads, var_list)
         return total, grads
 

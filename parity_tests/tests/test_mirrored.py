@@ -10,7 +10,7 @@ import pytest
 from parity_tests.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.errors import CaseError
 from parity_tests.harness import run_impl
-from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
+from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
 
 # float64: the strategy sums replica gradients of losses pre-scaled by w_r, the
 # tower engine averages unscaled gradients: the same number in two orders,
@@ -125,8 +125,87 @@ def test_per_example_loss_means_to_the_device_loss():
 
 
 def test_mirrored_refuses_features_it_does_not_implement():
-    with pytest.raises(CaseError, match=r"^parallel.clip: expected no gradient clipping for tf.mirrored"):
-        run_impl(make(MLP, parallel__clip={"global_norm": 1.0}), "tf.mirrored")
+    with pytest.raises(CaseError, match=r"^model.layers\[1\].type: expected no batch_norm layer for tf.mirrored"):
+        run_impl(make(CNN, parallel__devices=2), "tf.mirrored")
+    with pytest.raises(CaseError, match=r"^model.class_weights: expected null for tf.mirrored"):
+        run_impl(make(SOFTMAX, model__class_weights=[1.0, 2.0, 0.5]), "tf.mirrored")
+
+
+# ------------------------------------------------------------------ clipping
+
+CLIP = 0.05  # below every step's per-device and combined gradient norm on SOFTMAX: clipping acts
+
+
+@pytest.mark.parametrize("where", ["per_device", "after_combine"])
+@pytest.mark.parametrize(
+    ("semantics", "opt"),
+    [("torch", {"name": "momentum", "lr": 0.05, "momentum": 0.9}), ("tf", {"name": "adam", "lr": 0.01}),
+     ("native", {"name": "sgd", "lr": 0.0625})],
+)
+@pytest.mark.parametrize("changes", [{}, {"parallel__weighting": "by_size", "data__global_batch": 50}],
+                         ids=["even", "uneven-by_size"])
+def test_mirrored_clipping_equals_towers(where, semantics, opt, changes):
+    """Per replica, the scaled gradient w g_r is clipped as w clip(g_r); after the all-reduce, the sum is clipped."""
+    case = make(SOFTMAX, parallel__devices=3, optimizer=dict(opt, semantics=semantics),
+                parallel__clip={"global_norm": CLIP, "where": where}, **changes)
+    mirrored = run_impl(case, "tf.mirrored")
+    assert_trajectories_close(mirrored, run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
+    # the clipping acted: without it the run is another one
+    unclipped = case.replace(**{"parallel.clip": None})
+    assert not compare_trajectories(mirrored, run_impl(unclipped, "tf.mirrored"), rtol=RTOL, atol=ATOL).ok
+
+
+def test_keras_global_clipnorm_under_mirrored_strategy_clips_each_replica_at_n_times_c():
+    """What the guide's loop does with ``SGD(global_clipnorm=c)``: per-replica clipping of w g_r at c.
+
+    Keras clips in the replica, before its all-reduce, the gradient of the
+    scaled loss (1/N of the replica's own); so with N equal replicas it is
+    ``per_device`` clipping at N c, and it is not ``after_combine`` at c (what
+    DDP users do with clip_grad_norm_ after backward). Read in
+    keras/src/optimizers/base_optimizer.py (_backend_apply_gradients) and
+    keras/src/backend/tensorflow/optimizer.py (_backend_update_step).
+    """
+    import keras
+    import tensorflow as tf
+
+    from tfpar import make_strategy, tower_devices
+    from tfpar.mirrored import per_example_loss, split_rows
+    from tfpar.models import forward
+
+    n, lr = 3, 0.0625
+    case = make(SOFTMAX, parallel__devices=n, steps=1, optimizer={"name": "sgd", "lr": lr, "semantics": "native"})
+    payload = case.payload()
+    strategy = make_strategy(tower_devices(n))
+    with strategy.scope():
+        variables = {k: tf.Variable(v) for k, v in payload["init"].items()}
+        opt = keras.optimizers.SGD(lr, global_clipnorm=CLIP)
+        opt.build(list(variables.values()))
+    layers = case.spec["model"]["layers"]
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            out = forward(layers, variables, x)
+            loss = tf.nn.compute_average_loss(per_example_loss("softmax_ce", out, y))
+        grads = tape.gradient(loss, list(variables.values()))
+        opt.apply_gradients(zip(grads, list(variables.values()), strict=True))
+
+    def dist(a):
+        parts = split_rows(a, n, "contiguous")
+        return strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
+
+    rows = case.spec["data"]["global_batch"]
+    strategy.run(tf.function(replica_step), args=(dist(case.x[:rows]), dist(case.y[:rows].astype(np.int64))))
+    keras_params = {k: strategy.experimental_local_results(v)[0].numpy() for k, v in variables.items()}
+
+    def ours(where, c):
+        traj = run_impl(case.replace(**{"parallel.clip": {"global_norm": c, "where": where}}), "tf.mirrored")
+        return {k: traj[f"param/{k}"][1] for k in keras_params}
+
+    per_device = ours("per_device", n * CLIP)
+    for k, v in keras_params.items():
+        np.testing.assert_allclose(v, per_device[k], rtol=1e-12, atol=1e-14, err_msg=k)
+    after = ours("after_combine", CLIP)
+    assert max(float(np.max(np.abs(after[k] - keras_params[k]))) for k in keras_params) > 1e-4
 
 
 def test_mirrored_more_devices_than_configured_is_refused():

@@ -336,8 +336,6 @@ def test_v1_refuses_features_it_does_not_implement():
         run_impl(make(MLP, optimizer={"name": "rmsprop", "lr": 0.01}), "tf.v1")
     with pytest.raises(CaseError, match=r"^parallel.batch_norm: expected local for tf.v1"):
         run_impl(make(CNN, parallel__devices=2, parallel__batch_norm="sync"), "tf.v1")
-    with pytest.raises(CaseError, match=r"^parallel.clip: expected no gradient clipping for tf.mirrored"):
-        run_impl(make(MLP, parallel__clip={"global_norm": 1.0}), "tf.mirrored")
 
 
 def test_v1_more_devices_than_configured_is_refused():
