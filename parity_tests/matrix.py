@@ -8,8 +8,9 @@ seeds' graph towers) and ``tf.mirrored`` are judged against it (a path that
 does not implement a row's features is listed as ``unsupported``). Then the rows where theory predicts a difference: sum reduction
 under data parallelism, uneven shards with equal weighting (and the
 ``by_size`` weighting that removes it), and native Adam across frameworks
-(epsilon placement). The exit status is 0 only when every verdict is the
-expected one.
+(epsilon placement), batch norm with each framework's moving variance,
+``param_mean`` and ``async``, and gradient clipping before and after the
+combine. The exit status is 0 only when every verdict is the expected one.
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ EXPECTED_ROWS: list[tuple[str, str, dict[str, Any]]] = [
     # and both must differ from one device on the full batch
     ("poly-adam-param_mean", "poly-adam", {"parallel.combine": "param_mean", "parallel.period": 2}),
     ("mlp-async", "mlp-sgd", {"parallel.combine": "async", "parallel.staleness": 1, "optimizer.semantics": "torch"}),
+    # gradient clipping by global norm, below every step's norm so that it acts: clipped inside each
+    # device before averaging (the classic tower order: every parallel path agrees, one device on the
+    # full batch does not), and after the combine (torch's order: every path agrees)
+    ("softmax-clip-per_device", "softmax-momentum",
+     {"parallel.clip": {"global_norm": 0.05, "where": "per_device"}, "optimizer.semantics": "torch"}),
+    ("softmax-clip-after_combine", "softmax-momentum",
+     {"parallel.clip": {"global_norm": 0.05, "where": "after_combine"}, "optimizer.semantics": "torch"}),
 ]
 
 
