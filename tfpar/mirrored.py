@@ -28,6 +28,21 @@ Loss scaling and tower weights (``l_r``: replica r's mean loss over its
     per-replica ``l_r`` is a sum; it is scaled by the same weight (``1/N`` or
     ``n_r/B``) directly, as ``tf.towers`` weights it.
 
+Loss options: the per-example losses carry Keras' label smoothing, class
+weights (``cw[y_i]`` times the example's loss) and probability inputs; sample
+weights multiply them, ``compute_average_loss(v * per_example, ...)`` =
+``sum_i v_i l_i / B`` = ``(n_r/B)`` times Keras' ``sum_over_batch_size`` loss
+of the shard. ``model.loss_semantics: torch`` (a weighted mean, ``sum v l /
+sum v``, with no per-example form) scales the shard's loss by its weight
+directly, as for ``sum``.
+
+.. warning:: ``tf.nn.compute_average_loss(per_example, sample_weight=v)``
+   casts the losses and the weights to float32 before multiplying them
+   (``tensorflow/python/ops/losses/util.py``, ``scale_losses_by_sample_weight``,
+   with a TODO saying so), even in a float64 run: about 1e-8 relative on the
+   loss and its gradient. This runner multiplies by ``v`` itself, in the case
+   dtype.
+
 The all-reduce sums the gradients of the scaled losses, so the update is the
 gradient of ``sum_r w_r l_r``: the same number for ``combine: grad_mean`` and
 ``loss_mean`` (a strategy has no separate "average the losses" program; in
@@ -43,15 +58,16 @@ copies. (Both leave the copies bit-identical; :func:`run_mirrored` checks.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from .devices import tower_devices
 from .errors import refuse_unimplemented
-from .losses import device_loss
+from .losses import model_loss
 from .models import build_variables, forward
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
@@ -71,18 +87,30 @@ def make_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
     )
 
 
-def per_example_loss(loss: str, out: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-    """One loss per example, ``[n]``: the mean over the example's output elements.
+def per_example_loss(loss: str, out: tf.Tensor, y: tf.Tensor, *, from_logits: bool = True,
+                     label_smoothing: float = 0.0, class_weights: Sequence[float] | None = None) -> tf.Tensor:
+    """One loss per example, ``[n]``, as Keras computes it: the mean over the example's elements.
 
-    The mean of these over a shard is :func:`tfpar.losses.device_loss` with
-    ``mean`` reduction (every example has the same number of elements).
+    ``softmax_ce``: ``cw[y_i] * CE(t_i, p_i)`` with ``t = (1 - s) onehot(y) + s/k``
+    (``CategoricalCrossentropy(reduction=None)``); ``sigmoid_ce``: labels
+    smoothed to ``y (1 - s) + s/2``, from logits or probabilities
+    (``keras.ops.binary_crossentropy``). The mean of these over a shard is
+    :func:`tfpar.losses.device_loss` with ``mean`` reduction and Keras'
+    semantics (``sum_over_batch_size``).
     """
     if loss == "softmax_ce":
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
+        if not label_smoothing and class_weights is None:
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
+        k = int(out.shape[-1])
+        per = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing,
+                                                   reduction=None, dtype=out.dtype.name)(tf.one_hot(y, k, dtype=out.dtype), out)
+        return per if class_weights is None else per * tf.gather(tf.constant(list(class_weights), out.dtype), y)
     if loss == "mse":
         per = tf.square(out - y)
     elif loss == "sigmoid_ce":
-        per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=out)
+        t = y * (1.0 - label_smoothing) + 0.5 * label_smoothing if label_smoothing else y  # Keras' smoothing
+        per = (tf.nn.sigmoid_cross_entropy_with_logits(labels=t, logits=out) if from_logits
+               else keras.ops.binary_crossentropy(t, out, from_logits=False))
     else:
         raise ValueError(f"unknown loss {loss!r}")
     return tf.reduce_mean(per, axis=list(range(1, per.shape.rank))) if per.shape.rank > 1 else per
@@ -124,10 +152,9 @@ def check_supported(spec: Mapping[str, Any]) -> None:
     Every optimizer, schedule and weight decay of :mod:`tfpar.optimizers` works.
 
     Raises:
-        Unsupported: naming the field, for batch-norm / dropout layers or
-            the loss options.
+        Unsupported: naming the field, for batch-norm / dropout layers.
     """
-    refuse_unimplemented(spec, "tf.mirrored", clip=True)
+    refuse_unimplemented(spec, "tf.mirrored", clip=True, loss_options=True)
 
 
 def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
@@ -165,21 +192,28 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     # Keras applies (and all-reduces) inside the replica unless the combined gradient must be clipped first
     apply_in_replica = native and (clip is None or per_device)
 
-    def scaled_loss(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def scaled_loss(x: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None) -> tf.Tensor:
         out = forward(model["layers"], dict(zip(names, var_list, strict=True)), x)
-        if model["reduction"] == "mean":
-            per = per_example_loss(model["loss"], out, y)
+        if model["reduction"] == "mean" and model.get("loss_semantics", "native") != "torch":
+            per = per_example_loss(model["loss"], out, y, from_logits=model.get("from_logits", True),
+                                   label_smoothing=model.get("label_smoothing", 0.0),
+                                   class_weights=model.get("class_weights"))
+            if v is not None:
+                # weighted here, in the case dtype: compute_average_loss(sample_weight=v) would
+                # round every weighted loss to float32 (see the module docstring)
+                per = per * tf.cast(v, per.dtype)
             if par["weighting"] == "by_size":
                 return tf.nn.compute_average_loss(per, global_batch_size=batch)
             return tf.nn.compute_average_loss(per)  # default: n_r * N, i.e. l_r / N
-        # sum reduction: compute_average_loss divides a sum; weight the sum itself
+        # a sum (compute_average_loss divides a sum), or torch's loss formula (a weighted
+        # mean has no per-example form): weight the shard's loss itself
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
         w = tf.gather(tf.constant(weights, dtype=out.dtype), r)
-        return w * device_loss(model["loss"], "sum", out, y)
+        return w * model_loss(model, out, y, sample_weight=v)
 
-    def replica_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    def replica_step(x: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
         with tf.GradientTape() as tape:
-            loss = scaled_loss(x, y)
+            loss = scaled_loss(x, y, v)
         grads = tape.gradient(loss, var_list)
         if per_device:
             r = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -189,8 +223,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         return loss, grads
 
     @tf.function
-    def step(x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        loss, local_grads = strategy.run(replica_step, args=(x, y))
+    def step(x: Any, y: Any, v: Any = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        loss, local_grads = strategy.run(replica_step, args=(x, y) if v is None else (x, y, v))
         total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
         # the strategy's sum of the replicas' gradients: what Keras' all-reduce
         # applied (native), or what the exact rule applies here
@@ -208,6 +242,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     x_all = np.asarray(payload["x"], np_dtype)
     y_all = payload["y"]
     y_all = y_all.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y_all, np_dtype)
+    w_all = None if payload.get("w") is None else np.asarray(payload["w"], np_dtype)  # sample weights, by row
 
     def distribute(a: np.ndarray) -> Any:
         parts = split_rows(a, n, par["shard"])
@@ -229,7 +264,10 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     losses = []
     for k in range(spec["steps"]):
         rows = slice(k * batch, (k + 1) * batch)
-        loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]))
+        args = [distribute(x_all[rows]), distribute(y_all[rows])]
+        if w_all is not None:
+            args.append(distribute(w_all[rows]))
+        loss, grads = step(*args)
         losses.append(loss.numpy())
         for name, g, val in zip(names, grads, values(), strict=True):
             ghist[name].append(g.numpy())

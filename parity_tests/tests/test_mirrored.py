@@ -127,8 +127,53 @@ def test_per_example_loss_means_to_the_device_loss():
 def test_mirrored_refuses_features_it_does_not_implement():
     with pytest.raises(CaseError, match=r"^model.layers\[1\].type: expected no batch_norm layer for tf.mirrored"):
         run_impl(make(CNN, parallel__devices=2), "tf.mirrored")
-    with pytest.raises(CaseError, match=r"^model.class_weights: expected null for tf.mirrored"):
-        run_impl(make(SOFTMAX, model__class_weights=[1.0, 2.0, 0.5]), "tf.mirrored")
+    dropout = [{"type": "dense", "units": 8, "activation": "tanh"}, {"type": "dropout", "rate": 0.5}, {"type": "dense", "units": 3}]
+    with pytest.raises(CaseError, match=r"^model.layers\[1\].type: expected no dropout layer for tf.mirrored"):
+        run_impl(make(SOFTMAX, model__layers=dropout), "tf.mirrored")
+
+
+# ------------------------------------------------------------------ loss options and sample weights
+
+SW = {"seed": 5, "low": 0.25, "high": 4.0}
+SIGMOID_OUT = [{"type": "dense", "units": 10, "activation": "relu"}, {"type": "dense", "units": 1, "activation": "sigmoid"}]
+
+
+@pytest.mark.parametrize(
+    ("base", "changes"),
+    [
+        (SOFTMAX, {"model__class_weights": [1.0, 3.0, 0.5]}),
+        (SOFTMAX, {"model__class_weights": [1.0, 3.0, 0.5], "model__label_smoothing": 0.1}),
+        (SOFTMAX, {"model__class_weights": [1.0, 3.0, 0.5], "model__label_smoothing": 0.1, "model__loss_semantics": "torch"}),
+        (SOFTMAX, {"model__class_weights": [1.0, 3.0, 0.5], "parallel__weighting": "by_size", "data__global_batch": 50}),
+        (MLP, {"model__label_smoothing": 0.2}),
+        (MLP, {"model__layers": SIGMOID_OUT, "model__from_logits": False}),
+        (MLP, {"data__sample_weights": SW}),
+        (MLP, {"data__sample_weights": SW, "model__loss_semantics": "torch"}),
+        (MLP, {"data__sample_weights": SW, "parallel__weighting": "by_size", "data__global_batch": 50}),
+        (MLP, {"data__sample_weights": SW, "model__reduction": "sum"}),
+    ],
+    ids=["class_weights", "class_weights-smoothing", "class_weights-smoothing-torch", "class_weights-by_size",
+         "sigmoid-smoothing", "probabilities", "sample_weights", "sample_weights-torch", "sample_weights-by_size",
+         "sample_weights-sum"],
+)
+def test_mirrored_loss_options_equal_towers(base, changes):
+    """Keras' rule through per-example losses and compute_average_loss; torch's by the shard's weighted mean."""
+    case = make(base, parallel__devices=3, **changes)
+    assert_trajectories_close(run_impl(case, "tf.mirrored"), run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
+
+
+def test_compute_average_loss_rounds_sample_weighted_losses_to_float32():
+    """Why tf.mirrored multiplies by the weights itself: TF 2.21's sample_weight path casts to float32."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(11)
+    per = rng.uniform(0.1, 3.0, size=64)
+    v = rng.uniform(0.25, 4.0, size=64)
+    exact = float(np.sum(per * v) / 64)
+    with_arg = float(tf.nn.compute_average_loss(tf.constant(per), sample_weight=tf.constant(v), global_batch_size=64))
+    ours = float(tf.nn.compute_average_loss(tf.constant(per) * tf.constant(v), global_batch_size=64))
+    assert abs(ours - exact) <= 1e-15 * exact
+    assert 1e-10 < abs(with_arg - exact) / exact < 1e-6  # float32 rounding, in a float64 computation
 
 
 # ------------------------------------------------------------------ clipping

@@ -114,13 +114,9 @@ def test_negative_weights_in_npz_are_refused(tmp_path):
         case_from_dict(raw, tmp_path)
 
 
-def test_mirrored_refuses_sample_weights():
-    with pytest.raises(CaseError, match=r"^data.sample_weights: expected none for tf.mirrored"):
-        run_impl(make(MLP, data__sample_weights=SW), "tf.mirrored")
-
-
+@pytest.mark.parametrize("impl", ["tf.v1", "tf.mirrored"])
 @pytest.mark.parametrize("semantics", ["native", "torch"])
-def test_v1_weights_samples_as_the_towers_do(semantics):
-    """tf.v1 feeds the weights with the batch: the same trajectory as tf.towers, per loss formula."""
+def test_other_tf_paths_weight_samples_as_the_towers_do(impl, semantics):
+    """tf.v1 feeds the weights with the batch, tf.mirrored with each replica's shard: the same trajectory as tf.towers."""
     case = make(MLP, parallel__devices=4, data__sample_weights=SW, model__loss_semantics=semantics)
-    assert_trajectories_close(run_impl(case, "tf.v1"), run_impl(case, "tf.towers"), rtol=1e-10, atol=1e-12)
+    assert_trajectories_close(run_impl(case, impl), run_impl(case, "tf.towers"), rtol=1e-10, atol=1e-12)

@@ -349,14 +349,19 @@ def test_v1_more_devices_than_configured_is_refused():
         tfpar.run_case(payload, "tf.v1")
 
 
-@pytest.mark.parametrize("impl", ["tf.mirrored"])
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("class_weights", [1.0, 2.0, 0.5]), ("label_smoothing", 0.1), ("loss_semantics", "torch")],
+    [("class_weights", [1.0, 2.0, 0.5]), ("label_smoothing", 0.1), ("loss_semantics", "torch"), ("from_logits", False)],
 )
-def test_paths_without_loss_options_refuse_them(impl, field, value):
-    """A loss option a path would silently drop is refused, naming the field."""
-    from parity_tests.tests.helpers import SOFTMAX
+def test_a_path_without_loss_options_refuses_them(field, value):
+    """``refuse_unimplemented`` (for a path that computes the plain loss only) names a loss option it would drop."""
+    from tfpar.errors import Unsupported, refuse_unimplemented
 
-    with pytest.raises(CaseError, match=rf"^model.{field}: expected"):
-        run_impl(make(SOFTMAX, **{f"model__{field}": value}), impl)
+    changes = {f"model__{field}": value}
+    if field == "from_logits":  # probabilities need a final sigmoid
+        changes["model__layers"] = [{"type": "dense", "units": 10, "activation": "relu"},
+                                    {"type": "dense", "units": 1, "activation": "sigmoid"}]
+    spec = make(MLP if field == "from_logits" else SOFTMAX, **changes).spec
+    with pytest.raises(Unsupported, match=rf"^model.{field}: "):
+        refuse_unimplemented(spec, "tf.example")
+    refuse_unimplemented(spec, "tf.example", loss_options=True)  # a path that has them: no refusal
