@@ -48,6 +48,11 @@ gradient of ``sum_r w_r l_r``: the same number for ``combine: grad_mean`` and
 ``loss_mean`` (a strategy has no separate "average the losses" program; in
 exact arithmetic the two agree, and ``tf.towers`` shows they do in float64).
 
+Batch norm and dropout: see :func:`replica_forward` (``local`` replica
+statistics or ``sync`` all-reduced sums; the moving statistics are updated in
+cross-replica context from replica 0's or the global statistics). Keep-masks
+and sample weights are distributed by replica shard, like the rows.
+
 Optimizers: ``native`` uses Keras' own class, whose ``apply_gradients``
 inside ``strategy.run`` all-reduces (SUM) and updates each copy;
 ``torch``/``tf`` semantics use the exact rules of :mod:`tfpar.optimizers`
@@ -58,6 +63,8 @@ copies. (Both leave the copies bit-identical; :func:`run_mirrored` checks.)
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -68,11 +75,12 @@ import tensorflow as tf
 from .devices import tower_devices
 from .errors import refuse_unimplemented
 from .losses import model_loss
-from .models import build_variables, forward
+from .models import apply_layer, build_variables, is_state, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
 
-__all__ = ["check_supported", "clip_scaled", "make_strategy", "per_example_loss", "run_mirrored", "split_rows"]
+__all__ = ["check_supported", "clip_scaled", "make_strategy", "per_example_loss", "replica_forward", "run_mirrored",
+           "split_rows"]
 
 
 def make_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
@@ -149,22 +157,64 @@ def split_rows(a: np.ndarray, n: int, shard: str) -> list[np.ndarray]:
 def check_supported(spec: Mapping[str, Any]) -> None:
     """Refuse what the MirroredStrategy runner does not implement, naming the case field.
 
-    Every optimizer, schedule and weight decay of :mod:`tfpar.optimizers` works.
-
-    Raises:
-        Unsupported: naming the field, for batch-norm / dropout layers.
+    Every optimizer, schedule, weight decay, clipping, layer, loss option and
+    sample weighting of ``tf.towers`` works; nothing is refused at present
+    beyond what :func:`tfpar.errors.refuse_unimplemented` is told to.
     """
-    refuse_unimplemented(spec, "tf.mirrored", clip=True, loss_options=True)
+    refuse_unimplemented(spec, "tf.mirrored", clip=True, layers=True, loss_options=True)
+
+
+def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *,
+                    masks: Mapping[str, tf.Tensor], batch_norm: str,
+                    stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]]) -> tf.Tensor:
+    """One replica's forward pass (inside ``strategy.run``), ``[n_r, ...] -> [n_r, *output_shape]``.
+
+    A ``batch_norm`` layer normalises with its replica's own statistics
+    (``local``: ``tf.nn.moments``) or with the whole global batch's (``sync``:
+    ``ReplicaContext.all_reduce(SUM)`` of ``sum x``, ``sum x^2`` and the count,
+    as Keras' ``SyncBatchNormalization`` does; ``mu = S/n``, ``var = max(Q/n - mu^2, 0)``).
+    The all-reduce is differentiable: its gradient is the all-reduce of the
+    upstream gradients, so a replica's gradient is its share of the gradient of
+    every replica's loss (torch ``SyncBatchNorm``'s, not ``tf.towers``' own-loss
+    gradient). ``stats[i]`` receives the layer's ``(mean, var, values per channel)``
+    for the moving-statistics update, which the caller applies in cross-replica
+    context. ``masks`` maps a dropout layer's index (str) to its keep-mask.
+    """
+    from .devices import tower_devices
+
+    h = x
+    for i, layer in enumerate(layers):
+        if layer["type"] != "batch_norm":
+            h = apply_layer(i, layer, params, h, masks.get(str(i)))
+            continue
+        place = tower_devices(layer["device"] + 1)[layer["device"]] if "device" in layer else None
+        with tf.device(place) if place else contextlib.nullcontext():
+            axes = list(range(h.shape.rank - 1))
+            count = math.prod(h.shape[:-1])
+            if batch_norm == "sync":
+                ctx = tf.distribute.get_replica_context()
+                s1, s2, c = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [
+                    tf.reduce_sum(h, axes), tf.reduce_sum(tf.square(h), axes), tf.constant(float(count), h.dtype)])
+                mean = s1 / c
+                var = tf.maximum(s2 / c - tf.square(mean), 0.0)
+            else:
+                mean, var = tf.nn.moments(h, axes)
+            stats[i] = (mean, var, math.prod(h.shape[1:-1]))  # values per channel per example
+            h = tf.nn.batch_normalization(h, mean, var, offset=params[f"{i}.beta"], scale=params[f"{i}.gamma"],
+                                          variance_epsilon=layer["epsilon"])
+    return h
 
 
 def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
     """Run a validated case through ``MirroredStrategy`` and record its trajectory.
 
     Args:
-        payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
+        payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``
+            (plus ``masks`` and ``w`` for dropout and sample weights).
         progress: called with the number of steps done.
     Returns:
-        ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``;
+        ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``
+        and ``state/<name>`` ``[steps+1, ...]`` for batch-norm moving statistics;
         ``grad`` is the strategy's sum of the replicas' scaled gradients (what was applied).
     Raises:
         DeviceError: ``parallel.devices`` exceeds the configured devices.
@@ -176,12 +226,14 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     np_dtype = np.float64 if spec["dtype"] == "float64" else np.float32
     model, par, batch = spec["model"], spec["parallel"], spec["data"]["global_batch"]
     n = par["devices"]
+    bn_mode = par.get("batch_norm", "local")
     devices = tower_devices(n)
     strategy = make_strategy(devices)
     with strategy.scope():
         variables = build_variables(payload["init"], dtype, device=devices[0])
-        names = list(variables)
+        names = [k for k in variables if not is_state(k)]
         var_list = [variables[k] for k in names]
+        state = {k: v for k, v in variables.items() if is_state(k)}
         optimizer = make_optimizer(spec["optimizer"])
         optimizer.build(var_list)
     native = isinstance(optimizer, KerasOptimizer)
@@ -191,9 +243,10 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     per_device = clip is not None and clip.where == "per_device"
     # Keras applies (and all-reduces) inside the replica unless the combined gradient must be clipped first
     apply_in_replica = native and (clip is None or per_device)
+    layers = model["layers"]
+    bn_layers = {i: layer for i, layer in enumerate(layers) if layer["type"] == "batch_norm"}
 
-    def scaled_loss(x: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None) -> tf.Tensor:
-        out = forward(model["layers"], dict(zip(names, var_list, strict=True)), x)
+    def scaled_loss(out: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None) -> tf.Tensor:
         if model["reduction"] == "mean" and model.get("loss_semantics", "native") != "torch":
             per = per_example_loss(model["loss"], out, y, from_logits=model.get("from_logits", True),
                                    label_smoothing=model.get("label_smoothing", 0.0),
@@ -211,20 +264,27 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         w = tf.gather(tf.constant(weights, dtype=out.dtype), r)
         return w * model_loss(model, out, y, sample_weight=v)
 
-    def replica_step(x: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    def replica_step(x: tf.Tensor, y: tf.Tensor, extras: dict[str, tf.Tensor]) -> tuple[Any, ...]:
+        stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]] = {}
         with tf.GradientTape() as tape:
-            loss = scaled_loss(x, y, v)
+            out = replica_forward(layers, dict(zip(names, var_list, strict=True)), x,
+                                  masks={k: m for k, m in extras.items() if k != "w"}, batch_norm=bn_mode, stats=stats)
+            loss = scaled_loss(out, y, extras.get("w"))
         grads = tape.gradient(loss, var_list)
         if per_device:
             r = tf.distribute.get_replica_context().replica_id_in_sync_group
             grads = clip_scaled(grads, tf.gather(tf.constant(weights, dtype=grads[0].dtype), r), clip)
         if apply_in_replica:
             optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
-        return loss, grads
+        moments = {str(i): (mean, var) for i, (mean, var, _) in stats.items()}
+        per_example[0] = {i: c for i, (_, _, c) in stats.items()}  # trace-time: static sizes
+        return loss, grads, moments
+
+    per_example: list[dict[int, int]] = [{}]
 
     @tf.function
-    def step(x: Any, y: Any, v: Any = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        loss, local_grads = strategy.run(replica_step, args=(x, y) if v is None else (x, y, v))
+    def step(x: Any, y: Any, extras: dict[str, Any]) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        loss, local_grads, moments = strategy.run(replica_step, args=(x, y, extras))
         total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
         # the strategy's sum of the replicas' gradients: what Keras' all-reduce
         # applied (native), or what the exact rule applies here
@@ -237,44 +297,55 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             # a Keras optimizer called here finds no replica context and does not
             # all-reduce again (keras/src/backend/tensorflow/optimizer.py)
             optimizer.apply(grads, var_list)
+        for i, layer in bn_layers.items():
+            # the moving statistics: the global batch's (sync), or replica 0's (local: what
+            # DDP keeps, broadcasting rank 0's buffers), written to every copy
+            mean, var = (strategy.experimental_local_results(t)[0] for t in moments[str(i)])
+            rows = batch if bn_mode == "sync" else sizes[0]
+            update_moving(state, i, layer, mean, var, rows * per_example[0][i])
         return total, grads
 
     x_all = np.asarray(payload["x"], np_dtype)
     y_all = payload["y"]
     y_all = y_all.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y_all, np_dtype)
-    w_all = None if payload.get("w") is None else np.asarray(payload["w"], np_dtype)  # sample weights, by row
+    by_row = {k: np.asarray(m) for k, m in (payload.get("masks") or {}).items()}  # dropout keep-masks
+    if payload.get("w") is not None:
+        by_row["w"] = np.asarray(payload["w"], np_dtype)  # sample weights
 
     def distribute(a: np.ndarray) -> Any:
         parts = split_rows(a, n, par["shard"])
         return strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
 
-    def values() -> list[np.ndarray]:
+    def read(items: list[tuple[str, tf.Variable]]) -> list[np.ndarray]:
         # every copy must agree; record the first, check the rest
         out = []
-        for k, v in zip(names, var_list, strict=True):
+        for k, v in items:
             copies = [c.numpy() for c in strategy.experimental_local_results(v)]
             if any(not np.array_equal(copies[0], c) for c in copies[1:]):
                 raise RuntimeError(f"the replicas' copies of {k} differ")
             out.append(copies[0])
         return out
 
-    hist = {k: [val] for k, val in zip(names, values(), strict=True)}
+    params = list(zip(names, var_list, strict=True))
+    hist = {k: [val] for k, val in zip(names, read(params), strict=True)}
+    shist = {k: [val] for k, val in zip(state, read(list(state.items())), strict=True)}
     ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
     losses = []
     for k in range(spec["steps"]):
         rows = slice(k * batch, (k + 1) * batch)
-        args = [distribute(x_all[rows]), distribute(y_all[rows])]
-        if w_all is not None:
-            args.append(distribute(w_all[rows]))
-        loss, grads = step(*args)
+        extras = {key: distribute(a[rows]) for key, a in by_row.items()}
+        loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]), extras)
         losses.append(loss.numpy())
-        for name, g, val in zip(names, grads, values(), strict=True):
+        for name, g, val in zip(names, grads, read(params), strict=True):
             ghist[name].append(g.numpy())
             hist[name].append(val)
+        for name, val in zip(state, read(list(state.items())), strict=True):
+            shist[name].append(val)
         if progress:
             progress(k + 1)
     traj = {"loss": np.asarray(losses)}
     traj.update({f"param/{k}": np.stack(v) for k, v in hist.items()})
     traj.update({f"grad/{k}": np.stack(v) for k, v in ghist.items()})
+    traj.update({f"state/{k}": np.stack(v) for k, v in shist.items()})
     return traj

@@ -50,7 +50,9 @@ import tensorflow as tf
 
 __all__ = [
     "STATE_KINDS",
+    "apply_layer",
     "build_variables",
+    "update_moving",
     "forward",
     "forward_towers",
     "is_state",
@@ -126,8 +128,24 @@ def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor
     raise ValueError(f"layer {i}: unknown type {kind!r}")
 
 
-def _update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mean: tf.Tensor, var: tf.Tensor, count: int) -> None:
-    """Keras' moving-average update (``moving * m + batch * (1 - m)``), with torch's unbiased variance when asked."""
+def apply_layer(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor,
+                mask: tf.Tensor | None = None, device: str | None = None) -> tf.Tensor:
+    """Layer ``i`` (any type but ``batch_norm``) on one device's activations ``[n, ...]``.
+
+    A layer placed by ``model.placement`` runs on its own device, whatever
+    ``device`` says; ``mask`` is a dropout layer's keep-mask ``[n, ...]``.
+    """
+    with _on(_placed(layer) if "device" in layer else device):
+        return _apply(i, layer, params, h, mask)
+
+
+def update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mean: tf.Tensor, var: tf.Tensor,
+                  count: int) -> None:
+    """Batch-norm layer ``i``'s moving statistics from a batch's ``mean`` and biased ``var`` over ``count`` values.
+
+    ``moving <- m moving + (1 - m) batch`` (Keras' rule), the variance taken
+    unbiased (``var count / (count - 1)``) with ``semantics: torch``.
+    """
     if layer["semantics"] == "torch":
         if count < 2:
             raise ValueError(f"layer {i}: batch_norm with semantics 'torch' needs more than 1 value per channel per device, got {count}")
@@ -175,7 +193,7 @@ def _batch_norm(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], hs: lis
             outs.append(tf.nn.batch_normalization(h, mean, var, offset=beta, scale=gamma, variance_epsilon=eps))
     if state is not None:
         with _on(reduce_device):
-            _update_moving(state, i, layer, *update)
+            update_moving(state, i, layer, *update)
     return outs
 
 

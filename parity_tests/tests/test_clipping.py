@@ -214,7 +214,7 @@ BN_MLP = set_path(MLP, "model.layers", [{"type": "dense", "units": 8}, {"type": 
 
 
 def test_per_device_clipping_with_sync_batch_norm_is_a_named_difference(pool):
-    """Sync batch norm: TF towers clip d(L_r)/dθ, torch ranks their share of d(ΣL)/dθ.
+    """Sync batch norm: tf.towers clips d(L_r)/dθ, torch ranks and tf.mirrored replicas their share of d(ΣL)/dθ.
 
     Without clipping (and with clipping after the allreduce) the two agree: the per-device
     gradients sum to the same thing. Clipped per device, they differ from step 1 on, in
@@ -232,6 +232,13 @@ def test_per_device_clipping_with_sync_batch_norm_is_a_named_difference(pool):
     assert (result.mismatch.key.startswith("grad/"), result.mismatch.step) == (True, 1)
     assert [e for e in predict(case.spec, "tf.towers", "torch.ddp").expected
             if e.startswith("per-device gradients under synchronized batch norm")]
+    # MirroredStrategy differentiates its all-reduce of the statistics as torch does: a replica's
+    # gradient is its share, so tf.mirrored equals torch.ddp here and differs from tf.towers
+    mirrored = run_impl(case, "tf.mirrored")
+    assert_trajectories_close(mirrored, run_impl(case, "torch.ddp"), rtol=RTOL, atol=ATOL)
+    assert predict(case.spec, "tf.mirrored", "torch.ddp").expected == ()
+    assert not compare_trajectories(mirrored, run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL).ok
+    assert predict(case.spec, "tf.towers", "tf.mirrored").expected
     # local statistics: every device's gradient is its own loss's on both sides, so they agree
     local = case.replace(**{"parallel.batch_norm": "local"})
     assert_trajectories_close(run_impl(local, "tf.towers"), run_impl(local, "torch.ddp"), rtol=RTOL, atol=ATOL)

@@ -124,12 +124,44 @@ def test_per_example_loss_means_to_the_device_loss():
     np.testing.assert_allclose(float(tf.reduce_mean(per)), float(device_loss("softmax_ce", "mean", out, labels)), rtol=1e-15)
 
 
-def test_mirrored_refuses_features_it_does_not_implement():
-    with pytest.raises(CaseError, match=r"^model.layers\[1\].type: expected no batch_norm layer for tf.mirrored"):
-        run_impl(make(CNN, parallel__devices=2), "tf.mirrored")
-    dropout = [{"type": "dense", "units": 8, "activation": "tanh"}, {"type": "dropout", "rate": 0.5}, {"type": "dense", "units": 3}]
-    with pytest.raises(CaseError, match=r"^model.layers\[1\].type: expected no dropout layer for tf.mirrored"):
-        run_impl(make(SOFTMAX, model__layers=dropout), "tf.mirrored")
+def test_mirrored_refuses_what_runs_on_tf_towers_only():
+    with pytest.raises(CaseError, match=r"^parallel.combine: expected grad_mean or loss_mean for tf.mirrored"):
+        run_impl(make(MLP, parallel__combine="param_mean"), "tf.mirrored")
+
+
+# ------------------------------------------------------------------ batch norm and dropout
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"parallel__devices": 4, "parallel__batch_norm": "sync"},
+        {"parallel__devices": 4, "parallel__batch_norm": "local"},
+        {"parallel__devices": 3, "parallel__batch_norm": "local", "parallel__weighting": "by_size", "data__global_batch": 31},
+        {"parallel__devices": 3, "parallel__batch_norm": "sync", "parallel__weighting": "by_size", "data__global_batch": 31,
+         "parallel__shard": "strided"},
+        {"parallel__devices": 2, "parallel__batch_norm": "sync", "model__layers__1__semantics": "torch",
+         "optimizer": {"name": "adam", "lr": 0.01, "semantics": "native"}},
+        {"parallel__devices": 4, "parallel__batch_norm": "local", "parallel__clip": {"global_norm": 0.05, "where": "per_device"}},
+        {"parallel__devices": 4, "parallel__batch_norm": "sync", "parallel__clip": {"global_norm": 0.05, "where": "after_combine"}},
+    ],
+    ids=["sync", "local", "local-uneven-by_size", "sync-strided-uneven", "sync-torch-variance-native-adam",
+         "local-clip-per_device", "sync-clip-after_combine"],
+)
+def test_mirrored_cnn_equals_towers(changes):
+    """Conv, batch norm (replica statistics, or all-reduced sums), max pool, dropout masks by replica shard."""
+    case = make(CNN, **changes)
+    mirrored = run_impl(case, "tf.mirrored")
+    assert {k for k in mirrored if k.startswith("state/")} == {"state/1.moving_mean", "state/1.moving_variance"}
+    assert_trajectories_close(mirrored, run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
+    assert not np.array_equal(mirrored["state/1.moving_variance"][0], mirrored["state/1.moving_variance"][1])
+
+
+def test_mirrored_local_and_sync_statistics_differ():
+    """The two modes are really different programs: sync equals one device on the full batch, local does not."""
+    sync = make(CNN, parallel__devices=4, parallel__batch_norm="sync")
+    local = make(CNN, parallel__devices=4, parallel__batch_norm="local")
+    assert_trajectories_close(run_impl(sync, "tf.mirrored"), run_impl(sync, "tf.single"), rtol=RTOL, atol=ATOL)
+    assert not compare_trajectories(run_impl(local, "tf.mirrored"), run_impl(local, "tf.single"), rtol=RTOL, atol=ATOL).ok
 
 
 # ------------------------------------------------------------------ loss options and sample weights

@@ -52,7 +52,7 @@ def test_placed_layers_run_on_their_devices():
 
 @pytest.mark.usefixtures("pool")
 @pytest.mark.parametrize("n", [1, 2, 4])
-@pytest.mark.parametrize("impl", ["tf.towers", "tf.single", "tf.v1", "torch.ddp"])
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp"])
 def test_placement_does_not_change_the_trajectory(impl, n):
     plain = make(DEEP, parallel__devices=n, optimizer__semantics="torch")
     placed = make(DEEP, parallel__devices=n, optimizer__semantics="torch", model__placement=[[0, 1, 6], [2, 2, 7]])
@@ -60,7 +60,8 @@ def test_placement_does_not_change_the_trajectory(impl, n):
     assert v.status == "parity", v.detail
 
 
-def test_placed_cnn_with_batch_norm_matches_unplaced():
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.mirrored"])
+def test_placed_cnn_with_batch_norm_matches_unplaced(impl):
     raw = set_path(CNN, "model.placement", [[0, 2, 1], [3, 5, 2]])
-    v = judge_float64(run_impl(case_from_dict(raw), "tf.towers"), run_impl(case_from_dict(CNN), "tf.towers"))
+    v = judge_float64(run_impl(case_from_dict(raw), impl), run_impl(case_from_dict(CNN), impl))
     assert v.status == "parity", v.detail
