@@ -116,6 +116,9 @@ EXPECTED_ROWS: list[tuple[str, str, dict[str, Any]]] = [
      {"parallel.clip": {"global_norm": 0.05, "where": "per_device"}, "optimizer.semantics": "torch"}),
     ("softmax-clip-after_combine", "softmax-momentum",
      {"parallel.clip": {"global_norm": 0.05, "where": "after_combine"}, "optimizer.semantics": "torch"}),
+    # per-device clipping under synchronized batch norm: tf.towers clips each tower's own-loss
+    # gradient, torch.ddp and tf.mirrored their share of the whole batch's (docs/layers.md)
+    ("cnn-sync-clip-per_device", "cnn", {"parallel.clip": {"global_norm": 0.05, "where": "per_device"}}),
 ]
 
 
