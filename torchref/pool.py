@@ -342,24 +342,30 @@ class DDPPool:
 
 
 _shared: DDPPool | None = None
+_DEFAULT_TIMEOUT = 60.0  # seconds: the shared pool's collective timeout unless one is asked for
 _shared_lock = threading.Lock()
 _atexit_registered = False
 
 
-def get_pool(size: int = 8, *, timeout: float = 60.0) -> DDPPool:
+def get_pool(size: int = 8, *, timeout: float | None = None) -> DDPPool:
     """The process-wide shared pool; created on first use, started by its first ``run``.
 
-    Asking for a larger size than the current pool's closes it and creates a bigger one;
-    ``timeout`` applies when a pool is created. The pool is closed at interpreter exit.
+    Asking for a larger size than the current pool's closes it and creates a bigger one
+    (with the same timeout unless another is given). ``timeout``: the collectives'
+    timeout in seconds; ``None`` keeps the current pool's (60 s for a new one), and a
+    different value closes the current pool and creates one with it, because a process
+    group's timeout is fixed when its ranks start. The pool is closed at interpreter exit.
     """
     global _shared, _atexit_registered
-    DDPPool(size, timeout=timeout)  # validates the arguments; starts nothing
+    DDPPool(size, timeout=_DEFAULT_TIMEOUT if timeout is None else timeout)  # validates; starts nothing
     with _shared_lock:
-        if _shared is not None and _shared.size < size:
+        keep = _shared.timeout if _shared is not None else _DEFAULT_TIMEOUT
+        want = keep if timeout is None else float(timeout)
+        if _shared is not None and (_shared.size < size or _shared.timeout != want):
             _shared.close()
             _shared = None
         if _shared is None:
-            _shared = DDPPool(size, timeout=timeout)
+            _shared = DDPPool(size, timeout=want)
             if not _atexit_registered:
                 atexit.register(shutdown_pool)
                 _atexit_registered = True

@@ -220,7 +220,10 @@ def test_shared_pool_grows_and_shuts_down(monkeypatch):
         a = get_pool(2, timeout=7.0)
         assert get_pool(1) is a and get_pool(2) is a and a.size == 2 and a.timeout == 7.0
         b = get_pool(3)
-        assert b is not a and b.size == 3 and not b.alive
+        assert b is not a and b.size == 3 and not b.alive and b.timeout == 7.0  # grown, same timeout
+        c = get_pool(2, timeout=5.0)  # another timeout: a new process group, the old one closed
+        assert c is not b and c.size == 2 and c.timeout == 5.0 and get_pool(2) is c
+        b = c
     finally:
         shutdown_pool()
     assert get_pool(2) is not b
