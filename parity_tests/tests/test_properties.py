@@ -34,6 +34,14 @@ def test_towers_and_ddp_compute_the_same_trajectory(case):
         assert result.parity, result.summary()
 
 
+@given(dense_cases(combines=["grad_mean", "loss_mean"], reductions=["mean", "sum"]),
+       st.sampled_from(["tf.v1", "tf.mirrored"]))
+def test_the_seeds_tensorflow_paths_compute_the_towers_trajectory(case, impl):
+    """The classic v1 graph towers and MirroredStrategy train exactly as the tower engine does."""
+    with replayable(case):
+        _parity64(run_impl(case, impl), run_impl(case, "tf.towers"))
+
+
 @given(dense_cases(combines=["grad_mean"]), st.sampled_from(["tf.towers", "torch.ddp"]))
 def test_grad_mean_equals_loss_mean(case, impl):
     other = case.replace(**{"parallel.combine": "loss_mean"})
