@@ -10,7 +10,7 @@ class Unsupported(ValueError):
 
     Args:
         field: the case field, e.g. ``"parallel.clip"``.
-        expected: what this implementation accepts, e.g. ``"no dropout layer for tf.mirrored (tf.towers and tf.v1 have it)"``.
+        expected: what this implementation accepts, e.g. ``"local for tf.v1 (... tf.towers has sync)"``.
     """
 
     def __init__(self, field: str, expected: str) -> None:
@@ -38,13 +38,13 @@ def refuse_unimplemented(spec: dict, impl: str, *, optimizers: tuple[str, ...] |
     if not weight_decay and opt.get("weight_decay"):
         raise Unsupported("optimizer.weight_decay", f"no weight decay for {impl} (tf.towers has it)")
     if not clip and spec["parallel"].get("clip") is not None:
-        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers, tf.v1 and tf.mirrored have it)")
+        raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers has it)")
     if not loss_options:
         refuse_loss_options(spec, impl)
     for i, layer in enumerate(spec["model"]["layers"]):
         if not layers and layer["type"] in ("batch_norm", "dropout"):
             raise Unsupported(f"model.layers[{i}].type",
-                              f"no {layer['type']} layer for {impl} (tf.towers and tf.v1 have it)")
+                              f"no {layer['type']} layer for {impl} (tf.towers has it)")
 
 
 def refuse_loss_options(spec: dict, impl: str) -> None:
@@ -52,12 +52,12 @@ def refuse_loss_options(spec: dict, impl: str) -> None:
     a non-native loss formula) for a path that computes only the plain loss of ``tfpar.losses.device_loss``."""
     model = spec["model"]
     if spec["data"].get("sample_weights") is not None:
-        raise Unsupported("data.sample_weights", f"none for {impl} (tf.towers and tf.v1 have sample weights)")
+        raise Unsupported("data.sample_weights", f"none for {impl} (tf.towers has sample weights)")
     if model.get("class_weights") is not None:
-        raise Unsupported("model.class_weights", f"null for {impl} (tf.towers and tf.v1 have class weights)")
+        raise Unsupported("model.class_weights", f"null for {impl} (tf.towers has class weights)")
     if model.get("label_smoothing", 0.0):
-        raise Unsupported("model.label_smoothing", f"0 for {impl} (tf.towers and tf.v1 have label smoothing)")
+        raise Unsupported("model.label_smoothing", f"0 for {impl} (tf.towers has label smoothing)")
     if not model.get("from_logits", True):
-        raise Unsupported("model.from_logits", f"true for {impl} (tf.towers and tf.v1 take probabilities)")
+        raise Unsupported("model.from_logits", f"true for {impl} (tf.towers takes probabilities)")
     if model.get("loss_semantics", "native") != "native":
-        raise Unsupported("model.loss_semantics", f"native for {impl} (tf.towers and tf.v1 have the mapped loss formulas)")
+        raise Unsupported("model.loss_semantics", f"native for {impl} (tf.towers has the mapped loss formulas)")

@@ -75,7 +75,7 @@ import tensorflow as tf
 from .devices import tower_devices
 from .errors import refuse_unimplemented
 from .losses import model_loss
-from .models import apply_layer, build_variables, is_state, update_moving
+from .models import apply_layer, build_variables, is_state, layer_device, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
 
@@ -180,14 +180,12 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     for the moving-statistics update, which the caller applies in cross-replica
     context. ``masks`` maps a dropout layer's index (str) to its keep-mask.
     """
-    from .devices import tower_devices
-
     h = x
     for i, layer in enumerate(layers):
         if layer["type"] != "batch_norm":
             h = apply_layer(i, layer, params, h, masks.get(str(i)))
             continue
-        place = tower_devices(layer["device"] + 1)[layer["device"]] if "device" in layer else None
+        place = layer_device(layer)
         with tf.device(place) if place else contextlib.nullcontext():
             axes = list(range(h.shape.rank - 1))
             count = math.prod(h.shape[:-1])
@@ -276,11 +274,11 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             grads = clip_scaled(grads, tf.gather(tf.constant(weights, dtype=grads[0].dtype), r), clip)
         if apply_in_replica:
             optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
-        moments = {str(i): (mean, var) for i, (mean, var, _) in stats.items()}
-        per_example[0] = {i: c for i, (_, _, c) in stats.items()}  # trace-time: static sizes
-        return loss, grads, moments
+        # static shapes, recorded while tracing: values per channel per example of each BN layer
+        per_example.update({i: c for i, (_, _, c) in stats.items()})
+        return loss, grads, {str(i): (mean, var) for i, (mean, var, _) in stats.items()}
 
-    per_example: list[dict[int, int]] = [{}]
+    per_example: dict[int, int] = {}
 
     @tf.function
     def step(x: Any, y: Any, extras: dict[str, Any]) -> tuple[tf.Tensor, list[tf.Tensor]]:
@@ -302,7 +300,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             # DDP keeps, broadcasting rank 0's buffers), written to every copy
             mean, var = (strategy.experimental_local_results(t)[0] for t in moments[str(i)])
             rows = batch if bn_mode == "sync" else sizes[0]
-            update_moving(state, i, layer, mean, var, rows * per_example[0][i])
+            update_moving(state, i, layer, mean, var, rows * per_example[i])
         return total, grads
 
     x_all = np.asarray(payload["x"], np_dtype)

@@ -56,6 +56,7 @@ __all__ = [
     "forward",
     "forward_towers",
     "is_state",
+    "layer_device",
     "needs_towers_fn",
 ]
 
@@ -85,8 +86,11 @@ def build_variables(init: Mapping[str, np.ndarray], dtype: tf.DType, *, device: 
         }
 
 
-def _placed(layer: Mapping) -> str:
-    """The device name of a layer placed by ``model.placement`` (an index into the tower devices)."""
+def layer_device(layer: Mapping, device: str | None = None) -> str | None:
+    """Where layer ``layer`` runs: its own device when ``model.placement`` placed it (an index
+    into the tower devices: model parallelism, whichever tower it belongs to), else ``device``."""
+    if "device" not in layer:
+        return device
     from .devices import tower_devices
 
     return tower_devices(layer["device"] + 1)[layer["device"]]
@@ -135,7 +139,7 @@ def apply_layer(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.T
     A layer placed by ``model.placement`` runs on its own device, whatever
     ``device`` says; ``mask`` is a dropout layer's keep-mask ``[n, ...]``.
     """
-    with _on(_placed(layer) if "device" in layer else device):
+    with _on(layer_device(layer, device)):
         return _apply(i, layer, params, h, mask)
 
 
@@ -227,16 +231,12 @@ def forward_towers(
     hs = list(xs)
     towers = list(devices) if devices is not None else [None] * len(hs)
     for i, layer in enumerate(layers):
-        # model parallelism: a placed layer runs on its device, whichever tower it belongs to
-        devices = [_placed(layer)] * len(hs) if "device" in layer else towers
         if layer["type"] == "batch_norm":
+            devices = [layer_device(layer, dev) for dev in towers]
             hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device)
             continue
-        new = []
-        for r, (h, dev) in enumerate(zip(hs, devices, strict=True)):
-            with _on(dev):
-                new.append(_apply(i, layer, params, h, None if masks is None else masks[r].get(str(i))))
-        hs = new
+        hs = [apply_layer(i, layer, params, h, None if masks is None else masks[r].get(str(i)), towers[r])
+              for r, h in enumerate(hs)]
     return hs
 
 
