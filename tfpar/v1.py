@@ -410,7 +410,8 @@ def check_supported(spec: Mapping[str, Any]) -> None:
     """
     refuse_unimplemented(spec, "tf.v1", optimizers=("sgd", "momentum", "adam"), schedules=False, weight_decay=False,
                          clip=True, layers=True, loss_options=True)
-    if spec["parallel"].get("batch_norm", "local") == "sync":
+    has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
+    if has_bn and spec["parallel"].get("batch_norm", "local") == "sync":
         raise Unsupported("parallel.batch_norm", "local for tf.v1 (the classic towers normalise each tower with its"
                           " own shard's statistics; tf.towers has sync)")
 

@@ -336,6 +336,9 @@ def test_v1_refuses_features_it_does_not_implement():
         run_impl(make(MLP, optimizer={"name": "rmsprop", "lr": 0.01}), "tf.v1")
     with pytest.raises(CaseError, match=r"^parallel.batch_norm: expected local for tf.v1"):
         run_impl(make(CNN, parallel__devices=2, parallel__batch_norm="sync"), "tf.v1")
+    # without batch-norm layers the setting changes nothing, and nothing is refused
+    sync_mlp = make(MLP, parallel__devices=2, parallel__batch_norm="sync")
+    assert_trajectories_close(run_impl(sync_mlp, "tf.v1"), run_impl(sync_mlp, "tf.towers"), rtol=RTOL, atol=ATOL)
 
 
 def test_v1_more_devices_than_configured_is_refused():
