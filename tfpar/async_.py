@@ -57,6 +57,7 @@ from .devices import tower_devices
 from .local_sgd import shard_loss_fn, step_batches
 from .models import build_variables, is_state
 from .optimizers import GradientClip, Optimizer, make_clip, make_optimizer
+from .record import stack_trajectory
 from .sharding import shard_sizes, split_batch
 
 __all__ = ["application_orders", "read_position", "AsyncTrainer", "run_async"]
@@ -190,4 +191,4 @@ def run_async(payload: Mapping[str, Any], *, progress: Callable[[int], None] | N
             params[name].append(value)
         if progress:
             progress(k + 1)
-    return {"loss": np.asarray(losses), **{f"param/{k}": np.stack(v) for k, v in params.items()}}
+    return stack_trajectory(losses, params)

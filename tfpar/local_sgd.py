@@ -43,6 +43,7 @@ from .devices import tower_devices
 from .losses import model_loss
 from .models import forward, is_state
 from .optimizers import GradientClip, Optimizer, make_clip, make_optimizer
+from .record import stack_trajectory
 from .sharding import shard_sizes, split_batch
 
 __all__ = ["LocalSGDTrainer", "run_param_mean", "step_batches", "shard_loss_fn"]
@@ -219,4 +220,4 @@ def run_param_mean(payload: Mapping[str, Any], *, progress: Callable[[int], None
             params[name].append(value)
         if progress:
             progress(k + 1)
-    return {"loss": np.asarray(losses), **{f"param/{k}": np.stack(v) for k, v in params.items()}}
+    return stack_trajectory(losses, params)

@@ -77,6 +77,7 @@ from .errors import refuse_unimplemented
 from .losses import model_loss
 from .models import apply_layer, build_variables, is_state, layer_device, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
+from .record import stack_trajectory
 from .sharding import shard_sizes
 
 __all__ = ["check_supported", "clip_scaled", "make_strategy", "per_example_loss", "replica_forward", "run_mirrored",
@@ -342,8 +343,4 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             shist[name].append(val)
         if progress:
             progress(k + 1)
-    traj = {"loss": np.asarray(losses)}
-    traj.update({f"param/{k}": np.stack(v) for k, v in hist.items()})
-    traj.update({f"grad/{k}": np.stack(v) for k, v in ghist.items()})
-    traj.update({f"state/{k}": np.stack(v) for k, v in shist.items()})
-    return traj
+    return stack_trajectory(losses, hist, ghist, shist)

@@ -23,6 +23,7 @@ from .mirrored import run_mirrored
 from .models import build_variables, forward, forward_towers, is_state, needs_towers_fn
 from .optimizers import make_clip, make_optimizer
 from .pipeline import case_batches
+from .record import stack_trajectory
 from .towers import TowerTrainer
 from .v1 import run_v1
 
@@ -51,11 +52,7 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             states[name].append(v.numpy())
         if progress:
             progress(k + 1)
-    traj = {"loss": np.asarray(losses)}
-    traj.update({f"param/{k}": np.stack(v) for k, v in params.items()})
-    traj.update({f"grad/{k}": np.stack(v) for k, v in grads.items()})
-    traj.update({f"state/{k}": np.stack(v) for k, v in states.items()})
-    return traj
+    return stack_trajectory(losses, params, grads, states)
 
 
 def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,

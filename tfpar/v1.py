@@ -80,6 +80,7 @@ from .losses import model_loss
 from .models import forward, is_state
 from .optimizers import make_clip
 from .pipeline import case_batches
+from .record import stack_trajectory
 from .sharding import shard_sizes, split_batch
 
 __all__ = [
@@ -498,8 +499,4 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
                     shist[name].append(sv)
                 if progress:
                     progress(k + 1)
-    traj = {"loss": np.asarray(losses)}
-    traj.update({f"param/{k}": np.stack(v) for k, v in hist.items()})
-    traj.update({f"grad/{k}": np.stack(v) for k, v in ghist.items()})
-    traj.update({f"state/{k}": np.stack(v) for k, v in shist.items()})
-    return traj
+    return stack_trajectory(losses, hist, ghist, shist)
