@@ -93,8 +93,14 @@ def test_too_many_devices_is_bad_input(tmp_path, capsys):
 
 
 def test_timeout_flag_bounds_a_job_and_names_the_rank(tmp_path):
-    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 1, nothing left."""
-    case = _write(tmp_path, set_path(MLP, "parallel.devices", 2))
+    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 1, nothing left.
+
+    The job is 2000 steps at 8 ranks (about a minute on the 2-core machine), so it cannot
+    finish inside the budget whether a collective hits the 1 ms gloo timeout or the
+    parent stops waiting after the budget plus its 2 s margin (a short job on an idle
+    machine can run every collective in under 1 ms, and did once in CI rehearsal).
+    """
+    case = _write(tmp_path, set_path(set_path(MLP, "parallel.devices", 8), "steps", 2000))
     res = _cli("--timeout", "0.001", "run", str(case), "--impl", "torch.ddp", "--out", str(tmp_path / "t.npz"))
     assert res.returncode == 1, res.stdout + res.stderr
     err = res.stderr.strip().splitlines()
