@@ -53,7 +53,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["device_loss", "model_loss", "TORCH_BCE_EPS"]
+__all__ = ["device_loss", "elementwise_loss", "model_loss", "TORCH_BCE_EPS"]
 
 #: torch's BCE backward divides by max(p (1 - p), EPSILON), EPSILON = 1e-12 as a C++ float (measured)
 TORCH_BCE_EPS = float(np.float32(1e-12))
@@ -96,6 +96,26 @@ def _softmax_torch(out: tf.Tensor, y: tf.Tensor, reduction: str, smoothing: floa
     return total / tf.reduce_sum(w) if reduction == "mean" else total
 
 
+def elementwise_loss(loss: str, out: tf.Tensor, y: tf.Tensor, *, from_logits: bool = True,
+                     label_smoothing: float = 0.0, semantics: str = "native") -> tf.Tensor:
+    """The unreduced loss of ``mse`` or ``sigmoid_ce``, shaped like ``out`` ``[n, ...]``.
+
+    ``sigmoid_ce`` smooths the labels as Keras does (``y (1 - s) + s/2``) and takes
+    logits, or probabilities (Keras' ``binary_crossentropy``, or torch's clamped
+    formula with ``semantics: torch``); see the module docstring.
+    """
+    if loss == "mse":
+        return tf.square(out - y)
+    if loss != "sigmoid_ce":
+        raise ValueError(f"no elementwise form for loss {loss!r}")
+    t = y * (1.0 - label_smoothing) + 0.5 * label_smoothing if label_smoothing else y  # Keras' smoothing
+    if from_logits:
+        return tf.nn.sigmoid_cross_entropy_with_logits(labels=t, logits=out)
+    if semantics == "torch":
+        return _torch_bce(out, t)
+    return keras.ops.binary_crossentropy(t, out, from_logits=False)
+
+
 def device_loss(
     loss: str,
     reduction: str,
@@ -124,16 +144,9 @@ def device_loss(
         a scalar.
     """
     rule = "torch" if semantics == "torch" else "tf"
-    if loss == "mse":
-        return _reduce(tf.square(out - y), reduction, sample_weight, rule)
-    if loss == "sigmoid_ce":
-        t = y * (1.0 - label_smoothing) + 0.5 * label_smoothing if label_smoothing else y  # Keras' smoothing
-        if from_logits:
-            per = tf.nn.sigmoid_cross_entropy_with_logits(labels=t, logits=out)
-        elif semantics == "torch":
-            per = _torch_bce(out, t)
-        else:
-            per = keras.ops.binary_crossentropy(t, out, from_logits=False)
+    if loss in ("mse", "sigmoid_ce"):
+        per = elementwise_loss(loss, out, y, from_logits=from_logits, label_smoothing=label_smoothing,
+                               semantics=semantics)
         return _reduce(per, reduction, sample_weight, rule)
     if loss != "softmax_ce":
         raise ValueError(f"unknown loss {loss!r}")

@@ -74,7 +74,7 @@ import tensorflow as tf
 
 from .devices import tower_devices
 from .errors import refuse_unimplemented
-from .losses import model_loss
+from .losses import elementwise_loss, model_loss
 from .models import apply_layer, build_variables, is_state, layer_device, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .record import stack_trajectory
@@ -114,14 +114,7 @@ def per_example_loss(loss: str, out: tf.Tensor, y: tf.Tensor, *, from_logits: bo
         per = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing,
                                                    reduction=None, dtype=out.dtype.name)(tf.one_hot(y, k, dtype=out.dtype), out)
         return per if class_weights is None else per * tf.gather(tf.constant(list(class_weights), out.dtype), y)
-    if loss == "mse":
-        per = tf.square(out - y)
-    elif loss == "sigmoid_ce":
-        t = y * (1.0 - label_smoothing) + 0.5 * label_smoothing if label_smoothing else y  # Keras' smoothing
-        per = (tf.nn.sigmoid_cross_entropy_with_logits(labels=t, logits=out) if from_logits
-               else keras.ops.binary_crossentropy(t, out, from_logits=False))
-    else:
-        raise ValueError(f"unknown loss {loss!r}")
+    per = elementwise_loss(loss, out, y, from_logits=from_logits, label_smoothing=label_smoothing)
     return tf.reduce_mean(per, axis=list(range(1, per.shape.rank))) if per.shape.rank > 1 else per
 
 
