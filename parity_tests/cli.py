@@ -16,13 +16,15 @@ workers re-import the parent's main module, and must not pay for TensorFlow.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import CaseError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "entry", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -150,5 +152,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["torchref.pool"].shutdown_pool()
 
 
+def entry() -> None:
+    """The ``tfpar`` console script: :func:`main`, then exit with its status.
+
+    After Ctrl-C the process ends at once when a thread it did not start is
+    still running: TensorFlow's ``MirroredStrategy`` traces a step by running
+    each replica in a non-daemon thread (``mirrored_run._MirroredReplicaThread``),
+    and a replica interrupted mid-trace waits forever, so the interpreter would
+    hang at exit joining it. By then :func:`main` has shut the DDP pool down and
+    every file was written atomically; only the streams need flushing.
+    """
+    code = main()
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if code == 130 and others:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

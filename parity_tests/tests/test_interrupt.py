@@ -51,3 +51,34 @@ def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path):
     assert not list((tmp_path / "rep").rglob("*.tmp"))  # atomic writes only
     for row in (tmp_path / "rep" / "rows").glob("*.json"):
         assert row.read_text().endswith("}")  # every row file is whole
+
+
+STUCK_CHILD = """
+import sys, threading
+from parity_tests import cli
+
+# what TensorFlow leaves after Ctrl-C lands while MirroredStrategy traces a step:
+# a non-daemon replica thread waiting for a turn that never comes
+threading.Thread(target=threading.Event().wait, name="replica").start()
+
+def interrupted(args):
+    raise KeyboardInterrupt
+
+cli._cmd_run = interrupted
+sys.argv = ["tfpar", "run", "unused.json", "--impl", "tf.towers", "--out", "unused.npz"]
+cli.entry()
+"""
+
+
+def test_ctrl_c_exits_even_when_a_stuck_non_daemon_thread_remains(tmp_path):
+    """Without the exit in ``cli.entry`` the interpreter would join the stuck thread forever."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_CHILD], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "tfpar: interrupted"
