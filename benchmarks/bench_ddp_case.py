@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from parity_tests.case import case_from_dict
+from parity_tests.contract.case import case_from_dict
 from torchref.pool import DDPPool
 from torchref.run import run_case
 

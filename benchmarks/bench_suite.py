@@ -20,8 +20,8 @@ import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from parity_tests.case import case_from_dict  # noqa: E402
-from parity_tests.harness import _tf  # noqa: E402
+from parity_tests.contract.case import case_from_dict  # noqa: E402
+from parity_tests.running.harness import _tf  # noqa: E402
 
 MLP = {
     "name": "bench",
@@ -91,8 +91,8 @@ def _step_ms(tfpar, case, impl: str) -> float:
 def property_cost() -> None:
     from hypothesis import strategies as st  # noqa: F401
 
-    from parity_tests.judge import compare_case
-    from parity_tests.strategies import dense_cases
+    from parity_tests.judging.judge import compare_case
+    from parity_tests.testing.strategies import dense_cases
 
     strat = dense_cases(dtypes=["float64", "float32"])
     with warnings.catch_warnings():

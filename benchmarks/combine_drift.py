@@ -11,9 +11,9 @@ rate times N, and against ``torch.ddp`` running the same rule.
 
 from __future__ import annotations
 
-from parity_tests.case import load_case
-from parity_tests.harness import run_impl
-from parity_tests.tolerance import judge_float64
+from parity_tests.contract.case import load_case
+from parity_tests.judging.tolerance import judge_float64
+from parity_tests.running.harness import run_impl
 
 RULES = [("param_mean", {"parallel.period": 1}), ("param_mean", {"parallel.period": 4}),
          ("async", {"parallel.staleness": 0}), ("async", {"parallel.staleness": 3})]

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import CaseError
+from parity_tests.contract.errors import CaseError
 
 __all__ = ["main", "entry", "build_parser"]
 
@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .case import load_case
-    from .harness import run_impl
-    from .trajectory import save_trajectory
+    from parity_tests.contract.case import load_case
+    from parity_tests.contract.trajectory import save_trajectory
+    from parity_tests.running.harness import run_impl
 
     out = Path(args.out)
     if out.suffix != ".npz":
@@ -79,13 +79,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if out.parent and not out.parent.exists():
         raise CaseError("--out", f"a file in an existing folder; {out.parent} does not exist")
     case = load_case(args.case)
-    from .harness import parse_impls
+    from parity_tests.running.harness import parse_impls
 
     impl = parse_impls(args.impl, "--impl")
     if len(impl) != 1:
         raise CaseError("--impl", "exactly one implementation", args.impl)
-    from .compare import first_nonfinite
-    from .manifest import build_manifest, manifest_path, write_manifest
+    from parity_tests.judging.compare import first_nonfinite
+    from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
 
     traj = run_impl(case, impl[0])
     save_trajectory(out, traj)
@@ -98,9 +98,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .case import load_case
-    from .harness import parse_impls
-    from .judge import compare_case, write_case_report
+    from parity_tests.contract.case import load_case
+    from parity_tests.judging.judge import compare_case
+    from parity_tests.reporting.report import write_case_report
+    from parity_tests.running.harness import parse_impls
 
     impls = parse_impls(args.impls)
     if len(impls) < 2:
@@ -115,13 +116,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from .matrix import run_matrix
+    from parity_tests.reporting.matrix import run_matrix
 
     return run_matrix(Path(args.out), quick=args.quick, resume=args.resume)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .manifest import load_manifest, replay
+    from parity_tests.running.manifest import load_manifest, replay
 
     same, line = replay(load_manifest(args.manifest))
     print(line)
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tfpar`` console script; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        from .harness import RunError, set_pool_timeout
+        from parity_tests.running.harness import RunError, set_pool_timeout
 
         set_pool_timeout(args.timeout)
         handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]

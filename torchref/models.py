@@ -14,7 +14,7 @@ its order is TensorFlow's (channels fastest); dropout masks arrive NHWC and are
 permuted like the activations.
 
 TensorFlow's SAME padding puts the odd extra row at the bottom/right
-(``parity_tests.specs.same_padding``); torch's ``padding=`` pads both sides
+(``parity_tests.contract.specs.same_padding``); torch's ``padding=`` pads both sides
 equally, so SAME is done as ``F.pad`` (zeros for conv, ``-inf`` for max
 pooling, which can then never be selected) followed by a 'valid' op.
 

@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from parity_tests import profiles  # noqa: E402,F401  (registers hypothesis profiles)
+from parity_tests.testing import profiles  # noqa: E402,F401  (registers hypothesis profiles)
 
 
 @pytest.fixture(scope="session")

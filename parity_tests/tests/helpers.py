@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from parity_tests.case import Case, case_from_dict
+from parity_tests.contract.case import Case, case_from_dict
 
 MLP: dict[str, Any] = {
     "schema": "parity-case/1",

@@ -3,7 +3,7 @@
 These are the tests' own oracle: each framework's optimizer (native class or
 exact rule) must reproduce them step by step. The tables at the end
 (:data:`OPTIMIZER_TABLE`, :data:`DIFFERENCES`, :data:`CLIP_TABLE`) are what
-``docs/optimizers.md`` is generated from (``python -m parity_tests.docs_optimizers``)
+``docs/optimizers.md`` is generated from (``python -m parity_tests.reporting.docs_optimizers``)
 and what the tests iterate over, so the page and the tests cannot drift apart.
 
 Step numbering: ``t`` counts optimizer steps from 1; the learning rate of step
@@ -217,9 +217,9 @@ def clip_then_mean(device_grads: Sequence[Sequence[np.ndarray]], c: float, seman
 def gap(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
     """Greatest per-step normwise relative gap ``max_t ||a_t - b_t||_inf / ||b_t||_inf``.
 
-    The comparator's metric (:func:`parity_tests.compare.relative_gap`), over steps.
+    The comparator's metric (:func:`parity_tests.judging.compare.relative_gap`), over steps.
     """
-    from parity_tests.compare import relative_gap
+    from parity_tests.judging.compare import relative_gap
 
     return float(np.max(relative_gap(np.stack(a), np.stack(b))))
 
@@ -258,7 +258,7 @@ class OptimizerRow:
 
     ``torch_defaults`` / ``tf_defaults`` are the case defaults under ``torch`` /
     ``tf`` (and ``native``) semantics, in case names; the tests check them against
-    both ``parity_tests.case_optimizer`` and the installed classes' signatures.
+    both ``parity_tests.contract.optimizer`` and the installed classes' signatures.
     """
 
     name: str

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parity_tests.case import case_from_dict
 from parity_tests.cli import main
+from parity_tests.contract.case import case_from_dict
 from parity_tests.tests.helpers import MLP, SOFTMAX, set_path
 
 Build = Callable[[Path], list[str]]  # writes files into a folder, returns the argv

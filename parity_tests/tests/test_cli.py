@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from parity_tests.cli import main
+from parity_tests.contract.trajectory import load_trajectory
 from parity_tests.tests.helpers import MLP, set_path
-from parity_tests.trajectory import load_trajectory
 
 TFPAR = [sys.executable, "-m", "parity_tests.cli"]
 

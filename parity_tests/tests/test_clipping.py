@@ -5,13 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.case import case_from_dict
-from parity_tests.compare import assert_trajectories_close, compare_trajectories, relative_gap
-from parity_tests.errors import CaseError
-from parity_tests.harness import run_impl
+from parity_tests.contract.case import case_from_dict
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.compare import (
+    assert_trajectories_close,
+    compare_trajectories,
+    relative_gap,
+)
+from parity_tests.judging.theory import predict
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, SOFTMAX, make, set_path
 from parity_tests.tests.rules import clip_then_mean, np_clip, typical_case
-from parity_tests.theory import predict
 
 # float64, one rule on both sides: see test_towers.py for the derivation
 RTOL, ATOL = 1e-10, 1e-12

@@ -1,4 +1,4 @@
-"""Tests for parity_tests.compare: places, figures and messages of the one comparator."""
+"""Tests for parity_tests.judging.compare: places, figures and messages of the one comparator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.compare import (
+from parity_tests.judging.compare import (
     assert_trajectories_close,
     compare_arrays,
     compare_trajectories,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.compare import assert_trajectories_close, compare_trajectories
-from parity_tests.harness import run_impl
+from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
 
 RTOL, ATOL = 1e-10, 1e-12  # see test_towers.py for the derivation

@@ -9,11 +9,21 @@ line that ``python -m parity_tests.tests.test_layers`` and
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "layers.md"
+# A gap at rounding level (the float64 bound is 1e-10; these agree to ~1e-15) depends on the
+# CPU's vector width and summation order, not on the code: its digits and the array that
+# happened to hold the largest one are compared as "rounding level". Anything larger is a
+# measured difference and must stand verbatim.
+_ROUNDING = re.compile(r"\| ([0-9.]+e-1[3-9]|0) \([^)]*\) \|")
+
+
+def _normalise(line: str) -> str:
+    return _ROUNDING.sub("| rounding level |", line)
 
 
 @pytest.mark.usefixtures("pool")
@@ -22,6 +32,6 @@ def test_layers_page_tables_are_up_to_date(module, capsys):
     importlib.import_module(module).main()
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert len(printed) > 4
-    doc = DOC.read_text()
-    stale = [line for line in printed if line not in doc]
+    doc = {_normalise(line) for line in DOC.read_text().splitlines()}
+    stale = [line for line in printed if _normalise(line) not in doc]
     assert not stale, f"docs/layers.md is out of date; regenerate with python -m {module}:\n" + "\n".join(stale)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.case import load_case
-from parity_tests.failures import record_failure, replayable
+from parity_tests.contract.case import load_case
+from parity_tests.testing.failures import record_failure, replayable
 from parity_tests.tests.helpers import SOFTMAX, make
 
 

@@ -35,7 +35,7 @@ def test_no_source_file_imports_the_other_framework(package, forbidden):
 @pytest.mark.parametrize(
     ("module", "forbidden"),
     [("tfpar", ["torch"]), ("torchref.run", ["tensorflow", "keras"]), ("parity_tests.cli", ["tensorflow", "torch"]),
-     ("parity_tests.case", ["tensorflow", "torch"])],
+     ("parity_tests.contract.case", ["tensorflow", "torch"])],
 )
 def test_importing_does_not_load_the_other_framework(module, forbidden):
     code = f"import sys, {module}; print(','.join(m for m in {forbidden!r} if m in sys.modules))"

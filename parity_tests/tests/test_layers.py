@@ -17,15 +17,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.case import case_from_dict
-from parity_tests.case_model import validate_model
-from parity_tests.compare import assert_trajectories_close, compare_trajectories
-from parity_tests.errors import CaseError
-from parity_tests.generators import dropout_masks
-from parity_tests.harness import run_impl
-from parity_tests.specs import same_padding, spatial_output
+from parity_tests.contract.case import case_from_dict
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.generators import dropout_masks
+from parity_tests.contract.model import validate_model
+from parity_tests.contract.specs import same_padding, spatial_output
+from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+from parity_tests.judging.theory import predict
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, make, set_path
-from parity_tests.theory import predict
 
 # float64: the same layer computed by two libraries agrees to ~1e-15 relative per
 # op (different summation orders in conv and reductions); 1e-10 leaves five orders
@@ -37,7 +37,7 @@ RTOL, ATOL = 1e-10, 1e-12
 @pytest.fixture(autouse=True, scope="module")
 def _tf_devices():
     """Configure TensorFlow's tower devices before the direct checks run their first op."""
-    from parity_tests.harness import tf_device_count
+    from parity_tests.running.harness import tf_device_count
 
     tf_device_count()
 
@@ -512,7 +512,7 @@ def test_defaults_are_filled_in():
 
 
 def test_cnn_case_round_trips_through_case_json(tmp_path):
-    from parity_tests.case import load_case, write_case
+    from parity_tests.contract.case import load_case, write_case
 
     case = make(CNN)
     back = load_case(write_case(case, tmp_path))
@@ -524,7 +524,7 @@ def test_cnn_case_round_trips_through_case_json(tmp_path):
 
 def main() -> None:
     """Print each layer probe's largest normwise relative gap, TF vs torch (docs/layers.md)."""
-    from parity_tests.harness import tf_device_count
+    from parity_tests.running.harness import tf_device_count
 
     tf_device_count()
     print("| layer (probe) | largest gap TF vs torch (where) |")

@@ -24,13 +24,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity_tests.case import Case
-from parity_tests.case_model import validate_model
-from parity_tests.compare import assert_trajectories_close, compare_trajectories, relative_gap
-from parity_tests.errors import CaseError
-from parity_tests.harness import run_impl
+from parity_tests.contract.case import Case
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.model import validate_model
+from parity_tests.judging.compare import (
+    assert_trajectories_close,
+    compare_trajectories,
+    relative_gap,
+)
+from parity_tests.judging.theory import predict
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, SOFTMAX, make
-from parity_tests.theory import predict
 
 RTOL, ATOL = 1e-10, 1e-12  # see test_layers.py for the derivation
 CW = [1.0, 3.0, 0.5]  # class weights for the 3-class SOFTMAX case
@@ -101,7 +105,7 @@ def _torch_loss(z, y, **kw):
 
 @pytest.fixture(autouse=True, scope="module")
 def _tf_devices():
-    from parity_tests.harness import tf_device_count
+    from parity_tests.running.harness import tf_device_count
 
     tf_device_count()
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from parity_tests.case import load_case, write_case
 from parity_tests.cli import main
-from parity_tests.errors import CaseError
-from parity_tests.harness import run_impl
-from parity_tests.manifest import array_digest, build_manifest, load_manifest, replay
+from parity_tests.contract.case import load_case, write_case
+from parity_tests.contract.errors import CaseError
+from parity_tests.running.harness import run_impl
+from parity_tests.running.manifest import array_digest, build_manifest, load_manifest, replay
 from parity_tests.tests.helpers import MLP, make
 
 pytestmark = pytest.mark.usefixtures("pool")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from parity_tests.harness import run_impl
-from parity_tests.matrix import EXPECTED_ROWS, SCENARIOS, matrix_cases, run_matrix
+from parity_tests.reporting.matrix import EXPECTED_ROWS, SCENARIOS, matrix_cases, run_matrix
+from parity_tests.running.harness import run_impl
 
 pytestmark = pytest.mark.usefixtures("pool")
 

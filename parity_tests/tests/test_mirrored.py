@@ -7,9 +7,9 @@ import functools
 import numpy as np
 import pytest
 
-from parity_tests.compare import assert_trajectories_close, compare_trajectories
-from parity_tests.errors import CaseError
-from parity_tests.harness import run_impl
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
 
 # float64: the strategy sums replica gradients of losses pre-scaled by w_r, the

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.case_optimizer import (
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.optimizer import (
     DEFAULTS,
     HYPERPARAMETERS,
     OPTIMIZERS,
     lr_at,
     validate_optimizer,
 )
-from parity_tests.errors import CaseError
 from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
 from parity_tests.tests.rules import (
     DIFFERENCES,
@@ -356,7 +356,7 @@ def test_step_schedule_takes_lr_from_its_first_value():
 
 @pytest.mark.parametrize("diff", [d for d in DIFFERENCES if not d.keras_float32], ids=lambda d: d.key)
 def test_theory_predicts_each_native_difference(diff):
-    from parity_tests.theory import predict
+    from parity_tests.judging.theory import predict
 
     opt = {"name": diff.name, "semantics": "native", **diff.hp}
     native = make(MLP, optimizer=opt, steps=6).spec
@@ -368,7 +368,7 @@ def test_theory_predicts_each_native_difference(diff):
 
 
 def test_theory_predicts_nothing_where_the_classes_agree():
-    from parity_tests.theory import predict
+    from parity_tests.judging.theory import predict
 
     for opt in (
         {"name": "sgd", "lr": 0.1, "weight_decay": 0.01},  # L2 and decoupled are the same update for plain SGD
@@ -396,9 +396,9 @@ _E2E = [
 
 @pytest.mark.parametrize(("base", "opt"), _E2E)
 def test_end_to_end_towers_and_ddp_agree_under_mapped_semantics_and_differ_natively(base, opt, pool):
-    from parity_tests.compare import assert_trajectories_close, compare_trajectories
-    from parity_tests.harness import run_impl
-    from parity_tests.theory import predict
+    from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+    from parity_tests.judging.theory import predict
+    from parity_tests.running.harness import run_impl
 
     for sem in ("torch", "tf"):
         case = make(base, parallel__devices=3, optimizer=dict(opt, semantics=sem))
@@ -415,10 +415,10 @@ def test_end_to_end_towers_and_ddp_agree_under_mapped_semantics_and_differ_nativ
 
 
 def test_docs_page_is_up_to_date():
-    from parity_tests.docs_optimizers import render
+    from parity_tests.reporting.docs_optimizers import render
 
     page = Path(__file__).resolve().parents[2] / "docs" / "optimizers.md"
     assert page.read_text(encoding="utf-8") == render(), (
-        "docs/optimizers.md is stale: run `python -m parity_tests.docs_optimizers > docs/optimizers.md`"
+        "docs/optimizers.md is stale: run `python -m parity_tests.reporting.docs_optimizers > docs/optimizers.md`"
     )
 

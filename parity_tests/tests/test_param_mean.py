@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.errors import CaseError
-from parity_tests.failures import replayable
-from parity_tests.harness import run_impl
-from parity_tests.judge import compare_case
-from parity_tests.strategies import dense_cases
-from parity_tests.theory import predict
-from parity_tests.tolerance import FLOAT64_RTOL, judge_float64
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.judge import compare_case
+from parity_tests.judging.theory import predict
+from parity_tests.judging.tolerance import FLOAT64_RTOL, judge_float64
+from parity_tests.running.harness import run_impl
+from parity_tests.testing.failures import replayable
+from parity_tests.testing.strategies import dense_cases
 
 from .helpers import CNN, MLP, POLY, make
 from .local_oracle import np_param_mean

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.case import case_from_dict, load_case, write_case
-from parity_tests.compare import assert_trajectories_close, compare_trajectories
-from parity_tests.errors import CaseError
-from parity_tests.harness import run_impl
+from parity_tests.contract.case import case_from_dict, load_case, write_case
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+from parity_tests.judging.theory import predict, sampler_padding
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
-from parity_tests.theory import predict, sampler_padding
 
 RTOL, ATOL = 1e-10, 1e-12  # see test_towers.py for the derivation
 
@@ -22,7 +22,7 @@ RTOL, ATOL = 1e-10, 1e-12  # see test_towers.py for the derivation
 @pytest.fixture(scope="module")
 def pl():
     """``tfpar.pipeline``, with TensorFlow's devices configured the way the harness does it."""
-    from parity_tests.harness import tf_device_count
+    from parity_tests.running.harness import tf_device_count
 
     tf_device_count()
     from tfpar import pipeline
@@ -250,7 +250,7 @@ _FEED_CASES = {
 @pytest.mark.parametrize("name", list(_FEED_CASES))
 def test_tfrecord_feed_is_bit_identical_to_arrays(name):
     """tf.towers (and tf.single) reading through TFRecord + tf.data == fed from the numpy arrays, bit for bit."""
-    from parity_tests.harness import tf_device_count
+    from parity_tests.running.harness import tf_device_count
 
     tf_device_count()
     import tfpar

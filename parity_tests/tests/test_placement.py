@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests.case import case_from_dict
-from parity_tests.errors import CaseError
-from parity_tests.harness import run_impl
+from parity_tests.contract.case import case_from_dict
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.tolerance import judge_float64
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, make, set_path
-from parity_tests.tolerance import judge_float64
 
 DEEP = set_path(MLP, "model.layers", [
     {"type": "dense", "units": 8, "activation": "tanh"},

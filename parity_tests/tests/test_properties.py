@@ -1,7 +1,7 @@
 """The property suite: what must hold for any generated dense case, and what must not.
 
 Every property is a real assertion; a failing example shrinks and is written as
-a replayable case (``parity_tests.failures``) whose path is in the error.
+a replayable case (``parity_tests.testing.failures``) whose path is in the error.
 Example counts come from the hypothesis profile (``ci`` under ``make test``).
 """
 
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.case import Case, case_from_dict
-from parity_tests.failures import replayable
-from parity_tests.harness import run_impl
-from parity_tests.judge import compare_case
-from parity_tests.strategies import dense_cases, device_counts
-from parity_tests.tolerance import FLOAT64_RTOL, judge_float64
+from parity_tests.contract.case import Case, case_from_dict
+from parity_tests.judging.judge import compare_case
+from parity_tests.judging.tolerance import FLOAT64_RTOL, judge_float64
+from parity_tests.running.harness import run_impl
+from parity_tests.testing.failures import replayable
+from parity_tests.testing.strategies import dense_cases, device_counts
 
 pytestmark = pytest.mark.usefixtures("pool")
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis.errors import InvalidArgument
 
-from parity_tests import strategies as S
+from parity_tests.testing import strategies as S
 
 BAD = [
     ("device_counts min 0", lambda: S.device_counts(0, 4)),

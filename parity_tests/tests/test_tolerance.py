@@ -1,4 +1,4 @@
-"""Tests for parity_tests.tolerance: the float64 bound, the float32 noise floor, the statuses."""
+"""Tests for parity_tests.judging.tolerance: the float64 bound, the float32 noise floor, the statuses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.tolerance import (
+from parity_tests.judging.tolerance import (
     FLOAT32_ABS_FLOOR,
     FLOAT64_RTOL,
     RULE_FLOAT32,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.case import case_from_dict
-from parity_tests.compare import assert_trajectories_close, compare_trajectories
-from parity_tests.harness import run_impl
+from parity_tests.contract.case import case_from_dict
+from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
 
 # float64: the same update computed in two orders agrees to ~1e-15 relative per step;

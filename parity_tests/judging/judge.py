@@ -20,19 +20,18 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .case import Case
-from .compare import compare_trajectories, first_nonfinite
-from .errors import CaseError
-from .harness import run_impl
-from .theory import Prediction, keras_rounds_hyperparameters, predict
-from .tolerance import RULE_NONFINITE, Verdict, judge_float32, judge_float64
+from parity_tests.contract.case import Case
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.compare import compare_trajectories, first_nonfinite
+from parity_tests.judging.theory import Prediction, keras_rounds_hyperparameters, predict
+from parity_tests.judging.tolerance import RULE_NONFINITE, Verdict, judge_float32, judge_float64
+from parity_tests.running.harness import run_impl
 
-__all__ = ["PairResult", "CaseResult", "compare_case", "write_case_report", "OK_STATUSES"]
+__all__ = ["PairResult", "CaseResult", "compare_case", "OK_STATUSES"]
 
 OK_STATUSES = ("parity", "expected_difference")
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
@@ -130,7 +129,7 @@ class CaseResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaseResult:
         """A stored result (no trajectories); the case is rebuilt from its spec."""
-        from .case import case_from_dict
+        from parity_tests.contract.case import case_from_dict
 
         return cls(case_from_dict(d["case"]), list(d["impls"]), [PairResult.from_dict(p) for p in d["pairs"]],
                    {}, float(d["seconds"]))
@@ -262,10 +261,3 @@ def compare_case(
             unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap
         pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped))
     return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)
-
-
-def write_case_report(result: CaseResult, out: Path) -> Path:
-    """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy."""
-    from .report import write_report
-
-    return write_report([result], out, title=f"tfpar compare: {result.case.name}")

@@ -3,7 +3,7 @@
 Usable by anyone testing their own set-ups::
 
     from hypothesis import given
-    from parity_tests.strategies import dense_cases
+    from parity_tests.testing.strategies import dense_cases
 
     @given(dense_cases(devices=device_counts(2, 4), dtypes=["float64"]))
     def test_my_property(case): ...
@@ -11,9 +11,9 @@ Usable by anyone testing their own set-ups::
 Every strategy is a plain function returning a ``SearchStrategy``; its
 arguments are checked up front, and a bad one raises ``InvalidArgument``
 naming the value. Cases are built through the same validation as
-``case.json`` files (``parity_tests.case.case_from_dict``), with data and
+``case.json`` files (``parity_tests.contract.case.case_from_dict``), with data and
 initial weights drawn in numpy from drawn seeds, so a shrunk failure is small
-and replays exactly (``parity_tests.case.write_case``).
+and replays exactly (``parity_tests.contract.case.write_case``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .case import Case, case_from_dict
-from .case_model import ACTIVATIONS, LOSSES
-from .case_optimizer import SEMANTICS
-from .case_parallel import COMBINES, MAX_DEVICES, SHARDS, WEIGHTINGS
+from parity_tests.contract.case import Case, case_from_dict
+from parity_tests.contract.model import ACTIVATIONS, LOSSES
+from parity_tests.contract.optimizer import SEMANTICS
+from parity_tests.contract.parallel import COMBINES, MAX_DEVICES, SHARDS, WEIGHTINGS
 
 __all__ = [
     "device_counts",

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .case import Case, write_case
+from parity_tests.contract.case import Case, write_case
 
 __all__ = ["failure_dir", "record_failure", "replayable"]
 

@@ -1,6 +1,6 @@
 """The noise-aware tolerance model: when is a gap between two trajectories rounding, and when not.
 
-Two rules, both on the per-step normwise relative gap of :func:`parity_tests.compare.relative_gap`
+Two rules, both on the per-step normwise relative gap of :func:`parity_tests.judging.compare.relative_gap`
 over the ``param/*`` and ``state/*`` arrays (the outcome of training; see "What is judged")::
 
     gap_k(X, Y) = max over arrays p of  ||X_p[k] - Y_p[k]||_inf / d_p[k]
@@ -82,7 +82,7 @@ Warning:
 
 What is judged:
     ``param/*`` and ``state/*`` arrays by default (``keys=`` to change). Losses and
-    gradients are compared by :mod:`parity_tests.compare` but do not decide: near a
+    gradients are compared by :mod:`parity_tests.judging.compare` but do not decide: near a
     minimum they are sums of terms that cancel, and their relative rounding error is
     unbounded, while parameters (the accumulated updates) keep a bounded one. A
     semantic difference in a gradient shows in the parameters one step later.
@@ -97,7 +97,7 @@ from typing import Any
 
 import numpy as np
 
-from .compare import (
+from parity_tests.judging.compare import (
     compare_arrays,
     compare_trajectories,
     describe_key,

@@ -43,8 +43,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import CaseError
-from .specs import ParamSpec, layer_shapes
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.specs import ParamSpec, layer_shapes
 
 __all__ = ["GENERATORS", "generate_data", "draw_init", "dropout_masks", "INIT_KINDS"]
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_write_text
-from .case import Case, case_from_dict
-from .compare import key_order
-from .errors import CaseError
-from .report import versions
+from parity_tests.contract.atomic import atomic_write_text
+from parity_tests.contract.case import Case, case_from_dict
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.compare import key_order
+from parity_tests.running.environment import versions
 
 __all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "write_manifest",
            "manifest_path", "load_manifest", "replay"]
@@ -146,7 +146,7 @@ def _rebuild(m: dict[str, Any]) -> Case:
 
 def replay(manifest: dict[str, Any], run: Any = None) -> tuple[bool, str]:
     """Re-run the manifest's case; returns (bit-identical, one line saying so or naming the first difference)."""
-    from .harness import run_impl
+    from parity_tests.running.harness import run_impl
 
     run = run or run_impl
     case = _rebuild(manifest)

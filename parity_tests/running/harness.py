@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .case import Case
-from .errors import CaseError
+from parity_tests.contract.case import Case
+from parity_tests.contract.errors import CaseError
 
 __all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout"]
 

@@ -242,7 +242,7 @@ def _native_optimizer_differences(spec: dict[str, Any]) -> list[str]:
 
     See ``docs/optimizers.md`` for the formulas and measured gaps.
     """
-    from .case_optimizer import lr_at
+    from parity_tests.contract.optimizer import lr_at
 
     opt = spec["optimizer"]
     name = opt["name"]

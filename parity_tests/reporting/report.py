@@ -9,34 +9,21 @@ from __future__ import annotations
 
 import io
 import json
-import platform
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .atomic import atomic_write_bytes, atomic_write_text
+from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_text
+from parity_tests.running.environment import versions
 
 if TYPE_CHECKING:
-    from .judge import CaseResult
+    from parity_tests.judging.judge import CaseResult
 
 __all__ = ["versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
-
-
-def versions() -> dict[str, str]:
-    """Tool and library versions (read from package metadata: imports nothing heavy)."""
-    out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for dist in ("tfpar", "tensorflow-cpu", "tensorflow", "keras", "torch", "numpy", "hypothesis"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 def scenario_of(name: str) -> str:
@@ -217,8 +204,8 @@ def write_report(
     Contents: ``report.md``, ``report.json``, ``gaps-<scenario>.png``, and for a
     single case also ``trajectories/<impl>@<dtype>.npz`` and ``case/`` (a replayable copy).
     """
-    from .case import write_case
-    from .trajectory import save_trajectory
+    from parity_tests.contract.case import write_case
+    from parity_tests.contract.trajectory import save_trajectory
 
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})
@@ -232,11 +219,11 @@ def write_report(
         atomic_write_bytes(out / name, plot_scenario(rs, scenario))
         plots[scenario] = name
     if trajectories and len(results) == 1:
-        from .manifest import build_manifest, manifest_path, write_manifest
+        from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
 
         r = results[0]
         case_json = write_case(r.case, out / "case")
-        from .case import load_case
+        from parity_tests.contract.case import load_case
 
         replayable = load_case(case_json)  # manifests point at the copy, which travels with the report
         for key, traj in r.trajectories.items():
@@ -266,3 +253,8 @@ def jsonable(x: Any) -> Any:
         v = float(x)
         return v if np.isfinite(v) else str(v)
     return x
+
+
+def write_case_report(result: CaseResult, out: Path) -> Path:
+    """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy."""
+    return write_report([result], out, title=f"tfpar compare: {result.case.name}")

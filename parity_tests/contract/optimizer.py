@@ -15,7 +15,7 @@ torch's under ``torch``, Keras' under ``tf`` and ``native`` (see
   before the update);
 * ``native``: each framework's own class with the same nominal value, so the
   two sides differ wherever the two meanings do (every optimizer but ``sgd`` and
-  ``adamw``): ``parity_tests.theory.predict`` lists it.
+  ``adamw``): ``parity_tests.judging.theory.predict`` lists it.
 
 ``schedule`` (the learning rate of step ``t``, counting steps from 1):
 
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CaseError
-from .fields import choice, integer, need, no_extra, number, obj
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
 
 __all__ = ["OPTIMIZERS", "SEMANTICS", "SCHEDULES", "HYPERPARAMETERS", "DEFAULTS", "validate_optimizer",
            "validate_schedule", "lr_at"]

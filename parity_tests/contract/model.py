@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CaseError
-from .fields import choice, integer, need, no_extra, number, obj, shape_of
-from .specs import output_shape, spatial_output
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
+from parity_tests.contract.specs import output_shape, spatial_output
 
 __all__ = [
     "LAYER_TYPES",

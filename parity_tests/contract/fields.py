@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import CaseError
+from parity_tests.contract.errors import CaseError
 
 __all__ = ["need", "integer", "number", "choice", "obj", "no_extra", "shape_of"]
 

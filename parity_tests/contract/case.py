@@ -21,13 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from .case_model import LAYER_TYPES, LOSSES, validate_model
-from .case_optimizer import OPTIMIZERS, SEMANTICS, validate_optimizer
-from .case_parallel import COMBINES, SHARDS, WEIGHTINGS, check_combine_model, validate_parallel
-from .errors import CaseError
-from .fields import choice, integer, need, no_extra, number, obj
-from .generators import GENERATORS, INIT_KINDS, draw_init, generate_data
-from .specs import ParamSpec, output_shape, param_specs
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
+from parity_tests.contract.generators import GENERATORS, INIT_KINDS, draw_init, generate_data
+from parity_tests.contract.model import LAYER_TYPES, LOSSES, validate_model
+from parity_tests.contract.optimizer import OPTIMIZERS, SEMANTICS, validate_optimizer
+from parity_tests.contract.parallel import (
+    COMBINES,
+    SHARDS,
+    WEIGHTINGS,
+    check_combine_model,
+    validate_parallel,
+)
+from parity_tests.contract.specs import ParamSpec, output_shape, param_specs
 
 __all__ = [
     "SCHEMA",
@@ -110,7 +116,7 @@ class Case:
         ``masks``: the dropout keep-masks by layer index (``generators.dropout_masks``),
         drawn here once so that every implementation gets the same ones.
         """
-        from .generators import dropout_masks
+        from parity_tests.contract.generators import dropout_masks
 
         return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec),
                 "perm": self.perm, "w": self.w}
@@ -474,7 +480,7 @@ def write_case(case: Case, folder: str | os.PathLike, *, name: str | None = None
     Files are written to temporary names and renamed into place, so a crash
     leaves no half-written case. Returns the path of ``case.json``.
     """
-    from .atomic import atomic_write_bytes, atomic_write_npz
+    from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_npz
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

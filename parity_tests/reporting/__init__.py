@@ -1,0 +1,1 @@
+"""Reporting: ``report.md``/``report.json``/plots, the scenario matrix, generated reference pages."""
