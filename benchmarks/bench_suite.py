@@ -21,7 +21,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from parity_tests.contract.case import case_from_dict  # noqa: E402
-from parity_tests.running.harness import _tf  # noqa: E402
+from parity_tests.running.harness import tf_module as _tf  # noqa: E402
 
 MLP = {
     "name": "bench",

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run one implementation and write its trajectory")
     r.add_argument("case", help="path to case.json")
-    r.add_argument("--impl", required=True, help="one of: tf.towers, tf.single, tf.v1, tf.mirrored, torch.ddp, torch.single")
+    r.add_argument("--impl", required=True, help="a built-in (tf.towers, tf.single, tf.v1, tf.mirrored, torch.ddp, torch.single), "
+                   "a plugin FILE.py:FUNCTION or package.module:FUNCTION, or an installed name")
     r.add_argument("--out", required=True, help="trajectory file to write (.npz)")
 
     c = sub.add_parser("compare", help="run several implementations and judge parity")
@@ -94,7 +95,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     bad = first_nonfinite(traj, impl[0])
     if bad:
         print(f"warning: {bad}", file=sys.stderr)
-    return 0
+    findings = getattr(traj, "findings", [])
+    for line in findings:
+        print(f"finding: {impl[0]}: {line}", file=sys.stderr)
+    return 1 if findings else 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

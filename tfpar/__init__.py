@@ -7,6 +7,7 @@ own ``tf.compat.v1`` graph towers (``build_towers``, :mod:`tfpar.v1`) and a
 tool calls (``run_case``). TensorFlow only: never imports torch.
 """
 
+from . import plugin
 from .async_ import AsyncTrainer
 from .combine import average_gradients, combine_losses, tower_weights
 from .devices import (
@@ -28,6 +29,7 @@ from .towers import TowerTrainer, make_parallel
 from .v1 import ExactRuleOptimizer, Towers, build_towers, make_v1_optimizer
 
 __all__ = [
+    "plugin",
     "AsyncTrainer",
     "LocalSGDTrainer",
     "Unsupported",

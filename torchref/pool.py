@@ -65,13 +65,16 @@ class PoolError(RuntimeError):
 class RankFailed(PoolError):
     """A rank of a job (or of the start-up) raised, died or did not answer in time."""
 
-    def __init__(self, rank: int, how: str, detail: str = "", when: str = "") -> None:
+    def __init__(self, rank: int, how: str, detail: str = "", when: str = "", pool_intact: bool = False) -> None:
         self.rank, self.how, self.detail, self.when = rank, how, detail, when
+        #: every rank of the job answered and each raised an error of its own: none is stuck in a
+        #: collective, so the pool was kept (a user's plugin that raises does not cost a restart)
+        self.pool_intact = pool_intact
         text = f"rank {rank} {how}{when}"
         super().__init__(f"{text}:\n{detail}" if detail else text)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.rank, self.how, self.detail, self.when))
+        return (type(self), (self.rank, self.how, self.detail, self.when, self.pool_intact))
 
 
 def _check_timeout(name: str, value: float) -> float:
@@ -259,6 +262,10 @@ class DDPPool:
                     with contextlib.suppress(OSError):  # a dead worker: _gather reports it
                         conn.send_bytes(message)
                 return self._gather(world_size, limit + _margin(limit), "")
+            except RankFailed as e:
+                if not e.pool_intact:
+                    self._teardown()
+                raise
             except BaseException:
                 self._teardown()
                 raise
@@ -295,8 +302,12 @@ class DDPPool:
             rank, how, detail = min(pending), f"timed out after {limit:.1f} s", ""
         else:
             return [results[r] for r in range(n)]
-        self._teardown()
-        raise RankFailed(rank, how, detail, when)
+        # Every rank answered and each failure is an error of its own (not a death, a timeout or
+        # a peer's hang-up): no rank waits in a collective, so the group is fit for the next job.
+        intact = not pending and not when and all(_consequence_rank(*f) == 1 for f in failures.values())
+        if not intact:
+            self._teardown()
+        raise RankFailed(rank, how, detail, when, pool_intact=intact)
 
     def close(self) -> None:
         """Stop the workers (killing any that do not exit promptly); idempotent."""

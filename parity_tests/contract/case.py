@@ -24,7 +24,13 @@ import numpy as np
 from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
 from parity_tests.contract.generators import GENERATORS, INIT_KINDS, draw_init, generate_data
-from parity_tests.contract.model import LAYER_TYPES, LOSSES, validate_model
+from parity_tests.contract.model import (
+    LAYER_TYPES,
+    LOSSES,
+    is_external,
+    validate_external_model,
+    validate_model,
+)
 from parity_tests.contract.optimizer import OPTIMIZERS, SEMANTICS, validate_optimizer
 from parity_tests.contract.parallel import (
     COMBINES,
@@ -159,6 +165,57 @@ def _check_array(a: np.ndarray, path: str, *, integer: bool = False) -> np.ndarr
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
         raise CaseError(path, f"finite numbers (found {a[bad]} at index {bad})")
     return a
+
+
+def _external_init(i: dict, base: Path | None, arrays: dict | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """An external model's weights: every array of the npz, under the plugins' own names."""
+    if arrays is not None and i.get("arrays"):
+        raw, spec = arrays, {"arrays": True}
+    elif "npz" in i:
+        no_extra(i, {"npz"}, "init")
+        raw, spec = _load_npz(base, i["npz"], "init.npz"), {"npz": i["npz"]}
+    else:
+        raise CaseError("init", '{"npz": FILE} under the plugins\' own parameter names (an external model has no layer'
+                                ' list to draw weights for)', i)
+    if not raw:
+        raise CaseError("init.npz", "at least one array (the model's initial weights)")
+    out = {str(k): _check_array(np.asarray(v), f"init[{k!r}]") for k, v in raw.items()}
+    n_values = sum(a.size for a in out.values())
+    if n_values > MAX_PARAMETERS:
+        raise CaseError("init", f"at most {MAX_PARAMETERS:,} parameter values in all (these weights have {n_values:,})")
+    return spec, out
+
+
+def _external_data(d: Any, base: Path | None, steps: int, devices: int, arrays) -> tuple[dict, np.ndarray, np.ndarray]:
+    """An external model's data: ``x`` and ``y`` of any per-example shape, rows first."""
+    d = obj(d, "data")
+    batch = integer(need(d, "global_batch", "data"), "data.global_batch", 1, 10_000_000)
+    if batch < devices:
+        raise CaseError("data.global_batch", f"at least parallel.devices = {devices} rows, so every device gets one", batch)
+    for key in ("order", "rows", "sample_weights", "generator"):
+        if key in d:
+            raise CaseError(f"data.{key}", 'no value for an external model (its data is {"npz": FILE, "global_batch": B})', d[key])
+    if arrays is not None and d.get("arrays"):
+        spec, (x, y, _) = {"arrays": True, "global_batch": batch}, arrays
+    elif "npz" in d:
+        no_extra(d, {"npz", "global_batch"}, "data")
+        z = _load_npz(base, d["npz"], "data.npz")
+        for key in ("x", "y"):
+            if key not in z:
+                raise CaseError(f"data.npz[{key!r}]", f"an array named {key!r} in {d['npz']}")
+        spec, x, y = {"npz": d["npz"], "global_batch": batch}, z["x"], z["y"]
+    else:
+        raise CaseError("data", '{"npz": FILE, "global_batch": B} for an external model', d)
+    rows = steps * batch
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim < 1 or x.shape[0] < rows:
+        raise CaseError("data.x", f"at least steps x global_batch = {steps} x {batch} = {rows} rows", f"shape {list(x.shape)}")
+    if y.ndim < 1 or y.shape[0] != x.shape[0]:
+        raise CaseError("data.y", f"one target per row of x ({x.shape[0]} rows)", f"shape {list(y.shape)}")
+    if x[:rows].size > MAX_INPUT_VALUES:
+        raise CaseError("data", f"at most {MAX_INPUT_VALUES:,} input values in all")
+    y = _check_array(y[:rows], "data.y", integer=y.dtype.kind in "iu")
+    return spec, _check_array(x[:rows], "data.x"), y
 
 
 def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -418,6 +475,8 @@ def case_from_dict(
     if not isinstance(name, str) or not name or len(name) > 200 or any(c in name for c in "/\\\0"):
         raise CaseError("name", "a short name without slashes", name)
     dtype = choice(raw.get("dtype", "float32"), "dtype", DTYPES)
+    if is_external(need(raw, "model", "")):
+        return _external_case(raw, name, dtype, base_dir, x, y, init)
     model, in_shape, out_shape = validate_model(need(raw, "model", ""))
     parallel = validate_parallel(need(raw, "parallel", ""))
     check_combine_model(parallel, model["layers"], raw.get("data"))
@@ -456,6 +515,24 @@ def case_from_dict(
         "seed": seed,
     }
     return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None, perm=perms, w=weights)
+
+
+def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: Any, init: Any) -> Case:
+    """A case whose model lives in the plugins (``"model": {"external": ...}``, CONTRACT §5)."""
+    model = validate_external_model(raw["model"])
+    parallel = validate_parallel(need(raw, "parallel", ""))
+    if parallel["combine"] not in ("grad_mean", "loss_mean"):
+        raise CaseError("parallel.combine", "grad_mean or loss_mean for an external model", parallel["combine"])
+    steps = integer(need(raw, "steps", ""), "steps", 1, 100_000)
+    optimizer = validate_optimizer(need(raw, "optimizer", ""))
+    seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
+    base = Path(base_dir) if base_dir is not None else None
+    init_spec, init_arrays = _external_init(obj(need(raw, "init", ""), "init"), base, init)
+    data_spec, xs, ys = _external_data(need(raw, "data", ""), base, steps, parallel["devices"],
+                                       (x, y, None) if x is not None else None)
+    spec = {"schema": SCHEMA, "name": name, "dtype": dtype, "model": model, "init": init_spec, "data": data_spec,
+            "optimizer": optimizer, "parallel": parallel, "steps": steps, "seed": seed}
+    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None)
 
 
 def load_case(path: str | os.PathLike) -> Case:

@@ -29,6 +29,8 @@ from parity_tests.contract.fields import choice, integer, need, no_extra, number
 from parity_tests.contract.specs import output_shape, spatial_output
 
 __all__ = [
+    "validate_external_model",
+    "is_external",
     "LAYER_TYPES",
     "ACTIVATIONS",
     "LOSSES",
@@ -191,6 +193,35 @@ def _loss_options(m: dict, loss: str, layers: list[dict], out_shape: tuple[int, 
         "class_weights": weights,
         "loss_semantics": choice(m.get("loss_semantics", "native"), "model.loss_semantics", LAYER_SEMANTICS),
     }
+
+
+def is_external(m: Any) -> bool:
+    """True for ``{"external": ...}``: the model lives in the plugins (CONTRACT §5)."""
+    return isinstance(m, dict) and "external" in m
+
+
+def validate_external_model(m: Any) -> dict:
+    """``{"external": "free text", "loss"?: ..., "reduction"?: ...}``, normalised.
+
+    The model lives in the plugins; the tool knows its parameters only by the
+    names and shapes of ``init.npz``. ``loss`` and ``reduction``, when given,
+    say what the plugins compute (the loss channel's bound uses them: an
+    ``mse`` or cross-entropy mean is a mean of non-negative terms). The
+    normalised model has an empty ``layers`` list, so that every rule keyed on
+    layers (batch norm, dropout, placement) sees none.
+    """
+    no_extra(m, {"external", "loss", "reduction", "layers"}, "model")
+    if m.get("layers", []) != []:  # a normalised external model carries an empty list; nothing else may
+        raise CaseError("model.layers", "no layers with model.external (the model lives in the plugins)", m["layers"])
+    text = m["external"]
+    if not isinstance(text, str) or not text.strip() or len(text) > 1000:
+        raise CaseError("model.external", "a short description of the plugins' model (free text, at most 1000 characters)", text)
+    out: dict[str, Any] = {"external": text, "layers": [], "reduction": choice(m.get("reduction", "mean"), "model.reduction", REDUCTIONS)}
+    if m.get("loss", "external") != "external":
+        out["loss"] = choice(m["loss"], "model.loss", LOSSES)
+    else:
+        out["loss"] = "external"
+    return out
 
 
 def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:

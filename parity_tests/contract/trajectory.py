@@ -15,9 +15,22 @@ import numpy as np
 from parity_tests.contract.atomic import atomic_write_npz
 from parity_tests.contract.errors import CaseError
 
-__all__ = ["save_trajectory", "load_trajectory", "check_trajectory"]
+__all__ = ["Trajectory", "save_trajectory", "load_trajectory", "check_trajectory"]
 
 _PREFIXES = ("param/", "grad/", "state/")
+
+
+class Trajectory(dict):
+    """A trajectory (``{key: array}``) with what the run found out about itself.
+
+    ``findings``: lines a person reads, each a divergence within one implementation that
+    no comparison with another would show (e.g. DDP replicas that stopped being bitwise
+    identical). The judge turns any finding into a divergence of every pair it is in.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.findings: list[str] = []
 
 
 def check_trajectory(traj: dict[str, np.ndarray], steps: int | None = None) -> None:

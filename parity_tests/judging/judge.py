@@ -154,6 +154,18 @@ def _nonfinite_guard(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np
                                detail=f"{where}; the values before that point: {verdict.detail}")
 
 
+RULE_REPLICAS = "replicas in sync"
+
+
+def _findings_guard(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
+    """A run that found a divergence within itself (DDP replicas out of sync) is never at parity."""
+    found = [*getattr(a, "findings", ()), *getattr(b, "findings", ())]
+    if not found:
+        return verdict
+    return dataclasses.replace(verdict, status="divergence", rule=RULE_REPLICAS,
+                               detail="; ".join(found) + f"; between the implementations: {verdict.detail}")
+
+
 def _f32(v: float) -> float:
     return float(np.float32(v))
 
@@ -256,6 +268,7 @@ def compare_case(
             )
         verdict = _nonfinite_guard(verdict, get(ref, case.spec["dtype"], ma and case.spec["dtype"] == "float64"),
                                    get(impl, case.spec["dtype"], mb and case.spec["dtype"] == "float64"))
+        verdict = _findings_guard(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
         unmapped = None
         if side is not None:
             unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap

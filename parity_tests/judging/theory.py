@@ -38,7 +38,20 @@ class Prediction:
 
 
 def is_parallel(impl: str) -> bool:
-    return impl in PARALLEL
+    """Whether ``impl`` splits the global batch over devices (plugins: as the registry says)."""
+    if impl in PARALLEL:
+        return True
+    found = _registered(impl)
+    return bool(found and found.parallel)
+
+
+def _registered(impl: str):
+    """The registry's entry for a name that is not a built-in (a plugin or recorded run), if resolved."""
+    if impl.startswith(("tf.", "torch.")):
+        return None
+    from parity_tests.running.registry import lookup
+
+    return lookup(impl)
 
 
 def _sizes(spec: dict[str, Any]) -> list[int]:
@@ -69,7 +82,9 @@ def sampler_padding(spec: dict[str, Any]) -> int:
 
 
 def _framework(impl: str) -> str:
-    return impl.split(".")[0]
+    """``tf`` or ``torch`` (plugins and recorded runs: as the registry says)."""
+    found = _registered(impl)
+    return found.framework if found else impl.split(".")[0]
 
 
 def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:

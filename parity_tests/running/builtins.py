@@ -1,0 +1,74 @@
+"""The six built-in implementations, registered through :func:`registry.register` like any other.
+
+``tf.towers``, ``tf.single``, ``tf.v1`` and ``tf.mirrored`` run in this process
+(:func:`tfpar.run_case`); ``torch.ddp`` and ``torch.single`` in the shared
+DDP worker pool (:func:`torchref.run.run_case`'s job functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from parity_tests.contract.case import Case
+from parity_tests.contract.errors import CaseError
+from parity_tests.running.harness import RunError, check_tf_devices, run_torch_job
+from parity_tests.running.registry import Implementation, register
+
+__all__ = ["BUILTINS"]
+
+BUILTINS = {
+    "tf.towers": "the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients, one update",
+    "tf.single": "one TensorFlow device, the whole global batch",
+    "tf.v1": "the seeds' tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower, average_gradients)",
+    "tf.mirrored": "tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
+    "torch.ddp": "real torch DistributedDataParallel on gloo, N ranks of the warm worker pool",
+    "torch.single": "one torch process, the whole global batch",
+}
+
+
+def _refuse_external(case: Case, impl: str) -> None:
+    if "external" in case.spec["model"]:
+        raise CaseError("model", f"a layer list for {impl} (built-in implementations build the model from"
+                                 " model.layers; an external model runs only on plugins)", {"external": case.spec["model"]["external"]})
+
+
+def _tensorflow(impl: str) -> Callable:
+    def run(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+        _refuse_external(case, impl)
+        tfpar = check_tf_devices(case, impl, towers=impl != "tf.single")
+        try:
+            return tfpar.run_case(case.payload(), impl, progress=progress)
+        except tfpar.Unsupported as e:  # a valid case this implementation does not implement
+            raise CaseError(e.field, e.expected) from None
+        except Exception as e:  # a TensorFlow failure on a valid case: one line, not a traceback
+            raise RunError(f"{impl} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+    return run
+
+
+def _torch(impl: str) -> Callable:
+    def run(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+        from torchref.pool import MAX_SIZE
+        from torchref.run import job_function
+
+        _refuse_external(case, impl)
+        n = case.devices if impl == "torch.ddp" else 1
+        if n > MAX_SIZE:
+            raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
+        payload = case.payload()
+        traj = run_torch_job(impl, job_function(payload, impl), payload, n)[0]
+        if progress:
+            progress(case.spec["steps"])
+        return traj
+
+    return run
+
+
+for _name, _text in BUILTINS.items():
+    _tf = _name.startswith("tf.")
+    register(Implementation(
+        _name, "builtin", "tf" if _tf else "torch", parallel=_name not in ("tf.single", "torch.single"),
+        dtypes=("float32", "float64"), run=(_tensorflow if _tf else _torch)(_name), description=_text, keras=_tf,
+    ), builtin=True)

@@ -1,0 +1,359 @@
+"""Users' plugins (CONTRACT §5): finding them by name, and checking what they recorded.
+
+A plugin name is ``path/to/file.py:function`` (relative to the current folder,
+or absolute) or ``package.module:function``. :func:`resolve_plugin` imports it
+in this process (so that every mistake is one line of bad input before
+anything runs) and reads its decorator; :func:`assemble` turns what the
+plugin reported through ``run.begin``/``run.record`` into a trajectory,
+checking every name, shape, dtype and the number of steps;
+:func:`replica_divergence` compares the parameter digests every DDP rank
+recorded. This module imports neither TensorFlow nor torch: importing the
+user's module does, as that module says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.specs import param_specs
+from parity_tests.contract.trajectory import Trajectory
+
+__all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "file_digest", "assemble", "replica_divergence",
+           "plugin_failure", "MARK", "KINDS"]
+
+MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
+KINDS = {"tensorflow": "@tfpar.plugin.tensorflow", "distributed": "@torchref.plugin.distributed",
+         "single": "@torchref.plugin.single"}
+_DECORATORS = "@tfpar.plugin.tensorflow(...), @torchref.plugin.distributed(...) or @torchref.plugin.single(...)"
+
+
+@dataclass(frozen=True)
+class PluginTarget:
+    """A resolved plugin.
+
+    Attributes:
+        name: the name as given (``"my_towers.py:train"``).
+        kind: ``tensorflow``, ``distributed`` or ``single``.
+        dtypes: the dtypes its decorator declares.
+        location: how a worker process imports it: ``{"path", "module_name", "attr"}`` or ``{"module", "attr"}``.
+        source: the file the function's module was loaded from (hashed into manifests).
+        fn: the function itself (this process).
+    """
+
+    name: str
+    kind: str
+    dtypes: tuple[str, ...]
+    location: dict[str, str]
+    source: Path | None
+    fn: Callable[..., Any]
+
+
+def is_plugin_name(name: str) -> bool:
+    """``file.py:fn`` or ``module:fn`` (and not ``recorded:...``)."""
+    return ":" in name and not name.startswith("recorded:")
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _last_line(e: BaseException) -> str:
+    return traceback.format_exception_only(type(e), e)[-1].strip()
+
+
+def _module_name(path: Path) -> str:
+    stem = re.sub(r"\W", "_", path.stem)
+    return f"tfpar_plugin_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+
+
+_TF_IMPORT = re.compile(r"^\s*(import|from)\s+(tensorflow|tfpar|keras)\b", re.MULTILINE)
+
+
+def _prepare_tensorflow(source: Path | None) -> None:
+    """Start TensorFlow the tool's way (logical devices, quiet logs) before a module that imports it.
+
+    Logical devices can only be configured before TensorFlow initialises its runtime, which a
+    user's module may do at import time (a ``tf.constant`` at top level).
+    """
+    try:
+        text = source.read_text(errors="replace") if source else ""
+    except OSError:
+        return
+    if _TF_IMPORT.search(text):
+        from parity_tests.running.harness import tf_module
+
+        tf_module()
+
+
+def _import_path(path: Path, field: str, name: str) -> Any:
+    mod = _module_name(path)
+    if mod in sys.modules:
+        return sys.modules[mod]
+    _prepare_tensorflow(path)
+    sys.path.insert(0, str(path.parent))  # the user's sibling modules, as ``python FILE`` would see them
+    spec = importlib.util.spec_from_file_location(mod, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[mod]
+        raise CaseError(field, f"{path.name} to import cleanly ({name}); it raised {_last_line(e)}") from None
+    return module
+
+
+def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
+    """Import the plugin ``name`` and read its decorator.
+
+    Raises:
+        CaseError: (one line, naming ``field``) no such file or module, an import error
+            (its last line), no such function, a function without a plugin decorator,
+            or a decorator given an unknown dtype.
+    """
+    where, _, attr = name.rpartition(":")
+    if not where or not attr.isidentifier():
+        raise CaseError(field, "a plugin named FILE.py:FUNCTION or package.module:FUNCTION", name)
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise CaseError(field, f"an existing Python file; {where} does not exist", name)
+        module = _import_path(path, field, name)
+        location = {"path": str(path), "module_name": module.__name__, "attr": attr}
+    else:
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise CaseError(field, f"an importable module; no module named {where!r} (a file needs its .py)", name)
+        _prepare_tensorflow(Path(found.origin) if found.origin and found.origin.endswith(".py") else None)
+        try:
+            module = importlib.import_module(where)
+        except Exception as e:
+            raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
+        location = {"module": where, "attr": attr}
+        path = Path(module.__file__) if getattr(module, "__file__", None) else None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise CaseError(field, f"a function named {attr!r} in {where}", name)
+    if not callable(fn):
+        raise CaseError(field, f"{attr!r} in {where} to be a function", type(fn).__name__)
+    mark = getattr(fn, MARK, None)
+    if getattr(mark, "kind", None) not in KINDS:
+        raise CaseError(field, f"{attr} in {where} to carry one of {_DECORATORS}; it has none", name)
+    source = Path(getattr(sys.modules.get(fn.__module__), "__file__", None) or path) if path else None
+    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn)
+
+
+# ------------------------------------------------------------------ checking what was recorded
+
+
+def _expected_names(spec: Mapping[str, Any], initial: Mapping[str, np.ndarray],
+                    begun: Mapping[str, Mapping[str, np.ndarray]], impl: str) -> tuple[list[str], list[str]]:
+    """(parameter names, state names) the plugin must record every step."""
+    model = spec["model"]
+    if "external" in model:  # the plugins' own names: begin() says which are state
+        params, state = list(begun["params"]), list(begun["state"])
+        both = sorted(set(params) & set(state))
+        if both:
+            raise CaseError(impl, f"each name either a parameter or state in run.begin(); {both[0]!r} is both")
+        known = set(initial)
+        for n in [*params, *state]:
+            if n not in known:
+                raise CaseError(impl, "run.begin() names among the initial weights (" + _listing(known) + ")", n)
+        missing = sorted(known - set(params) - set(state))
+        if missing:
+            raise CaseError(impl, f"run.begin() to report every initial weight; {missing[0]!r} is missing")
+        return params, state
+    specs = param_specs(model["input_shape"], model["layers"])
+    return [s.name for s in specs if s.trainable], [s.name for s in specs if not s.trainable]
+
+
+def _listing(names: Any) -> str:
+    names = sorted(names)
+    text = ", ".join(names[:8])
+    return text + (f", ... ({len(names)} names)" if len(names) > 8 else "")
+
+
+def _check_named(values: Mapping[str, np.ndarray], want: list[str], initial: Mapping[str, np.ndarray],
+                 dtype: np.dtype, impl: str, where: str, what: str) -> None:
+    missing = [n for n in want if n not in values]
+    if missing:
+        raise CaseError(impl, f"{where} to report {what} {missing[0]!r} (every one of: {_listing(want)})")
+    extra = sorted(set(values) - set(want))
+    if extra:
+        raise CaseError(impl, f"{where} to report only {what} names ({_listing(want)})", extra[0])
+    for n in want:
+        a = values[n]
+        if tuple(a.shape) != tuple(initial[n].shape):
+            raise CaseError(impl, f"{where}: {what} {n!r} of shape {list(initial[n].shape)} (the initial weight's,"
+                                  " TensorFlow layout: run.to_tf converts from torch's)", f"shape {list(a.shape)}")
+        if a.dtype != dtype:
+            raise CaseError(impl, f"{where}: {what} {n!r} in {dtype} (the run's dtype)", str(a.dtype))
+
+
+def assemble(records: Mapping[str, Any], spec: Mapping[str, Any], initial: Mapping[str, np.ndarray],
+             impl: str) -> dict[str, np.ndarray]:
+    """Check a plugin's records and build its trajectory (CONTRACT §2).
+
+    Args:
+        records: ``{"begin": {"params", "state"} | None, "steps": [{"loss", "params", "grads", "state"}, ...]}``.
+        spec: the validated case; initial: the initial weights by name.
+        impl: the plugin's name (for messages).
+    Returns:
+        ``{"loss": [steps], "param/<n>": [steps+1, ...], "grad/<n>": [steps, ...] (if recorded), "state/<n>": [steps+1, ...]}``.
+    Raises:
+        CaseError: a missing ``begin``, too few or too many steps, a name missing or extra, a
+            wrong shape or dtype; the message names the step and the name. Non-finite values are
+            not bad input: they are left for the judge, which reports them as a finding.
+    """
+    dtype = np.dtype(spec["dtype"])
+    steps = spec["steps"]
+    begun, rows = records.get("begin"), records.get("steps") or []
+    if begun is None:
+        raise CaseError(impl, "a call to run.begin(params) before the first step (the parameters as loaded)"
+                              + (f"; it recorded {len(rows)} step(s) without one" if rows else ""))
+    if len(rows) != steps:
+        raise CaseError(impl, f"run.record(...) once per step: {steps} call(s) (the case's steps)", f"{len(rows)} call(s)")
+    pnames, snames = _expected_names(spec, initial, begun, impl)
+    _check_named(begun["params"], pnames, initial, dtype, impl, "run.begin()", "parameter")
+    _check_named(begun["state"], snames, initial, dtype, impl, "run.begin()", "state")
+    with_grads = rows[0]["grads"] is not None
+    for k, r in enumerate(rows, start=1):
+        where = f"step {k} run.record()"
+        loss = np.asarray(r["loss"])
+        if loss.size != 1 or loss.dtype.kind not in "fiu":
+            raise CaseError(impl, f"{where}: the loss as one number", f"an array of shape {list(loss.shape)}")
+        _check_named(r["params"], pnames, initial, dtype, impl, where, "parameter")
+        _check_named(r["state"], snames, initial, dtype, impl, where, "state")
+        if (r["grads"] is not None) != with_grads:
+            raise CaseError(impl, f"{where}: grads=... at every step or at none (step 1 {'did' if with_grads else 'did not'})")
+        if with_grads:
+            _check_named(r["grads"], pnames, initial, dtype, impl, where, "gradient")
+    traj: dict[str, np.ndarray] = {"loss": np.array([np.asarray(r["loss"]).reshape(()) for r in rows], dtype)}
+    for n in pnames:
+        traj[f"param/{n}"] = np.stack([begun["params"][n], *(r["params"][n] for r in rows)])
+    if with_grads:
+        for n in pnames:
+            traj[f"grad/{n}"] = np.stack([r["grads"][n] for r in rows])
+    for n in snames:
+        traj[f"state/{n}"] = np.stack([begun["state"][n], *(r["state"][n] for r in rows)])
+    return traj
+
+
+def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
+    """The first place where a rank's parameters differ bitwise from rank 0's, as a finding, or ``None``.
+
+    ``ranks[r]["digests"]``: per row (row 0 = ``run.begin``, row k = after step k) ``{name: digest}``.
+    A rank that recorded a different number of steps than rank 0 is bad input (``CaseError``).
+    """
+    want = ranks[0]["digests"]
+    for r, rec in enumerate(ranks[1:], start=1):
+        if len(rec["digests"]) != len(want):
+            raise CaseError(impl, f"every rank to call run.begin() once and run.record() once per step; rank {r}"
+                                  f" reported {len(rec['digests'])} row(s), rank 0 {len(want)}")
+    for row, names in enumerate(want):
+        for r, rec in enumerate(ranks[1:], start=1):
+            for n in sorted(names):
+                if rec["digests"][row].get(n) != names[n]:
+                    when = "at run.begin()" if row == 0 else f"at step {row}"
+                    return (f"replicas diverged {when}: rank {r}, parameter {n} (not bitwise equal to rank 0's;"
+                            " DDP keeps every replica identical, so some update bypassed it)")
+    return None
+
+
+_RAISED = re.compile(r"PluginRaised: step (\d+): (.*)$")
+_INPUT = re.compile(r"PluginInputError: (.*)$")
+
+
+def plugin_failure(impl: str, detail: str) -> tuple[str, str] | None:
+    """Read a worker's traceback text: ``("raised", one line)`` / ``("input", one line)``, or ``None``."""
+    last = next((line.strip() for line in reversed(detail.splitlines()) if line.strip()), "")
+    m = _RAISED.search(last)
+    if m:
+        return "raised", f"{impl} raised at step {m.group(1)}: {m.group(2)}"
+    m = _INPUT.search(last)
+    if m:
+        return "input", m.group(1)
+    return None
+
+
+# ------------------------------------------------------------------ running a plugin
+
+
+def _refuse_unsupported(case: Any, impl: str) -> None:
+    if case.spec["data"].get("order", "split") != "split":
+        raise CaseError("data.order", f"split for the plugin {impl} (run.batches() hands out global batches in order)",
+                        case.spec["data"]["order"])
+
+
+def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
+    """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
+    from parity_tests.running.harness import RunError, check_tf_devices, run_torch_job
+    from parity_tests.running.registry import Implementation
+
+    impl = name or target.name
+
+    def run_tensorflow(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+        _refuse_unsupported(case, impl)
+        check_tf_devices(case, impl)
+        from tfpar.plugin import PluginRaised, run_plugin
+
+        payload = case.payload()
+        try:
+            records = run_plugin(target.fn, payload)
+        except PluginRaised as e:
+            raise RunError(f"{impl} raised at step {e.step}: {e.line}") from e
+        traj = assemble(records, case.spec, case.init, impl)
+        if progress:
+            progress(case.spec["steps"])
+        return traj
+
+    def run_torch(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+        _refuse_unsupported(case, impl)
+        from torchref.plugin import run_plugin_rank
+        from torchref.pool import MAX_SIZE
+
+        n = case.devices if target.kind == "distributed" else 1
+        if n > MAX_SIZE:
+            raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
+
+        def failure(detail: str) -> Exception | None:
+            found = plugin_failure(impl, detail)
+            if found is None:
+                return None
+            return RunError(found[1]) if found[0] == "raised" else CaseError(impl, found[1])
+
+        job = {"location": target.location, "kind": target.kind, "payload": case.payload()}
+        ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
+        traj = Trajectory(assemble(ranks[0], case.spec, case.init, impl))
+        finding = replica_divergence(ranks, impl)
+        if finding:
+            traj.findings.append(finding)
+        if progress:
+            progress(case.spec["steps"])
+        return traj
+
+    torch_side = target.kind in ("distributed", "single")
+    return Implementation(
+        impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single", dtypes=target.dtypes,
+        run=run_torch if torch_side else run_tensorflow, description=f"plugin {target.name} ({KINDS[target.kind]})",
+        plugin=target,
+    )

@@ -1,0 +1,145 @@
+"""The one registry of implementations: the only place that knows which exist.
+
+An implementation name is one of:
+
+* a built-in (``tf.towers``, ``tf.single``, ``tf.v1``, ``tf.mirrored``,
+  ``torch.ddp``, ``torch.single``), registered by :mod:`.builtins` through
+  :func:`register` like anything else;
+* a plugin, ``path/to/file.py:function`` or ``package.module:function``
+  (CONTRACT §5, :mod:`.plugins`);
+* a short name an installed package declares in the entry-point group
+  ``tfpar.implementations`` (its value is ``package.module:function``);
+* a recorded run, ``recorded:path/run.npz`` (CONTRACT §6, :mod:`.recorded`).
+
+:func:`resolve` turns a name into an :class:`Implementation`, whose ``run``
+the harness calls; the command line, ``compare_case``, the strategies and the
+matrix all ask here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity_tests.contract.errors import CaseError
+
+__all__ = ["Implementation", "ENTRY_POINT_GROUP", "register", "resolve", "lookup", "builtin_names", "names",
+           "describe_names"]
+
+ENTRY_POINT_GROUP = "tfpar.implementations"
+Runner = Callable[[Any, Callable[[int], None] | None], dict[str, np.ndarray]]  # (case, progress) -> trajectory
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation the harness can run.
+
+    Attributes:
+        name: as the user writes it.
+        kind: ``builtin``, ``plugin`` or ``recorded``.
+        framework: ``tf`` or ``torch`` (what the theory of known differences keys on).
+        parallel: whether it splits the global batch over devices (towers / ranks).
+        dtypes: the case dtypes it can run.
+        run: ``run(case, progress) -> trajectory``.
+        description: one line for listings.
+        keras: whether its optimizers are Keras' (the float64 hyperparameter rounding applies).
+        plugin: for plugins, the resolved :class:`~parity_tests.running.plugins.PluginTarget`.
+        rerunnable: ``False`` for a recorded run (it cannot be run again from perturbed weights).
+    """
+
+    name: str
+    kind: str
+    framework: str
+    parallel: bool
+    dtypes: tuple[str, ...]
+    run: Runner = field(repr=False, compare=False)
+    description: str = ""
+    keras: bool = False
+    plugin: Any = field(default=None, repr=False, compare=False)
+    rerunnable: bool = True
+
+    @property
+    def source(self) -> Path | None:
+        """A plugin's source file (hashed into manifests), else ``None``."""
+        return getattr(self.plugin, "source", None)
+
+
+_lock = threading.RLock()
+_registry: dict[str, Implementation] = {}
+_builtin: list[str] = []
+
+
+def register(impl: Implementation, *, builtin: bool = False) -> Implementation:
+    """Add ``impl`` under its name (replacing a resolved plugin of the same name, never a built-in)."""
+    with _lock:
+        if impl.name in _builtin and not builtin:
+            raise CaseError("--impls", f"a name other than the built-in {impl.name!r}", impl.name)
+        _registry[impl.name] = impl
+        if builtin and impl.name not in _builtin:
+            _builtin.append(impl.name)
+    return impl
+
+
+def _ensure_builtins() -> None:
+    if not _builtin:
+        from parity_tests.running import builtins  # noqa: F401  (registers the six built-ins)
+
+
+def builtin_names() -> tuple[str, ...]:
+    """The built-in implementations, in registration order."""
+    _ensure_builtins()
+    return tuple(_builtin)
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def names() -> tuple[str, ...]:
+    """Every short name: the built-ins, then the installed packages' entry points."""
+    return builtin_names() + tuple(n for n in sorted(_entry_points()) if n not in _builtin)
+
+
+def describe_names() -> str:
+    """A short text for help and error messages."""
+    return ", ".join(names()) + ", FILE.py:FUNCTION, package.module:FUNCTION or recorded:RUN.npz"
+
+
+def lookup(name: str) -> Implementation | None:
+    """The implementation already resolved (or built in) under ``name``; resolves nothing new."""
+    _ensure_builtins()
+    return _registry.get(name)
+
+
+def resolve(name: str, field: str = "--impls") -> Implementation:
+    """The implementation called ``name``.
+
+    Raises:
+        CaseError: (naming ``field``) an unknown name, or a plugin or recorded run that
+            cannot be loaded; the message says what was expected.
+    """
+    _ensure_builtins()
+    if not isinstance(name, str) or not name.strip():
+        raise CaseError(field, "an implementation name (" + describe_names() + ")", name)
+    with _lock:
+        if name in _registry and _registry[name].kind != "recorded":  # a recorded file may change: re-read it
+            return _registry[name]
+    if name.startswith("recorded:"):
+        from parity_tests.running.recorded import recorded_implementation
+
+        return register(recorded_implementation(name, field))
+    from parity_tests.running.plugins import is_plugin_name, plugin_implementation, resolve_plugin
+
+    if is_plugin_name(name):
+        return register(plugin_implementation(resolve_plugin(name, field)))
+    eps = _entry_points()
+    if name in eps:
+        target = resolve_plugin(eps[name], f"{field} ({name}, entry point {ENTRY_POINT_GROUP})")
+        return register(plugin_implementation(target, name=name))
+    raise CaseError(field, "an implementation: " + describe_names(), name)

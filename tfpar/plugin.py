@@ -1,0 +1,211 @@
+"""Users' own TensorFlow training code as an implementation (CONTRACT §5).
+
+A plugin is a function marked with :func:`tensorflow`; the parity tool calls
+it once, in its own process, with one :class:`Run`::
+
+    import tensorflow as tf
+    import tfpar
+
+    @tfpar.plugin.tensorflow(dtypes=("float32", "float64"))
+    def my_towers(run):
+        w = {k: tf.Variable(v) for k, v in run.initial.items()}      # TF layouts, run.dtype
+        run.begin(w)
+        for x, y in run.batches():                                    # numpy global batches
+            ...                                                       # split over run.devices, average, apply
+            run.record(loss, w, grads=averaged)                       # once per step, after the update
+
+and it is checked with ``tfpar compare CASE --impls my_file.py:my_towers,torch.ddp``.
+
+Everything the run hands out is numpy (the case dtype); everything it takes
+may be numpy, ``tf.Tensor`` or ``tf.Variable`` and is copied at once, so
+later in-place updates of a variable cannot change what was recorded. The
+checks of what was recorded (names, shapes, dtypes, number of steps) are the
+parity tool's, after the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "to_torch", "to_tf",
+           "run_plugin"]
+
+DTYPES = ("float32", "float64")
+MARK = "__tfpar_plugin__"
+
+
+class PluginDeclarationError(ValueError):
+    """A decorator was given something it cannot accept (e.g. an unknown dtype)."""
+
+
+@dataclass(frozen=True)
+class PluginMark:
+    """Where a plugin runs (``tensorflow``, ``distributed`` or ``single``) and the dtypes it can run."""
+
+    kind: str
+    dtypes: tuple[str, ...]
+
+
+def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
+    """``dtypes`` as a tuple of known names, or :class:`PluginDeclarationError` naming the bad one."""
+    if isinstance(dtypes, str):
+        dtypes = (dtypes,)
+    try:
+        out = tuple(dtypes)
+    except TypeError:
+        raise PluginDeclarationError(f"{decorator}(dtypes=...) takes a tuple of dtype names, got {dtypes!r}") from None
+    if not out:
+        raise PluginDeclarationError(f"{decorator}(dtypes=...) needs at least one of {', '.join(DTYPES)}")
+    for d in out:
+        if d not in DTYPES:
+            raise PluginDeclarationError(f"{decorator}(dtypes=...): unknown dtype {d!r}; expected among {', '.join(DTYPES)}")
+    return out
+
+
+def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
+    """Mark ``fn(run)`` as a TensorFlow plugin: called once, in the main process, with the N tower devices.
+
+    Args:
+        dtypes: the case dtypes the function can run (default ``("float32",)``).
+            Declaring ``float64`` lets the tool judge semantics in float64 and
+            measure float32 noise against it; a float32-only plugin is judged
+            against a floor measured by perturbation (``docs/tolerance.md``).
+    """
+    checked = check_dtypes(dtypes, "tfpar.plugin.tensorflow")
+
+    def mark(f: Callable) -> Callable:
+        setattr(f, MARK, PluginMark("tensorflow", checked))
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def to_torch(a: Any) -> np.ndarray:
+    """TensorFlow layout -> torch layout: dense ``[in, out]`` -> ``[out, in]``, conv ``[kh, kw, in, out]`` -> ``[out, in, kh, kw]``."""
+    a = np.asarray(a)
+    return a.T.copy() if a.ndim == 2 else (a.transpose(3, 2, 0, 1).copy() if a.ndim == 4 else a)
+
+
+def to_tf(a: Any) -> np.ndarray:
+    """torch layout -> TensorFlow layout (the inverse of :func:`to_torch`)."""
+    a = np.asarray(a)
+    return a.T.copy() if a.ndim == 2 else (a.transpose(2, 3, 1, 0).copy() if a.ndim == 4 else a)
+
+
+def _numpy(v: Any) -> np.ndarray:
+    """A numpy copy of a numpy array, Python number, ``tf.Tensor`` or ``tf.Variable``."""
+    if hasattr(v, "numpy"):
+        v = v.numpy()
+    return np.array(v, copy=True)
+
+
+def _named(values: Any, what: str) -> dict[str, np.ndarray]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"run.{what} takes a dict {{name: value}}, got {type(values).__name__}")
+    return {str(k): _numpy(v) for k, v in values.items()}
+
+
+class Run:
+    """What a plugin gets: the case, its data and weights, where to run, and where to report.
+
+    Attributes:
+        spec: the validated case (a plain dict, every default filled in).
+        dtype: ``"float32"`` or ``"float64"``.
+        steps: the number of optimizer steps to take.
+        seed: the case seed.
+        initial: ``{name: array}``, the initial parameters and state in TensorFlow layouts, ``dtype``.
+        devices: the N tower device names, for ``tf.device`` (TensorFlow plugins).
+        dropout_masks: ``{layer index: bool [rows, ...]}`` keep-masks of the case's dropout
+            layers, by data row (empty without dropout).
+        sample_weights: ``[rows]`` per-example weights (``data.sample_weights``) or ``None``.
+    """
+
+    def __init__(self, payload: Mapping[str, Any], devices: list[str] | None = None) -> None:
+        spec = payload["spec"]
+        self.spec: dict[str, Any] = spec
+        self.dtype: str = spec["dtype"]
+        self.steps: int = spec["steps"]
+        self.seed: int = spec.get("seed", 0)
+        np_dtype = np.dtype(self.dtype)
+        self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
+        self.devices: list[str] = list(devices or [])
+        self.dropout_masks: dict[int, np.ndarray] = {int(k): np.asarray(v) for k, v in (payload.get("masks") or {}).items()}
+        w = payload.get("w")
+        self.sample_weights: np.ndarray | None = None if w is None else np.asarray(w, np_dtype)
+        self._x = np.asarray(payload["x"])
+        self._y = np.asarray(payload["y"])
+        if self._y.dtype.kind == "f":
+            self._y = self._y.astype(np_dtype)
+        self._x = self._x.astype(np_dtype)
+        self._begun: dict[str, dict[str, np.ndarray]] | None = None
+        self._steps: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ data
+    def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``, ``steps`` of them."""
+        b = self.spec["data"]["global_batch"]
+        for k in range(self.steps):
+            yield self._x[k * b:(k + 1) * b], self._y[k * b:(k + 1) * b]
+
+    def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """TensorFlow: the global batches (splitting them over ``devices`` is the plugin's job)."""
+        return self.global_batches()
+
+    # --------------------------------------------------------------- layouts
+    to_torch = staticmethod(to_torch)
+    to_tf = staticmethod(to_tf)
+
+    # ------------------------------------------------------------- reporting
+    def begin(self, params: Any, state: Any = None) -> None:
+        """Once, before the first step: the parameters (and state) as the code loaded them."""
+        if self._begun is not None:
+            raise RuntimeError("run.begin() was called twice; call it once, before the first step")
+        self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
+
+    def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None) -> None:
+        """Once per step, after the update.
+
+        Args:
+            loss: the step's combined loss, computed before the update (a scalar).
+            params: every parameter after the update, ``{name: value}``.
+            grads: optionally, the combined gradient that was applied, ``{name: value}``.
+            state: the non-trainable state after the step (batch-norm moving statistics).
+        """
+        self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
+                            "grads": None if grads is None else _named(grads, "record(grads=...)"),
+                            "state": _named(state, "record(state=...)")})
+
+    def records(self) -> dict[str, Any]:
+        """What was reported, as plain data (the parity tool checks and assembles it)."""
+        return {"begin": self._begun, "steps": self._steps}
+
+
+class PluginRaised(RuntimeError):
+    """The plugin raised while training; carries the step it was on and the exception's last line."""
+
+    def __init__(self, step: int, line: str) -> None:
+        self.step, self.line = step, line
+        super().__init__(f"step {step}: {line}")
+
+
+def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Call a TensorFlow plugin on the case's N tower devices; returns its records.
+
+    Raises:
+        PluginRaised: the function raised (the step is the one it was on: recorded steps + 1).
+    """
+    from .devices import tower_devices
+
+    run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
+    try:
+        fn(run)
+    except Exception as e:
+        text = str(e).strip().splitlines()
+        raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+    return run.records()

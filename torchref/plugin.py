@@ -1,0 +1,271 @@
+"""Users' own torch training code as an implementation (CONTRACT §5).
+
+A plugin is a function marked with :func:`distributed` (run on each of the N
+ranks of the warm DDP pool, process group initialised) or :func:`single` (run
+on one rank, no process group: a full-batch reference)::
+
+    import torch
+    import torchref
+
+    @torchref.plugin.distributed(dtypes=("float32", "float64"))
+    def my_ddp(run):
+        model = MyNet().to(getattr(torch, run.dtype))
+        load(model, {k: run.to_torch(v) for k, v in run.initial.items()})
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=run.group)
+        run.begin({k: run.to_tf(p) for k, p in named(model)})
+        for x, y in run.batches():                  # this rank's shard of each global batch (numpy)
+            ...
+            run.record(loss, {k: run.to_tf(p) for k, p in named(model)})
+
+The worker imports the plugin's file or module by name (nothing is pickled),
+so that module must not import TensorFlow at its top level: every rank would
+load it. Every rank records; the parity tool checks that all ranks hold
+bitwise-identical parameters after every step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .ddp import shard_rows
+from .pool import RankContext
+
+__all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginInputError", "PluginRaised", "distributed",
+           "single", "Run", "to_torch", "to_tf", "run_plugin_rank"]
+
+DTYPES = ("float32", "float64")
+MARK = "__tfpar_plugin__"  # the same attribute tfpar.plugin sets: the parity tool reads either
+
+
+class PluginDeclarationError(ValueError):
+    """A decorator was given something it cannot accept (e.g. an unknown dtype)."""
+
+
+class PluginInputError(RuntimeError):
+    """The plugin cannot be run as named (bad input, reported with exit status 2)."""
+
+
+class PluginRaised(RuntimeError):
+    """The plugin raised while training: the step it was on and the exception's last line."""
+
+    def __init__(self, step: int, line: str) -> None:
+        self.step, self.line = step, line
+        super().__init__(f"step {step}: {line}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.step, self.line))
+
+
+@dataclass(frozen=True)
+class PluginMark:
+    """Where a plugin runs (``distributed`` or ``single``) and the dtypes it can run."""
+
+    kind: str
+    dtypes: tuple[str, ...]
+
+
+def _check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
+    if isinstance(dtypes, str):
+        dtypes = (dtypes,)
+    try:
+        out = tuple(dtypes)
+    except TypeError:
+        raise PluginDeclarationError(f"{decorator}(dtypes=...) takes a tuple of dtype names, got {dtypes!r}") from None
+    if not out:
+        raise PluginDeclarationError(f"{decorator}(dtypes=...) needs at least one of {', '.join(DTYPES)}")
+    for d in out:
+        if d not in DTYPES:
+            raise PluginDeclarationError(f"{decorator}(dtypes=...): unknown dtype {d!r}; expected among {', '.join(DTYPES)}")
+    return out
+
+
+def _decorator(kind: str, fn: Callable | None, dtypes: Any) -> Callable:
+    checked = _check_dtypes(dtypes, f"torchref.plugin.{kind}")
+
+    def mark(f: Callable) -> Callable:
+        setattr(f, MARK, PluginMark(kind, checked))
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def distributed(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
+    """Mark ``fn(run)`` to run on each of the case's N ranks, process group initialised (``run.group``)."""
+    return _decorator("distributed", fn, dtypes)
+
+
+def single(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
+    """Mark ``fn(run)`` to run on one rank without a process group, on the whole global batch."""
+    return _decorator("single", fn, dtypes)
+
+
+def to_torch(a: Any) -> Any:
+    """TensorFlow layout -> torch layout: dense ``[in, out]`` -> ``[out, in]``, conv ``[kh, kw, in, out]`` -> ``[out, in, kh, kw]``.
+
+    Takes and returns numpy arrays or torch tensors (others unchanged).
+    """
+    if isinstance(a, torch.Tensor):
+        return a.t() if a.dim() == 2 else (a.permute(3, 2, 0, 1) if a.dim() == 4 else a)
+    a = np.asarray(a)
+    return a.T.copy() if a.ndim == 2 else (a.transpose(3, 2, 0, 1).copy() if a.ndim == 4 else a)
+
+
+def to_tf(a: Any) -> Any:
+    """torch layout -> TensorFlow layout (the inverse of :func:`to_torch`)."""
+    if isinstance(a, torch.Tensor):
+        return a.t() if a.dim() == 2 else (a.permute(2, 3, 1, 0) if a.dim() == 4 else a)
+    a = np.asarray(a)
+    return a.T.copy() if a.ndim == 2 else (a.transpose(2, 3, 1, 0).copy() if a.ndim == 4 else a)
+
+
+def _numpy(v: Any) -> np.ndarray:
+    """A numpy copy (C order) of a tensor, array or number; bfloat16 is widened to float32."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu()
+        if v.dtype == torch.bfloat16:
+            v = v.float()
+        return np.ascontiguousarray(v.numpy()).copy()
+    return np.array(v, copy=True)
+
+
+def _named(values: Any, what: str) -> dict[str, np.ndarray]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"run.{what} takes a dict {{name: value}}, got {type(values).__name__}")
+    return {str(k): _numpy(v) for k, v in values.items()}
+
+
+def _digest(a: np.ndarray) -> str:
+    h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
+    h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+class Run:
+    """What a torch plugin gets (see the module docstring and CONTRACT §5).
+
+    Attributes:
+        spec, dtype, steps, seed, initial, dropout_masks, sample_weights: as in ``tfpar.plugin.Run``
+            (``initial`` in TensorFlow layouts: convert with :meth:`to_torch`).
+        rank, world_size: this rank and N (``0`` and ``1`` for a ``single`` plugin).
+        group: the job's process group (``None`` for a ``single`` plugin); pass it to
+            ``DistributedDataParallel(process_group=...)`` and to collectives.
+        torch_dtype: ``torch.float32`` or ``torch.float64``.
+    """
+
+    def __init__(self, payload: Mapping[str, Any], rank: int = 0, world_size: int = 1, group: Any = None) -> None:
+        spec = payload["spec"]
+        self.spec: dict[str, Any] = spec
+        self.dtype: str = spec["dtype"]
+        self.torch_dtype = torch.float64 if self.dtype == "float64" else torch.float32
+        self.steps: int = spec["steps"]
+        self.seed: int = spec.get("seed", 0)
+        np_dtype = np.dtype(self.dtype)
+        self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.dropout_masks: dict[int, np.ndarray] = {int(k): np.asarray(v) for k, v in (payload.get("masks") or {}).items()}
+        w = payload.get("w")
+        self.sample_weights: np.ndarray | None = None if w is None else np.asarray(w, np_dtype)
+        self._x = np.asarray(payload["x"]).astype(np_dtype)
+        y = np.asarray(payload["y"])
+        self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y
+        self._begun: dict[str, dict[str, np.ndarray]] | None = None
+        self._steps: list[dict[str, Any]] = []
+
+    def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``."""
+        b = self.spec["data"]["global_batch"]
+        for k in range(self.steps):
+            yield self._x[k * b:(k + 1) * b], self._y[k * b:(k + 1) * b]
+
+    def shard(self) -> np.ndarray:
+        """This rank's row indices within a global batch (``parallel.shard``: contiguous or strided)."""
+        par = self.spec["parallel"]
+        return shard_rows(self.spec["data"]["global_batch"], self.world_size, self.rank, par["shard"])
+
+    def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """This rank's shard of each step's global batch (the whole batch for a ``single`` plugin)."""
+        rows = self.shard()
+        for x, y in self.global_batches():
+            yield x[rows], y[rows]
+
+    to_torch = staticmethod(to_torch)
+    to_tf = staticmethod(to_tf)
+
+    def begin(self, params: Any, state: Any = None) -> None:
+        """Once, before the first step: the parameters (and state) as the code loaded them (TF layouts)."""
+        if self._begun is not None:
+            raise RuntimeError("run.begin() was called twice; call it once, before the first step")
+        self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
+
+    def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None) -> None:
+        """Once per step, after the update: the loss computed before it, every parameter after it (TF layouts)."""
+        self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
+                            "grads": None if grads is None else _named(grads, "record(grads=...)"),
+                            "state": _named(state, "record(state=...)")})
+
+    def records(self, full: bool) -> dict[str, Any]:
+        """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check)."""
+        rows = ([self._begun["params"]] if self._begun else []) + [s["params"] for s in self._steps]
+        digests = [{k: _digest(v) for k, v in r.items()} for r in rows]
+        if full:
+            return {"begin": self._begun, "steps": self._steps, "digests": digests}
+        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps)}
+
+
+def _import(location: Mapping[str, str]) -> Callable:
+    """The plugin function at ``location`` (``{"module": name}`` or ``{"path": file}``, and ``"attr"``)."""
+    had_tf = "tensorflow" in sys.modules
+    if location.get("path"):
+        path = Path(location["path"])
+        name = location["module_name"]
+        if name not in sys.modules:
+            sys.path.insert(0, str(path.parent))  # the user's sibling modules, as python FILE would see them
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        module = sys.modules[name]
+    else:
+        module = importlib.import_module(location["module"])
+    if not had_tf and "tensorflow" in sys.modules:
+        raise PluginInputError(f"{location.get('path') or location['module']} imports TensorFlow at its top level; a torch"
+                               " plugin's module is imported by every rank, so keep TensorFlow imports out of it"
+                               " (put the TensorFlow plugin in another file)")
+    return getattr(module, location["attr"])
+
+
+def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
+    """Pool job: import the plugin, run it on this rank, return its records.
+
+    ``job``: ``{"location": ..., "kind": "distributed" | "single", "payload": case payload}``.
+    Rank 0 returns everything it recorded; the others return parameter digests only.
+    """
+    fn = _import(job["location"])
+    payload = job["payload"]
+    torch.manual_seed(payload["spec"].get("seed", 0))
+    if job["kind"] == "single":
+        run = Run(payload)
+    else:
+        run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
+    try:
+        fn(run)
+    except Exception as e:
+        text = str(e).strip().splitlines()
+        raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+    return run.records(full=ctx.rank == 0)
