@@ -2,7 +2,7 @@
 
     tfpar run CASE --impl IMPL --out FILE.npz
     tfpar compare CASE [--impls A,B,...] [--report DIR]
-    tfpar matrix [--out DIR] [--resume]
+    tfpar matrix [--out DIR] [--resume] [--impls PLUGIN,...]
     tfpar replay MANIFEST
 
 Exit status: 0 ok / parity / every expected result held; 1 a divergence was
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="report", help="report folder (default: %(default)s)")
     m.add_argument("--quick", action="store_true", help="a smaller matrix (1 and 2 devices, float64 only)")
     m.add_argument("--resume", action="store_true", help="keep the rows an interrupted run already finished in --out")
+    m.add_argument("--impls", default="", help="more implementations (plugins FILE.py:FUNCTION, installed names) judged against tf.towers in every row")
 
     rp = sub.add_parser("replay", help="re-run a recorded run and check it bit for bit")
     rp.add_argument("manifest", help="a .manifest.json written beside a trajectory")
@@ -111,6 +112,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", args.impls)
     case = load_case(args.case)
+    from parity_tests.running.harness import check_dtypes
+
+    check_dtypes(case, impls)
     result = compare_case(case, impls, progress=True)
     print(result.summary())
     if args.report:
@@ -122,7 +126,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from parity_tests.reporting.matrix import run_matrix
 
-    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume)
+    from parity_tests.running.harness import parse_impls
+
+    extra = parse_impls(args.impls) if args.impls.strip() else []
+    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

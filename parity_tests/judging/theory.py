@@ -81,6 +81,12 @@ def sampler_padding(spec: dict[str, Any]) -> int:
     return (-rows) % n if reaches_epoch_end else 0
 
 
+def _keras(impl: str) -> bool:
+    """Whether ``impl``'s optimizers are Keras' (built-ins: the TensorFlow ones; plugins: unknown, so no)."""
+    found = _registered(impl)
+    return found.keras if found else impl in KERAS_IMPLS
+
+
 def _framework(impl: str) -> str:
     """``tf`` or ``torch`` (plugins and recorded runs: as the registry says)."""
     found = _registered(impl)
@@ -114,7 +120,7 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
     fa, fb = _framework(a), _framework(b)
     if opt["semantics"] == "native" and fa != fb:
         expected.extend(_native_optimizer_differences(spec))
-        if spec["dtype"] == "float64":
+        if spec["dtype"] == "float64" and (_keras(a) or _keras(b)):
             known.append(
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
                 " (and its schedules' rates, weight_decay and Adagrad's initial accumulator)"

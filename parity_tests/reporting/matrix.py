@@ -150,8 +150,9 @@ def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8), dtypes: Iterable[str]
     return cases
 
 
-def _row_file(out: Path, case: Case) -> Path:
-    digest = hashlib.sha256(json.dumps(case.spec, sort_keys=True).encode()).hexdigest()[:10]
+def _row_file(out: Path, case: Case, impls: list[str] = IMPLS) -> Path:
+    key = case.spec if impls == IMPLS else {"case": case.spec, "impls": impls}  # built-in rows keep their names
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return out / "rows" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", case.name) + f"-{digest}.json")
 
 
@@ -174,9 +175,21 @@ def run_matrix(
     cases: list[Case] | None = None,
     runner: Callable[[Case, str], Any] | None = None,
     stream=None,
+    extra: list[str] | None = None,
 ) -> int:
-    """Run the matrix, write the report to ``out``; returns the exit status (0: all as expected)."""
+    """Run the matrix, write the report to ``out``; returns the exit status (0: all as expected).
+
+    ``extra``: more implementation names (plugins, installed names; resolved by the registry)
+    judged against ``tf.towers`` in every row beside the built-ins; a row an implementation
+    cannot run (a dtype it does not declare, a field it refuses) is reported as unsupported.
+    """
     from tqdm import tqdm
+
+    from parity_tests.running.registry import resolve
+
+    for name in extra or []:
+        resolve(name, "--impls")
+    impls = IMPLS + [n for n in extra or [] if n not in IMPLS]
 
     stream = stream or sys.stderr
     if cases is None:
@@ -192,13 +205,13 @@ def run_matrix(
     with tqdm(cases, desc="tfpar matrix", unit="row", file=stream) as bar:
         for case in bar:
             bar.set_postfix_str(case.name)
-            row = _row_file(out, case)
+            row = _row_file(out, case, impls)
             done = _load_row(row, tool) if resume else None
             if done is not None:
                 results.append(done)
                 reused += 1
                 continue
-            result = compare_case(case, IMPLS, runner=runner, skip_unsupported=True)
+            result = compare_case(case, impls, runner=runner, skip_unsupported=True)
             # each finished row is on disk at once, so an interrupted run can resume (--resume)
             atomic_write_text(row, json.dumps(jsonable({"versions": tool, "result": result.to_dict()}), allow_nan=False))
             results.append(result)

@@ -22,7 +22,7 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.running import registry
 
 __all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout", "check_tf_devices",
-           "run_torch_job", "tf_module"]
+           "run_torch_job", "tf_module", "check_dtypes"]
 
 #: the built-in implementations (the registry lists every name: :func:`registry.names`)
 IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
@@ -135,6 +135,15 @@ def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
         raise RunError(f"{impl} failed: {e}") from e
 
 
+def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
+    """Refuse, before anything runs, an implementation that does not declare the case's dtype."""
+    dtype = case.spec["dtype"]
+    for name in impls:
+        found = registry.resolve(name, field)
+        if dtype not in found.dtypes:
+            raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {name} (the dtypes it declares)", dtype)
+
+
 def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
     """Run ``case`` on the implementation named ``impl`` and return its trajectory.
 
@@ -143,8 +152,5 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
             the implementation does not declare, or a case it cannot run here.
         RunError: the implementation failed (the message names the rank, or the step a plugin was on).
     """
-    found = registry.resolve(impl, "--impl")
-    dtype = case.spec["dtype"]
-    if dtype not in found.dtypes:
-        raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {impl} (the dtypes it declares)", dtype)
-    return found.run(case, progress)
+    check_dtypes(case, [impl], "--impl")
+    return registry.resolve(impl, "--impl").run(case, progress)

@@ -41,6 +41,7 @@ __all__ = [
     "parallel_settings",
     "init_specs",
     "dense_cases",
+    "implementations",
 ]
 
 _OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -72,6 +73,29 @@ def device_counts(min_value: int = 1, max_value: int = 8) -> st.SearchStrategy[i
     """Device counts N in ``[min_value, max_value]`` (at most 64)."""
     lo, hi = _range("value", min_value, max_value, 1, MAX_DEVICES)
     return st.integers(lo, hi)
+
+
+def implementations(names: Sequence[str], *, min_size: int = 2) -> st.SearchStrategy[list[str]]:
+    """Lists of implementation names to compare, the first being the reference.
+
+    ``names``: built-ins, plugins (``file.py:fn``, ``module:fn``), installed names or
+    ``recorded:`` runs; each is resolved now (by the registry), so a misspelt plugin
+    fails here with the field named, not in the middle of a search. The first name
+    of ``names`` is always drawn first (the reference); the others are a subset.
+    """
+    from parity_tests.running.registry import resolve
+
+    names = list(names)
+    if len(names) < min_size or len(set(names)) != len(names):
+        raise InvalidArgument(f"names must hold at least {min_size} distinct implementation names, got {names!r}")
+    for name in names:
+        try:
+            resolve(name, "names")
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+    ref, others = names[0], names[1:]
+    return st.lists(st.sampled_from(others), min_size=min_size - 1, max_size=len(others), unique=True).map(
+        lambda picked: [ref, *sorted(picked, key=others.index)])
 
 
 def widths(min_value: int = 1, max_value: int = 16) -> st.SearchStrategy[int]:

@@ -1,0 +1,108 @@
+"""TensorFlow plugins for the MLP case of ``parity_tests/tests/helpers.py`` (dense relu -> dense, sigmoid_ce, SGD).
+
+``good`` is a correct tower trainer (split, per-tower gradients on each device,
+average, one SGD step); every other function is ``good`` with one protocol mistake.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import tfpar
+
+BOTH = ("float32", "float64")
+
+
+def _train(run, *, begin=True, steps=None, change=None):
+    dt = tf.float64 if run.dtype == "float64" else tf.float32
+    w = {k: tf.Variable(v) for k, v in run.initial.items()}
+    lr = tf.constant(run.spec["optimizer"]["lr"], dt)
+    n = len(run.devices)
+    if begin:
+        run.begin(w)
+    for k, (x, y) in enumerate(run.batches(), start=1):
+        if steps is not None and k > steps:
+            break
+        grads, losses = [], []
+        for dev, xr, yr in zip(run.devices, np.array_split(x, n), np.array_split(y, n), strict=True):
+            with tf.device(dev), tf.GradientTape() as tape:
+                h = tf.nn.relu(tf.constant(xr) @ w["0.kernel"] + w["0.bias"])
+                out = h @ w["1.kernel"] + w["1.bias"]
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.constant(yr), logits=out))
+            grads.append(tape.gradient(loss, w))
+            losses.append(loss)
+        g = {name: tf.add_n([gr[name] for gr in grads]) / n for name in w}
+        for name in w:
+            w[name].assign_sub(lr * g[name])
+        loss, params = tf.add_n(losses) / n, dict(w)
+        if change:
+            loss, params = change(k, loss, params)
+        run.record(loss, params, grads=g)
+    if steps is not None and steps > run.steps:
+        run.record(loss, dict(w))
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def good(run):
+    _train(run)
+
+
+@tfpar.plugin.tensorflow
+def float32_only(run):
+    _train(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def no_begin(run):
+    _train(run, begin=False)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def one_step_short(run):
+    _train(run, steps=run.steps - 1)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def one_step_extra(run):
+    _train(run, steps=run.steps + 1)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def extra_name(run):
+    _train(run, change=lambda k, loss, p: (loss, {**p, "0.kernal": p["0.kernel"]}))
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def missing_name(run):
+    _train(run, change=lambda k, loss, p: (loss, {n: v for n, v in p.items() if n != "1.bias"}))
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def wrong_shape(run):
+    # a torch-layout kernel recorded without run.to_tf
+    _train(run, change=lambda k, loss, p: (loss, {**p, "0.kernel": tf.transpose(p["0.kernel"])}))
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def nan_at_step_2(run):
+    def change(k, loss, p):
+        if k == 2:
+            p = {**p, "1.bias": p["1.bias"] * np.nan}
+        return loss, p
+
+    _train(run, change=change)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def raises_at_step_3(run):
+    def change(k, loss, p):
+        if k == 3:
+            raise ValueError("the learning rate schedule ran out")
+        return loss, p
+
+    _train(run, change=change)
+
+
+def undecorated(run):
+    _train(run)

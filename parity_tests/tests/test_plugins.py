@@ -1,0 +1,172 @@
+"""Users' plugins (CONTRACT §5): the protocol, the checks of what they record, and bad input.
+
+The plugins live in ``parity_tests/tests/plugins/`` and are named by path,
+as a user names theirs. Every bad-input case goes through the command line's
+``main`` and must give exit status 2 and one line naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity_tests.cli import main
+from parity_tests.contract.errors import CaseError
+from parity_tests.judging.judge import compare_case
+from parity_tests.running.harness import run_impl
+from parity_tests.running.registry import resolve
+from parity_tests.tests.helpers import MLP, make, set_path
+
+HERE = Path(__file__).resolve().parent / "plugins"
+TF = f"{HERE / 'tf_plugins.py'}"
+TORCH = f"{HERE / 'torch_plugins.py'}"
+
+pytestmark = pytest.mark.usefixtures("pool")
+
+
+def _case_file(tmp_path: Path, raw: dict = MLP, **changes) -> str:
+    for k, v in changes.items():
+        raw = set_path(raw, k.replace("__", "."), v)
+    p = tmp_path / "case.json"
+    p.write_text(json.dumps(raw))
+    return str(p)
+
+
+def test_registry_resolves_plugins_and_reads_their_decorators():
+    tf_impl, torch_impl, single = resolve(f"{TF}:good"), resolve(f"{TORCH}:ddp"), resolve(f"{TORCH}:single")
+    assert (tf_impl.kind, tf_impl.framework, tf_impl.parallel, tf_impl.dtypes) == ("plugin", "tf", True, ("float32", "float64"))
+    assert (torch_impl.framework, torch_impl.parallel) == ("torch", True)
+    assert (single.framework, single.parallel) == ("torch", False)
+    assert resolve(f"{TF}:float32_only").dtypes == ("float32",)  # the decorator's default
+    assert tf_impl.source == HERE / "tf_plugins.py"
+    assert resolve("tf.towers").kind == "builtin"  # built-ins come from the same registry
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_users_tower_code_and_ddp_port_match_each_other_and_the_builtins(n):
+    case = make(MLP, parallel__devices=n)  # float64
+    result = compare_case(case, [f"{TF}:good", f"{TORCH}:ddp", "torch.ddp", "tf.towers"])
+    assert [p.verdict.status for p in result.pairs] == ["parity"] * 3, result.summary()
+    assert max(p.verdict.gap for p in result.pairs) < 1e-14
+
+
+def test_a_single_plugin_is_the_full_batch_reference():
+    case = make(MLP, parallel__devices=4)
+    result = compare_case(case, [f"{TORCH}:single", "torch.single", f"{TF}:good"])
+    assert [p.verdict.status for p in result.pairs] == ["parity", "parity"], result.summary()
+
+
+def test_plugin_trajectory_holds_what_was_recorded():
+    case = make(MLP, parallel__devices=2)
+    traj = run_impl(case, f"{TF}:good")
+    assert traj["loss"].shape == (4,) and traj["param/0.kernel"].shape == (5, 5, 10)
+    assert traj["grad/1.bias"].shape == (4, 1)
+    np.testing.assert_array_equal(traj["param/0.kernel"][0], case.init["0.kernel"])
+
+
+def test_float32_case_runs_a_float32_plugin_in_float32():
+    traj = run_impl(make(MLP, dtype="float32", parallel__devices=2), f"{TF}:float32_only")
+    assert traj["param/1.kernel"].dtype == np.float32
+
+
+def test_desynchronised_replicas_are_a_finding_with_step_rank_and_parameter(tmp_path, capsys):
+    case = make(MLP, parallel__devices=4)
+    traj = run_impl(case, f"{TORCH}:rank1_skips_step_2")
+    assert traj.findings and traj.findings[0].startswith("replicas diverged at step 2: rank 1, parameter 0.bias")
+    result = compare_case(case, ["torch.ddp", f"{TORCH}:rank1_skips_step_2"])
+    v = result.pairs[0].verdict
+    assert v.status == "divergence" and v.rule == "replicas in sync" and "rank 1" in v.detail
+    status = main(["run", _case_file(tmp_path), "--impl", f"{TORCH}:rank1_skips_step_2", "--out", str(tmp_path / "t.npz")])
+    assert status == 1
+    assert "replicas diverged at step 2: rank 1" in capsys.readouterr().err
+
+
+def test_a_plugin_that_raises_is_exit_1_naming_it_and_the_step(tmp_path, capsys):
+    case = _case_file(tmp_path)
+    status = main(["compare", case, "--impls", f"torch.ddp,{TORCH}:raises_at_step_2"])
+    err = capsys.readouterr().err.strip().splitlines()  # a progress bar (cleared), then one line
+    assert status == 1 and err[-1].startswith("tfpar: run failed: "), err
+    assert f"{TORCH}:raises_at_step_2 raised at step 2: KeyError: 'lr_schedule'" in err[-1]
+    status = main(["compare", case, "--impls", f"{TF}:raises_at_step_3,torch.ddp"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and "raises_at_step_3 raised at step 3: ValueError: the learning rate schedule ran out" in err[-1]
+
+
+def test_the_pool_survives_a_plugin_that_raises_on_every_rank():
+    from parity_tests.running.harness import RunError
+    from torchref.pool import get_pool
+
+    case = make(MLP, parallel__devices=4)
+    run_impl(case, "torch.ddp")
+    pool = get_pool(1)  # the shared pool as it is (a larger size would replace it)
+    pids = pool.pids
+    with pytest.raises(RunError, match="raised at step 2: KeyError"):
+        run_impl(case, f"{TORCH}:raises_at_step_2")
+    assert get_pool(1) is pool and pool.alive and pool.pids == pids  # no restart: every rank raised its own error
+    run_impl(case, f"{TORCH}:ddp")
+    assert pool.pids == pids
+
+
+def test_a_non_finite_value_is_a_finding_naming_step_and_parameter(tmp_path, capsys):
+    status = main(["compare", _case_file(tmp_path), "--impls", f"torch.ddp,{TF}:nan_at_step_2"])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "step 2" in out and "1.bias" in out and "divergence" in out
+
+
+# every way a user's plugin can be bad input: exit 2, one line, naming the field and what was wrong
+BAD = [
+    ("missing-file", f"{HERE / 'nope.py'}:towers", "does not exist"),
+    ("missing-module", "no_such_package.towers:train", "no module named 'no_such_package.towers'"),
+    ("missing-function", f"{TF}:not_there", "a function named 'not_there'"),
+    ("no-decorator", f"{TF}:undecorated", "to carry one of @tfpar.plugin.tensorflow"),
+    ("unknown-dtype", f"{HERE / 'bad_dtype.py'}:towers", "unknown dtype 'float16'"),
+    ("import-error", f"{HERE / 'import_error.py'}:towers", "ModuleNotFoundError: No module named 'my_missing_dependency'"),
+    ("never-begins", f"{TF}:no_begin", "a call to run.begin(params) before the first step"),
+    ("a-step-short", f"{TF}:one_step_short", "run.record(...) once per step: 4 call(s) (the case's steps), got '3 call(s)'"),
+    ("a-step-extra", f"{TF}:one_step_extra", "got '5 call(s)'"),
+    ("extra-name", f"{TF}:extra_name", "step 1 run.record() to report only parameter names (0.bias, 0.kernel, 1.bias, 1.kernel), got '0.kernal'"),
+    ("missing-name", f"{TF}:missing_name", "step 1 run.record() to report parameter '1.bias'"),
+    ("wrong-shape", f"{TF}:wrong_shape", "parameter '0.kernel' of shape [5, 10]"),
+    ("torch-module-imports-tf", f"{HERE / 'torch_imports_tf.py'}:ddp", "imports TensorFlow at its top level"),
+    ("float32-only-on-float64", f"{TF}:float32_only", "dtype: expected one of float32"),
+]
+
+
+@pytest.mark.parametrize(("name", "impl", "says"), BAD, ids=[b[0] for b in BAD])
+def test_bad_plugins_exit_2_with_one_line(tmp_path, capsys, name, impl, says):
+    status = main(["run", _case_file(tmp_path), "--impl", impl, "--out", str(tmp_path / "t.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2, err
+    assert len(err) == 1 and err[0].startswith("tfpar: error: "), err
+    assert says in err[0], err[0]
+    assert "Traceback" not in err[0]
+    assert not list(tmp_path.glob("t.*"))  # nothing half-written
+
+
+def test_compare_refuses_an_undeclared_dtype_before_running_anything(tmp_path, capsys):
+    status = main(["compare", _case_file(tmp_path), "--impls", f"torch.ddp,{TF}:float32_only"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err == [f"tfpar: error: dtype: expected one of float32 for {TF}:float32_only (the dtypes it"
+                                   " declares), got 'float64'"]
+
+
+def test_an_external_model_is_refused_by_builtins_naming_model(tmp_path, capsys):
+    np.savez(tmp_path / "w.npz", **{"lin.weight": np.ones((3, 2))})
+    np.savez(tmp_path / "d.npz", x=np.ones((16, 3)), y=np.ones((16, 2)))
+    raw = {"name": "ext", "model": {"external": "one linear layer", "loss": "mse"}, "init": {"npz": "w.npz"},
+           "data": {"npz": "d.npz", "global_batch": 8}, "optimizer": {"name": "sgd", "lr": 0.1},
+           "parallel": {"devices": 2}, "steps": 2}
+    (tmp_path / "case.json").write_text(json.dumps(raw))
+    status = main(["run", str(tmp_path / "case.json"), "--impl", "torch.ddp", "--out", str(tmp_path / "t.npz")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("tfpar: error: model: expected a layer list for torch.ddp")
+    assert not (tmp_path / "t.npz").exists()
+
+
+def test_unknown_names_list_what_is_accepted():
+    with pytest.raises(CaseError, match=r"tf\.towers.*FILE\.py:FUNCTION, package\.module:FUNCTION or recorded:RUN\.npz"):
+        resolve("tf.nope")
