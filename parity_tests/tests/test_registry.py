@@ -1,0 +1,97 @@
+"""The one registry of implementations: built-ins, plugins, installed entry points, and every place that takes names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis.errors import InvalidArgument
+
+from parity_tests.contract.errors import CaseError
+from parity_tests.reporting.matrix import run_matrix
+from parity_tests.running import registry
+from parity_tests.running.harness import IMPLS, parse_impls
+from parity_tests.testing.strategies import implementations
+from parity_tests.tests.helpers import MLP, make
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+TF_GOOD = f"{PLUGINS / 'tf_plugins.py'}:good"
+
+
+def test_builtins_are_registered_through_the_registry():
+    assert registry.builtin_names() == IMPLS
+    for name in IMPLS:
+        impl = registry.resolve(name)
+        assert impl.kind == "builtin" and impl.dtypes == ("float32", "float64")
+    assert registry.resolve("torch.single").parallel is False and registry.resolve("tf.v1").parallel is True
+
+
+def test_a_plugin_may_not_take_a_builtin_name():
+    with pytest.raises(CaseError, match="a name other than the built-in 'tf.towers'"):
+        registry.register(registry.resolve(TF_GOOD).__class__("tf.towers", "plugin", "tf", True, ("float64",), run=None))
+
+
+@pytest.fixture
+def installed_package(tmp_path, monkeypatch):
+    """A package installed the way pip installs one: a module and a dist-info declaring the entry point."""
+    pkg = tmp_path / "my_towers_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text((PLUGINS / "tf_plugins.py").read_text())
+    info = tmp_path / "my_towers_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-towers-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\nmy.towers = my_towers_pkg:good\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my.towers"
+    sys.modules.pop("my_towers_pkg", None)
+    registry._registry.pop("my.towers", None)
+
+
+def test_an_installed_package_registers_a_short_name(installed_package):
+    assert installed_package in registry.names()
+    impl = registry.resolve(installed_package)
+    assert (impl.name, impl.kind, impl.framework, impl.dtypes) == ("my.towers", "plugin", "tf", ("float32", "float64"))
+    assert parse_impls(f"torch.ddp,{installed_package}") == ["torch.ddp", "my.towers"]
+
+
+@pytest.mark.usefixtures("pool")
+def test_an_installed_name_runs_like_any_implementation(installed_package):
+    from parity_tests.judging.judge import compare_case
+
+    result = compare_case(make(MLP, parallel__devices=2), ["torch.ddp", installed_package])
+    assert result.pairs[0].verdict.status == "parity", result.summary()
+
+
+def test_the_strategy_draws_names_the_registry_resolves():
+    seen = []
+
+    @settings(max_examples=10, database=None)
+    @given(implementations(["torch.ddp", TF_GOOD, "tf.towers"]))
+    def check(names):
+        seen.append(names)
+        assert names[0] == "torch.ddp" and 2 <= len(names) <= 3 and len(set(names)) == len(names)
+
+    check()
+    assert any(TF_GOOD in names for names in seen)
+
+
+@pytest.mark.parametrize(("names", "says"), [
+    (["torch.ddp"], "at least 2"),
+    (["torch.ddp", "torch.ddp"], "distinct"),
+    (["torch.ddp", "nope.py:fn"], "does not exist"),
+], ids=["one-name", "repeated", "missing-plugin"])
+def test_the_strategy_checks_its_names_up_front(names, says):
+    with pytest.raises(InvalidArgument, match=says):
+        implementations(names)
+
+
+@pytest.mark.usefixtures("pool")
+def test_the_matrix_judges_a_plugin_beside_the_builtins(tmp_path, capsys):
+    case = make(MLP, parallel__devices=2)
+    status = run_matrix(tmp_path, cases=[case], extra=[TF_GOOD])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    report = (tmp_path / "report.json").read_text()
+    assert TF_GOOD in report
