@@ -530,6 +530,7 @@ def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: A
     init_spec, init_arrays = _external_init(obj(need(raw, "init", ""), "init"), base, init)
     data_spec, xs, ys = _external_data(need(raw, "data", ""), base, steps, parallel["devices"],
                                        (x, y, None) if x is not None else None)
+    model["input_shape"] = list(xs.shape[1:])  # from the data: the tool has no layer list to derive it
     spec = {"schema": SCHEMA, "name": name, "dtype": dtype, "model": model, "init": init_spec, "data": data_spec,
             "optimizer": optimizer, "parallel": parallel, "steps": steps, "seed": seed}
     return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None)

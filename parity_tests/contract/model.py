@@ -210,7 +210,8 @@ def validate_external_model(m: Any) -> dict:
     normalised model has an empty ``layers`` list, so that every rule keyed on
     layers (batch norm, dropout, placement) sees none.
     """
-    no_extra(m, {"external", "loss", "reduction", "layers"}, "model")
+    # layers and input_shape: what normalising added (an empty list; the data's per-example shape)
+    no_extra(m, {"external", "loss", "reduction", "layers", "input_shape"}, "model")
     if m.get("layers", []) != []:  # a normalised external model carries an empty list; nothing else may
         raise CaseError("model.layers", "no layers with model.external (the model lives in the plugins)", m["layers"])
     text = m["external"]

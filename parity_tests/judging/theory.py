@@ -312,7 +312,11 @@ def keras_rounds_hyperparameters(spec: dict[str, Any], a: str, b: str) -> str | 
         # Keras also rounds weight_decay and a schedule's rates, which rounding lr and momentum
         # does not map (and a step schedule's lr must equal its first value)
         return None
-    ka, kb = a in KERAS_IMPLS, b in KERAS_IMPLS
+    ka, kb = _keras(a), _keras(b)
     if ka == kb:
         return None
-    return b if ka else a
+    side = b if ka else a
+    found = _registered(side)
+    if found is not None and not found.rerunnable:  # a recorded run cannot be run again with rounded values
+        return None
+    return side

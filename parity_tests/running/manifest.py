@@ -6,9 +6,19 @@ and npz file, the tool, TensorFlow, torch, numpy and Python versions, the
 platform, the determinism settings, the environment variables that change
 numerics or device placement, and a SHA-256 of every trajectory array.
 
+The ``implementation`` object says what ran: ``name``, ``kind`` (``builtin``,
+``plugin``, ``recorded``), ``framework``, ``parallel``, ``dtypes`` and ``keras``,
+and for a plugin also its ``source`` (absolute path), ``source_sha256`` and
+``location`` (how it is imported: ``{"path", "module_name", "attr"}`` or
+``{"module", "attr"}``). A recorded run (``recorded:RUN.npz``, CONTRACT §6)
+reads it to know which framework the run was; older manifests without it are
+read as before (built-in names say it themselves).
+
 ``tfpar replay MANIFEST`` rebuilds the case (from its generator seeds, or from
 the npz files, which must still hash the same), runs the implementation again
 and says whether every array is bit-identical, naming the first that is not.
+A plugin is re-run from its recorded absolute path (or module) and function,
+and only if its source file still hashes as it did at the run.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from parity_tests.judging.compare import key_order
 from parity_tests.running.environment import versions
 
 __all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "write_manifest",
-           "manifest_path", "load_manifest", "replay"]
+           "manifest_path", "load_manifest", "implementation_record", "replay_name", "replay"]
 
 MANIFEST_SCHEMA = "tfpar-manifest/1"
 # environment that changes numerics, threads or device placement
@@ -85,11 +95,29 @@ def manifest_path(trajectory: str | os.PathLike) -> Path:
     return p.with_name(p.stem + ".manifest.json")
 
 
+def implementation_record(impl: str) -> dict[str, Any]:
+    """The manifest's ``implementation`` object for the name ``impl`` (resolved by the registry)."""
+    from parity_tests.running.registry import resolve
+
+    found = resolve(impl, "--impl")
+    out: dict[str, Any] = {"name": impl, "kind": found.kind, "framework": found.framework,
+                           "parallel": bool(found.parallel), "dtypes": list(found.dtypes), "keras": bool(found.keras)}
+    target = found.plugin
+    if found.kind == "plugin" and target is not None:
+        source = Path(target.source).resolve() if target.source else None
+        out["plugin_kind"] = target.kind
+        out["source"] = str(source) if source else None
+        out["source_sha256"] = _file_digest(source) if source and source.is_file() else None
+        out["location"] = dict(target.location)
+    return out
+
+
 def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajectory_file: str | None = None) -> dict[str, Any]:
     """The manifest of one run (plain JSON data)."""
     return {
         "schema": MANIFEST_SCHEMA,
         "impl": impl,
+        "implementation": implementation_record(impl),
         "case": case.spec,
         "case_file": str(case.source.resolve()) if case.source else None,
         "inputs": _inputs(case),
@@ -99,6 +127,7 @@ def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajector
         "env": {k: os.environ.get(k) for k in ENV_VARS},
         "trajectory_file": trajectory_file,
         "trajectory": {k: array_digest(traj[k]) for k in sorted(traj, key=key_order)},
+        "findings": list(getattr(traj, "findings", [])),  # divergences within the run (DDP replicas out of sync)
     }
 
 
@@ -144,13 +173,44 @@ def _rebuild(m: dict[str, Any]) -> Case:
     return case
 
 
+def replay_name(manifest: dict[str, Any]) -> str:
+    """The implementation name a replay runs: the recorded name, or for a plugin its recorded location.
+
+    Raises:
+        CaseError: (``implementation.source``) the plugin's source file is gone or changed since the run.
+    """
+    info = manifest.get("implementation")
+    if not isinstance(info, dict) or info.get("kind") != "plugin":
+        return manifest["impl"]
+    location = info.get("location") or {}
+    source, digest = info.get("source"), info.get("source_sha256")
+    if source and digest:
+        f = Path(source)
+        if not f.is_file():
+            raise CaseError("implementation.source", f"the plugin's source {f} as it was at the run (SHA-256"
+                                                     f" {digest[:12]}...); the file no longer exists")
+        if _file_digest(f) != digest:
+            raise CaseError("implementation.source", f"the plugin's source {f} as it was at the run (SHA-256"
+                                                     f" {digest[:12]}...); the file changed since the run")
+    if location.get("path") and location.get("attr"):
+        return f"{location['path']}:{location['attr']}"
+    if location.get("module") and location.get("attr"):
+        return f"{location['module']}:{location['attr']}"
+    return manifest["impl"]
+
+
 def replay(manifest: dict[str, Any], run: Any = None) -> tuple[bool, str]:
-    """Re-run the manifest's case; returns (bit-identical, one line saying so or naming the first difference)."""
+    """Re-run the manifest's case; returns (bit-identical, one line saying so or naming the first difference).
+
+    A plugin is re-run by its recorded location (absolute path or module, and function), and refused
+    (:class:`CaseError` naming ``implementation.source``) when its source file changed since the run.
+    """
     from parity_tests.running.harness import run_impl
 
     run = run or run_impl
+    name = replay_name(manifest)
     case = _rebuild(manifest)
-    traj = run(case, manifest["impl"])
+    traj = run(case, name)
     got = {k: array_digest(v) for k, v in traj.items()}
     want = manifest["trajectory"]
     for key in sorted(set(want) | set(got), key=key_order):

@@ -75,3 +75,83 @@ def test_bad_manifest_is_bad_input(tmp_path, capsys):
     assert "schema" in capsys.readouterr().err
     with pytest.raises(CaseError, match="MANIFEST: expected an existing manifest file"):
         load_manifest(tmp_path / "missing.json")
+
+
+TF_PLUGIN = '''
+import tensorflow as tf
+
+import tfpar
+
+
+@tfpar.plugin.tensorflow(dtypes=("float32", "float64"))
+def single(run):
+    w = {k: tf.Variable(v) for k, v in run.initial.items()}
+    run.begin(w)
+    lr = run.spec["optimizer"]["lr"]
+    for x, y in run.batches():
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(tf.constant(x) @ w["0.kernel"] + w["0.bias"])
+            out = h @ w["1.kernel"] + w["1.bias"]
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.constant(y), logits=out))
+        g = tape.gradient(loss, w)
+        for k in w:
+            w[k].assign_sub(lr * g[k])
+        run.record(loss, w)
+'''
+
+
+def test_manifest_records_the_implementation_of_a_builtin(tmp_path):
+    case = make(MLP, parallel__devices=2)
+    traj = {"loss": np.zeros(4), "param/0.kernel": np.zeros((5, 5, 10))}
+    m = build_manifest(case, "torch.ddp", traj)
+    assert m["schema"] == "tfpar-manifest/1"
+    assert m["implementation"] == {"name": "torch.ddp", "kind": "builtin", "framework": "torch", "parallel": True,
+                                   "dtypes": ["float32", "float64"], "keras": False}
+    assert build_manifest(case, "tf.single", traj)["implementation"]["parallel"] is False
+
+
+def test_a_manifest_without_the_implementation_object_still_replays(tmp_path, capsys):
+    case_json = write_case(make(MLP, parallel__devices=2), tmp_path / "case")
+    out = tmp_path / "t.npz"
+    assert main(["run", str(case_json), "--impl", "tf.single", "--out", str(out)]) == 0
+    mpath = tmp_path / "t.manifest.json"
+    m = json.loads(mpath.read_text())
+    del m["implementation"], m["findings"]  # as written before they existed
+    mpath.write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["replay", str(mpath)]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+
+
+def test_plugin_manifest_records_its_source_and_replays_by_location(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_plugin.py").write_text(TF_PLUGIN)
+    case_json = write_case(make(MLP, parallel__devices=1), tmp_path / "case")
+    monkeypatch.chdir(work)
+    assert main(["run", str(case_json), "--impl", "my_plugin.py:single", "--out", "p.npz"]) == 0
+    mpath = work / "p.manifest.json"
+    m = json.loads(mpath.read_text())
+    source = work / "my_plugin.py"
+    assert m["impl"] == "my_plugin.py:single"
+    info = m["implementation"]
+    assert {k: info[k] for k in ("name", "kind", "framework", "parallel", "dtypes")} == {
+        "name": "my_plugin.py:single", "kind": "plugin", "framework": "tf", "parallel": True,
+        "dtypes": ["float32", "float64"]}
+    assert info["source"] == str(source.resolve())
+    assert info["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert info["location"]["path"] == str(source.resolve()) and info["location"]["attr"] == "single"
+    monkeypatch.chdir(tmp_path)  # the relative name no longer resolves here: the recorded location does
+    capsys.readouterr()
+    assert main(["replay", str(mpath)]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+    source.write_text(TF_PLUGIN.replace("lr * g[k]", "2 * lr * g[k]"))
+    assert main(["replay", str(mpath)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("tfpar: error: implementation.source: expected the plugin's source")
+    assert "changed since the run" in err
+    source.unlink()
+    assert main(["replay", str(mpath)]) == 2
+    assert "no longer exists" in capsys.readouterr().err

@@ -170,3 +170,27 @@ def test_an_external_model_is_refused_by_builtins_naming_model(tmp_path, capsys)
 def test_unknown_names_list_what_is_accepted():
     with pytest.raises(CaseError, match=r"tf\.towers.*FILE\.py:FUNCTION, package\.module:FUNCTION or recorded:RUN\.npz"):
         resolve("tf.nope")
+
+
+def _external_case(tmp_path: Path, devices: int) -> str:
+    rng = np.random.default_rng(11)
+    np.savez(tmp_path / "init.npz", **{"lin.w": rng.normal(size=(3, 2)), "lin.b": np.zeros(2)})
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(48, 3)), y=rng.normal(size=(48, 2)))
+    raw = {"name": "external-linear", "dtype": "float64", "model": {"external": "one linear layer", "loss": "mse"},
+           "init": {"npz": "init.npz"}, "data": {"npz": "data.npz", "global_batch": 12},
+           "optimizer": {"name": "sgd", "lr": 0.1}, "parallel": {"devices": devices}, "steps": 4}
+    (tmp_path / "case.json").write_text(json.dumps(raw))
+    return str(tmp_path / "case.json")
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_an_external_model_runs_on_plugins_under_their_own_names(tmp_path, capsys, devices):
+    tf_ext, torch_ext = f"{HERE / 'tf_external.py'}:towers", f"{HERE / 'torch_external.py'}:ddp"
+    status = main(["compare", _external_case(tmp_path, devices), "--impls", f"{tf_ext},{torch_ext}"])
+    out = capsys.readouterr().out
+    assert status == 0 and "verdict: PARITY" in out, out
+    from parity_tests.contract.case import load_case
+
+    traj = run_impl(load_case(tmp_path / "case.json"), torch_ext)
+    assert sorted(traj) == ["grad/lin.b", "grad/lin.w", "loss", "param/lin.b", "param/lin.w"]
+    assert traj["param/lin.w"].shape == (5, 3, 2)

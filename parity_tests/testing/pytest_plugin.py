@@ -1,0 +1,39 @@
+"""The ``tfpar`` pytest plugin (entry point ``pytest11``: loaded by any pytest run where tfpar is installed).
+
+It provides:
+
+* ``tfpar_pool``: a session-scoped fixture, the warm DDP worker pool
+  (:func:`torchref.pool.get_pool` with 8 ranks), shut down at the end of the
+  session. Tests that run torch implementations or torch plugins many times
+  ask for it once so the ranks start once; without it the pool still starts
+  on first use and closes at exit.
+* the hypothesis profiles ``dev``, ``ci`` and ``thorough``
+  (:mod:`parity_tests.testing.profiles`; ``HYPOTHESIS_PROFILE`` selects one).
+
+Importing this module imports neither TensorFlow nor torch: the fixture imports
+:mod:`torchref.pool` when a test first asks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from parity_tests.testing import profiles  # noqa: F401  (registers the hypothesis profiles)
+
+POOL_SIZE = 8
+
+
+@pytest.fixture(scope="session")
+def tfpar_pool() -> Iterator[Any]:
+    """The shared warm DDP pool (``torchref.pool.get_pool(8)``), shut down at the end of the session."""
+    from torchref.pool import get_pool, shutdown_pool
+
+    pool = get_pool(POOL_SIZE)
+    try:
+        yield pool
+    finally:
+        shutdown_pool()
+

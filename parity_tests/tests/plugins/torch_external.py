@@ -1,0 +1,33 @@
+"""The DDP port of ``tf_external.py``: ``lin.w`` is the TensorFlow-layout kernel ``[in, out]`` of a torch Linear."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torchref
+
+
+@torchref.plugin.distributed(dtypes=("float32", "float64"))
+def ddp(run):
+    n_in, n_out = run.initial["lin.w"].shape
+    lin = torch.nn.Linear(n_in, n_out).to(run.torch_dtype)
+    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"])),
+                         "bias": torch.as_tensor(run.initial["lin.b"])})
+    model = DDP(lin, process_group=run.group)
+    opt = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
+
+    def params():
+        return {"lin.w": run.to_tf(lin.weight), "lin.b": lin.bias}
+
+    run.begin(params())
+    for x, y in run.batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(torch.as_tensor(x)), torch.as_tensor(y))
+        loss.backward()
+        grads = {"lin.w": run.to_tf(lin.weight.grad).clone(), "lin.b": lin.bias.grad.clone()}
+        opt.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged, group=run.group)
+        run.record(logged / run.world_size, params(), grads=grads)
