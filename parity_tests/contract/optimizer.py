@@ -25,17 +25,47 @@ torch's under ``torch``, Keras' under ``tf`` and ``native`` (see
   the last boundary the last value. ``lr`` may be left out (it is ``v0``);
   given, it must equal ``v0``;
 * ``{"kind": "warmup_linear", "warmup_steps": k}``: ``lr * min(1, t / k)``.
+
+Accepted ranges (:data:`CHECKS`, :func:`accepted_range`): a value is accepted
+exactly when both frameworks' own classes accept it (``torch.optim.*``'s and
+``keras.optimizers.*``'s argument checks, copied here with their messages and
+probed against the installed classes by ``parity_tests/tests/test_optimizer_ranges.py``),
+and the tool's exact rules are defined for it. The same ranges hold under every
+semantics. Where neither framework checks, the tool's own limit is named
+``tfpar`` with its reason:
+
+* ``rho > 1`` (RMSprop): ``1 - rho < 0`` makes the square average negative,
+  and torch's ``sqrt(s) + eps`` is NaN from the first nonzero gradient;
+* RMSprop with ``epsilon == 0`` and ``rho == 1`` (the square average stays 0),
+  or ``centered`` with ``rho == 0`` (``s - a^2 = g^2 - g^2 = 0``): every update
+  divides by zero, for every gradient;
+* ``lr == 0`` (or a first step value of 0) with a ``step`` or ``warmup_linear``
+  schedule: the torch side's ``LambdaLR`` factor is ``lr_t / lr``
+  (``torchref.optimizers.make_scheduler``).
+
+Both frameworks accept, and so does the tool: ``epsilon == 0``, ``lr == 0``
+(constant schedule), ``momentum == 1`` (momentum, nesterov) and any RMSprop
+``momentum >= 0``. With epsilon 0 an update divides by zero only for a
+parameter element whose gradient has been exactly 0 at every step so far (a
+dead ReLU unit, say), and the NaN it gives is the same in both frameworks'
+rules; the frameworks' epsilon placements then coincide (Adam, RMSprop, Adagrad).
+
+A refusal names the framework and its words, e.g. ``optimizer.epsilon:
+expected a number >= 0 (torch.optim.Adam refuses eps < 0: 'Invalid epsilon
+value'), got -1.0``.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from parity_tests.contract.errors import CaseError
-from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
+from parity_tests.contract.fields import choice, integer, need, no_extra, obj
 
-__all__ = ["OPTIMIZERS", "SEMANTICS", "SCHEDULES", "HYPERPARAMETERS", "DEFAULTS", "validate_optimizer",
-           "validate_schedule", "lr_at"]
+__all__ = ["OPTIMIZERS", "SEMANTICS", "SCHEDULES", "HYPERPARAMETERS", "DEFAULTS", "Check", "CHECKS",
+           "TORCH_CLASS", "KERAS_CLASS", "accepted_range", "validate_optimizer", "validate_schedule", "lr_at"]
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "rmsprop", "adagrad")
 SEMANTICS = ("native", "torch", "tf")
@@ -78,6 +108,97 @@ DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# ---------------------------------------------------------------- accepted ranges
+
+TORCH_CLASS = {"sgd": "torch.optim.SGD", "momentum": "torch.optim.SGD", "nesterov": "torch.optim.SGD",
+               "adam": "torch.optim.Adam", "amsgrad": "torch.optim.Adam", "adamw": "torch.optim.AdamW",
+               "rmsprop": "torch.optim.RMSprop", "adagrad": "torch.optim.Adagrad"}
+KERAS_CLASS = {"sgd": "keras.optimizers.SGD", "momentum": "keras.optimizers.SGD", "nesterov": "keras.optimizers.SGD",
+               "adam": "keras.optimizers.Adam", "amsgrad": "keras.optimizers.Adam", "adamw": "keras.optimizers.AdamW",
+               "rmsprop": "keras.optimizers.RMSprop", "adagrad": "keras.optimizers.Adagrad"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One refusal: ``who`` refuses its argument ``arg`` when it is ``op limit``, saying ``says``.
+
+    ``who`` is a framework class (``torch.optim.Adam``, ``keras.optimizers.SGD``)
+    quoting the start of its own ``ValueError``, or ``tfpar`` for the tool's own
+    limit where neither framework checks (``says`` is then the reason).
+    """
+
+    who: str
+    arg: str
+    op: str  # "<", "<=", ">" or ">="
+    limit: float
+    says: str
+
+    def refuses(self, v: float) -> bool:
+        return {"<": v < self.limit, "<=": v <= self.limit, ">": v > self.limit, ">=": v >= self.limit}[self.op]
+
+    def text(self) -> str:
+        return f"{self.who} refuses {self.arg} {self.op} {self.limit:g}: {self.says!r}"
+
+
+_TORCH_ARG = {"lr": "lr", "momentum": "momentum", "beta1": "betas[0]", "beta2": "betas[1]", "epsilon": "eps",
+              "weight_decay": "weight_decay", "rho": "alpha", "initial_accumulator": "initial_accumulator_value"}
+_TORCH_SAYS = {"lr": "Invalid learning rate", "momentum": "Invalid momentum value",
+               "beta1": "Invalid beta parameter at index 0", "beta2": "Invalid beta parameter at index 1",
+               "epsilon": "Invalid epsilon value", "weight_decay": "Invalid weight_decay value",
+               "rho": "Invalid alpha value", "initial_accumulator": "Invalid initial_accumulator_value value"}
+_KERAS_SGD_SAYS = "`momentum` must be a float between [0, 1]."
+
+
+def _checks(name: str, key: str) -> tuple[Check, ...]:
+    torch_cls, keras_cls = TORCH_CLASS[name], KERAS_CLASS[name]
+    # every torch.optim constructor refuses a negative value of each numeric argument it takes
+    out = [Check(torch_cls, _TORCH_ARG[key], "<", 0.0, _TORCH_SAYS[key])]
+    if key in ("beta1", "beta2"):
+        out.append(Check(torch_cls, _TORCH_ARG[key], ">=", 1.0, _TORCH_SAYS[key]))
+    if key == "momentum" and name == "nesterov":
+        out.append(Check(f"{torch_cls}(nesterov=True)", "momentum", "<=", 0.0,
+                         "Nesterov momentum requires a momentum and zero dampening"))
+    if key == "momentum" and name in ("momentum", "nesterov"):
+        out += [Check(keras_cls, "momentum", "<", 0.0, _KERAS_SGD_SAYS),
+                Check(keras_cls, "momentum", ">", 1.0, _KERAS_SGD_SAYS)]
+    if key == "rho":
+        out.append(Check("tfpar", "rho", ">", 1.0, "neither framework checks; 1 - rho < 0 makes the square average"
+                         " negative, and sqrt(s) + eps (torch) is NaN from the first nonzero gradient"))
+    return tuple(out)
+
+
+# CHECKS[name][key]: every check on hyperparameter ``key`` (``lr`` included) of optimizer ``name``.
+# Keras 3 checks only SGD's momentum (and that learning_rate is a float); torch.optim checks the rest.
+CHECKS: dict[str, dict[str, tuple[Check, ...]]] = {
+    name: {key: _checks(name, key) for key in ("lr", *HYPERPARAMETERS[name]) if key != "centered"}
+    for name in OPTIMIZERS
+}
+
+
+def accepted_range(checks: tuple[Check, ...]) -> str:
+    """The values no check refuses, as text: ``>= 0``, ``> 0 and <= 1``."""
+    lows = [(c.limit, c.op == "<=") for c in checks if c.op in ("<", "<=")]
+    highs = [(c.limit, c.op == ">=") for c in checks if c.op in (">", ">=")]
+    text = ""
+    if lows:
+        lo, lo_open = max(lows)
+        text = f"{'>' if lo_open else '>='} {lo:g}"
+    if highs:
+        hi, hi_open = min(highs, key=lambda h: (h[0], not h[1]))
+        text += (" and " if text else "") + f"{'<' if hi_open else '<='} {hi:g}"
+    return text or "any"
+
+
+def _checked(v: Any, path: str, checks: tuple[Check, ...]) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise CaseError(path, "a finite number", v)
+    v = float(v)
+    refused = [c.text() for c in checks if c.refuses(v)]
+    if refused:
+        raise CaseError(path, f"a number {accepted_range(checks)} (" + "; ".join(refused) + ")", v)
+    return v
+
+
 def _boolean(v: Any, path: str) -> bool:
     if not isinstance(v, bool):
         raise CaseError(path, "true or false", v)
@@ -88,18 +209,28 @@ def _hyperparameter(key: str, value: Any, name: str) -> Any:
     path = f"optimizer.{key}"
     if key == "centered":
         return _boolean(value, path)
-    if key == "momentum" and name == "nesterov":
-        # torch refuses Nesterov without momentum; Keras would silently run plain SGD
-        return number(value, path, lo=0.0, lo_open=True, hi=1.0, hi_open=True)
-    if key in ("momentum", "beta1", "beta2", "rho"):
-        return number(value, path, lo=0.0, hi=1.0, hi_open=True)
-    if key == "epsilon":
-        return number(value, path, lo=0.0, lo_open=True)
-    return number(value, path, lo=0.0)  # weight_decay, initial_accumulator
+    return _checked(value, path, CHECKS[name][key])
 
 
-def validate_schedule(s: Any) -> dict:
-    """Validate ``optimizer.schedule`` and return it normalised (see the module docstring)."""
+def _rmsprop_divides_by_zero(out: dict) -> None:
+    """Refuse an RMSprop whose every update divides by zero, for every gradient (module docstring)."""
+    if out["epsilon"] != 0.0:
+        return
+    if out["rho"] == 1.0:
+        why = "rho 1 keeps the square average at 0"
+    elif out["centered"] and out["rho"] == 0.0:
+        why = "centered with rho 0 makes s - a^2 = g^2 - g^2 = 0"
+    else:
+        return
+    raise CaseError("optimizer.epsilon", f"a number > 0 here (tfpar refuses epsilon 0: {why}, so every update divides"
+                    " by zero for every gradient; torch.optim.RMSprop and keras.optimizers.RMSprop accept it)", 0.0)
+
+
+def validate_schedule(s: Any, name: str = "sgd") -> dict:
+    """Validate ``optimizer.schedule`` of optimizer ``name`` and return it normalised (see the module docstring).
+
+    Every value of a ``step`` schedule is a learning rate: the checks on ``lr`` apply to each.
+    """
     s = obj(s, "optimizer.schedule")
     kind = choice(need(s, "kind", "optimizer.schedule"), "optimizer.schedule.kind", SCHEDULES)
     if kind == "constant":
@@ -124,7 +255,7 @@ def validate_schedule(s: Any) -> dict:
     if not isinstance(values, list) or len(values) != len(out_b) + 1:
         raise CaseError("optimizer.schedule.values", f"a list of {len(out_b) + 1} learning rates (one more than boundaries)",
                         values)
-    out_v = [number(v, f"optimizer.schedule.values[{i}]", lo=0.0, lo_open=True) for i, v in enumerate(values)]
+    out_v = [_checked(v, f"optimizer.schedule.values[{i}]", CHECKS[name]["lr"]) for i, v in enumerate(values)]
     return {"kind": "step", "boundaries": out_b, "values": out_v}
 
 
@@ -147,17 +278,24 @@ def validate_optimizer(o: Any) -> dict:
     for key in _ALL_HP:
         if key in o and key not in allowed:
             raise CaseError(f"optimizer.{key}", f"no such hyperparameter for {name} (it takes: " + ", ".join(["lr", *allowed]) + ")")
-    schedule = validate_schedule(o.get("schedule", {"kind": "constant"}))
+    schedule = validate_schedule(o.get("schedule", {"kind": "constant"}), name)
     if schedule["kind"] == "step":
         v0 = schedule["values"][0]
-        lr = number(o.get("lr", v0), "optimizer.lr", lo=0.0, lo_open=True)
+        lr = _checked(o.get("lr", v0), "optimizer.lr", CHECKS[name]["lr"])
         if lr != v0:
             raise CaseError("optimizer.lr", f"the step schedule's first value {v0!r} (or leave lr out)", lr)
     else:
-        lr = number(need(o, "lr", "optimizer"), "optimizer.lr", lo=0.0, lo_open=True)
+        lr = _checked(need(o, "lr", "optimizer"), "optimizer.lr", CHECKS[name]["lr"])
+    if lr == 0.0 and schedule["kind"] != "constant":
+        where = "optimizer.lr" if "lr" in o or schedule["kind"] != "step" else "optimizer.schedule.values[0]"
+        raise CaseError(where, f"a number > 0 with a {schedule['kind']} schedule (tfpar refuses lr 0 there: the torch"
+                        " side's LambdaLR factor is lr_t / lr, torchref.optimizers.make_scheduler; torch.optim and"
+                        " Keras accept 0, and a constant schedule takes it)", lr)
     out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
     defaults = DEFAULTS[name]["torch" if semantics == "torch" else "tf"]
     for key in allowed:
         out[key] = _hyperparameter(key, o.get(key, defaults[key]), name)
+    if name == "rmsprop":
+        _rmsprop_divides_by_zero(out)
     out["schedule"] = schedule
     return out

@@ -130,7 +130,7 @@ TABLE: list[tuple[str, Build, str]] = [
     ("zero devices", _mut("parallel.devices", 0), "parallel.devices"),
     ("negative units", _mut("model.layers.0.units", -4), "model.layers[0].units"),
     ("zero global batch", _mut("data.global_batch", 0), "data.global_batch"),
-    ("zero lr", _mut("optimizer.lr", 0), "optimizer.lr"),
+    ("negative lr", _mut("optimizer.lr", -1e-9), "optimizer.lr"),
     ("negative input dim", _mut("model.input_shape", [-5]), "model.input_shape"),
     # shapes that do not fit
     ("generator needs 5 features", _mut("model.input_shape", [3]), "model.input_shape"),

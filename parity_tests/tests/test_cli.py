@@ -79,7 +79,7 @@ def test_bad_case_file_exit_2_names_the_field(tmp_path, capsys):
     p = _write(tmp_path, set_path(MLP, "optimizer.lr", -1))
     assert main(["run", str(p), "--impl", "tf.single", "--out", str(tmp_path / "t.npz")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tfpar: error: optimizer.lr: expected a number > 0, got -1.0"]
+    assert err == ["tfpar: error: optimizer.lr: expected a number >= 0 (torch.optim.SGD refuses lr < 0: 'Invalid learning rate'), got -1.0"]
     (tmp_path / "broken.json").write_text("{not json")
     assert main(["run", str(tmp_path / "broken.json"), "--impl", "tf.single", "--out", str(tmp_path / "t.npz")]) == 2
     assert "valid JSON" in capsys.readouterr().err
