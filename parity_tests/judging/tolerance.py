@@ -1,7 +1,8 @@
 """The noise-aware tolerance model: when is a gap between two trajectories rounding, and when not.
 
-Two rules, both on the per-step normwise relative gap of :func:`parity_tests.judging.compare.relative_gap`
-over the ``param/*`` and ``state/*`` arrays (the outcome of training; see "What is judged")::
+Three rules, all on the per-step normwise relative gap of :func:`parity_tests.judging.compare.relative_gap`,
+in two channels: the ``param/*`` and ``state/*`` arrays (the outcome of training) and the
+``loss`` (the curve a user publishes; see "What is judged" and "The loss")::
 
     gap_k(X, Y) = max over arrays p of  ||X_p[k] - Y_p[k]||_inf / d_p[k]
     d_p[k]      = max(||A64_p[k]||_inf, ||B64_p[k]||_inf, SCALE_FLOOR)
@@ -22,6 +23,12 @@ measured against its own float64 run, ``floor_X[k] = gap_k(X32, X64)``, and::
 Divergence when ``gap_k(A32, B32) > bound[k]`` at any step. In :func:`judge_float32`
 the float64 rule is applied to ``(A64, B64)`` first: a semantic difference is
 reported by the rule that proves it.
+
+**Perturbation rule** (``"float32 perturbation floor"``, :func:`judge_perturbation`): for
+implementations that cannot run float64. Each side is re-run in float32 with the numbers
+it stores in float32 (initial weights, inputs, optimizer hyperparameters) moved by one float32
+ulp (:func:`perturb_ulp`, :func:`perturb_scalars`); ``d`` comes from the float32 runs
+and ``floor_X[k] = max_{j<=k} gap_j(X32, X32')``, with the same bound as the float32 rule.
 
 Derivation of ``FLOAT64_RTOL = 1e-10``:
     Each rounding stage of a float64 computation has relative error at most
@@ -80,12 +87,73 @@ Warning:
     visible, and a difference below float32 noise in a case that exists only in
     float32 cannot be told apart from rounding at all (docs/tolerance.md).
 
+The loss (float64 bound ``FLOAT64_RTOL + S[k] * pgap[k-1]``):
+    The loss of step ``k`` is computed from the parameters of row ``k - 1``, so between
+    two sides::
+
+        L_A - L_B = (evalA - L(theta_A)) - (evalB - L(theta_B)) + (L(theta_A) - L(theta_B))
+
+    *Evaluation.* An mse or cross-entropy loss is a non-negatively weighted mean of
+    non-negative terms, so its summation has relative error ``<= sqrt(n) * u`` with no
+    cancellation (unlike a gradient). Each term is computed from outputs with absolute
+    error ``delta <= u * D * sqrt(n) * F`` (``F`` the outputs' size): for cross-entropy
+    ``|dl/dz|_1 = 2 (1 - p_y) <= 2 l`` (as ``1 - p <= -log p``), so a term's relative
+    error is ``<= 2 delta``; for mse ``|dL| <= 2 sqrt(L) delta`` (Cauchy-Schwarz), which is
+    ``<= 20 delta`` of ``max(L, SCALE_FLOOR)``. Both sides together:
+    ``2 * (sqrt(n) u + 20 u D sqrt(n) F) <= 1e-10`` for ``F <= 11`` (mse outputs), and
+    ``2 * (sqrt(n) u + 2 u D sqrt(n) Z) <= 1e-10`` for logits ``Z <= 110``, with ``D = 20``,
+    ``n = 1e4`` as above: ``FLOAT64_RTOL`` covers it within that envelope.
+    *Carried.* ``|L(theta_A) - L(theta_B)| <= sum_p ||g_p||_1 ||dtheta_p||_inf`` to first
+    order (the second order is ``~1e-20`` relative, inside ``FLOAT64_RTOL``), with ``g`` the
+    recorded combined gradient of that step; :func:`loss_sensitivity` turns it into
+    ``S[k] * pgap[k-1]`` with the measured parameter gap. Without a recorded gradient
+    (``param_mean``, ``async``) the float64 rule cannot bound this part and leaves the
+    loss to the other rules (the detail says so). Under clipping the recorded gradient
+    is the clipped one, so ``S`` is a lower estimate there; the carried term matters only
+    once the parameter gap nears its own bound.
+    The float32 and perturbation rules need no such derivation: their loss floors are
+    measured like the parameters' (the triangle inequality for the float32 rule holds
+    for the loss with its own shared denominator ``d_L = max(|L_A64|, |L_B64|)``, and
+    ``FLOAT32_ABS_FLOOR`` absorbs the float64 loss gap while ``(1 + S) * 1e-10`` stays
+    below ``2.4e-7``).
+
+Derivation of the perturbation rule:
+    ``X32 = exact + e`` with ``e`` the run's rounding error: the rounding of its inputs
+    when they are stored in float32 (weights, inputs, hyperparameters), carried through
+    the computation with its condition numbers, plus the rounding of every operation.
+    The perturbed run moves each input by one ulp (the size of that storage rounding;
+    exact zeros are not rounded and stay), so it sees the inputs' part through the same
+    condition numbers, and later roundings fall differently: ``X32' = exact' + e'``.
+    (Weights alone are not enough: on the polynomial Adam case a one-ulp move of the
+    three weights spreads the run by 1.5e-7 while float32 rounding of ``beta2`` moves
+    it by 6e-6, through the bias correction.) ``gap(X32, X32')`` is a sample of what
+    rounding does to that side, not a bound: there are no float64 runs, so no exact
+    triangle inequality. Hence two safeguards, both no looser than what rounding has
+    been seen to do: the running maximum over steps (errors are carried forward, see
+    the float64 bound, so a spread seen at step ``j`` can occur at any later step) and
+    the same factor 2 and absolute floor as the float32 rule. A bug reproduces in the
+    buggy side's perturbed rerun, so it does not enter that side's floor.
+
+Warning:
+    The perturbation does not re-sample the accumulated rounding of a *long*
+    reduction: one-ulp moves of ``n`` terms move the partial sums by about
+    ``sqrt(n)`` term-ulps, far below their own ulp (``n`` term-ulps), so the run and
+    its rerun round them almost alike, while another implementation (another conv or
+    batch-norm kernel, another order) rounds them differently. There the rule is
+    stricter than the float32 rule: on the scenario matrix it agrees on all 120 dense
+    pairs and reports 18 of the 36 CNN pairs as divergences that the float64 runs
+    prove to be rounding (benchmarks/bench_perturbation_floor.py, docs/tolerance.md).
+    It cannot prove a difference below the float32 spread (the float64 rule can), nor
+    separate a chaotic run's amplified rounding from a difference.
+
 What is judged:
-    ``param/*`` and ``state/*`` arrays by default (``keys=`` to change). Losses and
-    gradients are compared by :mod:`parity_tests.judging.compare` but do not decide: near a
-    minimum they are sums of terms that cancel, and their relative rounding error is
-    unbounded, while parameters (the accumulated updates) keep a bounded one. A
-    semantic difference in a gradient shows in the parameters one step later.
+    ``param/*`` and ``state/*`` arrays by default (``keys=`` to change), and the ``loss``
+    channel (``loss=`` to change; by default when ``keys`` is not given). Gradients are
+    compared by :mod:`parity_tests.judging.compare` but do not decide: near a minimum they
+    are sums of terms that cancel, and their relative rounding error is unbounded, while
+    parameters (the accumulated updates) and the loss (a mean of non-negative terms) keep
+    a bounded one. A semantic difference in a gradient shows in the parameters one step
+    later. When both channels break, the first to break names the verdict's ``key``.
 """
 
 from __future__ import annotations
@@ -115,11 +183,18 @@ __all__ = [
     "STATUSES",
     "RULE_FLOAT64",
     "RULE_FLOAT32",
+    "RULE_PERTURBATION",
+    "LOSS_KEY",
+    "PERTURB_STREAM",
     "RULE_NONFINITE",
     "RULE_STRUCTURE",
     "Verdict",
     "judge_float64",
     "judge_float32",
+    "judge_perturbation",
+    "perturb_ulp",
+    "perturb_scalars",
+    "loss_sensitivity",
 ]
 
 #: Float64 semantic bound on the per-step relative gap (derivation in the module docstring).
@@ -134,6 +209,11 @@ FLOAT32_ABS_FLOOR: float = 4 * 2.0**-24
 STATUSES = ("parity", "divergence", "expected_difference", "unexpected_parity", "error")
 RULE_FLOAT64 = "float64 bound"
 RULE_FLOAT32 = "float32 noise floor"
+RULE_PERTURBATION = "float32 perturbation floor"
+#: The judged loss channel's key (one value per step, row ``r`` is step ``r + 1``).
+LOSS_KEY = "loss"
+#: Second seed word of :func:`perturb_ulp`'s generator, so its coins share no stream with the case's own draws.
+PERTURB_STREAM = 0x5E7B
 RULE_NONFINITE = "non-finite values"
 RULE_STRUCTURE = "structure"
 
@@ -179,6 +259,12 @@ class Verdict:
         key: the array holding ``gap`` at that step, e.g. ``"param/1.kernel"``, or ``None``.
         first_step: for a divergence, the first step over the bound (where to start
             looking; the mismatch message in ``detail`` is for this step), else ``None``.
+            When both channels break, the one that breaks first decides ``key``, ``step``,
+            ``gap`` and ``bound`` (at one step the loss comes first: it is computed before
+            that step's update), so ``key == "loss"`` says the loss curve broke first.
+        per_step_loss_gap, per_step_loss_bound: ``[steps]`` the loss channel's gap and
+            bound at every step (row ``r`` is step ``r + 1``), or ``None`` where the loss
+            was not judged.
         detail: a line with the figures; for a divergence, followed by the comparator's
             mismatch message at the first failing step.
         known_differences: documented differences the caller attached; they explain,
@@ -199,6 +285,8 @@ class Verdict:
     step: int | None = None
     key: str | None = None
     first_step: int | None = None
+    per_step_loss_gap: np.ndarray | None = None
+    per_step_loss_bound: np.ndarray | None = None
 
     @property
     def diverged(self) -> bool:
@@ -221,6 +309,7 @@ class Verdict:
             per_step_floor=arr(d["per_step_floor"]), detail=d["detail"],
             known_differences=tuple(d["known_differences"]), per_step_bound=arr(d["per_step_bound"]),
             step=d["step"], key=d["key"], first_step=d["first_step"],
+            per_step_loss_gap=arr(d.get("per_step_loss_gap")), per_step_loss_bound=arr(d.get("per_step_loss_bound")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,6 +327,8 @@ class Verdict:
             "step": self.step,
             "key": self.key,
             "first_step": self.first_step,
+            "per_step_loss_gap": None if self.per_step_loss_gap is None else _json(self.per_step_loss_gap),
+            "per_step_loss_bound": None if self.per_step_loss_bound is None else _json(self.per_step_loss_bound),
             "detail": self.detail,
             "known_differences": list(self.known_differences),
         }
@@ -503,6 +594,187 @@ def _error(rule: str, detail: str, known: tuple[str, ...]) -> Verdict:
     return Verdict("error", rule, math.nan, math.nan, None, None, np.zeros(0), None, detail, known)
 
 
+# ---------------------------------------------------------------- the loss channel
+
+
+@dataclass(frozen=True)
+class _Channel:
+    """The loss channel of one rule: per-step gap and bound (row ``r`` is step ``r + 1``)."""
+
+    gap: np.ndarray
+    bound: np.ndarray
+    rule: str
+    label: str
+    how: str  # how the bound was formed, for the detail
+    mismatch: tuple[Mapping[str, Any], Mapping[str, Any], np.ndarray]  # (x, y, scale) for the message
+
+
+def _judges_loss(trajs: Iterable[Mapping[str, Any]], keys: Iterable[str] | None, loss: bool | None) -> bool:
+    """Judge the loss channel: by default whenever no ``keys=`` were given and every run holds a loss."""
+    wanted = keys is None if loss is None else bool(loss)
+    return wanted and all(LOSS_KEY in t for t in trajs)
+
+
+def _loss_scale(*trajs: Mapping[str, Any]) -> np.ndarray:
+    """``d_L[r] = max_X |L_X[r]|`` over the runs that set the scale (floored in :func:`relative_gap`)."""
+    return np.max([np.abs(np.asarray(t[LOSS_KEY], dtype=np.float64)) for t in trajs], axis=0)
+
+
+def _loss_gap(x: Mapping[str, Any], y: Mapping[str, Any], scale: np.ndarray) -> np.ndarray:
+    """``|L_X[r] - L_Y[r]| / max(d_L[r], SCALE_FLOOR)`` (``inf``/``nan`` where non-finite)."""
+    return relative_gap(x[LOSS_KEY], y[LOSS_KEY], scale=scale, scale_floor=SCALE_FLOOR)
+
+
+def _loss_structure(trajs: Iterable[Mapping[str, Any]]) -> str | None:
+    shapes = {np.asarray(t[LOSS_KEY]).shape for t in trajs}
+    if len(shapes) > 1 or any(len(s) != 1 for s in shapes):
+        return f"loss: one value per step on every run expected, got shapes {sorted(shapes)}"
+    return None
+
+
+def loss_sensitivity(
+    a: Mapping[str, Any], b: Mapping[str, Any], param_keys: list[str], scales: Mapping[str, np.ndarray]
+) -> np.ndarray | None:
+    """The loss's normwise relative condition number with respect to the parameters, per step.
+
+    ``S[r] = sum_p ||g_p[r]||_1 * max(d_p[r], SCALE_FLOOR) / max(d_L[r], SCALE_FLOOR)``
+
+    with ``g_p[r]`` the recorded combined gradient of step ``r + 1`` (elementwise the larger
+    of the two sides'), taken at the parameters of row ``r`` from which that step's loss is
+    computed. To first order ``|L(theta_A) - L(theta_B)| <= sum_p ||g_p||_1 ||dtheta_p||_inf``
+    and ``||dtheta_p[r]||_inf = gap_p[r] * max(d_p[r], SCALE_FLOOR)``, so a parameter gap
+    ``pgap[r]`` moves the loss's relative gap by at most ``S[r] * pgap[r]``. ``None`` when
+    either side recorded no gradient (``param_mean``, ``async``: no single gradient applies).
+    """
+    if not param_keys:
+        return None
+    names = [f"grad/{k.partition('/')[2]}" for k in param_keys]
+    if any(n not in t for n in names for t in (a, b)):
+        return None
+    steps = np.asarray(a[LOSS_KEY]).shape[0]
+    total = np.zeros(steps)
+    for key, name in zip(param_keys, names, strict=True):
+        ga, gb = (np.abs(np.asarray(t[name], dtype=np.float64)) for t in (a, b))
+        if ga.shape != gb.shape or ga.shape[0] != steps:
+            return None
+        g1 = np.maximum(ga, gb).reshape(steps, -1).sum(axis=1)
+        total += g1 * np.maximum(scales[key][:steps], SCALE_FLOOR)
+    return total / np.maximum(_loss_scale(a, b), SCALE_FLOOR)
+
+
+def _loss_channel64(
+    a64: Mapping[str, Any], b64: Mapping[str, Any], judged: list[str], label: str
+) -> _Channel:
+    """The float64 loss bound, ``bound_L[r] = FLOAT64_RTOL + S[r] * pgap[r]``.
+
+    ``pgap[r]`` is the measured float64 gap of the ``param/*`` arrays at row ``r`` (the
+    parameters the loss of step ``r + 1`` is computed from) and ``S`` is
+    :func:`loss_sensitivity`; ``FLOAT64_RTOL`` bounds the two sides' own evaluation of
+    the loss (module docstring, "The loss"). Without gradients the loss is not judged
+    by this rule (bound ``inf``), and the detail says so.
+    """
+    scale = _loss_scale(a64, b64)
+    gap = _loss_gap(a64, b64, scale)
+    pkeys = [k for k in judged if k.startswith("param/")]
+    scales = _scales(a64, b64, pkeys)
+    sens = loss_sensitivity(a64, b64, pkeys, scales)
+    if sens is None:
+        bound = np.full(gap.shape, math.inf)
+        how = "not judged by the float64 rule: no recorded gradient bounds its sensitivity to the parameters"
+    else:
+        pgap, _ = _row_max(_gaps(a64, b64, pkeys, scales)) if pkeys else (np.zeros(gap.shape[0] + 1), None)
+        with np.errstate(invalid="ignore"):
+            bound = FLOAT64_RTOL + sens * np.fmax(pgap[: gap.shape[0]], 0.0)
+        how = f"bound {FLOAT64_RTOL:.2g} + S x (parameter gap of the step before), S up to {np.nanmax(sens):.2g}"
+    return _Channel(gap, bound, RULE_FLOAT64, label, how, (a64, b64, scale))
+
+
+def _loss_channel_floor(
+    x: Mapping[str, Any], y: Mapping[str, Any], floor_x: np.ndarray, floor_y: np.ndarray,
+    scale: np.ndarray, factor: float, rule: str, label: str,
+) -> _Channel:
+    """A floor rule's loss bound: ``factor * max(floor_A[r], floor_B[r]) + FLOAT32_ABS_FLOOR``."""
+    with np.errstate(invalid="ignore"):
+        bound = factor * np.fmax(floor_x, floor_y) + FLOAT32_ABS_FLOOR
+    how = (f"loss floors A up to {np.nanmax(floor_x, initial=0.0):.2e}, "
+           f"B up to {np.nanmax(floor_y, initial=0.0):.2e}")
+    return _Channel(_loss_gap(x, y, scale), bound, rule, label, how, (x, y, scale))
+
+
+def _first_line_plus(detail: str, note: str) -> str:
+    head, _, rest = detail.partition("\n")
+    return head + note + (("\n" + rest) if rest else "")
+
+
+def _earliest_other(v: Verdict) -> int | None:
+    """The step at which the parameter channel stopped being at parity (``None``: it never did)."""
+    if v.status == "divergence":
+        return v.first_step
+    if v.status == "error" and v.rule == RULE_NONFINITE:
+        return v.step
+    return None
+
+
+def _with_loss(v: Verdict, ch: _Channel | None) -> Verdict:
+    """Merge the loss channel into the parameter channel's verdict ``v`` (before expectations).
+
+    The verdict is a divergence when either channel breaks; the channel that breaks first
+    names ``key``, ``step``, ``gap`` and ``bound``. At one step the loss comes first: the
+    loss of step ``k`` is computed from the parameters of step ``k - 1``, before the update
+    that produces the parameters of step ``k``.
+    """
+    if ch is None or (v.status == "error" and v.rule == RULE_STRUCTURE):
+        return v
+    figures: dict[str, Any] = {"per_step_loss_gap": ch.gap, "per_step_loss_bound": ch.bound}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        over = np.flatnonzero(ch.gap > ch.bound)
+        ratio = np.where(np.isnan(ch.gap), -1.0, ch.gap / ch.bound)
+    if not over.size:
+        judged = np.isfinite(ch.bound)
+        if not judged.any():
+            return replace(v, detail=_first_line_plus(v.detail, f"; loss {ch.how}"), **figures)
+        r = int(np.nanargmax(np.where(judged, ratio, -1.0)))
+        note = f"; loss within its bound (tightest at step {r + 1}: {ch.gap[r]:.2e} <= {ch.bound[r]:.2e}; {ch.how})"
+        return replace(v, detail=_first_line_plus(v.detail, note), **figures)
+    first = int(over[0])
+    other = _earliest_other(v)
+    if other is not None and other < first + 1:
+        note = f"; the loss is also over its bound from step {first + 1}"
+        return replace(v, detail=_first_line_plus(v.detail, note), **figures)
+    worst = int(np.argmax(ratio))
+    x, y, scale = ch.mismatch
+    allowed = float(ch.bound[first]) * max(float(scale[first]), SCALE_FLOOR)
+    before = v.detail.splitlines()[0] if v.detail else ""
+    detail = (
+        f"{ch.label}: loss relative gap {ch.gap[first]:.2e} > bound {ch.bound[first]:.2e} first at "
+        f"step {first + 1} (loss); greatest gap/bound {ch.gap[worst]:.2e} / {ch.bound[worst]:.2e} at step "
+        f"{worst + 1}; {ch.how}; parameters: {before}"
+        + _mismatch_text(x, y, LOSS_KEY, first, allowed)
+    )
+    return replace(v, status="divergence", rule=ch.rule, gap=float(ch.gap[worst]), bound=float(ch.bound[worst]),
+                   step=worst + 1, key=LOSS_KEY, first_step=first + 1, detail=detail, **figures)
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def _error(rule: str, detail: str, known: tuple[str, ...]) -> Verdict:
+    return Verdict("error", rule, math.nan, math.nan, None, None, np.zeros(0), None, detail, known)
+
+
+def _finished(v: Verdict, expect_difference: bool, known: tuple[str, ...]) -> Verdict:
+    status, detail = _finish(v.status, expect_difference, v.detail, known)
+    return replace(v, status=status, detail=detail, known_differences=known)
+
+
+def _check_factor(factor: Any) -> float:
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)):
+        raise TypeError(f"factor must be a real number, got {factor!r}")
+    if not (math.isfinite(float(factor)) and factor > 0):
+        raise ValueError(f"factor must be finite and > 0, got {factor!r}")
+    return float(factor)
+
+
 def judge_float64(
     a64: Mapping[str, Any],
     b64: Mapping[str, Any],
@@ -510,11 +782,13 @@ def judge_float64(
     expect_difference: bool = False,
     known_differences: Iterable[str] = (),
     keys: Iterable[str] | None = None,
+    loss: bool | None = None,
 ) -> Verdict:
     """Judge two float64 trajectories of one case by the float64 rule.
 
     ``gap_k = max_p ||A_p[k] - B_p[k]||_inf / max(||A_p[k]||_inf, ||B_p[k]||_inf, SCALE_FLOOR)``;
-    divergence when ``gap_k > FLOAT64_RTOL`` at any step ``k``.
+    divergence when ``gap_k > FLOAT64_RTOL`` at any step ``k``, or when the loss of a step
+    ``k`` breaks its bound ``FLOAT64_RTOL + S[k] * pgap[k-1]`` (:func:`loss_sensitivity`).
 
     Args:
         a64, b64: float64 trajectories (the judged arrays must be float64).
@@ -522,6 +796,8 @@ def judge_float64(
             ``"expected_difference"``, parity ``"unexpected_parity"``.
         known_differences: names of documented differences, carried into the verdict.
         keys: arrays to judge; by default every ``param/*`` and ``state/*`` key.
+        loss: judge the ``loss`` channel too; by default when ``keys`` is not given
+            and both runs hold a loss.
 
     Returns:
         A :class:`Verdict`. Missing arrays or different shapes give status ``"error"``
@@ -534,84 +810,36 @@ def judge_float64(
     """
     known = _known(known_differences)
     judged = _judged_keys((a64, b64), keys)
+    with_loss = _judges_loss((a64, b64), keys, loss)
     problem = _structure([("float64 runs A64 vs B64", a64, b64)], judged)
+    problem = problem or (_loss_structure((a64, b64)) if with_loss else None)
     if problem:
         return _error(RULE_STRUCTURE, problem, known)
     _check_dtype(a64, judged, np.float64, "A")
     _check_dtype(b64, judged, np.float64, "B")
     v = _judge64(a64, b64, judged)
-    status, detail = _finish(v.status, expect_difference, v.detail, known)
-    return replace(v, status=status, detail=detail, known_differences=known)
+    if with_loss:
+        v = _with_loss(v, _loss_channel64(a64, b64, judged, "float64"))
+    return _finished(v, expect_difference, known)
 
 
-def judge_float32(
+def _judge_floor(
     a32: Mapping[str, Any],
     b32: Mapping[str, Any],
-    *,
-    a64: Mapping[str, Any],
-    b64: Mapping[str, Any],
-    factor: float = FLOAT32_FACTOR,
-    expect_difference: bool = False,
-    known_differences: Iterable[str] = (),
-    keys: Iterable[str] | None = None,
+    judged: list[str],
+    scales: dict[str, np.ndarray],
+    fa_rows: np.ndarray,
+    fb_rows: np.ndarray,
+    factor: float,
+    rule: str,
+    context: str,
 ) -> Verdict:
-    """Judge two float32 trajectories against each side's own float32 noise floor.
+    """A floor rule on the parameter channel: divergence when ``gap_k(A32, B32) > bound[k]``,
 
-    First the float64 rule on ``(a64, b64)``: a semantic difference is a divergence
-    by that rule, and the detail says whether it is also visible above the float32
-    noise. Otherwise, per step ``k``::
-
-        floor_X[k] = gap_k(X32, X64)
-        bound[k]   = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR
-
-    and divergence when ``gap_k(A32, B32) > bound[k]`` at any step.
-
-    Args:
-        a32, b32: the float32 trajectories of the two implementations.
-        a64, b64: the same case run in float64 by the same implementations.
-        factor: multiple of the larger floor; ``FLOAT32_FACTOR`` (2) is the smallest
-            value for which rounding can never be reported as a divergence.
-        expect_difference, known_differences, keys: as in :func:`judge_float64`.
-
-    Returns:
-        A :class:`Verdict`; for the float32 rule ``floor_a``/``floor_b`` are each
-        side's greatest floor and ``per_step_floor``/``per_step_bound`` the curves.
-
-    Raises:
-        ValueError: ``factor`` is not finite and ``> 0``, or a judged array has the
-        wrong dtype (float32 for ``a32``/``b32``, float64 for ``a64``/``b64``).
+    ``bound[k] = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR``; ``context``
+    is appended to the detail (what was established before, e.g. the float64 runs agree).
     """
-    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)):
-        raise TypeError(f"factor must be a real number, got {factor!r}")
-    if not (math.isfinite(float(factor)) and factor > 0):
-        raise ValueError(f"factor must be finite and > 0, got {factor!r}")
-    factor = float(factor)
-    known = _known(known_differences)
-    judged = _judged_keys((a32, b32, a64, b64), keys)
-    problem = _structure(
-        [
-            ("float64 runs A64 vs B64", a64, b64),
-            ("float32 runs A32 vs B32", a32, b32),
-            ("side A float32 vs float64", a32, a64),
-            ("side B float32 vs float64", b32, b64),
-        ],
-        judged,
-    )
-    if problem:
-        return _error(RULE_STRUCTURE, problem, known)
-    for side, traj, dtype in (
-        ("A32", a32, np.float32),
-        ("B32", b32, np.float32),
-        ("A64", a64, np.float64),
-        ("B64", b64, np.float64),
-    ):
-        _check_dtype(traj, judged, dtype, side)
-
-    scales = _scales(a64, b64, judged)
-    fa_rows, _ = _row_max(_gaps(a32, a64, judged, scales))
-    fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
-    gaps32 = _gaps(a32, b32, judged, scales)
-    per_step, arg = _row_max(gaps32)
+    per_step, arg = _row_max(_gaps(a32, b32, judged, scales))
     rows = per_step.shape[0]
     with np.errstate(invalid="ignore"):
         floor_rows = np.fmax(fa_rows, fb_rows)
@@ -626,24 +854,6 @@ def judge_float32(
     def step_at(row: int) -> int:
         return step_of_row(judged[0], row)
 
-    v64 = _judge64(a64, b64, judged, label="float64 runs")
-    if v64.status != "parity":
-        detail = v64.detail
-        if v64.status == "divergence" and v64.rule == RULE_FLOAT64:
-            with np.errstate(invalid="ignore"):
-                visible = np.flatnonzero(per_step > bound_rows)
-            head, _, rest = detail.partition("\n")
-            note = (
-                f"; visible in float32 from step {step_at(int(visible[0]))} "
-                f"(gap {per_step[visible[0]]:.2e} > noise bound {bound_rows[visible[0]]:.2e})"
-                if visible.size
-                else "; below the float32 noise at every step (gap <= noise bound)"
-            )
-            detail = head + note + (("\n" + rest) if rest else "")
-        status, detail = _finish(v64.status, expect_difference, detail, known)
-        return replace(v64, status=status, detail=detail, known_differences=known)
-    g64 = v64.gap
-
     stop = _first_nonfinite_row((a32, b32), judged, rows)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = per_step[:stop] / bound_rows[:stop]
@@ -654,15 +864,13 @@ def judge_float32(
         (float(per_step[worst]), float(bound_rows[worst])) if stop else (0.0, FLOAT32_ABS_FLOOR)
     )
     worst_key = judged[int(arg[worst])]
-    figures32: dict[str, Any] = {
+    common: dict[str, Any] = {
         "floor_a": floor_a,
         "floor_b": floor_b,
         "per_step_gap": per_step,
         "per_step_floor": floor_rows,
         "per_step_bound": bound_rows,
-        "known_differences": known,
     }
-    agree64 = f"float64 runs agree (gap {g64:.2e} <= {FLOAT64_RTOL:.2g})"
     over = np.flatnonzero(ratio > 1.0)
     if over.size:
         first = int(over[0])
@@ -672,44 +880,261 @@ def judge_float32(
             f"float32: relative gap {per_step[first]:.2e} > noise bound {bound_rows[first]:.2e} = "
             f"{figures(first)} first at {describe_step(first_key, step_at(first))} "
             f"({describe_key(first_key)}); greatest gap/bound {gap:.2e} / {bound:.2e} at step "
-            f"{step_at(worst)}; {agree64}" + _mismatch_text(a32, b32, first_key, first, allowed)
+            f"{step_at(worst)}; {context}" + _mismatch_text(a32, b32, first_key, first, allowed)
         )
-        status, detail = _finish("divergence", expect_difference, detail, known)
-        return Verdict(
-            status,
-            RULE_FLOAT32,
-            gap,
-            bound,
-            detail=detail,
-            step=step_at(worst),
-            key=worst_key,
-            first_step=step_at(first),
-            **figures32,
-        )
+        return Verdict("divergence", rule, gap, bound, detail=detail, step=step_at(worst), key=worst_key,
+                       first_step=step_at(first), **common)
     if stop < rows:
-        status, rule, g, detail, step = _nonfinite_verdict(
-            a32, b32, judged, "float32", stop, gap, bound
-        )
-        head, _, rest = detail.partition("\n")
-        detail = head + f"; {agree64}" + (("\n" + rest) if rest else "")
-        status, detail = _finish(status, expect_difference, detail, known)
+        status, nrule, g, detail, step = _nonfinite_verdict(a32, b32, judged, "float32", stop, gap, bound)
+        detail = _first_line_plus(detail, f"; {context}")
         first_step = step if g == math.inf else None
-        return Verdict(
-            status, rule, g, bound, detail=detail, step=step, first_step=first_step, **figures32
-        )
+        return Verdict(status, nrule, g, bound, detail=detail, step=step, first_step=first_step, **common)
     detail = (
         f"float32: relative gap {gap:.2e} <= noise bound {bound:.2e} = {figures(worst)} "
         f"(tightest at {describe_step(worst_key, step_at(worst))}, {describe_key(worst_key)}); "
-        f"{agree64}; greatest floors A {floor_a:.2e}, B {floor_b:.2e}"
+        f"{context}; greatest floors A {floor_a:.2e}, B {floor_b:.2e}"
     )
-    status, detail = _finish("parity", expect_difference, detail, known)
-    return Verdict(
-        status,
-        RULE_FLOAT32,
-        gap,
-        bound,
-        detail=detail,
-        step=step_at(worst),
-        key=worst_key,
-        **figures32,
+    return Verdict("parity", rule, gap, bound, detail=detail, step=step_at(worst), key=worst_key, **common)
+
+
+def judge_float32(
+    a32: Mapping[str, Any],
+    b32: Mapping[str, Any],
+    *,
+    a64: Mapping[str, Any],
+    b64: Mapping[str, Any],
+    factor: float = FLOAT32_FACTOR,
+    expect_difference: bool = False,
+    known_differences: Iterable[str] = (),
+    keys: Iterable[str] | None = None,
+    loss: bool | None = None,
+) -> Verdict:
+    """Judge two float32 trajectories against each side's own float32 noise floor.
+
+    First the float64 rule on ``(a64, b64)`` (loss channel included): a semantic
+    difference is a divergence by that rule, and the detail says whether it is also
+    visible above the float32 noise. Otherwise, per step ``k`` and per channel::
+
+        floor_X[k] = gap_k(X32, X64)
+        bound[k]   = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR
+
+    and divergence when ``gap_k(A32, B32) > bound[k]`` at any step, for the
+    parameters (``param/*``, ``state/*``) or for the loss.
+
+    Args:
+        a32, b32: the float32 trajectories of the two implementations.
+        a64, b64: the same case run in float64 by the same implementations.
+        factor: multiple of the larger floor; ``FLOAT32_FACTOR`` (2) is the smallest
+            value for which rounding can never be reported as a divergence.
+        expect_difference, known_differences, keys, loss: as in :func:`judge_float64`.
+
+    Returns:
+        A :class:`Verdict`; for the float32 rule ``floor_a``/``floor_b`` are each
+        side's greatest floor and ``per_step_floor``/``per_step_bound`` the curves.
+
+    Raises:
+        ValueError: ``factor`` is not finite and ``> 0``, or a judged array has the
+        wrong dtype (float32 for ``a32``/``b32``, float64 for ``a64``/``b64``).
+    """
+    factor = _check_factor(factor)
+    known = _known(known_differences)
+    runs = (a32, b32, a64, b64)
+    judged = _judged_keys(runs, keys)
+    with_loss = _judges_loss(runs, keys, loss)
+    problem = _structure(
+        [
+            ("float64 runs A64 vs B64", a64, b64),
+            ("float32 runs A32 vs B32", a32, b32),
+            ("side A float32 vs float64", a32, a64),
+            ("side B float32 vs float64", b32, b64),
+        ],
+        judged,
     )
+    problem = problem or (_loss_structure(runs) if with_loss else None)
+    if problem:
+        return _error(RULE_STRUCTURE, problem, known)
+    for side, traj, dtype in (
+        ("A32", a32, np.float32),
+        ("B32", b32, np.float32),
+        ("A64", a64, np.float64),
+        ("B64", b64, np.float64),
+    ):
+        _check_dtype(traj, judged, dtype, side)
+
+    scales = _scales(a64, b64, judged)
+    fa_rows, _ = _row_max(_gaps(a32, a64, judged, scales))
+    fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
+    v64 = _judge64(a64, b64, judged, label="float64 runs")
+    if with_loss:
+        v64 = _with_loss(v64, _loss_channel64(a64, b64, judged, "float64 runs"))
+    if v64.status != "parity":
+        if v64.status == "divergence" and v64.rule == RULE_FLOAT64:
+            v64 = replace(v64, detail=_visibility_note(v64, a32, b32, judged, scales, fa_rows, fb_rows, factor))
+        return _finished(v64, expect_difference, known)
+
+    agree64 = f"float64 runs agree (gap {v64.gap:.2e} <= {FLOAT64_RTOL:.2g})"
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, RULE_FLOAT32, agree64)
+    if with_loss:
+        scale = _loss_scale(a64, b64)
+        ch = _loss_channel_floor(a32, b32, _loss_gap(a32, a64, scale), _loss_gap(b32, b64, scale), scale,
+                                 factor, RULE_FLOAT32, "float32")
+        v = _with_loss(v, ch)
+    return _finished(v, expect_difference, known)
+
+
+def _visibility_note(
+    v64: Verdict, a32: Mapping[str, Any], b32: Mapping[str, Any], judged: list[str],
+    scales: dict[str, np.ndarray], fa_rows: np.ndarray, fb_rows: np.ndarray, factor: float,
+) -> str:
+    """``v64``'s detail, saying whether its parameter difference is also visible above the float32 noise.
+
+    (A divergence that the loss decided keeps its detail: it names the loss's own figures.)
+    """
+    if v64.key == LOSS_KEY:
+        return v64.detail
+    per_step, _ = _row_max(_gaps(a32, b32, judged, scales))
+    with np.errstate(invalid="ignore"):
+        bound_rows = factor * np.fmax(fa_rows, fb_rows) + FLOAT32_ABS_FLOOR
+        visible = np.flatnonzero(per_step > bound_rows)
+    note = (
+        f"; visible in float32 from step {step_of_row(judged[0], int(visible[0]))} "
+        f"(gap {per_step[visible[0]]:.2e} > noise bound {bound_rows[visible[0]]:.2e})"
+        if visible.size
+        else "; below the float32 noise at every step (gap <= noise bound)"
+    )
+    return _first_line_plus(v64.detail, note)
+
+
+# ---------------------------------------------------------------- the perturbation floor
+
+
+def perturb_ulp(arrays: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Every non-zero element moved by one float32 ulp, up or down by a seeded coin per element.
+
+    ``x' = nextafter(float32(x), +inf)`` or ``nextafter(float32(x), -inf)``; an exact zero
+    stays zero (storing it rounds nothing, and a subnormal in its place breaks the ties
+    zeros make: on the CNN a one-ulp-of-zero bias moves torch's loss by 8%). Stored in
+    the arrays' own dtype (a float32 number is exact in float64), so that a float32 run
+    starts exactly one ulp away from the unperturbed float32 run. The coins come from
+    ``numpy.random.default_rng([seed, PERTURB_STREAM])``, one stream per name in sorted
+    order: the same case gives the same perturbation on every implementation and run.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        rng = np.random.default_rng([int(seed), PERTURB_STREAM, *name.encode()])
+        up = rng.random(a.shape) < 0.5
+        a32 = a.astype(np.float32)
+        moved = np.where(up, np.nextafter(a32, np.float32(np.inf)), np.nextafter(a32, np.float32(-np.inf)))
+        # an exact zero is stored without rounding; moving it to a subnormal would instead break the
+        # ties it makes (ReLU outputs, max-pool windows, padding), which is no rounding at all
+        moved = np.where(a32 == 0, a32, moved)
+        out[name] = moved.astype(a.dtype if a.dtype.kind == "f" else np.float64)
+    return out
+
+
+def _spread(rows: np.ndarray) -> np.ndarray:
+    """``floor[k] = max_{j <= k} gap_j(X, X')``: the largest spread rounding has shown up to step ``k``.
+
+    One perturbed run is a *sample* of what rounding does, not a bound on it: at a
+    single step its gap can happen to be small while the other side's rounding is
+    large. Rounding errors of a training run are carried forward by the parameters
+    (the premise of the float64 bound), so a spread seen at step ``j`` is one that
+    rounding can produce at every later step; the running maximum keeps it.
+    (NaN rows are skipped; they are judged as non-finite values.)
+    """
+    return np.fmax.accumulate(np.asarray(rows, dtype=np.float64)) if rows.size else rows
+
+
+def perturb_scalars(values: Mapping[str, Any], seed: int) -> dict[str, float]:
+    """Every non-zero real number moved by one float32 ulp, up or down by a seeded coin (zeros stay zero).
+
+    For the hyperparameters a float32 run stores in float32 (``lr``, ``beta2``, ...): their
+    rounding is part of that run's error, and an ill-conditioned use of one (Adam's bias
+    correction ``1 - beta2**t`` cancels ``log10(1 / (1 - beta2))`` digits) is only explored
+    by moving it. A zero (``weight_decay: 0``) is a switch, not a rounded number.
+    """
+    rng = np.random.default_rng([int(seed), PERTURB_STREAM, 1])
+    out: dict[str, float] = {}
+    for name in sorted(values):
+        v = values[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v == 0:
+            continue
+        toward = np.float32(np.inf) if rng.random() < 0.5 else np.float32(-np.inf)
+        out[name] = float(np.nextafter(np.float32(v), toward))
+    return out
+
+
+def judge_perturbation(
+    a32: Mapping[str, Any],
+    b32: Mapping[str, Any],
+    *,
+    a32p: Mapping[str, Any] | None,
+    b32p: Mapping[str, Any] | None,
+    factor: float = FLOAT32_FACTOR,
+    expect_difference: bool = False,
+    known_differences: Iterable[str] = (),
+    keys: Iterable[str] | None = None,
+    loss: bool | None = None,
+) -> Verdict:
+    """Judge two float32 trajectories without float64 runs: the perturbation floor.
+
+    Each side is re-run in float32 from its initial weights moved by one float32 ulp
+    (:func:`perturb_ulp`); the spread is what rounding alone does to that side::
+
+        d_p[k]     = max(||A32_p[k]||_inf, ||B32_p[k]||_inf, SCALE_FLOOR)
+        floor_X[k] = max over j <= k of gap_j(X32, X32')  (X32': the perturbed run)
+        bound[k]   = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR
+
+    divergence when ``gap_k(A32, B32) > bound[k]`` at any step, for the parameters
+    or for the loss. A side without a perturbed run (a recorded run cannot be run
+    again) takes the other side's floor.
+
+    Args:
+        a32, b32: the float32 trajectories of the two implementations.
+        a32p, b32p: each side's run from the perturbed weights, or ``None``.
+        factor, expect_difference, known_differences, keys, loss: as in :func:`judge_float32`.
+
+    Raises:
+        ValueError: both perturbed runs are missing, ``factor`` is not finite and ``> 0``,
+        or a judged array is not float32.
+    """
+    factor = _check_factor(factor)
+    if a32p is None and b32p is None:
+        raise ValueError("judge_perturbation needs a perturbed run of at least one side (a32p or b32p)")
+    known = _known(known_differences)
+    pa, pb = (a32p if a32p is not None else b32p), (b32p if b32p is not None else a32p)
+    own = {"A": a32p is not None, "B": b32p is not None}
+    runs = (a32, b32, pa, pb)
+    judged = _judged_keys(runs, keys)
+    with_loss = _judges_loss(runs, keys, loss)
+    problem = _structure(
+        [
+            ("float32 runs A32 vs B32", a32, b32),
+            ("side A run vs perturbed run", a32, pa if own["A"] else pb),
+            ("side B run vs perturbed run", b32, pb if own["B"] else pa),
+        ],
+        judged,
+    )
+    problem = problem or (_loss_structure(runs) if with_loss else None)
+    if problem:
+        return _error(RULE_STRUCTURE, problem, known)
+    for side, traj in (("A32", a32), ("B32", b32), ("A32 perturbed", pa), ("B32 perturbed", pb)):
+        _check_dtype(traj, judged, np.float32, side)
+
+    scales = _scales(a32, b32, judged)
+    fa_rows = _spread(_row_max(_gaps(a32, pa, judged, scales))[0]) if own["A"] else None
+    fb_rows = _spread(_row_max(_gaps(b32, pb, judged, scales))[0]) if own["B"] else None
+    fa_rows = fb_rows if fa_rows is None else fa_rows
+    fb_rows = fa_rows if fb_rows is None else fb_rows
+    borrowed = [s for s, o in own.items() if not o]
+    context = "floors measured by a one-ulp perturbation of the initial weights" + (
+        f" (side {borrowed[0]} cannot be re-run: it takes the other side's floor)" if borrowed else ""
+    )
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, RULE_PERTURBATION, context)
+    if with_loss:
+        scale = _loss_scale(a32, b32)
+        la = _spread(_loss_gap(a32, pa, scale) if own["A"] else _loss_gap(b32, pb, scale))
+        lb = _spread(_loss_gap(b32, pb, scale)) if own["B"] else la
+        v = _with_loss(v, _loss_channel_floor(a32, b32, la, lb, scale, factor, RULE_PERTURBATION, "float32"))
+    return _finished(v, expect_difference, known)

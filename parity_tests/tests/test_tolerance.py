@@ -15,9 +15,12 @@ from parity_tests.judging.tolerance import (
     RULE_FLOAT32,
     RULE_FLOAT64,
     RULE_NONFINITE,
+    RULE_PERTURBATION,
     RULE_STRUCTURE,
     judge_float32,
     judge_float64,
+    judge_perturbation,
+    perturb_ulp,
 )
 
 STEPS = 6
@@ -98,17 +101,87 @@ def test_zero_initialised_bias_is_measured_against_the_scale_floor() -> None:
     assert v.status == "divergence" and v.first_step == 0 and v.key == "param/0.bias"
 
 
-def test_loss_and_grad_are_not_judged_by_default() -> None:
+def test_grad_is_not_judged_by_default_but_the_loss_is() -> None:
     a = truth()
     b = copy(a)
     b["grad/0.kernel"] *= 1 + 1e-3
-    b["loss"] *= 1 + 1e-3
-    assert judge_float64(a, b).status == "parity"
+    assert judge_float64(a, b).status == "parity"  # a gradient alone does not decide
+    b["loss"][2:] *= 1 + 1e-3
+    v = judge_float64(a, b)
+    assert (v.status, v.rule, v.key, v.first_step) == ("divergence", RULE_FLOAT64, "loss", 3)  # loss row 2 is step 3
+    assert "first at step 3 (loss)" in v.detail and "step 3, loss: Mismatched elements: 1 / 1" in v.detail
+    assert v.per_step_loss_gap is not None and v.per_step_loss_gap.shape == (STEPS,)
+    json.dumps(v.to_dict(), allow_nan=False)
+    assert judge_float64(a, b, loss=False).status == "parity"
     v = judge_float64(a, b, keys=["grad/0.kernel"])
     assert (v.status, v.first_step) == ("divergence", 1)  # grad row 0 is step 1
     assert "first at step 1 (grad 0.kernel)" in v.detail
     v = judge_float64(a, b, keys=["grad/0.kernel", "param/0.kernel"])
     assert v.status == "error" and "do not share one step axis" in v.detail
+
+
+def test_the_channel_that_breaks_first_names_the_key() -> None:
+    a = truth()
+    b = jitter(a, 1e-14, seed=1)
+    b["param/1.kernel"][3:] *= 1 + 1e-6  # parameters after step 3
+    b["loss"][4:] *= 1 + 1e-2  # the loss of step 5, far beyond what the parameter gap explains
+    v = judge_float64(a, b)
+    assert (v.key, v.first_step) == ("param/1.kernel", 3)
+    assert "the loss is also over its bound from step 5" in v.detail
+    b["loss"][2] *= 1 + 1e-6  # the loss of step 3 comes before the update of step 3
+    v = judge_float64(a, b)
+    assert (v.key, v.first_step, v.step) == ("loss", 3, v.step) and v.gap > v.bound
+    assert "parameters: float64: relative gap" in v.detail
+
+
+def test_loss_bound_carries_the_parameter_gap_through_the_recorded_gradient() -> None:
+    # L(theta) = sum_p c_p . theta_p: exactly linear, so its gradient c is the sensitivity and the
+    # loss gap caused by a parameter gap is S * pgap, which the bound must admit (and not much more)
+    a = truth()
+    c = {k: np.random.default_rng(7).normal(size=a[k].shape[1:]) for k in a if k.startswith("param/")}
+    for t in (a,):
+        t["loss"] = 10.0 + sum((t[k][:-1] * c[k]).reshape(STEPS, -1).sum(axis=1) for k in c)
+        for k in c:
+            t[f"grad/{k[6:]}"] = np.broadcast_to(c[k], (STEPS, *c[k].shape)).copy()
+    b = copy(a)
+    b["param/0.kernel"][1:] *= 1 + 5e-11  # a parameter gap within the float64 bound
+    b["loss"] = 10.0 + sum((b[k][:-1] * c[k]).reshape(STEPS, -1).sum(axis=1) for k in c)
+    v = judge_float64(a, b)
+    assert v.status == "parity", v.detail
+    assert v.per_step_loss_gap is not None and v.per_step_loss_bound is not None
+    assert (v.per_step_loss_gap[1:] <= v.per_step_loss_bound[1:]).all()
+    assert (v.per_step_loss_bound[1:] > FLOAT64_RTOL).all()  # the carried part is in the bound
+    b["loss"][3] *= 1 + 1e-8  # a wrongly evaluated loss is still caught
+    assert judge_float64(a, b).key == "loss"
+    for k in c:  # without gradients the float64 rule cannot bound the carried part: it says so
+        del a[f"grad/{k[6:]}"], b[f"grad/{k[6:]}"]
+    v = judge_float64(a, b)
+    assert v.status == "parity" and "no recorded gradient bounds its sensitivity" in v.detail
+
+
+def test_float32_loss_is_judged_against_its_own_floor() -> None:
+    # equal and opposite float32 errors of the loss only: the factor 2 is tight for the loss too
+    a64 = truth()
+    eps = 1e-4
+    a32 = {k: v.astype(np.float32) for k, v in a64.items()}
+    b32 = {k: v.astype(np.float32) for k, v in a64.items()}
+    a32["loss"], b32["loss"] = (a64["loss"] * (1 + eps)).astype(np.float32), (a64["loss"] * (1 - eps)).astype(np.float32)
+    v = judge_float32(a32, b32, a64=a64, b64=copy(a64))
+    assert v.status == "parity" and v.per_step_loss_gap is not None and v.per_step_loss_bound is not None
+    assert (v.per_step_loss_gap > 0.99 * (v.per_step_loss_bound - FLOAT32_ABS_FLOOR)).all()
+    v = judge_float32(a32, b32, a64=a64, b64=copy(a64), factor=1.9)
+    assert (v.status, v.rule, v.key, v.first_step) == ("divergence", RULE_FLOAT32, "loss", 1)
+    assert "step 1, loss: Mismatched elements: 1 / 1" in v.detail
+    # a loss offset in float32 only is charged to that side's floor (the documented limit) ...
+    a32, b32, a64, b64 = f32_runs()
+    b32["loss"][1:] *= np.float32(1 + 1e-3)
+    v = judge_float32(a32, b32, a64=a64, b64=copy(a64))
+    assert v.status == "parity" and "B up to 1.00e-03" in v.detail
+    # ... while the same bug in both precisions is proven by the float64 rule, on the loss
+    for t in (b32, b64):  # the same bug in both precisions: the float64 rule proves it
+        t["loss"][1:] *= np.asarray(1 + 1e-3, dtype=t["loss"].dtype)
+    v = judge_float32(a32, b32, a64=a64, b64=b64)
+    assert (v.status, v.rule, v.key, v.first_step) == ("divergence", RULE_FLOAT64, "loss", 2)
 
 
 @pytest.mark.parametrize(
@@ -329,3 +402,62 @@ def test_float32_rule_never_calls_rounding_a_divergence(seed, noise_a, noise_b) 
     v = judge_float32(a32, b32, a64=a64, b64=copy(a64))
     assert v.status == "parity", v.detail
     assert v.gap <= v.bound
+
+
+# ---------------------------------------------------------------- perturbation floor
+
+
+def test_perturb_ulp_moves_every_element_by_one_float32_ulp_seeded() -> None:
+    init = {"0.kernel": np.random.default_rng(0).normal(size=(4, 3)), "0.bias": np.zeros(3)}
+    p = perturb_ulp(init, seed=5)
+    k32 = init["0.kernel"].astype(np.float32)
+    moved = p["0.kernel"].astype(np.float32)
+    assert p["0.kernel"].dtype == np.float64 and (moved.astype(np.float64) == p["0.kernel"]).all()
+    ups = moved == np.nextafter(k32, np.float32(np.inf))
+    downs = moved == np.nextafter(k32, np.float32(-np.inf))
+    assert (ups | downs).all() and ups.any() and downs.any()
+    assert (p["0.bias"] == 0).all()  # an exact zero is not rounded by storage: it stays
+    assert all((perturb_ulp(init, seed=5)[k] == p[k]).all() for k in p)  # reproducible
+    assert not (perturb_ulp(init, seed=6)["0.kernel"] == p["0.kernel"]).all()
+
+
+def perturbation_runs(seed: int = 0, noise: float = 2e-6) -> tuple[Traj, Traj, Traj, Traj]:
+    """(a32, b32, a32p, b32p): each side's rounding noise, and its perturbed rerun's independent noise."""
+    a64 = truth(seed)
+    return tuple(jitter(a64, noise, seed=seed + s, dtype=np.float32) for s in (200, 300, 400, 500))  # type: ignore[return-value]
+
+
+def test_perturbation_floor_parity_and_figures() -> None:
+    a32, b32, a32p, b32p = perturbation_runs()
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=b32p)
+    assert (v.status, v.rule) == ("parity", RULE_PERTURBATION), v.detail
+    assert v.floor_a is not None and 1e-7 < v.floor_a < 1e-5
+    assert v.per_step_floor is not None and v.per_step_bound is not None
+    np.testing.assert_allclose(v.per_step_bound, 2 * v.per_step_floor + FLOAT32_ABS_FLOOR)
+    assert "one-ulp perturbation" in v.detail
+    json.dumps(v.to_dict(), allow_nan=False)
+
+
+def test_perturbation_floor_catches_what_is_above_float32_noise() -> None:
+    # a bug is reproduced by the buggy side's perturbed rerun too
+    a32, b32, a32p, b32p = perturbation_runs()
+    for t in (b32, b32p):
+        t["param/1.kernel"][3:] *= np.float32(1 + 1e-3)
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=b32p)
+    assert (v.status, v.rule, v.first_step, v.key) == ("divergence", RULE_PERTURBATION, 3, "param/1.kernel")
+    a32, b32, a32p, b32p = perturbation_runs()
+    for t in (b32, b32p):
+        t["loss"][1:] *= np.float32(1 + 1e-3)
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=b32p, expect_difference=True)
+    assert (v.status, v.key, v.first_step) == ("expected_difference", "loss", 2)
+
+
+def test_a_side_that_cannot_rerun_takes_the_other_sides_floor() -> None:
+    a32, b32, a32p, _ = perturbation_runs()
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=None)
+    assert v.status == "parity" and v.floor_a == v.floor_b
+    assert "side B cannot be re-run" in v.detail
+    with pytest.raises(ValueError, match="needs a perturbed run"):
+        judge_perturbation(a32, b32, a32p=None, b32p=None)
+    with pytest.raises(ValueError, match=r"side A32 perturbed, param/0\.bias: expected float32"):
+        judge_perturbation(a32, b32, a32p=truth(), b32p=None)
