@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("case", help="path to case.json")
     c.add_argument("--impls", default="tf.towers,torch.ddp,tf.single,torch.single", help="comma-separated; the first is the reference (default: %(default)s)")
     c.add_argument("--report", default=None, help="folder for report.md, report.json, gap plot and trajectories")
+    c.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="write TensorBoard event files: each implementation's loss, each pair's gap per parameter and its bound")
     c.add_argument("--failures", default=None, help=argparse.SUPPRESS)
 
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
@@ -120,12 +122,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.report:
         path = write_case_report(result, Path(args.report))
         print(f"report: {path}")
+    if args.tensorboard:
+        from parity_tests.reporting.tensorboard import write_tensorboard
+
+        print(f"tensorboard: {write_tensorboard(result, Path(args.tensorboard))} (tensorboard --logdir there)")
     return 0 if result.parity else 1
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from parity_tests.reporting.matrix import run_matrix
-
     from parity_tests.running.harness import parse_impls
 
     extra = parse_impls(args.impls) if args.impls.strip() else []

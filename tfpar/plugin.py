@@ -48,6 +48,7 @@ class PluginMark:
 
     kind: str
     dtypes: tuple[str, ...]
+    keras: bool = False  #: its optimizers are Keras' (the tool then maps Keras' float32 hyperparameters)
 
 
 def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
@@ -66,7 +67,7 @@ def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
     return out
 
 
-def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
+def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False) -> Callable:
     """Mark ``fn(run)`` as a TensorFlow plugin: called once, in the main process, with the N tower devices.
 
     Args:
@@ -74,11 +75,17 @@ def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Cal
             Declaring ``float64`` lets the tool judge semantics in float64 and
             measure float32 noise against it; a float32-only plugin is judged
             against a floor measured by perturbation (``docs/tolerance.md``).
+        keras: the function trains with Keras optimizers (``keras.optimizers.SGD``, ...).
+            In a float64 run Keras keeps ``learning_rate`` and ``momentum`` in float32;
+            saying so lets the tool run the other side with the same rounded values and
+            name the difference, as it does for its built-in TensorFlow implementations.
     """
     checked = check_dtypes(dtypes, "tfpar.plugin.tensorflow")
+    if not isinstance(keras, bool):
+        raise PluginDeclarationError(f"tfpar.plugin.tensorflow(keras=...) takes True or False, got {keras!r}")
 
     def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark("tensorflow", checked))
+        setattr(f, MARK, PluginMark("tensorflow", checked, keras))
         return f
 
     return mark(fn) if fn is not None else mark

@@ -3,7 +3,13 @@
 The first implementation is the reference; every other one is judged against
 it. A float64 case is judged by the float64 rule. A float32 case is also run
 in float64 on every implementation, so each side's own float32 noise floor is
-known (``tolerance.judge_float32``).
+known (``tolerance.judge_float32``) -- unless a side of a pair declares only
+float32 (its registry ``dtypes``, e.g. a user's plugin): that pair is judged by
+the perturbation floor (``tolerance.judge_perturbation``), each side re-run in
+float32 with its initial weights, inputs and hyperparameters moved by one float32
+ulp (:func:`perturbed_case`, seeded by the case seed), and no float64 run is
+asked of it. A side that cannot be re-run (a recorded run) takes the other
+side's floor.
 
 Theory (``theory.predict``) says which pairs must differ (expected
 differences: the verdict must be a divergence) and which documented effects
@@ -27,15 +33,29 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
+from parity_tests.judging.localise import localise
 from parity_tests.judging.theory import Prediction, keras_rounds_hyperparameters, predict
-from parity_tests.judging.tolerance import RULE_NONFINITE, Verdict, judge_float32, judge_float64
+from parity_tests.judging.tolerance import (
+    RULE_NONFINITE,
+    Verdict,
+    judge_float32,
+    judge_float64,
+    judge_perturbation,
+    perturb_scalars,
+    perturb_ulp,
+)
+from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
 
-__all__ = ["PairResult", "CaseResult", "compare_case", "OK_STATUSES"]
+__all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED"]
 
 OK_STATUSES = ("parity", "expected_difference")
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
+#: how a float32 case's noise floor is measured: ``auto`` (float64 runs where both sides of a pair
+#: declare float64, else the perturbation), or one of the two for every pair (the benchmark compares them)
+FLOORS = ("auto", "float64", "perturbation")
+PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
 
 
 @dataclass
@@ -48,6 +68,8 @@ class PairResult:
     prediction: Prediction
     mapping: str | None = None  # what was mapped before judging, if anything
     unmapped_gap: float | None = None  # the float64 gap without that mapping
+    #: CONTRACT §6: where the two runs first part (``judging.localise``), for every verdict but parity
+    localisation: dict[str, Any] | None = None
 
     @property
     def as_expected(self) -> bool:
@@ -58,7 +80,8 @@ class PairResult:
         return {
             "reference": self.reference,
             "impl": self.impl,
-            "verdict": self.verdict.to_dict(),
+            "verdict": {**self.verdict.to_dict(),
+                        **({"localisation": self.localisation} if self.localisation is not None else {})},
             "expected_differences": list(self.prediction.expected),
             "known_differences": list(self.prediction.known),
             "mapping": self.mapping,
@@ -69,7 +92,8 @@ class PairResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PairResult:
         pred = Prediction(tuple(d["expected_differences"]), tuple(d["known_differences"]))
-        return cls(d["reference"], d["impl"], Verdict.from_dict(d["verdict"]), pred, d["mapping"], d["unmapped_gap"])
+        return cls(d["reference"], d["impl"], Verdict.from_dict(d["verdict"]), pred, d["mapping"], d["unmapped_gap"],
+                   d["verdict"].get("localisation"))
 
 
 @dataclass
@@ -96,11 +120,15 @@ class CaseResult:
         c = self.case
         head = (f"case {c.name}: {c.spec['dtype']}, {c.devices} device(s), {c.spec['parallel']['combine']}, "
                 f"{c.spec['optimizer']['name']} ({c.spec['optimizer']['semantics']}), {c.spec['steps']} steps")
-        rows = [head, f"{'pair':<30} {'verdict':<20} {'rule':<20} {'gap':>10} {'bound':>10}"]
+        w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])  # plugin paths are long
+        rows = [head, f"{'pair':<{w}} {'verdict':<20} {'rule':<26} {'gap':>10} {'bound':>10}"]
         notes = []
         for p in self.pairs:
             v = p.verdict
-            rows.append(f"{p.reference + ' vs ' + p.impl:<30} {v.status:<20} {v.rule:<20} {v.gap:>10.3g} {v.bound:>10.3g}")
+            rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {v.status:<20} {v.rule:<26} {v.gap:>10.3g} {v.bound:>10.3g}")
+            if p.localisation and p.localisation.get("stage"):
+                notes.append(f"  {p.impl}: where: {p.localisation['stage']} at step {p.localisation['first_bad_step']}"
+                             f" ({p.localisation['explanation']})")
             for e in p.prediction.expected:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
@@ -181,6 +209,71 @@ def _keras_mapped(case: Case) -> tuple[Case, str]:
     return case.replace(**changes), text
 
 
+def _declared(impl: str) -> registry.Implementation | None:
+    """The registry's entry for ``impl`` (``None`` for a name only a custom runner knows)."""
+    try:
+        return registry.resolve(impl)
+    except CaseError:
+        return None
+
+
+def _runs_float64(impl: str) -> bool:
+    found = _declared(impl)
+    return found is None or "float64" in found.dtypes
+
+
+def _rerunnable(impl: str) -> bool:
+    found = _declared(impl)
+    return found is None or found.rerunnable
+
+
+def perturbed_case(case: Case) -> Case:
+    """``case`` with every number a float32 run stores moved by one float32 ulp (seeded by the case seed).
+
+    The initial weights, the inputs ``x`` and the optimizer's real hyperparameters
+    (``tolerance.perturb_ulp``, ``tolerance.perturb_scalars``): the rounding of each is
+    part of a float32 run's error (docs/tolerance.md, rule 3). The targets stay: they
+    are labels with a valid range (``[0, 1]`` for ``sigmoid_ce``) more often than
+    rounded measurements, and the inputs already make every forward pass round anew.
+    """
+    seed = case.spec.get("seed", 0)
+    opt = case.spec["optimizer"]
+    moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics")}, seed)
+    if moved:
+        case = case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
+    return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_ulp({"x": case.x}, seed)["x"])
+
+
+def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
+    """Per judged impl: ``"float64"`` or ``"perturbation"`` (a float64 case: always ``"float64"``)."""
+    if floor not in FLOORS:
+        raise ValueError(f"floor must be one of {', '.join(FLOORS)}, got {floor!r}")
+    ref = impls[0]
+    if case.spec["dtype"] == "float64":
+        return {impl: "float64" for impl in impls[1:]}
+    if floor != "auto":
+        return {impl: floor for impl in impls[1:]}
+    # float64 runs only where both sides of the pair declare they can make them
+    return {impl: "float64" if _runs_float64(ref) and _runs_float64(impl) else "perturbation" for impl in impls[1:]}
+
+
+def _plan(case: Case, impls: list[str], rules: dict[str, str],
+          mapped_needed: dict[str, str | None]) -> list[tuple[str, str, bool]]:
+    """The runs to make, ``(impl, variant, keras-mapped)``; variant ``float32``, ``float64`` or :data:`PERTURBED`."""
+    ref, dtype = impls[0], case.spec["dtype"]
+    plan: list[tuple[str, str, bool]] = [(impl, dtype, False) for impl in impls]
+    for impl, rule in rules.items():
+        for side in (ref, impl):
+            if rule == "float64" and dtype == "float32":
+                plan.append((side, "float64", False))
+            elif rule == "perturbation" and _rerunnable(side):
+                plan.append((side, PERTURBED, False))
+    for impl, side in mapped_needed.items():
+        if side is not None and rules[impl] == "float64":
+            plan.append((side, "float64", True))
+    return plan
+
+
 def compare_case(
     case: Case,
     impls: list[str],
@@ -188,6 +281,7 @@ def compare_case(
     progress: bool | Callable[[str], None] = False,
     runner: Runner | None = None,
     skip_unsupported: bool = False,
+    floor: str = "auto",
 ) -> CaseResult:
     """Run ``case`` on every implementation in ``impls`` and judge each against ``impls[0]``.
 
@@ -199,21 +293,23 @@ def compare_case(
         skip_unsupported: when an implementation other than the reference refuses the
             case as not implemented (``CaseError``), record the pair as ``unsupported``
             instead of raising (what the matrix does for rows a path cannot run).
+        floor: for a float32 case, how each side's noise floor is measured: ``"auto"``
+            (float64 runs where both sides declare float64, else the one-ulp
+            perturbation), ``"float64"`` or ``"perturbation"`` for every pair.
     """
+    for name in impls:  # every name resolved before theory reads what kind of implementation it is
+        registry.resolve(name, "impls")
     runner = runner or (lambda c, i: run_impl(c, i))
     t0 = time.perf_counter()
-    dtypes = ["float64"] if case.spec["dtype"] == "float64" else ["float32", "float64"]
-    variants = {d: (case if case.spec["dtype"] == d else case.replace(dtype=d)) for d in dtypes}
-    plan: list[tuple[str, str, bool]] = []  # (impl, dtype, keras-mapped)
+    f64 = case if case.spec["dtype"] == "float64" else case.replace(dtype="float64")
+    variants = {case.spec["dtype"]: case, "float64": f64}
+    if case.spec["dtype"] == "float32":
+        variants[PERTURBED] = perturbed_case(case)
     ref = impls[0]
-    pairs_pred = {impl: predict(variants["float64"].spec, ref, impl) for impl in impls[1:]}
-    mapped_needed = {impl: keras_rounds_hyperparameters(variants["float64"].spec, ref, impl) for impl in impls[1:]}
-    for impl in impls:
-        for d in dtypes:
-            plan.append((impl, d, False))
-    for side in mapped_needed.values():
-        if side is not None:
-            plan.append((side, "float64", True))
+    rules = _floor_rules(case, impls, floor)
+    pairs_pred = {impl: predict(f64.spec, ref, impl) for impl in impls[1:]}
+    mapped_needed = {impl: keras_rounds_hyperparameters(f64.spec, ref, impl) for impl in impls[1:]}
+    plan = _plan(case, impls, rules, mapped_needed)
     bar = None
     if progress is True:
         from tqdm import tqdm
@@ -234,11 +330,16 @@ def compare_case(
         elif callable(progress):
             progress(key)
         try:
-            trajs[key] = runner(c, impl)
-        except CaseError as e:
-            if not skip_unsupported or impl == ref:
-                raise
-            refused[impl] = str(e)
+            try:
+                trajs[key] = runner(c, impl)
+            except CaseError as e:
+                if not skip_unsupported or impl == ref:
+                    raise
+                refused[impl] = str(e)
+        except BaseException:
+            if bar is not None:
+                bar.close()  # cleared, so the error line that follows starts a line of its own
+            raise
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -256,11 +357,16 @@ def compare_case(
                               f"{impl} does not run this case: {refused[impl]}")
             pairs.append(PairResult(ref, impl, verdict, pred))
             continue
-        side = mapped_needed[impl]
+        side = mapped_needed[impl] if rules[impl] == "float64" else None
         ma, mb = side == ref, side == impl
         kw = {"expect_difference": pred.differ, "known_differences": pred.known + pred.expected}
         if case.spec["dtype"] == "float64":
             verdict = judge_float64(get(ref, "float64", ma), get(impl, "float64", mb), **kw)
+        elif rules[impl] == "perturbation":
+            verdict = judge_perturbation(
+                get(ref, "float32", False), get(impl, "float32", False),
+                a32p=trajs.get(f"{ref}@{PERTURBED}"), b32p=trajs.get(f"{impl}@{PERTURBED}"), **kw,
+            )
         else:
             verdict = judge_float32(
                 get(ref, "float32", False), get(impl, "float32", False),
@@ -272,5 +378,9 @@ def compare_case(
         unmapped = None
         if side is not None:
             unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap
-        pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped))
+        where = None
+        if verdict.status != "parity":  # the judged arrays: the case dtype, mapped where the verdict mapped
+            d = case.spec["dtype"]
+            where = localise(get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64"), verdict)
+        pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped, where))
     return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)

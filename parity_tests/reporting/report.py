@@ -67,6 +67,7 @@ def _rows(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
                 "known": "; ".join(p.prediction.known),
                 "mapping": p.mapping,
                 "unmapped_gap": p.unmapped_gap,
+                "localisation": p.localisation,
             })
     return rows
 
@@ -95,6 +96,18 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
         for r in bad:
             where = f"; first over the bound at step {r['first_step']} ({r['key']})" if r["first_step"] is not None else ""
             lines.append(f"- **{r['case']}**, {r['pair']}: {r['status']} (expected {r['expected']}){where}")
+    located = [r for r in rows if r.get("localisation") and r["localisation"].get("stage")]
+    if located:
+        lines += ["", "## Where the runs part", "",
+                  "For every pair not at parity: the first bad step and the earliest stage of the step"
+                  " (inputs, loss, combined gradient, update, state, record) whose recorded values differ"
+                  " beyond their bound (CONTRACT §6).", "",
+                  "| case | pair | step | stage | device | name | gap | bound | why |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in located:
+            loc = r["localisation"]
+            lines.append(f"| {r['case']} | {r['pair']} | {loc['first_bad_step']} | {loc['stage']} | "
+                         f"{'-' if loc['device'] is None else loc['device']} | {loc['name'] or '-'} | {_fmt(loc['gap'])} | "
+                         f"{_fmt(loc['bound'])} | {loc['explanation']} |")
     lines += _grouped_findings([r for r in rows if r["why"] or r["known"] or r["mapping"]])
     if plots:
         lines += ["", "## Per-step gaps", ""]

@@ -58,6 +58,7 @@ class PluginTarget:
     location: dict[str, str]
     source: Path | None
     fn: Callable[..., Any]
+    keras: bool = False
 
 
 def is_plugin_name(name: str) -> bool:
@@ -159,7 +160,7 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
     if getattr(mark, "kind", None) not in KINDS:
         raise CaseError(field, f"{attr} in {where} to carry one of {_DECORATORS}; it has none", name)
     source = Path(getattr(sys.modules.get(fn.__module__), "__file__", None) or path) if path else None
-    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn)
+    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn, bool(getattr(mark, "keras", False)))
 
 
 # ------------------------------------------------------------------ checking what was recorded
@@ -355,5 +356,5 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
     return Implementation(
         impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single", dtypes=target.dtypes,
         run=run_torch if torch_side else run_tensorflow, description=f"plugin {target.name} ({KINDS[target.kind]})",
-        plugin=target,
+        plugin=target, keras=target.keras,
     )

@@ -59,6 +59,16 @@ def test_a_single_plugin_is_the_full_batch_reference():
     assert [p.verdict.status for p in result.pairs] == ["parity", "parity"], result.summary()
 
 
+def test_a_plugin_that_declares_keras_gets_the_keras_mapping():
+    case = make(MLP, parallel__devices=2)  # float64, native SGD
+    declared = compare_case(case, ["torch.ddp", f"{TF}:keras_sgd"]).pairs[0]
+    assert declared.verdict.status == "parity" and declared.mapping.startswith("lr 0.01 -> float32")
+    assert declared.unmapped_gap > 1e-10  # the rounding is real, and reported beside the verdict
+    undeclared = compare_case(case, ["torch.ddp", f"{TF}:keras_sgd_undeclared"]).pairs[0]
+    assert undeclared.verdict.status == "divergence" and undeclared.mapping is None
+    assert undeclared.localisation["stage"] == "update" and undeclared.localisation["first_bad_step"] == 1
+
+
 def test_plugin_trajectory_holds_what_was_recorded():
     case = make(MLP, parallel__devices=2)
     traj = run_impl(case, f"{TF}:good")

@@ -104,5 +104,36 @@ def raises_at_step_3(run):
     _train(run, change=change)
 
 
+def _keras_sgd(run):
+    """The towers of ``_train`` with the update applied by Keras' own SGD (learning rate kept in float32)."""
+    import keras
+
+    w = {k: tf.Variable(v) for k, v in run.initial.items()}
+    opt = keras.optimizers.SGD(learning_rate=run.spec["optimizer"]["lr"])
+    n = len(run.devices)
+    run.begin(w)
+    for x, y in run.batches():
+        grads, losses = [], []
+        for dev, xr, yr in zip(run.devices, np.array_split(x, n), np.array_split(y, n), strict=True):
+            with tf.device(dev), tf.GradientTape() as tape:
+                out = tf.nn.relu(tf.constant(xr) @ w["0.kernel"] + w["0.bias"]) @ w["1.kernel"] + w["1.bias"]
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.constant(yr), logits=out))
+            grads.append(tape.gradient(loss, w))
+            losses.append(loss)
+        g = {k: tf.add_n([gr[k] for gr in grads]) / n for k in w}
+        opt.apply_gradients([(g[k], w[k]) for k in w])
+        run.record(tf.add_n(losses) / n, w, grads=g)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH, keras=True)
+def keras_sgd(run):
+    _keras_sgd(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_sgd_undeclared(run):
+    _keras_sgd(run)
+
+
 def undecorated(run):
     _train(run)
