@@ -39,10 +39,15 @@ def record_failure(case: Case, folder: Path | None = None) -> Path:
 
 
 @contextmanager
-def replayable(case: Case, folder: Path | None = None) -> Iterator[None]:
-    """Re-raise an ``AssertionError`` with the path of the written case and the replay command."""
+def replayable(case: Case, folder: Path | None = None, impls: list[str] | None = None) -> Iterator[None]:
+    """Re-raise an ``AssertionError`` with the path of the written case and the replay command.
+
+    ``impls``: the implementations compared (plugins included), so that the printed
+    command replays that comparison rather than the default one.
+    """
     try:
         yield
     except AssertionError as e:
         path = record_failure(case, folder)
-        raise AssertionError(f"{e}\nreplay: tfpar compare {path}") from e
+        names = f" --impls {','.join(impls)}" if impls else ""
+        raise AssertionError(f"{e}\nreplay: tfpar compare {path}{names}") from e

@@ -29,3 +29,11 @@ def test_same_case_same_folder_and_no_write_without_failure(tmp_path):
     with replayable(case, tmp_path / "other"):
         pass
     assert not (tmp_path / "other").exists()
+
+
+def test_the_replay_command_names_the_implementations_compared(tmp_path):
+    case = make(SOFTMAX)
+    with pytest.raises(AssertionError) as info:
+        with replayable(case, tmp_path, impls=["torch.ddp", "my_towers.py:train"]):
+            raise AssertionError("boom")
+    assert str(info.value).endswith(" --impls torch.ddp,my_towers.py:train")
