@@ -36,6 +36,7 @@ from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import localise
 from parity_tests.judging.theory import Prediction, keras_rounds_hyperparameters, predict
 from parity_tests.judging.tolerance import (
+    RULE_FLOAT64,
     RULE_NONFINITE,
     Verdict,
     judge_float32,
@@ -379,8 +380,10 @@ def compare_case(
         if side is not None:
             unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap
         where = None
-        if verdict.status != "parity":  # the judged arrays: the case dtype, mapped where the verdict mapped
-            d = case.spec["dtype"]
+        if verdict.status != "parity":
+            # the arrays the deciding rule judged: float64 when the float64 rule decided (also in a
+            # float32 case, where 1e-10 would call float32 rounding a difference), mapped as judged
+            d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else case.spec["dtype"]
             where = localise(get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64"), verdict)
         pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped, where))
     return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)

@@ -69,6 +69,18 @@ def test_a_plugin_that_declares_keras_gets_the_keras_mapping():
     assert undeclared.localisation["stage"] == "update" and undeclared.localisation["first_bad_step"] == 1
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_localisation_names_the_step_and_stage_where_the_runs_part(dtype):
+    # in float32 the float64 rule decides (both sides declare float64): localisation must read the
+    # float64 runs, or float32 rounding (> 1e-10 from step 1) would be named as the first bad step
+    case = make(MLP, dtype=dtype, parallel__devices=2, steps=4)
+    pair = compare_case(case, ["torch.ddp", f"{TF}:lr_doubled_from_step_3"]).pairs[0]
+    assert pair.verdict.status == "divergence"
+    where = pair.localisation
+    assert (where["first_bad_step"], where["stage"], where["device"]) == (3, "update", None), where
+    assert where["explanation"].startswith("step 3: the parameters agree before it; the gradient applied agrees")
+
+
 def test_plugin_trajectory_holds_what_was_recorded():
     case = make(MLP, parallel__devices=2)
     traj = run_impl(case, f"{TF}:good")

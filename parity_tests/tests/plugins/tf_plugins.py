@@ -14,10 +14,10 @@ import tfpar
 BOTH = ("float32", "float64")
 
 
-def _train(run, *, begin=True, steps=None, change=None):
+def _train(run, *, begin=True, steps=None, change=None, lr_scale=lambda k: 1.0):
     dt = tf.float64 if run.dtype == "float64" else tf.float32
     w = {k: tf.Variable(v) for k, v in run.initial.items()}
-    lr = tf.constant(run.spec["optimizer"]["lr"], dt)
+    lr0 = run.spec["optimizer"]["lr"]
     n = len(run.devices)
     if begin:
         run.begin(w)
@@ -33,6 +33,7 @@ def _train(run, *, begin=True, steps=None, change=None):
             grads.append(tape.gradient(loss, w))
             losses.append(loss)
         g = {name: tf.add_n([gr[name] for gr in grads]) / n for name in w}
+        lr = tf.constant(lr0 * lr_scale(k), dt)
         for name in w:
             w[name].assign_sub(lr * g[name])
         loss, params = tf.add_n(losses) / n, dict(w)
@@ -46,6 +47,11 @@ def _train(run, *, begin=True, steps=None, change=None):
 @tfpar.plugin.tensorflow(dtypes=BOTH)
 def good(run):
     _train(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def lr_doubled_from_step_3(run):
+    _train(run, lr_scale=lambda k: 2.0 if k >= 3 else 1.0)
 
 
 @tfpar.plugin.tensorflow
