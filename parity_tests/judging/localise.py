@@ -40,35 +40,41 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STAGES", "localise", "relative_gap"]
+from parity_tests.judging.compare import relative_gap
+from parity_tests.judging.tolerance import SCALE_FLOOR
+
+__all__ = ["STAGES", "localise", "row_gaps"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
-_SCALE_FLOOR = 1e-30
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
 
 
-def relative_gap(a: np.ndarray, b: np.ndarray) -> float:
-    """``||a - b||_inf / max(||a||_inf, ||b||_inf)``: the tolerance model's relative gap of one array."""
+def row_gaps(a: Any, b: Any) -> np.ndarray:
+    """``[rows]``: ``||A_k - B_k||_inf / max(||A_k||_inf, ||B_k||_inf, SCALE_FLOOR)``, the tolerance model's gap.
+
+    :func:`~parity_tests.judging.compare.relative_gap` with the judge's shared denominator,
+    so a row is over its bound here exactly when the verdict counts it over. ``inf`` for
+    arrays of different shapes; ``nan`` where both sides are non-finite alike.
+    """
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:
-        return float("inf")
-    if a.size == 0:
-        return 0.0
-    diff = np.abs(a - b)
-    if not np.all(np.isfinite(diff)):
-        return 0.0 if np.array_equal(a, b, equal_nan=True) else float("inf")
-    scale = max(float(np.max(np.abs(a))), float(np.max(np.abs(b))), _SCALE_FLOOR)
-    return float(np.max(diff)) / scale
+        return np.full(min(len(a), len(b)), np.inf)
+    with np.errstate(invalid="ignore"):
+        norms = [np.abs(x.reshape(len(x), -1)).max(axis=1, initial=0.0) for x in (a, b)]
+    return relative_gap(a, b, scale=np.maximum(*norms), scale_floor=SCALE_FLOOR)
 
 
-def _worst(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str, row: int) -> tuple[float, str | None]:
-    """The greatest gap among the ``prefix`` arrays at ``row``, and its name."""
+def _channel(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str) -> dict[str, np.ndarray]:
+    """The row gaps of every ``prefix`` array both sides recorded (computed once per array)."""
+    return {key[len(prefix):]: row_gaps(a[key], b[key]) for key in sorted(set(a) & set(b)) if key.startswith(prefix)}
+
+
+def _worst(gaps: Mapping[str, np.ndarray], row: int) -> tuple[float, str | None]:
+    """The greatest gap among ``gaps`` at ``row``, and its name (NaN rows: alike non-finite, never the worst)."""
     best, name = 0.0, None
-    for key in sorted(set(a) & set(b)):
-        if key.startswith(prefix) and row < len(a[key]) and row < len(b[key]):
-            g = relative_gap(a[key][row], b[key][row])
-            if name is None or g > best:
-                best, name = g, key[len(prefix):]
+    for key, g in gaps.items():
+        if row < len(g) and not np.isnan(g[row]) and (name is None or g[row] > best):
+            best, name = float(g[row]), key
     return best, name
 
 
@@ -111,8 +117,9 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
             return _result(step, "update", int(m.group(2)), m.group(3), float("nan"), 0.0,
                            f"step {step}: {finding}")
     steps = len(a.get("loss", ())) if "loss" in a else 0
-    has_grads = any(k.startswith("grad/") for k in a) and any(k.startswith("grad/") for k in b)
-    g0, n0 = _worst(a, b, "param/", 0)
+    params, grads, states = (_channel(a, b, prefix) for prefix in ("param/", "grad/", "state/"))
+    has_grads = bool(grads)
+    g0, n0 = _worst(params, 0)
     if g0 > _bound_at(verdict, 0):
         return _result(0, "inputs", None, n0, g0, _bound_at(verdict, 0),
                        f"before step 1: the initial parameters differ ({n0}, gap {g0:.3g}): the runs did not start from"
@@ -123,11 +130,11 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
         bound = _bound_at(verdict, k)
         loss = _loss_at(verdict, a, b, k)
         loss_bad = loss is not None and loss[0] > loss[1]
-        gg, gn = _worst(a, b, "grad/", k - 1) if has_grads else (0.0, None)
+        gg, gn = _worst(grads, k - 1)
         grads_bad = has_grads and gg > bound
-        pg, pn = _worst(a, b, "param/", k)
+        pg, pn = _worst(params, k)
         params_bad = pg > bound
-        sg, sn = _worst(a, b, "state/", k)
+        sg, sn = _worst(states, k)
         state_bad = sg > bound
         if first is not None:
             later_bad = later_bad or grads_bad or params_bad or state_bad

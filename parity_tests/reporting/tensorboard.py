@@ -10,8 +10,8 @@ folder, so a user who already watches training in TensorBoard sees::
                                        gap/bound   the bound the verdict applied at that row
                                        gap/loss    the loss's relative gap, steps 1..S (when recorded by both)
 
-The gap is the tolerance model's: ``||A - B||_inf / max(||A||_inf, ||B||_inf)``
-per array and row. The folder is written under a temporary name and renamed
+The gap is the tolerance model's: ``||A - B||_inf / max(||A||_inf, ||B||_inf, SCALE_FLOOR)``
+per array and row (:func:`parity_tests.judging.localise.row_gaps`). The folder is written under a temporary name and renamed
 into place, so an interrupted run leaves nothing half-written.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.judging.localise import relative_gap
+from parity_tests.judging.localise import row_gaps
 from parity_tests.judging.theory import keras_rounds_hyperparameters
 
 __all__ = ["write_tensorboard", "run_folder"]
@@ -79,12 +79,11 @@ def write_tensorboard(result: Any, out: str | Path) -> Path:
             with writer.as_default():
                 for key in sorted(set(a) & set(b)):
                     if key.startswith(("param/", "state/")):
-                        _scalars(f"gap/{key.partition('/')[2]}",
-                                 [relative_gap(x, y) for x, y in zip(a[key], b[key], strict=False)], 0)
+                        _scalars(f"gap/{key.partition('/')[2]}", row_gaps(a[key], b[key]), 0)
                 rows = len(a["loss"]) + 1
                 bound = pair.verdict.per_step_bound
                 _scalars("gap/bound", bound if bound is not None else np.full(rows, pair.verdict.bound), 0)
-                _scalars("gap/loss", [relative_gap(x, y) for x, y in zip(a["loss"], b["loss"], strict=False)], 1)
+                _scalars("gap/loss", row_gaps(a["loss"], b["loss"]), 1)
             writer.close()
         if out.exists():
             shutil.rmtree(out)

@@ -30,7 +30,7 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.contract.specs import param_specs
 from parity_tests.contract.trajectory import Trajectory
 
-__all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "file_digest", "assemble", "replica_divergence",
+__all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
            "plugin_failure", "MARK", "KINDS"]
 
 MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
@@ -64,15 +64,6 @@ class PluginTarget:
 def is_plugin_name(name: str) -> bool:
     """``file.py:fn`` or ``module:fn`` (and not ``recorded:...``)."""
     return ":" in name and not name.startswith("recorded:")
-
-
-def file_digest(path: str | Path) -> str:
-    """SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _last_line(e: BaseException) -> str:
