@@ -94,6 +94,9 @@ __all__ = [
     "GradientClip",
     "clip_by_global_norm",
     "make_clip",
+    "slot_names",
+    "export_state",
+    "load_state",
 ]
 
 
@@ -461,3 +464,81 @@ def make_clip(spec: Mapping[str, Any]) -> GradientClip | None:
     if clip is None:
         return None
     return GradientClip(clip["global_norm"], clip["where"], spec["optimizer"]["semantics"])
+
+
+# ---------------------------------------------------------------- optimizer state (lockstep)
+
+#: Keras 3's slot lists by canonical slot name (``native`` semantics): the same quantities as
+#: the exact rules' slots of the same name (module docstring), in ``build``'s variable order.
+_KERAS_SLOTS = {"momentum": "momentums", "m": "_momentums", "v": "_velocities", "v_max": "_velocity_hats",
+                "square_avg": "_velocities", "grad_avg": "_average_gradients", "accumulator": "_accumulators"}
+
+
+def slot_names(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The canonical slot names of a validated ``optimizer`` section (shared with ``torchref.optimizers``).
+
+    ``sgd``: none; ``momentum``/``nesterov``: ``momentum``; ``adam``/``adamw``: ``m``, ``v``
+    (``amsgrad``: also ``v_max``); ``rmsprop``: ``square_avg`` (centered: ``grad_avg``; momentum
+    > 0: ``momentum``); ``adagrad``: ``accumulator``. Under ``semantics: torch`` a slot holds
+    torch's quantity and under ``tf`` Keras', so both frameworks load the same numbers for
+    the same case. Under ``native`` the two frameworks' momentum buffers differ by a factor
+    ``-lr`` (Keras' velocity holds the learning rate): ``parity_tests.running.lockstep``
+    refuses those cases rather than convert.
+    """
+    name = spec["name"]
+    if name in ("momentum", "nesterov"):
+        return ("momentum",)
+    if name in ("adam", "adamw"):
+        return ("m", "v")
+    if name == "amsgrad":
+        return ("m", "v", "v_max")
+    if name == "rmsprop":
+        return ("square_avg",) + (("grad_avg",) if spec["centered"] else ()) + (("momentum",) if spec["momentum"] else ())
+    if name == "adagrad":
+        return ("accumulator",)
+    return ()
+
+
+def _slot_vars(opt: Optimizer, slot: str) -> list[tf.Variable]:
+    if isinstance(opt, KerasOptimizer):
+        return list(getattr(opt.opt, _KERAS_SLOTS[slot]))
+    return opt.slots[slot]
+
+
+def _counter(opt: Optimizer) -> tf.Variable:
+    return opt.opt.iterations if isinstance(opt, KerasOptimizer) else opt.t
+
+
+def export_state(opt: Optimizer, names: Sequence[str], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The optimizer's state after its last update, as plain numpy data.
+
+    Args:
+        opt: a built optimizer of :func:`make_optimizer`.
+        names: the canonical parameter names, in the order ``opt.build`` got the variables.
+        spec: the validated ``optimizer`` section.
+    Returns:
+        ``{"step": t, "slots": {slot: {name: array}}}``: ``t`` updates applied so far (the
+        schedule's position: the next update is step ``t + 1``), slots in canonical (TensorFlow)
+        layouts, the parameters' dtype.
+    """
+    slots = {s: {n: v.numpy() for n, v in zip(names, _slot_vars(opt, s), strict=True)} for s in slot_names(spec)}
+    return {"step": int(_counter(opt).numpy()), "slots": slots}
+
+
+def load_state(opt: Optimizer, names: Sequence[str], spec: Mapping[str, Any], state: Mapping[str, Any] | None) -> None:
+    """Set a built optimizer to ``state`` (as :func:`export_state` gives it, in any float dtype).
+
+    ``None`` leaves the fresh state (step 0, slots at their initial values). Every slot
+    :func:`slot_names` lists must be given when ``step > 0``.
+    """
+    if state is None:
+        return
+    _counter(opt).assign(int(state["step"]))
+    for s in slot_names(spec):
+        given = state["slots"].get(s)
+        if given is None:
+            if state["step"]:
+                raise ValueError(f"optimizer state at step {state['step']} lacks slot {s!r}")
+            continue
+        for n, v in zip(names, _slot_vars(opt, s), strict=True):
+            v.assign(tf.cast(given[n], v.dtype))

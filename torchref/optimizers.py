@@ -33,9 +33,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["make_optimizer", "make_scheduler", "lr_at", "KerasRule", "clip_grads"]
+__all__ = ["make_optimizer", "make_scheduler", "lr_at", "KerasRule", "clip_grads", "slot_names", "export_state",
+           "load_state", "exported"]
 
 
 def lr_at(schedule: Mapping[str, Any], lr: float, t: int) -> float:
@@ -182,3 +184,102 @@ def clip_grads(params: Iterable[torch.Tensor], clip_norm: float, semantics: str)
     scale = clip_norm * torch.minimum(1.0 / norm, torch.tensor(1.0 / clip_norm, dtype=norm.dtype))
     for g in grads:
         g.mul_(scale)
+
+
+# ---------------------------------------------------------------- optimizer state (lockstep)
+
+
+def slot_names(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The canonical slot names of a validated ``optimizer`` section (the same table as ``tfpar.optimizers``).
+
+    ``sgd``: none; ``momentum``/``nesterov``: ``momentum``; ``adam``/``adamw``: ``m``, ``v``
+    (``amsgrad``: also ``v_max``); ``rmsprop``: ``square_avg`` (centered: ``grad_avg``;
+    momentum > 0: ``momentum``); ``adagrad``: ``accumulator``.
+    """
+    name = spec["name"]
+    if name in ("momentum", "nesterov"):
+        return ("momentum",)
+    if name in ("adam", "adamw"):
+        return ("m", "v")
+    if name == "amsgrad":
+        return ("m", "v", "v_max")
+    if name == "rmsprop":
+        return ("square_avg",) + (("grad_avg",) if spec["centered"] else ()) + (("momentum",) if spec["momentum"] else ())
+    if name == "adagrad":
+        return ("accumulator",)
+    return ()
+
+
+def _state_keys(opt: torch.optim.Optimizer, spec: Mapping[str, Any]) -> dict[str, str]:
+    """Canonical slot name -> the key of ``opt.state[p]`` that holds it (torch's classes or :class:`KerasRule`)."""
+    if isinstance(opt, KerasRule):
+        keys = {"momentum": "momentum" if spec["name"] == "rmsprop" else "v", "m": "m", "v": "v", "v_max": "v_hat",
+                "square_avg": "square_avg", "grad_avg": "grad_avg", "accumulator": "accumulator"}
+    else:
+        keys = {"momentum": "momentum_buffer", "m": "exp_avg", "v": "exp_avg_sq", "v_max": "max_exp_avg_sq",
+                "square_avg": "square_avg", "grad_avg": "grad_avg", "accumulator": "sum"}
+    return {s: keys[s] for s in slot_names(spec)}
+
+
+def export_state(opt: torch.optim.Optimizer, named: Mapping[str, torch.Tensor], spec: Mapping[str, Any],
+                 step: int) -> dict[str, Any]:
+    """The optimizer's state after ``step`` updates, as plain numpy data.
+
+    Args:
+        opt: the optimizer of :func:`make_optimizer` over ``named``'s parameters.
+        named: canonical name -> parameter (the torch models keep TensorFlow layouts).
+        spec: the validated ``optimizer`` section.
+        step: the updates applied so far (``torch.optim.SGD`` keeps no counter of its own).
+    Returns:
+        ``{"step": step, "slots": {slot: {name: array}}}``, the layout of ``tfpar.optimizers.export_state``.
+    """
+    slots: dict[str, dict[str, Any]] = {}
+    for s, key in _state_keys(opt, spec).items():
+        slots[s] = {n: opt.state[p][key].detach().numpy().copy() for n, p in named.items() if key in opt.state[p]}
+    return {"step": int(step), "slots": {s: v for s, v in slots.items() if v}}
+
+
+@torch.no_grad()
+def load_state(opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler | None,
+               named: Mapping[str, torch.Tensor], spec: Mapping[str, Any], state: Mapping[str, Any] | None) -> None:
+    """Set a fresh optimizer (and its scheduler) to ``state`` after ``state["step"] = t`` updates.
+
+    Slots become ``opt.state[p]`` entries in the parameter's dtype; torch's step counters
+    (Adam, RMSprop, Adagrad: a float tensor ``step``; :class:`KerasRule`: ``t``) are set to ``t``;
+    the scheduler is moved to where ``t`` calls of ``sched.step()`` leave it, so the next
+    update runs with ``lr_at(schedule, lr, t + 1)``. ``None`` or ``t = 0`` keeps the fresh state.
+    """
+    if state is None or not state["step"]:
+        return
+    t = int(state["step"])
+    keys = _state_keys(opt, spec)
+    counted = not isinstance(opt, (torch.optim.SGD, KerasRule))
+    for n, p in named.items():
+        st = opt.state[p]
+        for s, key in keys.items():
+            st[key] = torch.as_tensor(state["slots"][s][n], dtype=p.dtype).clone()
+        if isinstance(opt, KerasRule):
+            st["t"] = t
+        elif counted:
+            # torch keeps a float32 tensor (float64 under a float64 default dtype); t is exact in both
+            st["step"] = torch.tensor(float(t), dtype=torch.get_default_dtype())
+    if sched is not None:
+        sched.last_epoch = t
+        for g, base, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            g["lr"] = base * fn(t)  # what LambdaLR.get_lr gives after t steps
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
+def exported(opt: torch.optim.Optimizer, named: Mapping[str, torch.Tensor], payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Trajectory entries with the optimizer's final state, when the payload asks (``export_opt_state``), else ``{}``.
+
+    ``opt/step`` (the updates applied, counting those of the start state ``payload["opt_state"]``)
+    and ``opt/<slot>/<name>``, flat so that they travel with the trajectory's arrays.
+    """
+    if not payload.get("export_opt_state"):
+        return {}
+    spec = payload["spec"]
+    st = export_state(opt, named, spec["optimizer"], (payload.get("opt_state") or {}).get("step", 0) + spec["steps"])
+    out = {"opt/step": np.asarray(st["step"], np.int64)}
+    out.update({f"opt/{s}/{n}": a for s, arrays in st["slots"].items() for n, a in arrays.items()})
+    return out

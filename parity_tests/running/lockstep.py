@@ -1,0 +1,495 @@
+"""Lockstep judging (``tfpar compare --lockstep``): every step from the reference's state of the step before.
+
+A free run lets errors compound: in a chaotic float32 run (a long run, a large learning
+rate) rounding grows past any bound, and a semantic difference that starts at step 40
+hides behind the rounding that grew from step 1. In lockstep, step ``k`` of every
+implementation starts from the *reference's* parameters, non-trainable state (batch-norm
+moving statistics) and optimizer state (slots, step counter, hence the schedule's
+position) after step ``k - 1``, and only that one step is judged::
+
+    S_0        = the case's initial values, a fresh optimizer
+    S_k        = Ref(S_{k-1}, batch k)                  the reference's own sequence
+    gap_k(X)   = gap(Ref(S_{k-1}, batch k), X(S_{k-1}, batch k))
+
+so a gap cannot be carried from one step into the next. The first step whose one-step
+gap exceeds its bound is the first bad step (CONTRACT §6 ``first_bad_step``).
+
+Design: one-step runs from a start state carried in the payload (not a bisection by
+replay from recorded states: a bisection needs the states anyway, judges ``log2 T`` steps
+where this judges all ``T`` and so also gives the per-step curve, and would stop at *a*
+bad step where the curve shows every one). The reference's sequence is its own lockstep
+chain: on ``tf.towers``/``tf.single`` one trainer runs on and exports its optimizer state
+after every step (:mod:`tfpar.lockstep`), elsewhere each one-step run starts from the
+previous one's result. That chain is bit for bit the reference's free run (loading a state
+is exact), so the reference's one-step gap against itself is 0 by construction.
+
+Bounds, per step (``docs/lockstep.md``):
+
+* float64 case: the float64 rule of :func:`~parity_tests.judging.tolerance.judge_float64`
+  on the two one-step runs (bound ``FLOAT64_RTOL``, derived for up to 200 steps: one step
+  is far inside it; the loss's bound is ``FLOAT64_RTOL`` since both start alike).
+* float32 case: the float32 rule of :func:`~parity_tests.judging.tolerance.judge_float32`
+  with one-step float64 runs *from the same float32 start state* (exact in float64)::
+
+      floor_X[k] = gap(X32(S_{k-1}), X64(S_{k-1}))
+      bound[k]   = 2 max(floor_Ref[k], floor_X[k]) + 4 * 2**-24
+
+  The triangle inequality through the two float64 one-step runs holds exactly as in the
+  free rule, since all four runs start from the same numbers; the float64 one-step runs
+  are judged by the float64 rule first.
+
+Supported: ``data.order: split``, ``parallel.combine`` ``grad_mean``/``loss_mean``. The
+optimizer state is loaded and exported by ``tf.towers``, ``tf.single``, ``torch.ddp`` and
+``torch.single`` (``tfpar.optimizers.load_state``, ``torchref.optimizers.load_state``);
+every other implementation (``tf.v1``, ``tf.mirrored``, plugins) takes part when the case's
+optimizer has no state (``sgd`` with a constant schedule), where a one-step run from
+``run.initial`` is already lockstep. Native momentum buffers differ between the frameworks
+by a factor ``-lr``: such cases are refused (``semantics: tf`` or ``torch`` run them).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from parity_tests.contract.case import Case
+from parity_tests.contract.errors import CaseError
+from parity_tests.contract.generators import dropout_masks
+from parity_tests.judging.compare import relative_gap
+from parity_tests.judging.judge import CaseResult, _keras_mapped, compare_case
+from parity_tests.judging.theory import keras_rounds_hyperparameters, predict
+from parity_tests.judging.tolerance import (
+    FLOAT32_ABS_FLOOR,
+    FLOAT32_FACTOR,
+    FLOAT64_RTOL,
+    RULE_FLOAT32,
+    RULE_FLOAT64,
+    SCALE_FLOOR,
+    judge_float32,
+    judge_float64,
+)
+from parity_tests.running import registry
+from parity_tests.running.harness import check_dtypes, run_impl
+
+__all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
+           "one_step_runs"]
+
+#: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`)
+STEPWISE = ("tf.towers", "tf.single")
+#: load and export optimizer state, so they take part whatever the optimizer
+STATEFUL = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+Runner = Callable[[Case, str], dict[str, np.ndarray]]
+BAD = ("divergence", "error")
+
+
+@dataclass
+class _Lockstep(Case):
+    """A case whose payload carries lockstep's extras (a start state, the plan of a stepwise run)."""
+
+    masks: dict[str, np.ndarray] | None = field(default=None)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, Any]:
+        p = super().payload()
+        if self.masks is not None:  # step k's rows of the whole case's masks (a 1-step spec would draw others)
+            p["masks"] = self.masks
+        p.update(self.extra)
+        return p
+
+
+def _stateless(spec: Mapping[str, Any]) -> bool:
+    opt = spec["optimizer"]
+    return opt["name"] == "sgd" and (opt.get("schedule") or {"kind": "constant"})["kind"] == "constant"
+
+
+def check_lockstep(case: Case, impls: list[str]) -> None:
+    """Refuse, before anything runs, what lockstep cannot do (one line naming the field).
+
+    Raises:
+        CaseError: ``data.order`` not ``split``, ``parallel.combine`` not ``grad_mean``/``loss_mean``,
+            a recorded run, an implementation that cannot load optimizer state for a case whose
+            optimizer has one, a float32 case on an implementation that cannot run float64, or
+            ``native`` momentum buffers (different quantities per framework).
+    """
+    spec = case.spec
+    order = spec["data"].get("order", "split")
+    if order != "split":
+        raise CaseError("data.order", "split for --lockstep (step k's rows must be known without the sampler's epochs)",
+                        order)
+    combine = spec["parallel"]["combine"]
+    if combine not in ("grad_mean", "loss_mean"):
+        raise CaseError("parallel.combine", "grad_mean or loss_mean for --lockstep (with param_mean and async each"
+                                            " device holds its own parameters: no single start state)", combine)
+    opt = spec["optimizer"]
+    if opt["semantics"] == "native" and (opt["name"] in ("momentum", "nesterov")
+                                         or (opt["name"] == "rmsprop" and opt["momentum"])):
+        raise CaseError("optimizer.semantics", "tf or torch for --lockstep with a momentum buffer (native Keras'"
+                                               " velocity holds the learning rate, torch's buffer does not)", "native")
+    for name in impls:
+        found = registry.resolve(name, "--impls")
+        if not found.rerunnable:
+            raise CaseError("--impls", f"implementations that can run from a start state for --lockstep ({name} is"
+                                       " a recorded run)", name)
+        if spec["dtype"] == "float32" and "float64" not in found.dtypes:
+            raise CaseError("dtype", f"float64 among the dtypes {name} declares, for --lockstep on a float32 case (each"
+                                     " step's float32 bound is measured against one-step float64 runs)", spec["dtype"])
+        if not _stateless(spec) and name not in STATEFUL:
+            raise CaseError("optimizer", f"sgd with a constant schedule for --lockstep with {name} (only "
+                                         f"{', '.join(STATEFUL)} load optimizer state)", opt["name"])
+
+
+def _start(traj: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The state after a one-step trajectory: ``{"init": {name: array}, "opt": {"step", "slots"} | None}``."""
+    init = {k.split("/", 1)[1]: np.asarray(v[-1]) for k, v in traj.items() if k.startswith(("param/", "state/"))}
+    if "opt/step" not in traj:
+        return {"init": init, "opt": None}
+    slots: dict[str, dict[str, np.ndarray]] = {}
+    for k, v in traj.items():
+        if k.startswith("opt/") and k != "opt/step":
+            _, slot, name = k.split("/", 2)
+            slots.setdefault(slot, {})[name] = np.asarray(v)
+    return {"init": init, "opt": {"step": int(traj["opt/step"]), "slots": slots}}
+
+
+def _judged(traj: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A one-step trajectory without the optimizer-state entries (not judged: parameters carry their effect)."""
+    return {k: v for k, v in traj.items() if not k.startswith("opt/")}
+
+
+def _one_step(case: Case, k: int, start: Mapping[str, Any], masks: Mapping[str, np.ndarray]) -> _Lockstep:
+    """``case``'s step ``k`` (from 0) alone, from ``start``: data rows ``[kB, (k+1)B)``, ``steps: 1``."""
+    b = case.spec["data"]["global_batch"]
+    rows = slice(k * b, (k + 1) * b)
+    spec = copy.deepcopy(case.spec)
+    spec["steps"] = 1
+    init = {n: np.asarray(start["init"][n], np.float64) for n in case.init}
+    return _Lockstep(spec=spec, x=case.x[rows], y=case.y[rows], init=init,
+                     w=None if case.w is None else case.w[rows], masks={i: m[rows] for i, m in masks.items()},
+                     extra={"opt_state": start["opt"], "export_opt_state": True})
+
+
+def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
+                  runner: Runner | None = None) -> list[dict[str, np.ndarray]]:
+    """Step ``k`` of ``case`` on ``impl`` from ``starts[k]``, for every ``k``; ``starts=None``: ``impl``'s own chain.
+
+    Args:
+        case: the case (its dtype is the runs' dtype).
+        impl: an implementation name.
+        starts: ``steps`` start states (:func:`_start` of the reference's run of the step before;
+            ``None`` entries' optimizer: fresh), or ``None`` for the chain (each step from the
+            previous result: the reference's own sequence).
+        runner: ``runner(case, impl) -> trajectory`` (default :func:`harness.run_impl`).
+    Returns:
+        ``steps`` one-step trajectories (``loss`` [1], ``param/*`` [2, ...], ``grad/*`` [1, ...],
+        ``state/*`` [2, ...], ``opt/*`` the optimizer state after the step where exported).
+    """
+    runner = runner or run_impl
+    steps = case.spec["steps"]
+    if impl in STEPWISE:
+        plan = None if starts is None else [{"init": s["init"], "opt": s["opt"]} for s in starts]
+        whole = _Lockstep(spec=case.spec, x=case.x, y=case.y, init=case.init, w=case.w,
+                          extra={"lockstep": {"starts": plan}})
+        out = runner(whole, impl)
+        return [{k[len("lockstep/"):]: v[i] for k, v in out.items() if k.startswith("lockstep/")} for i in range(steps)]
+    masks = dropout_masks(case.spec)
+    runs: list[dict[str, np.ndarray]] = []
+    start = {"init": case.init, "opt": None}
+    for k in range(steps):
+        if starts is not None:
+            start = starts[k]
+        traj = dict(runner(_one_step(case, k, start, masks), impl))
+        runs.append(traj)
+        if starts is None:
+            start = _start(traj)
+    return runs
+
+
+@dataclass
+class LockstepPair:
+    """Lockstep's verdict on ``impl`` against ``reference``, step by step.
+
+    Attributes:
+        status: ``parity``, ``divergence``, ``expected_difference`` (theory predicts one),
+            ``unexpected_parity`` or ``error``.
+        rule: ``float64 bound`` or ``float32 noise floor`` (applied to each step's one-step runs).
+        one_step_gap, bound: ``[steps]`` each step's one-step gap and its bound (the channel,
+            parameters or loss, nearest its bound).
+        step_status: ``[steps]`` each step's verdict.
+        free_gap, free_bound: ``[steps]`` the free run's accumulated gap after each step and its bound.
+        first_bad_step: the first step (from 1) whose one-step gap exceeds its bound, or ``None``.
+        key, detail: the array and the message of that step's verdict.
+    """
+
+    reference: str
+    impl: str
+    status: str
+    rule: str
+    one_step_gap: np.ndarray
+    bound: np.ndarray
+    step_status: list[str]
+    free_gap: np.ndarray
+    free_bound: np.ndarray
+    first_bad_step: int | None = None
+    key: str | None = None
+    detail: str = ""
+    #: the first bad step's one-step runs and verdict ``(ref, impl, verdict)``, for its localisation
+    first_runs: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "impl": self.impl, "status": self.status, "rule": self.rule,
+                "one_step_gap": self.one_step_gap, "bound": self.bound, "step_status": self.step_status,
+                "free_gap": self.free_gap, "free_bound": self.free_bound, "first_bad_step": self.first_bad_step,
+                "key": self.key, "detail": self.detail}
+
+
+@dataclass
+class LockstepResult:
+    """The free comparison and lockstep's per-step verdicts (``pairs[i]`` judges ``free.pairs[i]``'s pair)."""
+
+    free: CaseResult
+    pairs: list[LockstepPair]
+    seconds_free: float = 0.0
+    seconds_lockstep: float = 0.0
+
+    @property
+    def parity(self) -> bool:
+        """Every pair at parity in lockstep (``tfpar compare --lockstep``'s exit status 0)."""
+        return all(p.status == "parity" for p in self.pairs)
+
+    @property
+    def as_expected(self) -> bool:
+        return all(p.status in ("parity", "expected_difference") for p in self.pairs)
+
+    def summary(self) -> str:
+        """The free comparison's table, then one lockstep line per pair."""
+        w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])
+        rows = [self.free.summary(), f"lockstep (every step from {self.pairs[0].reference}'s state of the step before):"
+                if self.pairs else "lockstep: no pairs",
+                f"{'pair':<{w}} {'verdict':<20} {'first bad step':>14} {'worst gap/bound':>16} {'free gap/bound':>15}"]
+        for p in self.pairs:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                worst = float(np.nanmax(p.one_step_gap / p.bound)) if p.bound.size else 0.0
+                free = float(np.nanmax(p.free_gap / p.free_bound)) if p.free_bound.size else 0.0
+            first = "-" if p.first_bad_step is None else str(p.first_bad_step)
+            rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {p.status:<20} {first:>14} {worst:>16.3g} {free:>15.3g}")
+            if p.first_bad_step is not None:
+                rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
+        verdict = "PARITY" if self.parity else ("DIVERGENCE (as theory predicts)" if self.as_expected else "DIVERGENCE")
+        rows.append(f"lockstep verdict: {verdict} (free {self.seconds_free:.1f} s, lockstep {self.seconds_lockstep:.1f} s)")
+        return "\n".join(rows)
+
+    def plot(self) -> bytes:
+        """PNG: one panel per pair, the one-step gap and its bound beside the free run's gap and bound, per step."""
+        import io
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, max(len(self.pairs), 1), figsize=(5.0 * max(len(self.pairs), 1), 3.4), squeeze=False)
+        for ax, p in zip(axes[0], self.pairs, strict=False):
+            steps = np.arange(1, len(p.step_status) + 1)
+            tiny = 1e-18  # an exact zero on the log scale
+            for values, style, label in ((p.one_step_gap, "-", "one-step gap (lockstep)"), (p.bound, "--", "its bound"),
+                                         (p.free_gap, "-", "free-run gap"), (p.free_bound, "--", "free-run bound")):
+                color = "tab:blue" if "free" not in label else "tab:gray"
+                ax.semilogy(steps, np.maximum(np.nan_to_num(np.asarray(values, float), nan=tiny), tiny), style,
+                            color=color, label=label, linewidth=1.1, marker="." if style == "-" else None, markersize=3)
+            if p.first_bad_step is not None:
+                ax.axvline(p.first_bad_step, color="tab:red", linewidth=0.8, label=f"first bad step {p.first_bad_step}")
+            ax.set_title(f"{p.reference} vs {p.impl}"[:70], fontsize=8)
+            ax.set_xlabel("step")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel("relative gap")
+        axes[0][0].legend(fontsize=7, frameon=False)
+        fig.suptitle(f"{self.free.case.name}: lockstep one-step gaps beside the free run", fontsize=10)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        return buf.getvalue()
+
+    def markdown(self) -> str:
+        """The lockstep section of ``report.md``: one verdict line per pair, then the per-step table."""
+        lines = ["", "## Lockstep", "",
+                 f"Every step k of every implementation started from {self.pairs[0].reference if self.pairs else '-'}'s"
+                 " parameters, state and optimizer state after step k-1; one-step gap against its bound, beside the"
+                 " free run's accumulated gap (docs/lockstep.md).", "", "![lockstep](lockstep.png)", "",
+                 "| pair | lockstep verdict | first bad step | rule |", "| --- | --- | --- | --- |"]
+        for p in self.pairs:
+            lines.append(f"| {p.reference} vs {p.impl} | {p.status} | {p.first_bad_step or '-'} | {p.rule} |")
+        for p in self.pairs:
+            lines += ["", f"### {p.reference} vs {p.impl}", "",
+                      "| step | one-step gap | bound | verdict | free-run gap | free bound |", "| --- | --- | --- | --- | --- | --- |"]
+            for k in range(len(p.step_status)):
+                lines.append(f"| {k + 1} | {p.one_step_gap[k]:.3g} | {p.bound[k]:.3g} | {p.step_status[k]} | "
+                             f"{p.free_gap[k]:.3g} | {p.free_bound[k]:.3g} |")
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.free.to_dict(), "lockstep": {"parity": self.parity, "seconds": round(self.seconds_lockstep, 3),
+                                                    "pairs": [p.to_dict() for p in self.pairs]}}
+
+
+def _row_gap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], scales: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``max_p ||a_p[k] - b_p[k]||_inf / d_p[k]`` over the ``param/`` and ``state/`` arrays (the tolerance model's gap)."""
+    return np.max([relative_gap(a[k], b[k], scale=d, scale_floor=SCALE_FLOOR) for k, d in scales.items()], axis=0)
+
+
+def _free_curves(free: CaseResult, ref: str, impl: str, side: str | None, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The free run's accumulated gap after steps 1..T and its bound.
+
+    float32 case: the float32 rule's gap between the two float32 runs and its bound
+    ``2 max(floor_A, floor_B) + 4 * 2**-24`` (each side's float32-vs-float64 gap), with the
+    tolerance model's shared denominator, whichever rule decided the free verdict (in a
+    chaotic run the float64 rule decides, and its gap is not the float32 one).
+    float64 case: the float64 rule's gap, bound ``FLOAT64_RTOL``.
+    """
+    nan = np.full(steps, np.nan)
+    pair = next((p for p in free.pairs if p.impl == impl), None)
+    if pair is None:  # no free comparison was asked for
+        return nan, nan
+    t = free.trajectories
+
+    def run(name: str, variant: str) -> Mapping[str, np.ndarray] | None:
+        mapped = t.get(f"{name}@{variant}+keras-f32") if side == name and variant == "float64" else None
+        return mapped if mapped is not None else t.get(f"{name}@{variant}")
+
+    dtype = free.case.spec["dtype"]
+    a, b, a64, b64 = run(ref, dtype), run(impl, dtype), run(ref, "float64"), run(impl, "float64")
+    if any(r is None for r in (a, b, a64, b64)):
+        return nan, nan
+    keys = sorted(k for k in a if k.startswith(("param/", "state/")) and k in b)
+    scales = {k: np.maximum(np.maximum(np.abs(a64[k]).reshape(len(a64[k]), -1).max(axis=1),
+                                       np.abs(b64[k]).reshape(len(b64[k]), -1).max(axis=1)), SCALE_FLOOR)
+              for k in keys}
+    gap = _row_gap(a, b, scales)[1:steps + 1]
+    if dtype == "float64":
+        return gap, np.full(steps, FLOAT64_RTOL)
+    with np.errstate(invalid="ignore"):
+        floor = np.fmax(_row_gap(a, a64, scales), _row_gap(b, b64, scales))[1:steps + 1]
+    return gap, FLOAT32_FACTOR * floor + FLOAT32_ABS_FLOOR
+
+
+def _renumber(text: str, step: int) -> str:
+    """A one-step verdict's text with its "step 1" (the only step of that run) named as the case's step."""
+    return re.sub(r"\bstep 1\b", f"step {step}", text)
+
+
+def _judge_steps(ref: str, impl: str, dtype: str, a: list, b: list, a64: list | None, b64: list | None,
+                 differ: bool, known: tuple[str, ...], free: CaseResult, side: str | None) -> LockstepPair:
+    steps = len(b)
+    gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
+    for k in range(steps):
+        if dtype == "float64":
+            v = judge_float64(_judged(a[k]), _judged(b[k]), known_differences=known)
+        else:
+            v = judge_float32(_judged(a[k]), _judged(b[k]), a64=_judged(a64[k]), b64=_judged(b64[k]),
+                              known_differences=known)
+        gaps[k], bounds[k] = v.gap, v.bound
+        status.append(v.status)
+        verdicts.append(v)
+    bad = [k for k, s in enumerate(status) if s in BAD]
+    overall = status[bad[0]] if bad else "parity"
+    if differ:
+        overall = "expected_difference" if overall == "divergence" else ("unexpected_parity" if not bad else overall)
+    free_gap, free_bound = _free_curves(free, ref, impl, side, steps)
+    pair = LockstepPair(ref, impl, overall, RULE_FLOAT64 if dtype == "float64" else RULE_FLOAT32, gaps, bounds,
+                        status, free_gap, free_bound)
+    if bad:
+        k = bad[0]
+        pair.first_bad_step, pair.key, pair.detail = k + 1, verdicts[k].key, _renumber(verdicts[k].detail, k + 1)
+        pair.first_runs = (a[k], b[k], verdicts[k])  # for the localisation of that step
+    return pair
+
+
+def _localise(pair: LockstepPair, free_pair: Any) -> None:
+    """The free pair's CONTRACT §6 localisation, from lockstep's first bad step (its one-step runs)."""
+    first = pair.first_runs
+    if first is None:
+        if free_pair.localisation is not None and pair.status == "parity":
+            free_pair.localisation = {**free_pair.localisation, "explanation": (
+                f"{free_pair.localisation.get('explanation', '')}; lockstep: every one-step gap within its bound, so"
+                " the free-run gap is rounding carried and amplified from step to step, not a semantic difference"
+            ).lstrip("; ")}
+        return
+    from parity_tests.judging.localise import localise
+
+    a, b, verdict = first
+    where = dict(localise(_judged(a), _judged(b), verdict))
+    where["first_bad_step"] = pair.first_bad_step
+    where["explanation"] = f"lockstep (from {pair.reference}'s state after step {pair.first_bad_step - 1}): " + (
+        _renumber(str(where.get("explanation") or ""), pair.first_bad_step) or pair.detail.splitlines()[0])
+    free_pair.localisation = where
+
+
+def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = None,
+                     progress: Callable[[str], None] | None = None, free: bool = True) -> LockstepResult:
+    """Judge ``case`` on ``impls`` in lockstep against ``impls[0]``, beside the free comparison.
+
+    Args:
+        case: a validated case (``data.order: split``, ``grad_mean`` or ``loss_mean``).
+        impls: two or more implementation names; the first is the reference.
+        runner: ``runner(case, impl) -> trajectory`` (default :func:`harness.run_impl`).
+        progress: called with a label before each group of runs.
+        free: also run the free comparison (:func:`compare_case`) for the accumulated-gap curve.
+    Returns:
+        a :class:`LockstepResult`; ``result.free`` is what ``compare_case`` gives, with each
+        pair's localisation taken from lockstep's first bad step.
+    Raises:
+        CaseError: what lockstep does not support (:func:`check_lockstep`), or what the
+            implementations refuse.
+    """
+    if len(impls) < 2:
+        raise CaseError("--impls", "at least two implementations to compare", ",".join(impls))
+    check_dtypes(case, impls)
+    if case.spec["dtype"] == "mixed_bfloat16":  # its steps are judged against float64 runs: no bfloat16 floor
+        raise CaseError("dtype", "float32 or float64 with --lockstep (mixed_bfloat16 is judged without it:"
+                                 " docs/mixed-precision.md)", case.spec["dtype"])
+    check_lockstep(case, impls)
+    note = progress or (lambda _label: None)
+    t0 = time.perf_counter()
+    free_result = compare_case(case, impls, runner=runner) if free else CaseResult(case, list(impls), [])
+    t1 = time.perf_counter()
+    dtype, ref = case.spec["dtype"], impls[0]
+    f64 = case if dtype == "float64" else case.replace(dtype="float64")
+    note(f"{ref}@{dtype} lockstep chain")
+    chain = one_step_runs(case, ref, None, runner=runner)
+    starts = [{"init": case.init, "opt": None}] + [_start(t) for t in chain[:-1]]
+    runs64: dict[tuple[str, bool], list] = {}
+
+    def float64_runs(impl: str, mapped: bool) -> list:
+        """``impl``'s float64 one-step runs from the reference's starts (float32 starts: exact in float64)."""
+        if (impl, mapped) not in runs64:
+            c = _keras_mapped(f64)[0] if mapped else f64
+            if dtype == "float64" and impl == ref and not mapped:
+                runs64[(impl, mapped)] = chain
+            else:
+                note(f"{impl}@float64" + (" keras-mapped" if mapped else "") + " one-step runs")
+                runs64[(impl, mapped)] = one_step_runs(c, impl, starts, runner=runner)
+        return runs64[(impl, mapped)]
+
+    pairs = []
+    for impl in impls[1:]:
+        pred = predict(f64.spec, ref, impl)
+        side = keras_rounds_hyperparameters(f64.spec, ref, impl)
+        known = pred.known + pred.expected
+        a64, b64 = float64_runs(ref, side == ref), float64_runs(impl, side == impl)
+        if dtype == "float64":
+            pair = _judge_steps(ref, impl, dtype, a64, b64, None, None, pred.differ, known, free_result, side)
+        else:
+            note(f"{impl}@float32 one-step runs")
+            b32 = one_step_runs(case, impl, starts, runner=runner)
+            pair = _judge_steps(ref, impl, dtype, chain, b32, a64, b64, pred.differ, known, free_result, side)
+        for fp in free_result.pairs:
+            if fp.impl == impl:
+                _localise(pair, fp)
+        pairs.append(pair)
+    return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)
