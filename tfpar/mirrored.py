@@ -72,7 +72,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .devices import tower_devices
+from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss
 from .models import apply_layer, build_variables, is_state, layer_device, update_moving
@@ -197,13 +197,37 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     return h
 
 
-def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+def _across_workers(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy``'s replicas live in several processes (``MultiWorkerMirroredStrategy``
+    with a cluster): then a worker holds only its own replicas' copies, and reading "replica 0"
+    or checking that every copy agrees takes a collective (``strategy.gather``)."""
+    return strategy.num_replicas_in_sync > len(strategy.extended.worker_devices)
+
+
+def _gather_copies(strategy: tf.distribute.Strategy, variables: list[tf.Variable]) -> Callable[[], list[tf.Tensor]]:
+    """A function returning, per variable, every replica's copy flattened: ``[replicas, size]``
+    (global replica order: worker 0's replicas first), the same on every worker."""
+
+    @tf.function
+    def gather() -> list[tf.Tensor]:
+        per = strategy.run(lambda: [tf.reshape(tf.identity(v), [1, -1]) for v in variables])
+        return [strategy.gather(p, axis=0) for p in per]
+
+    return gather
+
+
+def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None,
+                 strategy: tf.distribute.Strategy | None = None) -> dict[str, np.ndarray]:
     """Run a validated case through ``MirroredStrategy`` and record its trajectory.
 
     Args:
         payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``
             (plus ``masks`` and ``w`` for dropout and sample weights).
         progress: called with the number of steps done.
+        strategy: the strategy to run under (default: :func:`make_strategy` over the first
+            N tower devices). ``tf.multiworker`` passes a ``MultiWorkerMirroredStrategy``
+            (:mod:`tfpar.multiworker`) whose ``num_replicas_in_sync`` is N: the same loop,
+            every process holding its own replicas; replica r (global) gets shard r.
     Returns:
         ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``
         and ``state/<name>`` ``[steps+1, ...]`` for batch-norm moving statistics;
@@ -219,8 +243,14 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     model, par, batch = spec["model"], spec["parallel"], spec["data"]["global_batch"]
     n = par["devices"]
     bn_mode = par.get("batch_norm", "local")
-    devices = tower_devices(n)
-    strategy = make_strategy(devices)
+    if strategy is None:
+        devices = tower_devices(n)
+        strategy = make_strategy(devices)
+    else:
+        devices = list(strategy.extended.worker_devices)  # this process's replicas' devices
+        if strategy.num_replicas_in_sync != n:
+            raise DeviceError(f"parallel.devices is {n}, but the strategy has {strategy.num_replicas_in_sync} replicas")
+    across = _across_workers(strategy)
     with strategy.scope():
         variables = build_variables(payload["init"], dtype, device=devices[0])
         names = [k for k in variables if not is_state(k)]
@@ -274,6 +304,12 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
 
     per_example: dict[int, int] = {}
 
+    def first_replica(t: Any) -> tf.Tensor:
+        # replica 0's value of a per-replica [C] tensor; across workers it lives in worker 0, so
+        # every worker gathers ([replicas * C], replica order) and takes the first C
+        local = strategy.experimental_local_results(t)[0]
+        return strategy.gather(t, axis=0)[: local.shape[0]] if across else local
+
     @tf.function
     def step(x: Any, y: Any, extras: dict[str, Any]) -> tuple[tf.Tensor, list[tf.Tensor]]:
         loss, local_grads, moments = strategy.run(replica_step, args=(x, y, extras))
@@ -292,7 +328,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         for i, layer in bn_layers.items():
             # the moving statistics: the global batch's (sync), or replica 0's (local: what
             # DDP keeps, broadcasting rank 0's buffers), written to every copy
-            mean, var = (strategy.experimental_local_results(t)[0] for t in moments[str(i)])
+            mean, var = (first_replica(t) for t in moments[str(i)])
             rows = batch if bn_mode == "sync" else sizes[0]
             update_moving(state, i, layer, mean, var, rows * per_example[i])
         return total, grads
@@ -319,7 +355,22 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             out.append(copies[0])
         return out
 
+    held = [(k, v) for k, v in zip(names, var_list, strict=True)] + list(state.items())
+    gather_all = _gather_copies(strategy, [v for _, v in held]) if across else None
+
+    def agree(step_done: int) -> None:
+        # across workers: every replica's copy, gathered, must equal replica 0's bit for bit
+        # (every worker runs this collective, in the same order, and reaches the same verdict)
+        if gather_all is None:
+            return
+        for (k, _), rows in zip(held, gather_all(), strict=True):
+            bits = rows.numpy().view(np.uint8).reshape(rows.shape[0], -1)
+            bad = [r for r in range(1, len(bits)) if not np.array_equal(bits[0], bits[r])]
+            if bad:
+                raise RuntimeError(f"replicas diverged at step {step_done}: replica {bad[0]}, parameter {k}")
+
     params = list(zip(names, var_list, strict=True))
+    agree(0)
     hist = {k: [val] for k, val in zip(names, read(params), strict=True)}
     shist = {k: [val] for k, val in zip(state, read(list(state.items())), strict=True)}
     ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
@@ -334,6 +385,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             hist[name].append(val)
         for name, val in zip(state, read(list(state.items())), strict=True):
             shist[name].append(val)
+        agree(k + 1)
         if progress:
             progress(k + 1)
     return stack_trajectory(losses, hist, ghist, shist)
