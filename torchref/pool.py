@@ -1,8 +1,9 @@
 """A persistent pool of spawned worker processes forming one torch.distributed gloo group.
 
 Starting a process group costs seconds per case on a small machine, so the pool is started
-once and reused: every world size 1..size is served by a subgroup of ranks 0..n-1 created at
-start-up. The pool only talks over loopback and a file store in a private 0700 folder.
+once and reused: every world size 1..size is served by a subgroup of ranks 0..n-1, which every
+rank creates when a job first needs it. The pool only talks over loopback and a file store in a
+private 0700 folder.
 
     with DDPPool(4, timeout=30.0) as pool:
         results = pool.run(module_level_fn, payload, world_size=2)  # [result0, result1]
@@ -39,6 +40,7 @@ import torch.distributed as dist
 
 __all__ = [
     "MAX_SIZE", "DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool",
+    "current_pool", "swap_pool",
 ]
 
 MAX_SIZE = 64  #: the largest pool size accepted
@@ -105,12 +107,7 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
         store = dist.FileStore(store_path, size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=start_td)
         groups: dict[int, Any] = {size: dist.group.WORLD}
-        for n in range(1, size):  # collective: every rank creates every group, in order
-            # new_group defaults to the backend's 30 min, not to the world's timeout.
-            groups[n] = dist.new_group(list(range(n)), timeout=start_td)
-        for n, group in groups.items():
-            if rank < n:
-                dist.distributed_c10d._set_pg_timeout(td, group)
+        dist.distributed_c10d._set_pg_timeout(td, dist.group.WORLD)
         conn.send(("ready", None))
     except BaseException:
         conn.send(("raised", traceback.format_exc()))
@@ -127,6 +124,14 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                 message = pickle.loads(data)  # fails here if fn's module is not importable
                 if message[0] == "stop":
                     stopped = True
+                    continue
+                if message[0] == "group":  # collective: every rank, in the order the parent sends them
+                    n = message[1]
+                    # new_group defaults to the backend's 30 min, not to the world's timeout.
+                    groups[n] = dist.new_group(list(range(n)), timeout=start_td)
+                    if rank < n:
+                        dist.distributed_c10d._set_pg_timeout(td, groups[n])
+                    conn.send(("ok", None))
                     continue
                 _, fn, payload, n = message
                 conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout), payload)))
@@ -188,6 +193,8 @@ class DDPPool:
         self._conns: list[Connection] = []
         self._dir: str | None = None
         self._lock = threading.RLock()  # one job (or start, or close) at a time
+        self._groups: set[int] = set()  # world sizes whose subgroup the running workers made
+        self._pending = False  # spawned by spawn(), start-up handshake not yet awaited
 
     @property
     def alive(self) -> bool:
@@ -207,17 +214,37 @@ class DDPPool:
     def start(self) -> None:
         """Spawn the workers and wait until all of them joined every group; no-op if alive."""
         with self._lock:
-            if self.alive:
+            if self.alive and not self._pending:
                 return
-            self._teardown()
+            try:
+                if not (self.alive and self._pending):  # not spawned yet, or a worker died meanwhile
+                    self._teardown()
+                    self._spawn()
+                self._gather(self.size, self.start_timeout, " during start-up")
+                self._pending = False
+            except BaseException:
+                self._teardown()
+                raise
+
+    def spawn(self) -> None:
+        """Start the workers' processes without waiting for them; the next :meth:`run` (or :meth:`start`) waits.
+
+        The workers import torch and join their process groups meanwhile, so a caller that
+        has slow work of its own to do first (importing TensorFlow) overlaps the two.
+        No-op when the pool already has workers.
+        """
+        with self._lock:
+            if self._procs:
+                return
             try:
                 self._spawn()
-                self._gather(self.size, self.start_timeout, " during start-up")
+                self._pending = True
             except BaseException:
                 self._teardown()
                 raise
 
     def _spawn(self) -> None:
+        self._groups = {self.size}  # the world group; subgroups are made as jobs need them
         ctx = mp.get_context("spawn")
         self._dir = tempfile.mkdtemp(prefix="torchref-pool-")  # mode 0700
         store_path = os.path.join(self._dir, "store")
@@ -258,6 +285,8 @@ class DDPPool:
         with self._lock:
             self.start()
             try:
+                if world_size not in self._groups:
+                    self._make_group(world_size)
                 for conn in self._conns[:world_size]:
                     with contextlib.suppress(OSError):  # a dead worker: _gather reports it
                         conn.send_bytes(message)
@@ -269,6 +298,20 @@ class DDPPool:
             except BaseException:
                 self._teardown()
                 raise
+
+    def _make_group(self, n: int) -> None:
+        """Every rank creates the subgroup of ranks 0..n-1, the first time a job needs it.
+
+        Made at start-up, every subgroup of a 64-rank pool cost each rank about 3 gloo threads a
+        group it belongs to, and the idle pool used about 1.5 of the 2-core machine's cores
+        (measured 2026-11-22, docs/large-world.md); a pool makes only the sizes its jobs use.
+        """
+        message = pickle.dumps(("group", n))
+        for conn in self._conns:
+            with contextlib.suppress(OSError):  # a dead worker: _gather reports it
+                conn.send_bytes(message)
+        self._gather(self.size, self.start_timeout, f" making the subgroup of ranks 0..{n - 1}")
+        self._groups.add(n)
 
     def _gather(self, n: int, limit: float, when: str) -> list[Any]:
         pending = dict(enumerate(self._conns[:n]))
@@ -322,6 +365,7 @@ class DDPPool:
             self._teardown()
 
     def _teardown(self) -> None:
+        self._pending = False
         procs, conns, self._procs, self._conns = self._procs, self._conns, [], []
         for proc in procs:
             if proc.is_alive():
@@ -376,11 +420,31 @@ def get_pool(size: int = 8, *, timeout: float | None = None) -> DDPPool:
             _shared.close()
             _shared = None
         if _shared is None:
-            _shared = DDPPool(size, timeout=want)
+            # start-up is CPU-bound (each rank imports torch: about 3 CPU-s a rank at 32 and
+            # 64 ranks); measured on the shared 2-core machine: 160 s at 16 ranks, 224 s
+            # at 32, so 300 s would not hold 64 ranks
+            _shared = DDPPool(size, timeout=want, start_timeout=max(300.0, 10.0 * size))
             if not _atexit_registered:
                 atexit.register(shutdown_pool)
                 _atexit_registered = True
         return _shared
+
+
+def current_pool() -> DDPPool | None:
+    """The shared pool as it is now (None before the first :func:`get_pool`); creates nothing."""
+    return _shared
+
+
+def swap_pool(pool: DDPPool | None) -> DDPPool | None:
+    """Make ``pool`` the shared one and return the previous, neither closed nor started.
+
+    For a few jobs at a world size larger than the warm pool's without losing it:
+    ``old = swap_pool(DDPPool(16))``, run, then ``swap_pool(old).close()``.
+    """
+    global _shared
+    with _shared_lock:
+        old, _shared = _shared, pool
+    return old
 
 
 def shutdown_pool() -> None:

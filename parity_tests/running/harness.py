@@ -21,12 +21,16 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.running import registry
 
-__all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout", "check_tf_devices",
-           "run_torch_job", "tf_module", "check_dtypes"]
+__all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout", "check_tf_devices", "prestart_torch",
+           "run_torch_job", "tf_module", "check_dtypes", "reserve_tf_devices", "check_torch_ranks", "RANK_MIB"]
 
 #: the built-in implementations (the registry lists every name: :func:`registry.names`)
 IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
 _POOL_TIMEOUT: float | None = None
+_TF_DEVICES = 0  # the largest tower count asked for before TensorFlow started (reserve_tf_devices)
+#: memory of one torch pool rank: 212-215 MiB unique (psutil USS) when idle at 8, 16, 32 and 64 ranks
+#: (2026-11-22, torch imported, process group joined), plus a quarter for a small model's job
+RANK_MIB = 270
 
 
 class RunError(RuntimeError):
@@ -75,7 +79,7 @@ def tf_module() -> Any:
         try:
             import tfpar
 
-            tfpar.available_devices()  # the first op logs too
+            tfpar.configure_devices(_TF_DEVICES or None)  # the first op logs too
             # every case builds its own trainer, so each traces its step once by design:
             # TensorFlow's retracing advice is noise here
             import tensorflow as tf
@@ -91,6 +95,53 @@ def tf_module() -> Any:
     return tfpar
 
 
+def reserve_tf_devices(n: int) -> None:
+    """Ask for at least ``n`` tower devices when TensorFlow starts in this process.
+
+    TensorFlow fixes its device list when its runtime starts, so the largest N a
+    run needs must be known first: ``tfpar matrix`` reserves its rows' largest N
+    before TensorFlow starts, and :func:`check_tf_devices` reserves each case's N
+    (the first case of a process starts TensorFlow). Without GPUs
+    ``tfpar`` makes 64 logical CPU devices anyway (they cost nothing measurable);
+    with GPUs this decides how many virtual GPUs are made. No effect once
+    TensorFlow has started.
+    """
+    global _TF_DEVICES
+    _TF_DEVICES = max(_TF_DEVICES, int(n))
+
+
+def check_torch_ranks(n: int, field: str = "parallel.devices") -> None:
+    """Refuse, before spawning anything, a world size whose ranks this machine cannot hold.
+
+    A pool of ``n`` ranks needs about ``n * RANK_MIB`` MiB (each rank imports torch and
+    joins the process group); a running pool of at least ``n`` ranks needs nothing more, and
+    a smaller one is closed before the larger starts, so its ranks' memory counts as free.
+
+    Raises:
+        CaseError: naming ``field``, the most ranks that fit, and the memory figures.
+    """
+    import psutil
+
+    from torchref.pool import current_pool
+
+    pool = current_pool()
+    if pool is not None and pool.size >= n and pool.alive:
+        return
+    # what the next job starts: the shared pool's size when it is large enough (a matrix creates
+    # its largest pool up front), else n ranks after the smaller pool closed
+    size = pool.size if pool is not None and pool.size >= n else n
+    free = psutil.virtual_memory().available
+    for pid in pool.pids if pool is not None and pool.size < n else []:  # closed first
+        try:
+            free += psutil.Process(pid).memory_full_info().uss
+        except (psutil.Error, OSError):
+            pass
+    fit = int(free // (RANK_MIB * 2**20))
+    if size > fit:
+        raise CaseError(field, f"at most {fit} torch ranks on this machine ({free / 2**30:.1f} GiB of memory available,"
+                               f" about {RANK_MIB} MiB per rank)", size)
+
+
 def tf_device_count() -> int:
     """How many tower devices this process has (configures TensorFlow's devices)."""
     return len(tf_module().available_devices())
@@ -98,11 +149,14 @@ def tf_device_count() -> int:
 
 def check_tf_devices(case: Case, impl: str, *, towers: bool = True) -> Any:
     """``tfpar`` with the case's devices checked: N towers (``towers``) and every placement fit this process."""
+    n = case.devices
+    placed = [device + 1 for _, _, device in case.spec["model"].get("placement", [])]
+    reserve_tf_devices(max([n if towers else 1, *placed]))  # effective only when this case starts TensorFlow
     tfpar = tf_module()
     have = len(tfpar.available_devices())
-    n = case.devices
     if towers and n > have:  # one device per tower
-        raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has; set TFPAR_DEVICES before start-up for more)", n)
+        raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has: TensorFlow fixed them"
+                                            " when it started; set TFPAR_DEVICES before start-up for more)", n)
     for j, (_, _, device) in enumerate(case.spec["model"].get("placement", [])):
         if device >= have:
             raise CaseError(f"model.placement[{j}][2]", f"a device index below {have} (the devices this process has)", device)
@@ -121,6 +175,7 @@ def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
     """
     from torchref.pool import PoolError, RankFailed, get_pool
 
+    check_torch_ranks(world_size)
     shared = {} if _POOL_TIMEOUT is None else {"timeout": _POOL_TIMEOUT}
     pool = get_pool(world_size, **shared)  # reused when large enough, restarted larger when not
     try:
@@ -154,3 +209,20 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
     """
     check_dtypes(case, [impl], "--impl")
     return registry.resolve(impl, "--impl").run(case, progress)
+
+
+def prestart_torch(case: Case, impls: list[str]) -> None:
+    """Spawn the shared pool's workers now, when a torch implementation may run: they import torch and
+    join their process groups while this process goes on (importing TensorFlow, running the TF side).
+
+    Called by the command line before anything imports TensorFlow; the first torch job waits for the
+    start-up to finish (``DDPPool.spawn``). Names that are surely TensorFlow (``tf.*``) or recorded
+    runs need no pool; a plugin might be torch, so it counts.
+    """
+    if all(name.startswith(("tf.", "recorded:")) for name in impls):
+        return
+    from torchref.pool import MAX_SIZE, get_pool
+
+    shared = {} if _POOL_TIMEOUT is None else {"timeout": _POOL_TIMEOUT}
+    check_torch_ranks(min(max(case.devices, 1), MAX_SIZE))  # one line, before spawning ranks that cannot fit
+    get_pool(min(max(case.devices, 1), MAX_SIZE), **shared).spawn()

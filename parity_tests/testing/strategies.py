@@ -69,10 +69,38 @@ def _range(name: str, lo: int, hi: int, floor: int, ceil: int) -> tuple[int, int
     return lo, hi
 
 
-def device_counts(min_value: int = 1, max_value: int = 8) -> st.SearchStrategy[int]:
-    """Device counts N in ``[min_value, max_value]`` (at most 64)."""
+def device_counts(min_value: int = 1, max_value: int = 8, *, check_machine: bool = False) -> st.SearchStrategy[int]:
+    """Device counts N in ``[min_value, max_value]`` (at most 64).
+
+    Past 8 (``device_counts(1, 64)``) a case runs 64 TensorFlow towers and a
+    64-rank torch pool (about 270 MiB a rank; start-up about 3 CPU-seconds a
+    rank, see ``docs/large-world.md``). ``check_machine=True`` checks now, before
+    any example runs, that this process can make ``max_value`` of both: it asks
+    TensorFlow for that many towers if it has not started yet, and raises
+    ``InvalidArgument`` with one line saying why where it cannot (TensorFlow
+    already started with fewer devices, or too little memory for the ranks).
+    """
     lo, hi = _range("value", min_value, max_value, 1, MAX_DEVICES)
+    if check_machine:
+        _check_machine(hi)
     return st.integers(lo, hi)
+
+
+def _check_machine(n: int) -> None:
+    """``InvalidArgument`` naming why this process cannot make ``n`` towers or ``n`` torch ranks."""
+    import sys
+
+    from parity_tests.contract.errors import CaseError
+    from parity_tests.running.harness import check_torch_ranks, reserve_tf_devices, tf_device_count
+
+    reserve_tf_devices(n)  # enough towers whenever TensorFlow starts after this
+    if "tfpar" in sys.modules and (have := tf_device_count()) < n:
+        raise InvalidArgument(f"device_counts(max_value={n}): this process has {have} TensorFlow tower devices"
+                              f" (TensorFlow fixed them when it started; set TFPAR_DEVICES={n} before it starts)")
+    try:
+        check_torch_ranks(n)
+    except CaseError as e:
+        raise InvalidArgument(f"device_counts(max_value={n}): {e}") from None
 
 
 def implementations(names: Sequence[str], *, min_size: int = 2) -> st.SearchStrategy[list[str]]:

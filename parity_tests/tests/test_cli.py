@@ -85,7 +85,11 @@ def test_bad_case_file_exit_2_names_the_field(tmp_path, capsys):
     assert "valid JSON" in capsys.readouterr().err
 
 
-def test_too_many_devices_is_bad_input(tmp_path, capsys):
+def test_too_many_devices_is_bad_input(tmp_path, capsys, monkeypatch):
+    from tfpar import devices
+
+    devices.configure_devices()  # as if TensorFlow had started with 8 tower devices (it fixes them then)
+    monkeypatch.setattr(devices, "_configured", devices.available_devices()[:8])
     p = _write(tmp_path, set_path(MLP, "parallel.devices", 9))
     assert main(["run", str(p), "--impl", "tf.towers", "--out", str(tmp_path / "t.npz")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
