@@ -167,7 +167,15 @@ def device_loss(
 
 def model_loss(model: Mapping[str, Any], out: tf.Tensor, y: tf.Tensor,
                sample_weight: tf.Tensor | None = None) -> tf.Tensor:
-    """:func:`device_loss` with every option read from a validated ``model`` section."""
+    """:func:`device_loss` with every option read from a validated ``model`` section.
+
+    Mixed precision: bfloat16 model outputs are cast to float32 first, as Keras'
+    ``Loss.__call__`` converts ``y_pred`` to the loss's own dtype (float32 under the
+    ``mixed_bfloat16`` policy; ``keras/src/losses/loss.py`` 59-62), so the loss and
+    its first derivatives are float32.
+    """
+    if out.dtype == tf.bfloat16:
+        out = tf.cast(out, tf.float32)
     return device_loss(
         model["loss"], model["reduction"], out, y,
         from_logits=model.get("from_logits", True),

@@ -109,7 +109,17 @@ def _weighted(per: torch.Tensor, v: torch.Tensor, reduction: str, rule: str) -> 
 
 def model_loss(model: Mapping[str, Any], out: torch.Tensor, y: torch.Tensor, logits: torch.Tensor | None = None,
                sample_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`shard_loss` with every option read from a validated ``model`` section."""
+    """:func:`shard_loss` with every option read from a validated ``model`` section.
+
+    Mixed precision: bfloat16 outputs (a last layer without a float32 bias, or a conv)
+    are cast to float32 first, so the loss is float32 whatever the last op returned
+    (torch's CPU autocast would run most losses in float32 anyway; this does not
+    depend on the op list).
+    """
+    if out.dtype == torch.bfloat16:
+        out = out.float()
+    if logits is not None and logits.dtype == torch.bfloat16:
+        logits = logits.float()
     return shard_loss(
         model["loss"], model["reduction"], out, y,
         from_logits=model.get("from_logits", True),

@@ -146,6 +146,59 @@ Warning:
     It cannot prove a difference below the float32 spread (the float64 rule can), nor
     separate a chaotic run's amplified rounding from a difference.
 
+Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dtype ``mixed_bfloat16``):
+    A ``mixed_bfloat16`` run keeps float32 master weights (the judged, float32 trajectory)
+    but computes its layers in bfloat16, unit roundoff ``u_b = 2**-9``, 2**15 times
+    float32's: its error is dominated by bfloat16 roundings -- of the model input and of
+    the weights where the layers cast them, and of every bfloat16 op's result (matmul and
+    conv outputs; on the Keras side also bias adds and activations). A float64 run removes
+    exactly those roundings, so there is nothing to hold the float32 rule's triangle
+    inequality against: the floor is sampled by the perturbation rule, each side re-run
+    with (:func:`perturb_bf16_ulp`, ``judge.perturbed_case``):
+
+    * the inputs ``x`` moved by one *bfloat16* ulp: ``round_bf16(x)`` (round to nearest
+      even, as both frameworks cast) moved to its bfloat16 neighbour, up or down by a
+      seeded coin (zeros stay). Both sides round ``x`` to bfloat16 at the first layer; the
+      move changes that bfloat16 operand by the size of one bfloat16 rounding, and every
+      later bfloat16 rounding (layer outputs, the backward pass) falls afresh. A float32
+      ulp would not do this: it changes an element's bfloat16 value only when the element
+      lies within a float32 ulp of a bfloat16 rounding boundary (about 2**-16 of them),
+      so the re-run repeats the run almost bit for bit (measured at 2 devices, greatest
+      parameter spread over the run: seed MLP 1.2e-7 with a float32 move of ``x`` against
+      5.8e-4 to 6.2e-4 with the bfloat16 move, CNN 1.4e-7 to 2.5e-7 against 1.8e-2 to
+      3.6e-2, while tf.towers and torch.ddp part by 1.1e-3 and 5.7e-3: docs/mixed-precision.md).
+    * the initial weights and the optimizer's hyperparameters moved by one *float32* ulp,
+      their storage type, as in the float32 rule (the master weights and the update are
+      float32). Not a bfloat16 ulp: the weights are the judged arrays, and a
+      bfloat16-ulp move of them (``2**-8`` relative) would be a floor, from row 0 on,
+      far above everything a few steps of training add, hiding every difference.
+
+    The bound is the perturbation rule's, ``2 * max(floor_A, floor_B) + FLOAT32_ABS_FLOOR``
+    with the running maximum. A systematic difference between the two sides' bfloat16
+    arithmetic (which values each framework rounds to bfloat16: ``theory.py``,
+    "mixed precision") repeats at every step and accumulates linearly, while the sampled
+    rounding spread adds up like a random walk, so such a difference can outgrow the
+    bound: theory names those (``theory.mixed_precision_differences``), and the verdict
+    of a pair where one shows names them.
+
+    The *loss* of a Keras side and a torch side is not the same quantity when the last
+    layer is a dense layer with a bias: Keras computes it from bfloat16 logits, torch
+    from float32 ones (``theory.reported_loss_differs``). For such pairs the loss channel
+    is reported beside the verdict, not judged; the parameters decide.
+
+    **The bfloat16 signature** (:func:`bfloat16_signature`, ``BF16_SIGNATURE = 2**-12``): a
+    side that ignores the policy and computes in float32 is, by the triangle inequality,
+    within the bfloat16 noise of a correct side, so no bound that accepts bfloat16
+    rounding can call it a divergence. It is caught directly: each side is also run for
+    one step in float32, and its mixed run must differ from that run at step 1 (the loss,
+    or a combined gradient) by more than ``2**-12`` relative. Derivation: two float32
+    computations of one step differ by at most ``2 u D sqrt(n)`` (the float64 bound's
+    envelope, ``D = 20`` stages, ``n = 1e4`` terms, ``T = 1``) with ``u = 2**-24``:
+    ``2.4e-4 ~ 2**-12``; a bfloat16 computation rounds every matmul operand by up to
+    ``2**-9`` relative, which moves the largest gradient entries by that order: measured
+    3.5e-3 to 8.9e-3 (largest over the loss and the gradients) on the seed MLP and the
+    CNN at 1, 2, 4 devices, against 1.1e-7 to 8.3e-7 between two float32 frameworks.
+
 What is judged:
     ``param/*`` and ``state/*`` arrays by default (``keys=`` to change), and the ``loss``
     channel (``loss=`` to change; by default when ``keys`` is not given). Gradients are
@@ -184,6 +237,12 @@ __all__ = [
     "RULE_FLOAT64",
     "RULE_FLOAT32",
     "RULE_PERTURBATION",
+    "RULE_BF16_PERTURBATION",
+    "RULE_BF16_SIGNATURE",
+    "BF16_SIGNATURE",
+    "bfloat16_signature",
+    "round_bfloat16",
+    "perturb_bf16_ulp",
     "LOSS_KEY",
     "PERTURB_STREAM",
     "RULE_NONFINITE",
@@ -210,6 +269,12 @@ STATUSES = ("parity", "divergence", "expected_difference", "unexpected_parity", 
 RULE_FLOAT64 = "float64 bound"
 RULE_FLOAT32 = "float32 noise floor"
 RULE_PERTURBATION = "float32 perturbation floor"
+#: the perturbation rule for dtype mixed_bfloat16: inputs moved by one bfloat16 ulp (module docstring)
+RULE_BF16_PERTURBATION = "bfloat16 perturbation floor"
+#: a mixed_bfloat16 run that does not compute in bfloat16 (module docstring, "The bfloat16 signature")
+RULE_BF16_SIGNATURE = "bfloat16 computation"
+#: the least step-1 relative gap between a mixed_bfloat16 run and its float32 run (derived in the module docstring)
+BF16_SIGNATURE: float = 2.0**-12
 #: The judged loss channel's key (one value per step, row ``r`` is step ``r + 1``).
 LOSS_KEY = "loss"
 #: Second seed word of :func:`perturb_ulp`'s generator, so its coins share no stream with the case's own draws.
@@ -1033,6 +1098,69 @@ def perturb_ulp(arrays: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def round_bfloat16(a: Any) -> np.ndarray:
+    """``a`` rounded to bfloat16 (round to nearest, ties to even: what ``tf.cast`` and
+    ``Tensor.bfloat16()`` do, both measured), returned as float32 (exact).
+
+    bfloat16 is float32's upper 16 bits: add half of the dropped 16 bits' range
+    (``0x7FFF``, plus 1 when the kept last bit is odd, for ties to even) and clear them.
+    NaN and infinities are returned unchanged.
+    """
+    a32 = np.asarray(a, dtype=np.float32)
+    bits = a32.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(a32), rounded, a32)
+
+
+def perturb_bf16_ulp(arrays: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Every non-zero element rounded to bfloat16 and moved to a bfloat16 neighbour, up or down by a seeded coin.
+
+    ``x' = round_bf16(x) +- ulp_bf16``, exact in float32 (and in the arrays' float dtype), so
+    that a mixed-precision run casts ``x'`` to bfloat16 without rounding: its first bfloat16
+    operand is exactly one bfloat16 ulp from the unperturbed run's ``round_bf16(x)``. The
+    neighbour is the next bfloat16 number away from or toward zero (the bit pattern's upper
+    16 bits plus or minus one), so crossing a power of two is handled. Zeros stay zero (as in
+    :func:`perturb_ulp`); the coins are :func:`perturb_ulp`'s streams, so the same case gives
+    the same perturbation everywhere.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        rng = np.random.default_rng([int(seed), PERTURB_STREAM, *name.encode()])
+        up = rng.random(a.shape) < 0.5
+        b = round_bfloat16(a)
+        bits = b.view(np.uint32).astype(np.int64)
+        away = np.where(up == (b > 0), 1, -1) << 16  # toward +inf is away from zero for positives
+        moved = (bits + away).astype(np.uint32).view(np.float32)
+        moved = np.where((b == 0) | ~np.isfinite(b), b, moved)
+        out[name] = moved.astype(a.dtype if a.dtype.kind == "f" else np.float64)
+    return out
+
+
+def bfloat16_signature(mixed: Mapping[str, Any], f32: Mapping[str, Any]) -> tuple[float, str]:
+    """How far a ``mixed_bfloat16`` run is from the same implementation's float32 run at step 1, and where.
+
+    The largest relative gap over the step-1 loss and every step-1 combined gradient
+    (``grad/*`` row 0), each measured against ``max(|mixed|, |f32|, SCALE_FLOOR)``;
+    returns ``(gap, key)``. At least :data:`BF16_SIGNATURE` when the run computes in
+    bfloat16 (module docstring); gradients that are not recorded are skipped.
+    """
+    best, where = 0.0, LOSS_KEY
+    keys = [LOSS_KEY] + sorted(k for k in mixed if isinstance(k, str) and k.startswith("grad/") and k in f32)
+    for key in keys:
+        a = np.asarray(mixed[key], dtype=np.float64)[:1]  # row 0: step 1 (loss [steps], grad/* [steps, ...])
+        b = np.asarray(f32[key], dtype=np.float64)[:1]
+        if a.size == 0 or b.shape != a.shape:
+            continue
+        scale = max(float(np.abs(a).max()), float(np.abs(b).max()), SCALE_FLOOR)
+        gap = float(np.abs(a - b).max()) / scale
+        if not np.isfinite(gap):  # a non-finite first step is not a float32 computation either
+            return math.inf, key
+        if gap > best:
+            best, where = gap, key
+    return best, where
+
+
 def _spread(rows: np.ndarray) -> np.ndarray:
     """``floor[k] = max_{j <= k} gap_j(X, X')``: the largest spread rounding has shown up to step ``k``.
 
@@ -1076,6 +1204,8 @@ def judge_perturbation(
     known_differences: Iterable[str] = (),
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
+    rule: str = RULE_PERTURBATION,
+    perturbed: str = "a one-ulp perturbation of the initial weights",
 ) -> Verdict:
     """Judge two float32 trajectories without float64 runs: the perturbation floor.
 
@@ -1094,6 +1224,9 @@ def judge_perturbation(
         a32, b32: the float32 trajectories of the two implementations.
         a32p, b32p: each side's run from the perturbed weights, or ``None``.
         factor, expect_difference, known_differences, keys, loss: as in :func:`judge_float32`.
+        rule: the rule's name in the verdict (:data:`RULE_BF16_PERTURBATION` for ``mixed_bfloat16``
+            cases, whose inputs are moved by a bfloat16 ulp: module docstring).
+        perturbed: what the re-runs moved, for the detail ("floors measured by ...").
 
     Raises:
         ValueError: both perturbed runs are missing, ``factor`` is not finite and ``> 0``,
@@ -1128,13 +1261,13 @@ def judge_perturbation(
     fa_rows = fb_rows if fa_rows is None else fa_rows
     fb_rows = fa_rows if fb_rows is None else fb_rows
     borrowed = [s for s, o in own.items() if not o]
-    context = "floors measured by a one-ulp perturbation of the initial weights" + (
+    context = f"floors measured by {perturbed}" + (
         f" (side {borrowed[0]} cannot be re-run: it takes the other side's floor)" if borrowed else ""
     )
-    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, RULE_PERTURBATION, context)
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context)
     if with_loss:
         scale = _loss_scale(a32, b32)
         la = _spread(_loss_gap(a32, pa, scale) if own["A"] else _loss_gap(b32, pb, scale))
         lb = _spread(_loss_gap(b32, pb, scale)) if own["B"] else la
-        v = _with_loss(v, _loss_channel_floor(a32, b32, la, lb, scale, factor, RULE_PERTURBATION, "float32"))
+        v = _with_loss(v, _loss_channel_floor(a32, b32, la, lb, scale, factor, rule, "float32"))
     return _finished(v, expect_difference, known)

@@ -10,7 +10,10 @@ under data parallelism, uneven shards with equal weighting (and the
 ``by_size`` weighting that removes it), and native Adam across frameworks
 (epsilon placement), batch norm with each framework's moving variance,
 ``param_mean`` and ``async``, and gradient clipping before and after the
-combine. The exit status is 0 only when every verdict is the expected one.
+combine. Mixed precision (``mixed_bfloat16``: Keras' policy against torch's CPU
+autocast, judged by the bfloat16 perturbation floor): the seed MLP and the CNN
+at 1, 2 and 4 devices (docs/mixed-precision.md). The exit status is 0 only when
+every verdict is the expected one.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from parity_tests.judging.judge import CaseResult, compare_case
 from parity_tests.reporting.report import jsonable, write_report
 from parity_tests.running.environment import versions
 
-__all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "matrix_cases", "run_matrix"]
+__all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "MIXED_SCENARIOS", "MIXED_DEVICES", "LARGE_WORLD", "matrix_cases", "run_matrix"]
 
 IMPLS = ["tf.towers", "torch.ddp", "tf.single", "torch.single", "tf.v1", "tf.mirrored"]
 
@@ -123,10 +126,37 @@ EXPECTED_ROWS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8), dtypes: Iterable[str] = ("float64", "float32"),
-                 combines: Iterable[str] = ("grad_mean", "loss_mean"), expected_rows: bool = True) -> list[Case]:
-    """Every case of the matrix, validated, named ``scenario:nN:combine:dtype``."""
+#: the scenarios run in mixed_bfloat16 (the seed MLP, the CNN with synchronized batch norm), at these device counts
+MIXED_SCENARIOS = (("mlp-sgd", "mlp-sgd"), ("cnn-bn-sync", "cnn"))
+MIXED_DEVICES = (1, 2, 4)
+
+
+# device counts past 8 (issue 12): the 5-10-1 MLP, 3 steps, float64, where uneven shards and
+# DistributedSampler's padding bite at every size. "uneven": a global batch of 2N+5 rows splits
+# into N shards of 2 and 3 rows, averaged with equal weights (the device mean weights rows of smaller
+# shards more; docs/large-world.md); "padded": DistributedSampler's order over 3N+5 rows, 2N a step, so
+# step 2 ends the epoch and repeats the epoch's first N-5 rows to give every rank 4. Both:
+# tf.towers, torch.ddp and tf.mirrored agree, one device on the full batch differs.
+LARGE_WORLD: list[tuple[str, Callable[[int], dict[str, Any]]]] = [
+    ("large-world-uneven", lambda n: {"data.global_batch": 2 * n + 5, "steps": 3, "optimizer.semantics": "torch"}),
+    ("large-world-padded", lambda n: {"data.order": "distributed_sampler", "data.rows": 3 * n + 5,
+                                      "data.global_batch": 2 * n, "steps": 2, "optimizer.semantics": "torch"}),
+]
+
+
+def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8),
+                 dtypes: Iterable[str] = ("float64", "float32", "mixed_bfloat16"),
+                 combines: Iterable[str] = ("grad_mean", "loss_mean"), expected_rows: bool = True,
+                 large_world: Iterable[int] = (16, 32, 64)) -> list[Case]:
+    """Every case of the matrix, validated, named ``scenario:nN:combine:dtype``.
+
+    ``mixed_bfloat16`` in ``dtypes`` adds the mixed-precision rows: :data:`MIXED_SCENARIOS`
+    at the device counts of ``devices`` among :data:`MIXED_DEVICES`, ``grad_mean``.
+    ``large_world``: the device counts of the :data:`LARGE_WORLD` rows (added with ``expected_rows``).
+    """
     devices, dtypes, combines = list(devices), list(dtypes), list(combines)
+    mixed = "mixed_bfloat16" in dtypes
+    dtypes = [d for d in dtypes if d != "mixed_bfloat16"]
     cases = []
     for s in SCENARIOS:
         for n in devices:
@@ -146,6 +176,18 @@ def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8), dtypes: Iterable[str]
             for n in [d for d in devices if d > 1] or [2]:
                 raw = _with(_BY_NAME[base].case, f"{name}:n{n}:{changes.get('parallel.combine', 'grad_mean')}:float64",
                             **{"parallel.devices": n, **changes})
+                cases.append(case_from_dict(raw))
+    if mixed:
+        for name, base in MIXED_SCENARIOS:
+            for n in [d for d in devices if d in MIXED_DEVICES]:
+                raw = _with(_BY_NAME[base].case, f"{name}:n{n}:grad_mean:mixed_bfloat16",
+                            **{"parallel.devices": n, "dtype": "mixed_bfloat16"})
+                cases.append(case_from_dict(raw))
+    if expected_rows:
+        for name, changes_for in LARGE_WORLD:
+            for n in large_world:
+                raw = _with(_BY_NAME["mlp-sgd"].case, f"{name}:n{n}:grad_mean:float64",
+                            **{"parallel.devices": n, **changes_for(n)})
                 cases.append(case_from_dict(raw))
     return cases
 
@@ -193,10 +235,12 @@ def run_matrix(
 
     stream = stream or sys.stderr
     if cases is None:
-        cases = matrix_cases(devices=(1, 2), dtypes=("float64",)) if quick else matrix_cases()
+        cases = matrix_cases(devices=(1, 2), dtypes=("float64",), large_world=()) if quick else matrix_cases()
     if runner is None:
+        from parity_tests.running.harness import reserve_tf_devices
         from torchref.pool import get_pool  # the pool once, at the size the matrix needs
 
+        reserve_tf_devices(max(c.devices for c in cases))  # TensorFlow's towers too, before it starts
         get_pool(max(c.devices for c in cases))
     t0 = time.perf_counter()
     tool = versions()

@@ -150,7 +150,9 @@ def recorded_implementation(name: str, field: str = "--impls") -> Implementation
     spec = m["case"]
     dtype = spec.get("dtype", "float32") if isinstance(spec, dict) else None
     if dtype not in ("float32", "float64"):
-        raise CaseError(field, f"a manifest whose case has a dtype; {mpath.name} has {dtype!r}", name)
+        why = (" (a mixed_bfloat16 run is judged against its own reruns from perturbed inputs, which a recording"
+               " cannot make)" if dtype == "mixed_bfloat16" else "")
+        raise CaseError(field, f"a manifest whose case dtype is float32 or float64{why}; {mpath.name} has {dtype!r}", name)
     keras = bool(info.get("keras", info.get("kind") == "builtin" and info["framework"] == "tf"))
     findings = [str(f) for f in m.get("findings") or []]
 
