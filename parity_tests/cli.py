@@ -21,8 +21,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parity_tests.contract.errors import CaseError
+
+if TYPE_CHECKING:
+    from parity_tests.contract.case import Case
 
 __all__ = ["main", "entry", "build_parser"]
 
@@ -59,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--report", default=None, help="folder for report.md, report.json, gap plot and trajectories")
     c.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="write TensorBoard event files: each implementation's loss, each pair's gap per parameter and its bound")
+    c.add_argument("--lockstep", action="store_true",
+                   help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
+                        "exit status from lockstep's verdicts")
     c.add_argument("--failures", default=None, help=argparse.SUPPRESS)
 
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
@@ -114,9 +121,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", args.impls)
     case = load_case(args.case)
-    from parity_tests.running.harness import check_dtypes
+    from parity_tests.running.harness import check_dtypes, prestart_torch
 
+    prestart_torch(case, impls)  # the torch ranks start while TensorFlow imports
     check_dtypes(case, impls)
+    if args.lockstep:
+        return _lockstep(case, impls, args)
     result = compare_case(case, impls, progress=True)
     print(result.summary())
     if args.report:
@@ -126,6 +136,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result, Path(args.tensorboard))} (tensorboard --logdir there)")
+    return 0 if result.parity else 1
+
+
+def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
+    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 on lockstep parity."""
+    from parity_tests.reporting.report import write_case_report
+    from parity_tests.running.lockstep import check_lockstep, lockstep_compare
+
+    check_lockstep(case, impls)  # before anything runs
+    result = lockstep_compare(case, impls, progress=lambda label: print(f"  {label}", file=sys.stderr, flush=True))
+    print(result.summary())
+    if args.report:
+        print(f"report: {write_case_report(result.free, Path(args.report), lockstep=result)}")
+    if args.tensorboard:
+        from parity_tests.reporting.tensorboard import write_tensorboard
+
+        print(f"tensorboard: {write_tensorboard(result.free, Path(args.tensorboard))} (tensorboard --logdir there)")
     return 0 if result.parity else 1
 
 

@@ -37,6 +37,30 @@ the moving statistics (what DDP keeps: it broadcasts rank 0's buffers at every
 forward); ``sync`` sums ``sum x``, ``sum x^2`` and the counts over the towers,
 ``mu = S / n``, ``var = max(Q / n - mu^2, 0)`` (Keras' synchronized moments),
 and normalises every tower with those.
+
+Mixed precision (``compute=tf.bfloat16``, the case dtype ``mixed_bfloat16``) follows
+Keras 3.15's ``mixed_bfloat16`` policy, read in the installed ``keras/src``:
+
+* ``dtype_policies/dtype_policy.py`` 84-85: ``mixed_bfloat16`` is compute ``bfloat16``,
+  variables ``float32``; the variables stay float32 here (:func:`build_variables`);
+* ``layers/layer.py`` 882-900: a layer casts its floating inputs to its compute dtype
+  (``convert_input``), so the model's input is rounded to bfloat16 once, at the first layer;
+* ``layers/layer.py`` 983-995 and ``backend/common/variables.py`` 245-248: inside the
+  layer's ``AutocastScope`` every variable read is cast to bfloat16 (:func:`_param`);
+* ``layers/core/dense.py`` 221-227: ``matmul(x, kernel)``, ``add(x, bias)`` and the
+  activation, all on bfloat16 tensors (each op's result rounded to bfloat16);
+  ``layers/convolutional/base_conv.py`` 256-263 likewise for ``conv2d`` + bias;
+* ``layers/normalization/batch_normalization.py`` 345-348 and 405: batch norm casts its
+  input up to float32, computes statistics, normalisation and the moving-average update
+  in float32 (gamma, beta and the moving statistics are float32), and casts the output
+  back to bfloat16;
+* ``losses/loss.py`` 59-62: the loss converts ``y_pred`` to its own dtype, float32
+  (:func:`tfpar.losses.model_loss`), so the logits are rounded to bfloat16 by the last
+  layer and the loss is computed in float32.
+
+Max pooling, flatten and dropout run on the bfloat16 activations (dropout's scale
+``1 / (1 - rate)`` is rounded to bfloat16, as ``tf.nn.dropout`` makes it in ``x.dtype``).
+Gradients flow back through the casts, so every gradient arrives in float32.
 """
 
 from __future__ import annotations
@@ -58,9 +82,12 @@ __all__ = [
     "is_state",
     "layer_device",
     "needs_towers_fn",
+    "recording_activations",
 ]
 
 STATE_KINDS = ("moving_mean", "moving_variance")
+# when a list: forward_towers appends (layer index, [tower outputs]) after every layer (the capture step)
+_ACTIVATIONS: list[tuple[int, list[tf.Tensor]]] | None = None
 _ACT = {"none": lambda t: t, "relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}
 
 
@@ -100,22 +127,45 @@ def _on(device: str | None):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
-def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None) -> tf.Tensor:
-    """Layer ``i`` on one tower's activations (every type but batch_norm)."""
+def _param(params: Mapping[str, tf.Tensor], name: str, compute: tf.DType | None) -> tf.Tensor:
+    """Parameter ``name`` as the layer reads it: cast to ``compute`` (Keras' autocast of a variable read)."""
+    p = params[name]
+    return p if compute is None or p.dtype == compute else tf.cast(p, compute)
+
+
+def _mixed_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    """A conv's bias under mixed precision: ``h + bias`` in bfloat16, as Keras adds it (``ops.add``, base_conv.py 263).
+
+    Not ``tf.nn.bias_add``: its gradient (``BiasAddGrad``) sums the bfloat16 output
+    gradient over batch and positions *in bfloat16* (measured: 20% off over 3136 terms),
+    while ``add``'s gradient (``Sum``) accumulates in float32 and rounds once, as torch's
+    conv backward does. ``tests/test_mixed_precision.py`` seeds exactly that bug.
+    """
+    return h + bias
+
+
+def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None,
+           compute: tf.DType | None = None) -> tf.Tensor:
+    """Layer ``i`` on one tower's activations (every type but batch_norm), in ``compute`` when given."""
     kind = layer["type"]
+    if compute is not None and h.dtype.is_floating and h.dtype != compute:
+        h = tf.cast(h, compute)  # Layer.__call__'s convert_input: floating inputs in the compute dtype
     if kind == "poly":
         d = layer["degree"]
         powers = tf.constant(np.arange(d, -1, -1, dtype=np.float64), dtype=h.dtype)
         return tf.pow(h[:, None], powers)  # [batch, d+1]: x^d ... x^1, x^0 = 1
     if kind == "dense":
-        h = tf.matmul(h, params[f"{i}.kernel"])
+        h = tf.matmul(h, _param(params, f"{i}.kernel", compute))
         if layer["use_bias"]:
-            h = h + params[f"{i}.bias"]
+            h = h + _param(params, f"{i}.bias", compute)
         return _ACT[layer["activation"]](h)
     if kind == "conv2d":
         (sh, sw) = layer["strides"]
-        h = tf.nn.conv2d(h, params[f"{i}.kernel"], strides=[1, sh, sw, 1], padding=layer["padding"].upper())
-        if layer["use_bias"]:
+        h = tf.nn.conv2d(h, _param(params, f"{i}.kernel", compute), strides=[1, sh, sw, 1],
+                         padding=layer["padding"].upper())
+        if layer["use_bias"] and compute is not None:
+            h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
+        elif layer["use_bias"]:
             h = tf.nn.bias_add(h, params[f"{i}.bias"])
         return _ACT[layer["activation"]](h)
     if kind == "max_pool2d":
@@ -133,14 +183,16 @@ def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor
 
 
 def apply_layer(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor,
-                mask: tf.Tensor | None = None, device: str | None = None) -> tf.Tensor:
+                mask: tf.Tensor | None = None, device: str | None = None, compute: tf.DType | None = None) -> tf.Tensor:
     """Layer ``i`` (any type but ``batch_norm``) on one device's activations ``[n, ...]``.
 
     A layer placed by ``model.placement`` runs on its own device, whatever
-    ``device`` says; ``mask`` is a dropout layer's keep-mask ``[n, ...]``.
+    ``device`` says; ``mask`` is a dropout layer's keep-mask ``[n, ...]``;
+    ``compute``: the mixed-precision compute dtype (``tf.bfloat16``), or ``None``
+    to compute in the variables' dtype (module docstring).
     """
     with _on(layer_device(layer, device)):
-        return _apply(i, layer, params, h, mask)
+        return _apply(i, layer, params, h, mask, compute)
 
 
 def update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mean: tf.Tensor, var: tf.Tensor,
@@ -166,9 +218,29 @@ def update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mean
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, op)
 
 
+@contextlib.contextmanager
+def recording_activations():
+    """Within it, every layer's output of every tower is appended to the yielded list.
+
+    Yields ``[(layer index, [tower outputs])]`` in call order: :func:`forward_towers`
+    appends once per layer with all its towers; a tower engine that calls
+    :func:`forward` once per tower appends ``(i, [h_r])`` per tower, in tower order.
+    Used inside the traced capture step (symbolic tensors it returns as outputs).
+    """
+    global _ACTIVATIONS
+    previous, _ACTIVATIONS = _ACTIVATIONS, []
+    try:
+        yield _ACTIVATIONS
+    finally:
+        _ACTIVATIONS = previous
+
+
 def _batch_norm(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], hs: list[tf.Tensor], devices: list[str | None],
-                state: Mapping[str, tf.Variable] | None, mode: str, reduce_device: str | None) -> list[tf.Tensor]:
+                state: Mapping[str, tf.Variable] | None, mode: str, reduce_device: str | None,
+                compute: tf.DType | None = None) -> list[tf.Tensor]:
     gamma, beta, eps = params[f"{i}.gamma"], params[f"{i}.beta"], layer["epsilon"]
+    if compute is not None:  # Keras' BatchNormalization: float32 inside, the compute dtype out
+        hs = [tf.cast(h, gamma.dtype) for h in hs]
     axes = list(range(hs[0].shape.rank - 1))
     counts = [math.prod(h.shape[:-1]) for h in hs]
     if mode == "sync":
@@ -194,7 +266,8 @@ def _batch_norm(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], hs: lis
     outs = []
     for h, dev, (mean, var) in zip(hs, devices, stats, strict=True):
         with _on(dev):
-            outs.append(tf.nn.batch_normalization(h, mean, var, offset=beta, scale=gamma, variance_epsilon=eps))
+            out = tf.nn.batch_normalization(h, mean, var, offset=beta, scale=gamma, variance_epsilon=eps)
+            outs.append(out if compute is None else tf.cast(out, compute))
     if state is not None:
         with _on(reduce_device):
             update_moving(state, i, layer, *update)
@@ -211,6 +284,7 @@ def forward_towers(
     state: Mapping[str, tf.Variable] | None = None,
     batch_norm: str = "local",
     reduce_device: str | None = None,
+    compute: tf.DType | None = None,
 ) -> list[tf.Tensor]:
     """Apply the layer list to every tower's shard, layer by layer (in lockstep).
 
@@ -224,25 +298,29 @@ def forward_towers(
             (``None``: not updated).
         batch_norm: ``local`` or ``sync`` (see the module docstring).
         reduce_device: where synchronized statistics and state updates are computed.
+        compute: ``tf.bfloat16`` for mixed precision (Keras' ``mixed_bfloat16``, module
+            docstring), ``None`` to compute in the parameters' dtype.
     Returns:
         N outputs, ``[n_r, *output_shape]`` (logits for the cross-entropy losses,
-        or probabilities after a final sigmoid).
+        or probabilities after a final sigmoid), in ``compute`` when given.
     """
     hs = list(xs)
     towers = list(devices) if devices is not None else [None] * len(hs)
     for i, layer in enumerate(layers):
         if layer["type"] == "batch_norm":
             devices = [layer_device(layer, dev) for dev in towers]
-            hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device)
-            continue
-        hs = [apply_layer(i, layer, params, h, None if masks is None else masks[r].get(str(i)), towers[r])
-              for r, h in enumerate(hs)]
+            hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device, compute)
+        else:
+            hs = [apply_layer(i, layer, params, h, None if masks is None else masks[r].get(str(i)), towers[r], compute)
+                  for r, h in enumerate(hs)]
+        if _ACTIVATIONS is not None:  # bfloat16 activations recorded as float32 (exact), so numpy reads them
+            _ACTIVATIONS.append((i, [tf.cast(h, tf.float32) if h.dtype == tf.bfloat16 else h for h in hs]))
     return hs
 
 
 def forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *,
             masks: Mapping[str, tf.Tensor] | None = None, state: Mapping[str, tf.Variable] | None = None,
-            batch_norm: str = "local") -> tf.Tensor:
+            batch_norm: str = "local", compute: tf.DType | None = None) -> tf.Tensor:
     """Apply the layer list to one batch (one device).
 
     Args:
@@ -253,7 +331,9 @@ def forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *
         state: moving statistics to update (``None``: batch norm still uses batch
             statistics, but nothing is updated).
         batch_norm: ``local`` (``tf.nn.moments``) or ``sync`` (the summed-moments formula).
+        compute: ``tf.bfloat16`` for mixed precision, ``None`` to compute in the parameters' dtype.
     Returns:
         ``[batch, *output_shape]`` (logits for the cross-entropy losses).
     """
-    return forward_towers(layers, params, [x], masks=None if masks is None else [masks], state=state, batch_norm=batch_norm)[0]
+    return forward_towers(layers, params, [x], masks=None if masks is None else [masks], state=state, batch_norm=batch_norm,
+                          compute=compute)[0]

@@ -131,6 +131,9 @@ class Run:
         dropout_masks: ``{layer index: bool [rows, ...]}`` keep-masks of the case's dropout
             layers, by data row (empty without dropout).
         sample_weights: ``[rows]`` per-example weights (``data.sample_weights``) or ``None``.
+        capture_step: the step (1-based) whose per-device values the tool asks for
+            (``run.record(..., device_grads=...)``), or ``None``: it re-runs a plugin with it set
+            to localise a divergence (CONTRACT §6); values given at other steps are dropped.
     """
 
     def __init__(self, payload: Mapping[str, Any], devices: list[str] | None = None) -> None:
@@ -152,6 +155,8 @@ class Run:
         self._x = self._x.astype(np_dtype)
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
+        self.capture_step: int | None = payload.get("capture")
+        self._device: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ data
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -175,7 +180,9 @@ class Run:
             raise RuntimeError("run.begin() was called twice; call it once, before the first step")
         self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
 
-    def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None) -> None:
+    def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
+               device_grads: Any = None, activations: Any = None, device_losses: Any = None,
+               device_inputs: Any = None) -> None:
         """Once per step, after the update.
 
         Args:
@@ -183,14 +190,29 @@ class Run:
             params: every parameter after the update, ``{name: value}``.
             grads: optionally, the combined gradient that was applied, ``{name: value}``.
             state: the non-trainable state after the step (batch-norm moving statistics).
+            device_grads: optionally, per tower ``{name: d l_r / d param}``: each tower's gradient of
+                its own loss, before clipping, weighting and combining (a list of N dicts).
+            activations: optionally, per tower ``{layer name: output [n_r, ...]}`` (a list of N dicts).
+            device_losses: optionally, the N towers' own losses ``l_r``.
+            device_inputs: optionally, the N towers' input rows ``[n_r, ...]``.
+
+        The four per-device values are kept only at :attr:`capture_step` (they localise a
+        divergence to a stage and a tower, CONTRACT §6); pass them every step or only then.
         """
         self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
                             "grads": None if grads is None else _named(grads, "record(grads=...)"),
                             "state": _named(state, "record(state=...)")})
+        if self.capture_step == len(self._steps):
+            self._device = {
+                "grads": None if device_grads is None else [_named(g, "record(device_grads=[...])") for g in device_grads],
+                "acts": None if activations is None else [_named(a, "record(activations=[...])") for a in activations],
+                "losses": None if device_losses is None else [_numpy(v) for v in device_losses],
+                "inputs": None if device_inputs is None else [_numpy(v) for v in device_inputs],
+            }
 
     def records(self) -> dict[str, Any]:
         """What was reported, as plain data (the parity tool checks and assembles it)."""
-        return {"begin": self._begun, "steps": self._steps}
+        return {"begin": self._begun, "steps": self._steps, "device": self._device}
 
 
 class PluginRaised(RuntimeError):

@@ -18,6 +18,7 @@ from .async_ import run_async
 from .devices import tower_devices
 from .errors import Unsupported
 from .local_sgd import run_param_mean
+from .lockstep import run_steps
 from .losses import model_loss
 from .mirrored import run_mirrored
 from .models import build_variables, forward, forward_towers, is_state, needs_towers_fn
@@ -36,14 +37,14 @@ LOCAL_COMBINES = ("param_mean", "async")
 
 def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             progress: Callable[[int], None] | None,
-            state: Mapping[str, tf.Variable] | None = None) -> dict[str, np.ndarray]:
+            state: Mapping[str, tf.Variable] | None = None, capture: int | None = None) -> dict[str, np.ndarray]:
     state = state or {}
     states = {k: [v.numpy()] for k, v in state.items()}
     params = {k: [v] for k, v in trainer.values().items()}
     grads: dict[str, list[np.ndarray]] = {k: [] for k in params}
     losses = []
     for k in range(steps):
-        loss, g = trainer.step(*batches(k))
+        loss, g = trainer.step(*batches(k), capture=capture == k + 1)
         losses.append(loss)
         for name, value in trainer.values().items():
             params[name].append(value)
@@ -52,7 +53,11 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             states[name].append(v.numpy())
         if progress:
             progress(k + 1)
-    return stack_trajectory(losses, params, grads, states)
+    traj = stack_trajectory(losses, params, grads, states)
+    if trainer.captured is not None:  # the per-device values of step ``capture`` (CONTRACT §6 stages)
+        traj.update({f"device/{k}": v for k, v in trainer.captured.items()})
+        traj["device/step"] = np.asarray(capture)
+    return traj
 
 
 def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
@@ -84,12 +89,16 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
         if impl != "tf.towers":
             raise Unsupported("parallel.combine", f"grad_mean or loss_mean for {impl} ({combine} runs on tf.towers)")
         return run_param_mean(payload, progress=progress) if combine == "param_mean" else run_async(payload, progress=progress)
+    mixed = payload["spec"]["dtype"] == "mixed_bfloat16"
+    if mixed and impl not in ("tf.towers", "tf.single"):  # Keras' mixed_bfloat16 policy: tfpar.models
+        raise Unsupported("dtype", f"float32 or float64 for {impl} (mixed_bfloat16 runs on tf.towers and tf.single)")
     if impl == "tf.v1":
         return run_v1(payload, progress=progress)
     if impl == "tf.mirrored":
         return run_mirrored(payload, progress=progress)
     spec = payload["spec"]
-    dtype = tf.float64 if spec["dtype"] == "float64" else tf.float32
+    dtype = tf.float64 if spec["dtype"] == "float64" else tf.float32  # mixed_bfloat16: float32 master weights
+    compute = tf.bfloat16 if mixed else None  # the layers' compute dtype (tfpar.models)
     par = spec["parallel"]
     n = par["devices"] if impl == "tf.towers" else 1
     if impl not in IMPLS:
@@ -101,12 +110,12 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     variables = {k: v for k, v in variables.items() if not is_state(k)}
 
     def loss_fn(params, x, y):
-        return model_loss(model, forward(model["layers"], params, x), y)
+        return model_loss(model, forward(model["layers"], params, x, compute=compute), y)
 
     def towers_fn(params, xs, ys, extras):
         # lockstep: batch-norm statistics (sync) and moving averages cross towers within a step
         outs = forward_towers(model["layers"], params, xs, devices=devices, masks=extras, state=state,
-                              batch_norm=par.get("batch_norm", "local"), reduce_device=devices[0])
+                              batch_norm=par.get("batch_norm", "local"), reduce_device=devices[0], compute=compute)
         losses = []
         for out, y_r, ex, dev in zip(outs, ys, extras, devices, strict=True):
             with tf.device(dev):
@@ -123,4 +132,6 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     )
     feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
     with case_batches(payload, towers=n if impl == "tf.towers" else None, feed=feed) as batches:
-        return _record(trainer, spec["steps"], batches, progress, state)
+        if payload.get("lockstep") is not None:  # parity_tests.running.lockstep: a step from each start state
+            return run_steps(trainer, state, batches, payload, _record)
+        return _record(trainer, spec["steps"], batches, progress, state, capture=payload.get("capture"))

@@ -16,12 +16,14 @@ is linear), which the property suite checks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from .combine import average_gradients, combine_losses, tower_weights
+from .models import recording_activations
 from .optimizers import GradientClip, Optimizer
 from .sharding import shard_sizes, split_batch
 
@@ -120,86 +122,143 @@ class TowerTrainer:
         # one trace per batch size: the split sizes are static (tf.split needs them), and a relaxed
         # trace (reduce_retracing) would leave the batch dimension unknown, so an epoch's smaller
         # last batch (a DataLoader's or tf.data's without drop_remainder) could not be split
+        self.captured: dict[str, np.ndarray] | None = None
         self._step = tf.function(self._step_impl)
+        self._capture_step = tf.function(lambda x, y, extra: self._step_impl(x, y, extra, capture=True))
 
     def _tower_loss(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         params = dict(zip(self.names, self.variables, strict=True))
         return self.loss_fn(params, x, y)
 
     def _lockstep(self, xs: list[tf.Tensor], ys: list[tf.Tensor], extra: Mapping[str, tf.Tensor],
-                  weights: list[float] | None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+                  weights: list[float] | None, cap: dict | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """Loss and combined gradient with every tower run at once by ``towers_fn``."""
         n = len(self.devices)
         parts = {k: split_batch(v, n, self.shard) for k, v in extra.items()}
         extras = [{k: p[r] for k, p in parts.items()} for r in range(n)]
         params = dict(zip(self.names, self.variables, strict=True))
-        with tf.GradientTape(persistent=self.combine == "grad_mean") as tape:
+        with tf.GradientTape(persistent=self.combine == "grad_mean" or cap is not None) as tape:
             losses = self.towers_fn(params, xs, ys, extras)
             with tf.device(self.combine_device):
                 loss = combine_losses(losses, weights)
+        if cap is not None:
+            cap["loss"] = losses
         if self.combine == "loss_mean":
+            if cap is not None:
+                cap["grads"] = [tape.gradient(losses[r], self.variables) for r in range(n)]
             return loss, tape.gradient(loss, self.variables)
         tower_grads = []
         for r, dev in enumerate(self.devices):
             with tf.device(dev), tf.name_scope(f"tower_{r}"):
                 g_r = tape.gradient(losses[r], self.variables)
+                if cap is not None:
+                    cap.setdefault("grads", []).append(g_r)
                 if self.clip is not None and self.clip.where == "per_device":
                     g_r = self.clip(g_r)
             tower_grads.append(g_r)
         del tape
+        if cap is not None and self.clip is not None and self.clip.where == "per_device":
+            cap["clipped"] = tower_grads
         with tf.device(self.combine_device):
             return loss, average_gradients(tower_grads, weights)
 
-    def _step_impl(self, x: tf.Tensor, y: tf.Tensor, extra: Mapping[str, tf.Tensor] | None = None):
+    def _step_impl(self, x: tf.Tensor, y: tf.Tensor, extra: Mapping[str, tf.Tensor] | None = None,
+                   capture: bool = False):
         n = len(self.devices)
         xs, ys = split_batch(x, n, self.shard), split_batch(y, n, self.shard)
         weights = tower_weights(shard_sizes(int(x.shape[0]), n, self.shard), self.weighting)
-        if self.towers_fn is not None:
-            loss, grads = self._lockstep(xs, ys, extra or {}, weights)
-        elif self.combine == "grad_mean":
-            losses, tower_grads = [], []
-            for r, dev in enumerate(self.devices):
-                with tf.device(dev), tf.name_scope(f"tower_{r}"):
-                    with tf.GradientTape() as tape:
-                        loss_r = self._tower_loss(xs[r], ys[r])
-                    g_r = tape.gradient(loss_r, self.variables)
-                    if self.clip is not None and self.clip.where == "per_device":
-                        g_r = self.clip(g_r)
-                    tower_grads.append(g_r)
-                losses.append(loss_r)
-            with tf.device(self.combine_device):
-                grads = average_gradients(tower_grads, weights)
-                loss = combine_losses(losses, weights)
-        else:
-            with tf.GradientTape() as tape:
-                losses = []
+        cap: dict | None = {} if capture else None
+        with recording_activations() if capture else contextlib.nullcontext() as acts:
+            if self.towers_fn is not None:
+                loss, grads = self._lockstep(xs, ys, extra or {}, weights, cap)
+            elif self.combine == "grad_mean":
+                losses, tower_grads = [], []
                 for r, dev in enumerate(self.devices):
                     with tf.device(dev), tf.name_scope(f"tower_{r}"):
-                        losses.append(self._tower_loss(xs[r], ys[r]))
+                        with tf.GradientTape() as tape:
+                            loss_r = self._tower_loss(xs[r], ys[r])
+                        g_r = tape.gradient(loss_r, self.variables)
+                        if cap is not None:
+                            cap.setdefault("grads", []).append(g_r)
+                        if self.clip is not None and self.clip.where == "per_device":
+                            g_r = self.clip(g_r)
+                        tower_grads.append(g_r)
+                    losses.append(loss_r)
+                if cap is not None:
+                    cap["loss"] = losses
+                    if self.clip is not None and self.clip.where == "per_device":
+                        cap["clipped"] = tower_grads
                 with tf.device(self.combine_device):
+                    grads = average_gradients(tower_grads, weights)
                     loss = combine_losses(losses, weights)
-            grads = tape.gradient(loss, self.variables)
+            else:
+                with tf.GradientTape(persistent=cap is not None) as tape:
+                    losses = []
+                    for r, dev in enumerate(self.devices):
+                        with tf.device(dev), tf.name_scope(f"tower_{r}"):
+                            losses.append(self._tower_loss(xs[r], ys[r]))
+                    with tf.device(self.combine_device):
+                        loss = combine_losses(losses, weights)
+                grads = tape.gradient(loss, self.variables)
+                if cap is not None:
+                    cap["loss"] = losses
+                    cap["grads"] = [tape.gradient(losses[r], self.variables) for r in range(n)]
         with tf.device(self.combine_device):
+            if cap is not None:
+                cap["combined"] = list(grads)
             if self.clip is not None and self.clip.where == "after_combine":
                 grads = self.clip(grads)
             self.optimizer.apply(grads, self.variables)
-        return loss, grads
+        if cap is None:
+            return loss, grads
+        cap["x"] = tf.concat(xs, axis=0)
+        layers: dict[int, list[tf.Tensor]] = {}
+        for i, hs in acts:  # per-tower forward calls append one tower at a time, in tower order
+            layers.setdefault(i, []).extend(hs)
+        cap["acts"] = {str(i): tf.concat(hs, axis=0) for i, hs in layers.items() if len(hs) == n}
+        cap["loss"] = tf.stack(cap["loss"])
+        for key in ("grads", "clipped"):
+            if key in cap:
+                cap[key] = [tf.stack([g_r[j] for g_r in cap[key]]) for j in range(len(self.names))]
+        return loss, grads, cap
 
     def step(self, x: np.ndarray | tf.Tensor, y: np.ndarray | tf.Tensor,
-             extra: Mapping[str, np.ndarray | tf.Tensor] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+             extra: Mapping[str, np.ndarray | tf.Tensor] | None = None,
+             capture: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """One synchronous step on a global batch.
 
         Args:
             x: ``[B, *input_shape]``; y: targets ``[B, ...]``.
             extra: more per-example arrays ``[B, ...]`` (dropout masks), split
                 like ``x`` and handed to ``towers_fn``.
+            capture: also keep this step's per-tower values in :attr:`captured`
+                (a second trace of the step, used for one step of a run).
         Returns:
             the combined loss (a scalar) and the combined gradient applied, by name.
+
+        :attr:`captured` after a capture step (N towers, B rows, shards concatenated in tower order)::
+
+            x [B, ...], sizes [N], loss [N] (each tower's own loss l_r),
+            act/<layer> [B, ...] (each layer's output), grad/<name> [N, ...] (d l_r / d param,
+            before clipping and weighting), clipped/<name> [N, ...] (per_device clipping),
+            combined/<name> [...] (the combined gradient before after_combine clipping)
         """
         if extra and self.towers_fn is None:
             raise ValueError("per-example extras (dropout masks) need a towers_fn")
         extra = {k: tf.convert_to_tensor(v) for k, v in (extra or {}).items()}
-        loss, grads = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y), extra)
+        x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        if capture:
+            loss, grads, cap = self._capture_step(x, y, extra)
+            sizes = shard_sizes(int(x.shape[0]), len(self.devices), self.shard)
+            out = {"x": cap["x"].numpy(), "sizes": np.asarray(sizes, np.int64), "loss": cap["loss"].numpy()}
+            out.update({f"act/{i}": h.numpy() for i, h in cap["acts"].items()})
+            for key, prefix in (("grads", "grad"), ("clipped", "clipped")):
+                if key in cap:
+                    out.update({f"{prefix}/{k}": g.numpy() for k, g in zip(self.names, cap[key], strict=True)})
+            out.update({f"combined/{k}": g.numpy() for k, g in zip(self.names, cap["combined"], strict=True)})
+            self.captured = out
+        else:
+            loss, grads = self._step(x, y, extra)
         return loss.numpy(), {k: g.numpy() for k, g in zip(self.names, grads, strict=True)}
 
     def values(self) -> dict[str, np.ndarray]:

@@ -34,15 +34,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data import rank_batches, single_batches
 from .losses import model_loss
 from .models import CaseModel
-from .optimizers import clip_grads, make_optimizer, make_scheduler
+from .optimizers import clip_grads, exported, load_state, make_optimizer, make_scheduler
 from .pool import RankContext
 
-__all__ = ["shard_rows", "train_rank", "train_single"]
+__all__ = ["shard_rows", "train_rank", "train_single", "merge_captures"]
 
 
 def shard_rows(batch: int, n: int, rank: int, shard: str) -> np.ndarray:
@@ -67,6 +68,11 @@ def _arrays(payload: dict[str, Any]) -> tuple[torch.dtype, torch.Tensor, torch.T
     return dtype, x, y
 
 
+def _compute(spec: dict[str, Any]) -> torch.dtype | None:
+    """The autocast dtype of the forward pass: bfloat16 for ``mixed_bfloat16`` (float32 parameters), else none."""
+    return torch.bfloat16 if spec["dtype"] == "mixed_bfloat16" else None
+
+
 def _masks(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Dropout keep-masks by layer index, bool ``[rows, *layer_input_shape]`` (canonical layout)."""
     return {i: torch.as_tensor(np.asarray(m, bool)) for i, m in (payload.get("masks") or {}).items()}
@@ -75,8 +81,15 @@ def _masks(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
 def _shard_loss(module: torch.nn.Module, model_spec: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
                 masks: dict[str, torch.Tensor], rows: torch.Tensor | slice,
                 sample_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """The loss of data rows ``rows`` through ``module`` (a :class:`CaseModel` or its DDP wrapper)."""
-    out, logits = module(x[rows], {i: m[rows] for i, m in masks.items()}, with_logits=True)
+    """The loss of data rows ``rows`` through ``module`` (a :class:`CaseModel` or its DDP wrapper).
+
+    Mixed precision (``CaseModel.compute`` bfloat16): the forward pass, DDP wrapper
+    included, runs under ``torch.autocast("cpu", dtype=torch.bfloat16)``, as a user
+    writes it; the loss is outside it, in float32 (``torchref.losses.model_loss``).
+    """
+    compute = getattr(module, "module", module).compute  # DDP keeps the CaseModel as .module
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
+        out, logits = module(x[rows], {i: m[rows] for i, m in masks.items()}, with_logits=True)
     return model_loss(model_spec, out, y[rows], logits, sample_weight=sample_weight)
 
 
@@ -117,6 +130,52 @@ def _trajectory(losses, params, grads, states=None) -> dict[str, np.ndarray]:
     return traj
 
 
+def _capture_hook(named: dict[str, torch.nn.Parameter], store: dict[str, np.ndarray], armed: list[bool]):
+    """A DDP communication hook: copy each bucket's local gradients (before the all-reduce), then all-reduce.
+
+    The copy is this rank's own gradient of what it backpropagated, before DDP's
+    division by N; :func:`default_hooks.allreduce_hook` then does what DDP does
+    without a hook (divide by the world size, all-reduce sum).
+    """
+    names = {id(p): k for k, p in named.items()}
+
+    def hook(group, bucket):  # noqa: ANN001, ANN202  (DDP checks these annotations: none, or its own types)
+        if armed[0]:
+            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                store[names[id(p)]] = g.detach().numpy().copy()
+        return default_hooks.allreduce_hook(group, bucket)
+
+    return hook
+
+
+def merge_captures(results: list[Any]) -> dict[str, np.ndarray]:
+    """The ``device/...`` arrays of a captured step from every rank's job result (rank order).
+
+    Rank 0's result is its trajectory with ``device/`` entries for itself; the
+    others return ``{"device": {...}}``. Rows (inputs, activations) are
+    concatenated in rank order, per-rank scalars and gradients stacked.
+    """
+    traj = dict(results[0])
+    mine = {k[len("device/"):]: traj.pop(k) for k in list(traj) if k.startswith("device/")}
+    if not mine:
+        return traj
+    ranks = [mine] + [r["device"] for r in results[1:]]
+    step = mine.pop("step")
+    for r in ranks[1:]:
+        r.pop("step", None)
+    out = {"device/step": step, "device/sizes": np.asarray([len(r["x"]) for r in ranks], np.int64)}
+    for key in mine:
+        vals = [r[key] for r in ranks]
+        if key == "x" or key.startswith("act/"):
+            out[f"device/{key}"] = np.concatenate(vals, axis=0)
+        elif key.startswith("combined/"):
+            out[f"device/{key}"] = vals[0]
+        else:
+            out[f"device/{key}"] = np.stack(vals)
+    traj.update(out)
+    return traj
+
+
 def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """Train one rank of a DDP job; rank 0 returns the trajectory, the others ``None``.
 
@@ -134,12 +193,17 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # sync batch norm all-reduces its statistics over the job's group; local keeps each
     # rank's own, and DDP broadcasts rank 0's buffers at every forward (broadcast_buffers)
     model = CaseModel(model_spec["layers"], payload["init"], dtype,
-                      batch_norm=par.get("batch_norm", "local"), group=ctx.group)
+                      batch_norm=par.get("batch_norm", "local"), group=ctx.group, compute=_compute(spec))
     # DDP broadcasts rank 0's parameters at construction: all ranks start equal anyway
     ddp = DDP(model, process_group=ctx.group)
     opt = make_optimizer(spec["optimizer"], model.parameters())
     sched = make_scheduler(spec["optimizer"], opt)
+    load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state
     clip, clip_sem = par.get("clip"), spec["optimizer"]["semantics"]
+    capture = payload.get("capture")
+    local_grads: dict[str, np.ndarray] = {}
+    armed = [False]
+    cap: dict[str, Any] = {}
     # Per-device clipping needs each rank's *global* gradient norm before the ranks are
     # averaged. A DDP comm hook (register_comm_hook) sees one bucket at a time, and DDP
     # launches a bucket's allreduce as soon as that bucket is ready, so a hook could only
@@ -147,6 +211,8 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # run inside it too), clip the rank's own gradient, weight it, allreduce it by hand.
     per_device = clip is not None and clip["where"] == "per_device"
     named = model.canonical()
+    if capture and not per_device:  # per_device runs under no_sync: the local gradient is read directly
+        ddp.register_comm_hook(ctx.group, _capture_hook(named, local_grads, armed))
     batch = spec["data"]["global_batch"]
     rows = [shard_rows(batch, n, q, par["shard"]) for q in range(n)]
     sizes = [len(ix) for ix in rows]
@@ -157,8 +223,11 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     states = {k: [v] for k, v in _snapshot(model.state()).items()}
     grads: dict[str, list[np.ndarray]] = {k: [] for k in named}
     losses = []
-    for _ in range(spec["steps"]):
+    for step in range(1, spec["steps"] + 1):
         x_r, y_r, pos = next(feed)
+        capturing = capture == step
+        armed[0] = capturing
+        model.trace = {} if capturing else None
         with ddp.no_sync() if per_device else contextlib.nullcontext():
             l_r = _shard_loss(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()}, slice(None),
                               None if weights is None else weights[pos])
@@ -166,7 +235,11 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
             if per_device:
                 l_r.backward()  # g_r, this rank's own gradient, not yet weighted
         if per_device:
+            if capturing:
+                local_grads.update({k: p.grad.detach().numpy().copy() for k, p in named.items()})
             clip_grads(model.parameters(), clip["global_norm"], clip_sem)
+            if capturing:
+                cap["clipped"] = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
             for p in model.parameters():
                 p.grad.mul_(w[r])
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=ctx.group)
@@ -183,6 +256,15 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
             (l_r if par["weighting"] == "equal" else l_r * (n * w[r])).backward()
             loss_value = (l_r.detach() * w[r]).clone()
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
+        if capturing:
+            # the rank backpropagated s_r l_r (s_r = 1 for plain DDP, N w_r when weighted or through the
+            # differentiable all-reduce of loss_mean): d l_r / d param is the hook's copy / s_r
+            scale = 1.0 if per_device or (par["combine"] == "grad_mean" and par["weighting"] == "equal") else n * w[r]
+            cap.update({"x": x_r.numpy().copy(), "loss": l_r.detach().numpy().copy(), "step": np.asarray(step),
+                        "grad": {k: v / scale for k, v in local_grads.items()},
+                        "combined": {k: p.grad.detach().numpy().copy() for k, p in named.items()},
+                        "act": dict(model.trace)})
+            armed[0], model.trace = False, None
         if clip is not None and not per_device:
             # after DDP's allreduce: every rank holds the same combined gradient and clips it alike
             clip_grads(model.parameters(), clip["global_norm"], clip_sem)
@@ -198,7 +280,22 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
                 params[name].append(p.detach().numpy().copy())
             for name, v in _snapshot(model.state()).items():
                 states[name].append(v)
-    return _trajectory(losses, params, grads, states) if r == 0 else None
+    device = _flat_capture(cap) if cap else None
+    if r != 0:
+        return None if device is None else {"device": device}
+    traj = _trajectory(losses, params, grads, states)
+    traj.update({f"device/{k}": v for k, v in (device or {}).items()})
+    traj.update(exported(opt, named, payload))  # lockstep: the optimizer state after the run
+    return traj
+
+
+
+def _flat_capture(cap: dict[str, Any]) -> dict[str, np.ndarray]:
+    """One rank's captured step as flat ``key -> array`` (``grad/<name>``, ``act/<layer>``, ...)."""
+    out = {"x": cap["x"], "loss": cap["loss"], "step": cap["step"]}
+    for group in ("grad", "clipped", "combined", "act"):
+        out.update({f"{group}/{k}": v for k, v in cap.get(group, {}).items()})
+    return out
 
 
 def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -208,9 +305,11 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     dtype, x, y = _arrays(payload)
     masks = _masks(payload)
     weights = _weights(payload, dtype)
-    model = CaseModel(model_spec["layers"], payload["init"], dtype, batch_norm=spec["parallel"].get("batch_norm", "local"))
+    model = CaseModel(model_spec["layers"], payload["init"], dtype, batch_norm=spec["parallel"].get("batch_norm", "local"),
+                      compute=_compute(spec))
     opt = make_optimizer(spec["optimizer"], model.parameters())
     sched = make_scheduler(spec["optimizer"], opt)
+    load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state
     clip = spec["parallel"].get("clip")
     named = model.canonical()
     batch = spec["data"]["global_batch"]
@@ -219,15 +318,24 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     grads: dict[str, list[np.ndarray]] = {k: [] for k in named}
     losses = []
     feed = _feed(payload, x, y, np.arange(batch), ranks=None)
-    for _ in range(spec["steps"]):
+    capture, cap = payload.get("capture"), {}
+    for step in range(1, spec["steps"] + 1):
         x_k, y_k, pos = next(feed)
+        model.trace = {} if capture == step else None
         loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None),
                            None if weights is None else weights[pos])
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if capture == step:  # one device: its gradient is the combined one, clipped (if at all) as a whole
+            local = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
+            cap = {"x": x_k.numpy().copy(), "loss": loss.detach().numpy().copy(), "step": np.asarray(step),
+                   "grad": local, "combined": local, "act": dict(model.trace)}
+            model.trace = None
         if clip is not None:
             # one device: nothing to average, so per_device and after_combine are the same
             clip_grads(model.parameters(), clip["global_norm"], spec["optimizer"]["semantics"])
+            if capture == step and clip["where"] == "per_device":  # what is combined is the clipped gradient
+                cap["clipped"] = cap["combined"] = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
         for name, p in named.items():
             grads[name].append(p.grad.detach().numpy().copy())
         opt.step()
@@ -238,4 +346,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
             params[name].append(p.detach().numpy().copy())
         for name, v in _snapshot(model.state()).items():
             states[name].append(v)
-    return _trajectory(losses, params, grads, states)
+    traj = _trajectory(losses, params, grads, states)
+    traj.update({f"device/{k}": v for k, v in (_flat_capture(cap) if cap else {}).items()})
+    traj.update(exported(opt, named, payload))  # lockstep: the optimizer state after the run
+    return traj

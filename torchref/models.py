@@ -35,6 +35,20 @@ sync
     ``mu = S / n``, ``var = max(Q / n - mu^2, 0)``, and ``running_var`` gets
     ``var n / (n - 1)`` with the global ``n`` (as ``batch_norm_gather_stats_with_counts``
     does), or the biased ``var`` under ``tf`` semantics.
+
+Mixed precision (case dtype ``mixed_bfloat16``): the parameters stay float32 and the
+caller runs the forward pass under ``torch.autocast("cpu", dtype=torch.bfloat16)``
+(:func:`torchref.ddp._shard_loss`, around the DDP wrapper), which decides per op
+(torch 2.13's CPU autocast lists): ``matmul``/``linear``/``conv2d`` cast their
+operands to bfloat16 (conv2d its bias too) and return bfloat16; anything not on a
+list runs in its inputs' promoted dtype, so a dense layer's ``h @ W + b`` is a
+bfloat16 product plus a float32 bias: the sum, and the activation after it, are
+float32, and the next matmul rounds them to bfloat16. Max pooling, flatten and
+dropout keep bfloat16. Batch norm computes in float32 and returns bfloat16
+(:meth:`CaseModel._batch_norm`, what torch's own CPU kernel does for bfloat16
+input: float32 accumulation, output in the input's dtype). The loss is computed
+in float32 (:func:`torchref.losses.model_loss`). ``compute`` only records the
+setting; the casts are autocast's.
 """
 
 from __future__ import annotations
@@ -85,15 +99,22 @@ class CaseModel(nn.Module):
         batch_norm: ``local`` or ``sync`` (the case's ``parallel.batch_norm``).
         group: the process group that ``sync`` statistics are all-reduced over
             (``None``: this process's batch is the whole batch).
+        compute: ``torch.bfloat16`` when the forward pass is to run under CPU autocast
+            (mixed precision; the caller enters it), else ``None``.
     """
 
     def __init__(self, layers: list[dict], init: Mapping[str, np.ndarray], dtype: torch.dtype, *,
-                 batch_norm: str = "local", group: dist.ProcessGroup | None = None) -> None:
+                 batch_norm: str = "local", group: dist.ProcessGroup | None = None,
+                 compute: torch.dtype | None = None) -> None:
         super().__init__()
+        self.compute = compute
         if batch_norm not in ("local", "sync"):
             raise ValueError(f"batch_norm must be local or sync, got {batch_norm!r}")
         self.layers = layers
         self.batch_norm, self.group = batch_norm, group
+        #: when a dict: every layer's output (canonical layout, detached copy) by layer index, set by
+        #: the capture step of a run (CONTRACT §6 ``forward`` stage)
+        self.trace: dict[str, np.ndarray] | None = None
         self.params = nn.ParameterDict(
             {k.replace(".", "_"): nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype)) for k, v in init.items() if not _is_state(k)}
         )
@@ -116,6 +137,9 @@ class CaseModel(nn.Module):
         gamma, beta = self._p(i, "gamma"), self._p(i, "beta")
         rm, rv = getattr(self, f"{i}_moving_mean"), getattr(self, f"{i}_moving_variance")
         m, eps, sem = layer["momentum"], layer["epsilon"], layer["semantics"]
+        out_dtype = h.dtype
+        if h.dtype == torch.bfloat16:  # float32 statistics and normalisation, bfloat16 out (class docstring)
+            h = h.float()
         channels_last = h.dim() == 3  # [B, L, C]: torch wants the channels at dim 1
         if channels_last:
             h = h.movedim(-1, 1)
@@ -150,6 +174,7 @@ class CaseModel(nn.Module):
                     mom = 1.0 - m
                     rm.copy_((1.0 - mom) * rm + mom * mean)
                     rv.copy_((1.0 - mom) * rv + mom * var * (n / (n - 1)))
+        out = out.to(out_dtype)
         return out.movedim(1, -1) if channels_last else out
 
     def forward(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor] | None = None, *,
@@ -198,6 +223,11 @@ class CaseModel(nn.Module):
                     h = h * (keep.to(h.dtype) / (1.0 - layer["rate"]))
             else:
                 raise ValueError(f"layer {i}: unknown type {kind!r}")
+            if self.trace is not None:
+                out = h.permute(0, 2, 3, 1) if h.dim() == 4 else h
+                out = out.detach()
+                # bfloat16 -> float32 is exact (numpy has no bfloat16); float64 stays float64
+                self.trace[str(i)] = (out.float() if out.dtype == torch.bfloat16 else out).numpy().copy()
         if h.dim() == 4:
             h = h.permute(0, 2, 3, 1)  # back to canonical NHWC
         if pre.dim() == 4:

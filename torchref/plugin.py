@@ -162,6 +162,8 @@ class Run:
         group: the job's process group (``None`` for a ``single`` plugin); pass it to
             ``DistributedDataParallel(process_group=...)`` and to collectives.
         torch_dtype: ``torch.float32`` or ``torch.float64``.
+        capture_step: the step (1-based) whose per-device values the tool asks for, or ``None``
+            (see :meth:`record`).
     """
 
     def __init__(self, payload: Mapping[str, Any], rank: int = 0, world_size: int = 1, group: Any = None) -> None:
@@ -182,6 +184,35 @@ class Run:
         self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
+        self.capture_step: int | None = payload.get("capture")
+        self._device: dict[str, Any] | None = None
+        self._hooked: dict[str, np.ndarray] = {}
+
+    def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
+        """Record this rank's gradients before DDP's all-reduce, through a DDP communication hook.
+
+        Args:
+            ddp: the ``DistributedDataParallel`` module (before its first backward).
+            params: ``{name: parameter}`` under the names ``run.begin`` uses.
+            scale: what the rank multiplied its own loss by before ``backward`` (1 for plain DDP):
+                the recorded ``device_grads`` are the hook's gradients divided by it.
+
+        At :attr:`capture_step` the hook copies each bucket's local gradients (TF layouts) and
+        :meth:`record` reports them as ``device_grads`` unless given explicitly; at other steps it
+        only runs DDP's own all-reduce (``allreduce_hook``: divide by N, sum).
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        names = {id(p): k for k, p in params.items()}
+
+        def hook(group, bucket):  # noqa: ANN001, ANN202  (DDP checks these annotations: none, or its own types)
+            if self.capture_step == len(self._steps) + 1:
+                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                    if id(p) in names:
+                        self._hooked[names[id(p)]] = _numpy(to_tf(g.detach() / scale))
+            return default_hooks.allreduce_hook(group, bucket)
+
+        ddp.register_comm_hook(self.group, hook)
 
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``."""
@@ -209,19 +240,35 @@ class Run:
             raise RuntimeError("run.begin() was called twice; call it once, before the first step")
         self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
 
-    def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None) -> None:
-        """Once per step, after the update: the loss computed before it, every parameter after it (TF layouts)."""
+    def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
+               device_grads: Any = None, activations: Any = None, device_loss: Any = None,
+               device_inputs: Any = None) -> None:
+        """Once per step, after the update: the loss computed before it, every parameter after it (TF layouts).
+
+        Optionally, this rank's own values of the step (kept only at :attr:`capture_step`, where
+        they localise a divergence to a stage and a rank, CONTRACT §6): ``device_grads``
+        ``{name: d l_r / d param}`` (TF layouts; the gradient of this rank's own loss, before
+        DDP's all-reduce, clipping and weighting: what a DDP communication hook sees when the rank
+        backpropagates its own mean loss), ``activations`` ``{layer name: output}``,
+        ``device_loss`` (``l_r``) and ``device_inputs`` (this rank's input rows).
+        """
         self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
                             "grads": None if grads is None else _named(grads, "record(grads=...)"),
                             "state": _named(state, "record(state=...)")})
+        if self.capture_step == len(self._steps):
+            device_grads = self._hooked or None if device_grads is None else device_grads
+            self._device = {"grads": None if device_grads is None else _named(device_grads, "record(device_grads=...)"),
+                            "acts": None if activations is None else _named(activations, "record(activations=...)"),
+                            "losses": None if device_loss is None else _numpy(device_loss),
+                            "inputs": None if device_inputs is None else _numpy(device_inputs)}
 
     def records(self, full: bool) -> dict[str, Any]:
         """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check)."""
         rows = ([self._begun["params"]] if self._begun else []) + [s["params"] for s in self._steps]
         digests = [{k: _digest(v) for k, v in r.items()} for r in rows]
         if full:
-            return {"begin": self._begun, "steps": self._steps, "digests": digests}
-        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps)}
+            return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device}
+        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
 
 
 def _import(location: Mapping[str, str]) -> Callable:

@@ -56,6 +56,8 @@ __all__ = [
     "SHARDS",
     "WEIGHTINGS",
     "DTYPES",
+    "MIXED_BFLOAT16",
+    "MIXED_COMBINES",
     "ORDERS",
 ]
 
@@ -64,7 +66,12 @@ SCHEMA = "parity-case/1"
 # making the tool allocate gigabytes (both are far above any case the checks need)
 MAX_PARAMETERS = 20_000_000
 MAX_INPUT_VALUES = 50_000_000
-DTYPES = ("float32", "float64")
+#: ``mixed_bfloat16``: float32 master weights and trajectory, layers computed in bfloat16
+#: (Keras' ``mixed_bfloat16`` policy, torch's CPU autocast; docs/mixed-precision.md)
+MIXED_BFLOAT16 = "mixed_bfloat16"
+DTYPES = ("float32", "float64", MIXED_BFLOAT16)
+#: the combine rules a mixed-precision case runs with (tf.towers, tf.single, torch.ddp, torch.single)
+MIXED_COMBINES = ("grad_mean", "loss_mean")
 # data.order: split (the global batch split as parallel.shard says) or distributed_sampler
 # (torch's DistributedSampler + DataLoader order, padding included; docs/data-pipeline.md)
 ORDERS = ("split", "distributed_sampler")
@@ -107,6 +114,9 @@ class Case:
     source: Path | None = field(default=None)
     perm: np.ndarray | None = field(default=None)
     w: np.ndarray | None = field(default=None)
+    #: a step (1-based) whose per-device values the implementations should record (``device/...``
+    #: arrays, CONTRACT §6 stages); set by localisation with ``dataclasses.replace``, never from a file
+    capture: int | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -125,7 +135,7 @@ class Case:
         from parity_tests.contract.generators import dropout_masks
 
         return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec),
-                "perm": self.perm, "w": self.w}
+                "perm": self.perm, "w": self.w, "capture": self.capture}
 
     def replace(self, **changes: Any) -> Case:
         """A copy with top-level or dotted spec fields changed and re-validated.
@@ -480,6 +490,9 @@ def case_from_dict(
     model, in_shape, out_shape = validate_model(need(raw, "model", ""))
     parallel = validate_parallel(need(raw, "parallel", ""))
     check_combine_model(parallel, model["layers"], raw.get("data"))
+    if dtype == MIXED_BFLOAT16 and parallel["combine"] not in MIXED_COMBINES:
+        raise CaseError("parallel.combine", f"{' or '.join(MIXED_COMBINES)} with dtype {MIXED_BFLOAT16}"
+                                            " (mixed precision runs on the synchronous paths)", parallel["combine"])
     steps = integer(need(raw, "steps", ""), "steps", 1, 100_000)
     optimizer = validate_optimizer(need(raw, "optimizer", ""))
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)

@@ -23,6 +23,7 @@ reported beside the verdict.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,18 +31,29 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.case import Case
+from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
-from parity_tests.judging.localise import localise
-from parity_tests.judging.theory import Prediction, keras_rounds_hyperparameters, predict
+from parity_tests.judging.localise import REFINABLE, localise, stage_chain
+from parity_tests.judging.theory import (
+    Prediction,
+    keras_rounds_hyperparameters,
+    predict,
+    reported_loss_differs,
+    stage_of,
+)
 from parity_tests.judging.tolerance import (
+    BF16_SIGNATURE,
+    RULE_BF16_PERTURBATION,
+    RULE_BF16_SIGNATURE,
     RULE_FLOAT64,
     RULE_NONFINITE,
     Verdict,
+    bfloat16_signature,
     judge_float32,
     judge_float64,
     judge_perturbation,
+    perturb_bf16_ulp,
     perturb_scalars,
     perturb_ulp,
 )
@@ -57,6 +69,8 @@ Runner = Callable[[Case, str], dict[str, np.ndarray]]
 #: declare float64, else the perturbation), or one of the two for every pair (the benchmark compares them)
 FLOORS = ("auto", "float64", "perturbation")
 PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
+#: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
+BF16_CHECK = "float32-step1"
 
 
 @dataclass
@@ -195,6 +209,38 @@ def _findings_guard(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.
                                detail="; ".join(found) + f"; between the implementations: {verdict.detail}")
 
 
+def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
+    """A mixed pair whose losses are different quantities (``theory.reported_loss_differs``): say so, with the gap."""
+    la, lb = np.asarray(a["loss"], np.float64), np.asarray(b["loss"], np.float64)
+    gap = float(np.max(np.abs(la - lb) / np.maximum(np.maximum(np.abs(la), np.abs(lb)), 1e-2))) if la.size else 0.0
+    first, _, rest = verdict.detail.partition("\n")
+    note = (f"; loss reported, not judged: Keras takes it from bfloat16 logits, torch from float32 ones"
+            f" (greatest relative loss gap {gap:.2e})")
+    return dataclasses.replace(verdict, detail=first + note + (("\n" + rest) if rest else ""))
+
+
+def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Verdict:
+    """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
+
+    ``tolerance.bfloat16_signature``: by the triangle inequality such a side is within the
+    bfloat16 noise of a correct one, so the floors cannot find it; this check does.
+    """
+    if verdict.status in ("error", UNSUPPORTED):
+        return verdict
+    for side in (ref, impl):
+        mixed, f32 = trajs.get(f"{side}@{MIXED_BFLOAT16}"), trajs.get(f"{side}@{BF16_CHECK}")
+        if mixed is None or f32 is None:
+            continue
+        gap, key = bfloat16_signature(mixed, f32)
+        if gap < BF16_SIGNATURE:
+            detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
+                      f" (greatest relative gap {gap:.2e} at {key}, expected >= {BF16_SIGNATURE:.2e}: bfloat16 rounds"
+                      f" every matmul operand by up to 2^-9); between the implementations: {verdict.detail}")
+            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=BF16_SIGNATURE,
+                                       detail=detail, key=key, step=1, first_step=1)
+    return verdict
+
+
 def _f32(v: float) -> float:
     return float(np.float32(v))
 
@@ -236,13 +282,18 @@ def perturbed_case(case: Case) -> Case:
     part of a float32 run's error (docs/tolerance.md, rule 3). The targets stay: they
     are labels with a valid range (``[0, 1]`` for ``sigmoid_ce``) more often than
     rounded measurements, and the inputs already make every forward pass round anew.
+
+    A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
+    round them to bfloat16; the weights and hyperparameters stay float32 storage):
+    ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision".
     """
     seed = case.spec.get("seed", 0)
     opt = case.spec["optimizer"]
     moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics")}, seed)
     if moved:
         case = case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
-    return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_ulp({"x": case.x}, seed)["x"])
+    move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
+    return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
 
 
 def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
@@ -252,6 +303,8 @@ def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
     ref = impls[0]
     if case.spec["dtype"] == "float64":
         return {impl: "float64" for impl in impls[1:]}
+    if case.spec["dtype"] == MIXED_BFLOAT16:  # no float64 run computes in bfloat16: always measured by perturbation
+        return {impl: "perturbation" for impl in impls[1:]}
     if floor != "auto":
         return {impl: floor for impl in impls[1:]}
     # float64 runs only where both sides of the pair declare they can make them
@@ -269,10 +322,75 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str],
                 plan.append((side, "float64", False))
             elif rule == "perturbation" and _rerunnable(side):
                 plan.append((side, PERTURBED, False))
+    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard)
+        plan.extend((impl, BF16_CHECK, False) for impl in impls if _rerunnable(impl))
     for impl, side in mapped_needed.items():
         if side is not None and rules[impl] == "float64":
             plan.append((side, "float64", True))
     return plan
+
+
+def _beside(work: Callable[[list], None], here: list, there: list) -> None:
+    """``work(here)`` in this thread while ``work(there)`` runs in another; the first error is raised.
+
+    The other thread is a daemon: on an error or Ctrl-C here it is not waited for (its pool job
+    ends when the pool is shut down at exit, which leaves no worker behind).
+    """
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work(there)
+        except BaseException as e:  # handed to the caller's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="tfpar-torch-runs", daemon=True)
+    thread.start()
+    work(here)
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _inside_step(where: dict[str, Any], verdict: Verdict, ref: str, impl: str, case: Case,
+                 mapped: tuple[bool, bool], runner: Runner, captured: dict) -> dict[str, Any]:
+    """``where`` refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture."""
+    step = where.get("first_bad_step")
+    if where.get("stage") not in REFINABLE or not step:
+        return where
+    missing = [i for i in (ref, impl) if not registry.resolve(i, "impls").captures]
+    if missing:
+        return {**where, "explanation": where["explanation"] + f" (per-device values: {', '.join(missing)} does not"
+                                                                 " record them)"}
+    trajs = []
+    for name, m in zip((ref, impl), mapped, strict=True):
+        key = (name, step, m, case.spec["dtype"])
+        if key not in captured:
+            c = case
+            if m:
+                c, _ = _keras_mapped(c)
+            captured[key] = runner(dataclasses.replace(c, capture=step), name)
+        trajs.append(captured[key])
+    bound = float(verdict.per_step_bound[step]) if getattr(verdict, "per_step_bound", None) is not None \
+        and step < len(verdict.per_step_bound) and np.isfinite(verdict.per_step_bound[step]) else float(verdict.bound)
+    chain = stage_chain(trajs[0], trajs[1], step, bound, case.spec)
+    if chain is None:
+        return {**where, "explanation": where["explanation"] + " (per-device values: not recorded at this step)"}
+    if chain["stage"] is None:  # every captured stage agrees: keep what the recorded channels said
+        return {**where, "chain": chain["chain"],
+                "explanation": where["explanation"] + " (" + chain["explanation"].split(": ", 1)[-1] + ")"}
+    return chain
+
+
+def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
+    """Say whether a predicted difference appeared first at the stage theory names for it."""
+    stage = stage_of(pred.expected[0])
+    seen = where.get("stage")
+    note = (f"; theory predicted it first at {stage}: " + ("it appeared there" if seen == stage else
+                                                           "it did not appear" if seen is None else
+                                                           f"it appeared first at {seen}"))
+    return {**where, "predicted_stage": stage, "as_predicted": seen == stage,
+            "explanation": where["explanation"] + note}
 
 
 def compare_case(
@@ -283,6 +401,7 @@ def compare_case(
     runner: Runner | None = None,
     skip_unsupported: bool = False,
     floor: str = "auto",
+    stages: bool = True,
 ) -> CaseResult:
     """Run ``case`` on every implementation in ``impls`` and judge each against ``impls[0]``.
 
@@ -297,18 +416,27 @@ def compare_case(
         floor: for a float32 case, how each side's noise floor is measured: ``"auto"``
             (float64 runs where both sides declare float64, else the one-ulp
             perturbation), ``"float64"`` or ``"perturbation"`` for every pair.
+        stages: for a pair not at parity whose first bad step breaks inside the step (the loss or
+            the combined gradient), run both sides once more recording that step's per-device
+            values and name the first stage that breaks (:func:`localise.stage_chain`); costs
+            one run per side and step, only for such pairs.
     """
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
+    default_runner = runner is None
     runner = runner or (lambda c, i: run_impl(c, i))
     t0 = time.perf_counter()
     f64 = case if case.spec["dtype"] == "float64" else case.replace(dtype="float64")
     variants = {case.spec["dtype"]: case, "float64": f64}
-    if case.spec["dtype"] == "float32":
+    if case.spec["dtype"] in ("float32", MIXED_BFLOAT16):
         variants[PERTURBED] = perturbed_case(case)
+    if case.spec["dtype"] == MIXED_BFLOAT16:
+        variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
-    pairs_pred = {impl: predict(f64.spec, ref, impl) for impl in impls[1:]}
+    # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
+    theory_spec = case.spec if case.spec["dtype"] == MIXED_BFLOAT16 else f64.spec
+    pairs_pred = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     mapped_needed = {impl: keras_rounds_hyperparameters(f64.spec, ref, impl) for impl in impls[1:]}
     plan = _plan(case, impls, rules, mapped_needed)
     bar = None
@@ -319,30 +447,40 @@ def compare_case(
     trajs: dict[str, dict[str, np.ndarray]] = {}
     mapping_text: str | None = None
     refused: dict[str, str] = {}
-    for impl, d, mapped in plan:
-        key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
-        if key in trajs or impl in refused:
-            continue
-        c = variants[d]
-        if mapped:
-            c, mapping_text = _keras_mapped(c)
-        if bar is not None:
-            bar.set_postfix_str(key)
-        elif callable(progress):
-            progress(key)
-        try:
-            try:
-                trajs[key] = runner(c, impl)
-            except CaseError as e:
-                if not skip_unsupported or impl == ref:
-                    raise
-                refused[impl] = str(e)
-        except BaseException:
+    def work(items: list[tuple[str, str, bool]]) -> None:
+        nonlocal mapping_text
+        for impl, d, mapped in items:
+            key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
+            if key in trajs or impl in refused:
+                continue
+            c = variants[d]
+            if mapped:
+                c, mapping_text = _keras_mapped(c)
             if bar is not None:
-                bar.close()  # cleared, so the error line that follows starts a line of its own
-            raise
-        if bar is not None:
-            bar.update(1)
+                bar.set_postfix_str(key)
+            elif callable(progress):
+                progress(key)
+            try:
+                try:
+                    trajs[key] = runner(c, impl)
+                except CaseError as e:
+                    if not skip_unsupported or impl == ref:
+                        raise
+                    refused[impl] = str(e)
+            except BaseException:
+                if bar is not None:
+                    bar.close()  # cleared, so the error line that follows starts a line of its own
+                raise
+            if bar is not None:
+                bar.update(1)
+
+    torch_side = [item for item in plan if registry.resolve(item[0], "impls").framework == "torch"]
+    if default_runner and torch_side and len(torch_side) < len(plan):
+        # the torch runs wait on the worker pool (other processes): run them beside the TensorFlow
+        # runs of this process rather than after them; results and errors are the same
+        _beside(work, [item for item in plan if item not in torch_side], torch_side)
+    else:
+        work(plan)
     if bar is not None:
         bar.close()
 
@@ -350,6 +488,7 @@ def compare_case(
         return trajs[f"{impl}@{d}" + ("+keras-f32" if mapped else "")]
 
     pairs = []
+    captured: dict[tuple[str, int, bool, str], dict[str, np.ndarray]] = {}
     for impl in impls[1:]:
         pred = pairs_pred[impl]
         if impl in refused:
@@ -365,9 +504,14 @@ def compare_case(
             verdict = judge_float64(get(ref, "float64", ma), get(impl, "float64", mb), **kw)
         elif rules[impl] == "perturbation":
             verdict = judge_perturbation(
-                get(ref, "float32", False), get(impl, "float32", False),
+                get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False),  # float32 or mixed
                 a32p=trajs.get(f"{ref}@{PERTURBED}"), b32p=trajs.get(f"{impl}@{PERTURBED}"), **kw,
+                **({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
+                    " hyperparameters by one float32 ulp", "loss": False if reported_loss_differs(case.spec, ref, impl)
+                    else None} if case.spec["dtype"] == MIXED_BFLOAT16 else {}),
             )
+            if reported_loss_differs(case.spec, ref, impl):
+                verdict = _loss_reported(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
         else:
             verdict = judge_float32(
                 get(ref, "float32", False), get(impl, "float32", False),
@@ -376,6 +520,8 @@ def compare_case(
         verdict = _nonfinite_guard(verdict, get(ref, case.spec["dtype"], ma and case.spec["dtype"] == "float64"),
                                    get(impl, case.spec["dtype"], mb and case.spec["dtype"] == "float64"))
         verdict = _findings_guard(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
+        if case.spec["dtype"] == MIXED_BFLOAT16:
+            verdict = _bf16_guard(verdict, ref, impl, trajs)
         unmapped = None
         if side is not None:
             unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap
@@ -385,5 +531,10 @@ def compare_case(
             # float32 case, where 1e-10 would call float32 rounding a difference), mapped as judged
             d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else case.spec["dtype"]
             where = localise(get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64"), verdict)
+            if stages:
+                where = _inside_step(where, verdict, ref, impl, variants[d], (ma, mb) if d == "float64" else (False, False),
+                                     runner, captured)
+            if pred.expected:
+                where = _against_theory(where, pred)
         pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped, where))
     return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)

@@ -43,7 +43,7 @@ import numpy as np
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.tolerance import SCALE_FLOOR
 
-__all__ = ["STAGES", "localise", "row_gaps"]
+__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "stage_chain"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
@@ -176,3 +176,271 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
                                     " and parameters agree at every step: what was logged, not what was computed"
                                     " (e.g. one tower's loss, or a loss not averaged over ranks)")
     return first
+
+
+#: the stages a captured step can refine: what happens inside a step before its update
+REFINABLE = ("loss", "combined_grads")
+
+
+def _gap(a: Any, b: Any) -> float:
+    """``max|A - B| / max(max|A|, max|B|, SCALE_FLOOR)`` over a whole array (inf for different shapes)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        scale = max(float(np.nanmax(np.abs(a))), float(np.nanmax(np.abs(b))), SCALE_FLOOR)
+        d = np.abs(a - b)
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        return float(np.max(np.where(same, 0.0, d), initial=0.0) / scale)
+
+
+def _ratio(a: np.ndarray, b: np.ndarray) -> float | None:
+    """``c`` when ``B = c A`` to 1e-6 (a scaling: a weight, a missing or extra factor), else ``None``."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    aa = float(a @ a)
+    if aa == 0.0:
+        return None
+    c = float(a @ b) / aa
+    return c if np.abs(b - c * a).max() <= 1e-6 * max(np.abs(b).max(), 1e-300) else None
+
+
+def _split(rows: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    return np.split(np.asarray(rows), np.cumsum(sizes)[:-1])
+
+
+def _per_device(a: np.ndarray, b: np.ndarray, sizes: np.ndarray | None) -> list[float]:
+    """Per device gaps of row-concatenated arrays (one gap for the whole when sizes are unknown)."""
+    if sizes is None:
+        return [_gap(a, b)]
+    return [_gap(x, y) for x, y in zip(_split(a, sizes), _split(b, sizes), strict=True)]
+
+
+def _which(gaps: list[float], bound: float) -> tuple[int | None, list[int]]:
+    over = [r for r, g in enumerate(gaps) if g > bound]
+    return (over[0] if len(over) == 1 and len(gaps) > 1 else None), over
+
+
+def _devices_text(over: list[int], n: int, word: str) -> str:
+    if len(over) == n:
+        return f"every {word}"
+    return f"{word} " + ", ".join(map(str, over)) if len(over) > 1 else f"{word} {over[0]}"
+
+
+def _rule_of(d: Mapping[str, np.ndarray], combined: Mapping[str, np.ndarray], names: list[str], *,
+             scaled: bool = False) -> str | None:
+    """Which combination (equal mean, by-size mean, sum) of the device gradients ``d["grad/<p>"]`` ``combined`` is.
+
+    With ``scaled``, up to one common factor (a global-norm clip after the combination).
+    """
+    sizes = np.asarray(d["sizes"], np.float64)
+    n, total = len(sizes), sizes.sum()
+    rules = {"the equal mean (1/N each)": np.full(n, 1.0 / n), "the mean weighted by shard size (n_r/B)": sizes / total,
+             "the sum": np.ones(n)}
+    for text, w in rules.items():
+        mixed = np.concatenate([np.tensordot(w, np.asarray(d[f"grad/{p}"], np.float64), axes=1).ravel() for p in names])
+        got = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+        c = _ratio(mixed, got) if scaled else 1.0
+        if c is not None and _gap(c * mixed, got) < 1e-6:
+            return text + (f" times {c:.3g}" if scaled and abs(c - 1.0) > 1e-9 else "")
+    return None
+
+
+def _weighted(d: Mapping[str, np.ndarray], names: list[str], weighting: str) -> dict[str, np.ndarray]:
+    """``sum_r w_r g_r`` of the device gradients, ``w_r`` = 1/N (``equal``) or n_r/B (``by_size``)."""
+    sizes = np.asarray(d["sizes"], np.float64)
+    w = sizes / sizes.sum() if weighting == "by_size" else np.full(len(sizes), 1.0 / len(sizes))
+    return {p: np.tensordot(w, np.asarray(d[f"grad/{p}"], np.float64), axes=1) for p in names}
+
+
+def _combination(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], ca: Mapping[str, np.ndarray],
+                 cb: Mapping[str, np.ndarray], names: list[str]) -> str:
+    """``: the reference combines by X, the other by Y`` when the two combinations differ, else ``""``."""
+    ra, rb = _rule_of(da, ca, names), _rule_of(db, cb, names)
+    if ra and rb and ra != rb:
+        sizes = da["sizes"]
+        uneven = " (the shards are uneven: " + "/".join(str(int(s)) for s in sizes) + " rows)" if len(set(sizes.tolist())) > 1 else ""
+        return f": the reference combines by {ra}, the other by {rb}{uneven}"
+    return ""
+
+
+def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: float,
+                spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The stages of one captured step, each judged against ``bound``, and the first one that breaks.
+
+    Args:
+        a, b: trajectories of the reference and the other implementation run with
+            ``case.capture = step`` (their ``device/...`` arrays: see ``TowerTrainer.step``).
+        step: the step both captured; bound: the relative gap allowed at that step (the
+            verdict's own bound there).
+        spec: the case (per-device gradients are not compared under synchronized batch norm,
+            where a tower's gradient of its own loss and a DDP rank's share differ by design).
+    Returns:
+        ``None`` when either side captured nothing; else a CONTRACT §6 localisation (``stage``,
+        ``device``, ``name``, ``gap``, ``bound``, ``explanation``; ``stage`` ``None`` when every
+        captured stage agrees) plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
+        the greatest gap of every stage compared, in step order.
+    """
+    da = {k[len("device/"):]: np.asarray(v) for k, v in a.items() if k.startswith("device/")}
+    db = {k[len("device/"):]: np.asarray(v) for k, v in b.items() if k.startswith("device/")}
+    if not da or not db:
+        return None
+    chain: list[dict[str, Any]] = []
+    agreed: list[str] = []
+    same_n = "sizes" in da and "sizes" in db and len(da["sizes"]) == len(db["sizes"])
+    sizes = da["sizes"] if same_n and np.array_equal(da["sizes"], db["sizes"]) else None
+    n = len(sizes) if sizes is not None else 1
+    # rows concatenated in device order line up across device counts only for contiguous shards of split data
+    rows_line_up = same_n or spec is None or (spec["parallel"].get("shard") == "contiguous"
+                                              and spec["data"].get("order", "split") == "split")
+
+    def broke(stage: str, device: int | None, name: str | None, gap: float, text: str) -> dict[str, Any]:
+        prefix = f"step {step}: " + ("; ".join(agreed) + "; " if agreed else "")
+        out = _result(step, stage, device, name, gap, bound, prefix + text)
+        out["chain"] = chain
+        return out
+
+    # inputs: the rows each device received
+    if same_n and sizes is None:
+        r = int(np.flatnonzero(da["sizes"] != db["sizes"])[0])
+        chain.append({"stage": "inputs", "device": r, "name": None, "gap": float("inf"), "bound": bound})
+        return broke("inputs", r, None, float("inf"),
+                     f"device {r} received {int(db['sizes'][r])} rows, the reference's {int(da['sizes'][r])}"
+                     " (sharding: contiguous vs strided, uneven split, or a sampler's padding)")
+    if "x" in da and "x" in db and rows_line_up:
+        gaps = _per_device(da["x"], db["x"], sizes)
+        dev, over = _which(gaps, bound)
+        chain.append({"stage": "inputs", "device": dev, "name": None, "gap": max(gaps), "bound": bound})
+        if over:
+            return broke("inputs", dev, None, max(gaps),
+                         f"{_devices_text(over, n, 'device')} received other rows than the reference's"
+                         " (a sharding or sampler mismatch)")
+        agreed.append("inputs agree")
+    # forward: every layer's output, in layer order
+    layers = [k[len("act/"):] for k in da if k.startswith("act/") and k in db] if rows_line_up else []
+    layers.sort(key=lambda s: (0, int(s), "") if s.isdigit() else (1, 0, s))
+    worst, last = 0.0, None
+    for layer in layers:
+        if da[f"act/{layer}"].shape != db[f"act/{layer}"].shape:
+            break
+        gaps = _per_device(da[f"act/{layer}"], db[f"act/{layer}"], sizes)
+        dev, over = _which(gaps, bound)
+        if over:
+            chain.append({"stage": "forward", "device": dev, "name": f"layer {layer}", "gap": max(gaps), "bound": bound})
+            return broke("forward", dev, f"layer {layer}", max(gaps),
+                         f"the output of layer {layer} differs on {_devices_text(over, n, 'device')} (gap {max(gaps):.3g})"
+                         + (f" while layers up to {last} agree" if last is not None else " (the first layer)"))
+        worst, last = max(worst, max(gaps)), layer
+    if last is not None:
+        chain.append({"stage": "forward", "device": None, "name": f"layer {last}", "gap": worst, "bound": bound})
+        agreed.append(f"forward agrees to {worst:.1g} through layer {last}" + (" (all devices)" if n > 1 else ""))
+    # loss: each device's own loss
+    if same_n and "loss" in da and "loss" in db:
+        gaps = [_gap(x, y) for x, y in zip(da["loss"], db["loss"], strict=True)]
+        dev, over = _which(gaps, bound)
+        chain.append({"stage": "loss", "device": dev, "name": None, "gap": max(gaps), "bound": bound})
+        if over:
+            r = over[0]
+            c = _ratio(da["loss"][r], db["loss"][r])
+            how = f" ({c:.3g}x the reference's)" if c is not None and abs(c - 1) > 1e-6 else ""
+            return broke("loss", dev, None, max(gaps),
+                         f"the loss of {_devices_text(over, n, 'device')} differs{how} (gap {max(gaps):.3g}): the"
+                         " per-device loss (its formula, reduction or scaling)")
+        agreed.append("per-device losses agree")
+    names = sorted(k[len("grad/"):] for k in da if k.startswith("grad/") and k in db)
+    sync_bn = spec is not None and spec["parallel"].get("batch_norm", "local") == "sync" and any(
+        layer.get("type") == "batch_norm" for layer in spec["model"].get("layers", ()))
+    # device_grads: each device's gradient of its own loss, before clipping and combining
+    if same_n and names and not sync_bn:
+        worst_g, at = 0.0, (None, None, [])
+        for p in names:
+            gaps = [_gap(x, y) for x, y in zip(da[f"grad/{p}"], db[f"grad/{p}"], strict=True)]
+            if max(gaps) > worst_g:
+                worst_g, at = max(gaps), (p, _which(gaps, bound)[0], _which(gaps, bound)[1])
+        p, dev, over = at
+        chain.append({"stage": "device_grads", "device": dev, "name": p, "gap": worst_g, "bound": bound})
+        if over:
+            r = over[0]
+            c = _ratio(da[f"grad/{p}"][r], db[f"grad/{p}"][r])
+            how = f" by {c:.3g}x" if c is not None else ""
+            note = ""
+            if sizes is not None and len(set(sizes.tolist())) > 1 and dev is not None and list(sizes).count(sizes[dev]) == 1:
+                note = f"; it is the only shard of {int(sizes[dev])} rows"
+            return broke("device_grads", dev, p, worst_g,
+                         f"the gradient of {_devices_text(over, n, 'device')} differs in {p}{how} (gap {worst_g:.3g})"
+                         f"{note}: that device's backward pass, or the loss it differentiates")
+        agreed.append("per-device gradients agree")
+    # clip per device (built-ins record each device's clipped gradient): before the combination
+    clipped = [p for p in names if f"clipped/{p}" in da and f"clipped/{p}" in db] if same_n else []
+    if clipped:
+        worst_k, pk = max((_gap(da[f"clipped/{p}"], db[f"clipped/{p}"]), p) for p in clipped)
+        gaps = [_gap(x, y) for x, y in zip(da[f"clipped/{pk}"], db[f"clipped/{pk}"], strict=True)]
+        dev, over = _which(gaps, bound)
+        chain.append({"stage": "clip", "device": dev, "name": pk, "gap": worst_k, "bound": bound})
+        if over:
+            return broke("clip", dev, pk, worst_k,
+                         f"the clipped gradient of {_devices_text(over, n, 'device')} differs in {pk} (gap"
+                         f" {worst_k:.3g}): per-device clipping (its threshold, norm or formula)")
+    # combined_grads: recorded before any clipping after it, or (no clipping in the case) the one applied
+    k = step - 1
+    has_clip = spec is not None and spec["parallel"].get("clip") is not None
+    applied = [p for p in sorted({q[len("grad/"):] for q in a if q.startswith("grad/")} & {q[len("grad/"):] for q in b if q.startswith("grad/")})
+               if len(a[f"grad/{p}"]) > k and len(b[f"grad/{p}"]) > k]
+    ga = {p: np.asarray(a[f"grad/{p}"][k]) for p in applied}
+    gb = {p: np.asarray(b[f"grad/{p}"][k]) for p in applied}
+
+    def combined(d: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        rec = {q[len("combined/"):]: v for q, v in d.items() if q.startswith("combined/")}
+        return rec or (dict(g) if g and (spec is not None and not has_clip) else None)
+
+    ca, cb = combined(da, ga), combined(db, gb)
+    by_rule = same_n and sizes is not None and bool(names)
+    if ca and cb:
+        common = sorted(set(ca) & set(cb))
+        worst_c, pc = max((_gap(ca[p], cb[p]), p) for p in common)
+        chain.append({"stage": "combined_grads", "device": None, "name": pc, "gap": worst_c, "bound": bound})
+        if worst_c > bound and spec is not None and (spec["parallel"].get("clip") or {}).get("where") == "per_device" \
+                and names and "sizes" in da and "sizes" in db:
+            # different device counts: clipping each device's gradient is what differs when the unclipped
+            # device gradients, combined by the case's weighting, agree
+            unclipped = [_weighted(d, names, spec["parallel"]["weighting"]) for d in (da, db)]
+            worst_u = max(_gap(unclipped[0][p], unclipped[1][p]) for p in names)
+            if worst_u <= bound:
+                chain.append({"stage": "clip", "device": None, "name": pc, "gap": worst_c, "bound": bound})
+                return broke("clip", None, pc, worst_c,
+                             f"the unclipped per-device gradients combine to the same gradient (gap {worst_u:.1g}), the"
+                             f" combined gradient after clipping each device's differs in {pc} (gap {worst_c:.3g}):"
+                             " per-device clipping")
+        if worst_c > bound:
+            why = _combination(da, db, ca, cb, names) if by_rule and set(names) <= set(common) else ""
+            return broke("combined_grads", None, pc, worst_c,
+                         f"the combined gradient differs in {pc} (gap {worst_c:.3g})"
+                         + (why or ": the combination of the per-device gradients (weighting, sum vs mean)"))
+        agreed.append("the combined gradient agrees")
+    if applied and (not (ca and cb) or has_clip):
+        worst_a, pa = max((_gap(ga[p], gb[p]), p) for p in applied)
+        if worst_a > bound:
+            if ca and cb:  # the combination agrees: what is applied after it is the clip
+                chain.append({"stage": "clip", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+                return broke("clip", None, pa, worst_a, f"the gradient applied differs in {pa} (gap {worst_a:.3g}):"
+                                                        " clipping after the combination (its threshold, norm or formula)")
+            ra = _rule_of(da, ga, names, scaled=True) if by_rule and set(names) <= set(applied) else None
+            rb = _rule_of(db, gb, names, scaled=True) if by_rule and set(names) <= set(applied) else None
+            if (ra and rb and ra.split(" times ")[0] != rb.split(" times ")[0]) or not has_clip:
+                chain.append({"stage": "combined_grads", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+                why = f": the reference's is {ra}, the other's {rb}" if ra and rb else \
+                    ": the combination of the per-device gradients (weighting, sum vs mean)"
+                return broke("combined_grads", None, pa, worst_a,
+                             f"the gradient applied differs in {pa} (gap {worst_a:.3g}){why} of the device gradients")
+            chain.append({"stage": "clip", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+            what = (f"; the reference's is {ra or 'no fixed weighting'} of the device gradients, the other's"
+                    f" {rb or 'no fixed weighting of them (each device scaled by its own factor: clipped per device?)'}")
+            return broke("clip", None, pa, worst_a, f"the gradient applied differs in {pa} (gap {worst_a:.3g}) while"
+                                                    f" the per-device gradients agree: the clipping{what}")
+        chain.append({"stage": "clip" if has_clip else "combined_grads", "device": None, "name": pa, "gap": worst_a,
+                      "bound": bound})
+        agreed.append("the gradient applied agrees")
+    out = _result(step, None, None, None, 0.0, bound, f"step {step}: " + "; ".join(agreed))
+    out["chain"] = chain
+    return out

@@ -17,7 +17,24 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "keras_rounds_hyperparameters", "KERAS_IMPLS",
-           "LINEAR_OPTIMIZERS"]
+           "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS", "mixed_precision_differences", "reported_loss_differs"]
+
+#: where each predicted cause must first show in a step (CONTRACT §6 stages), by the words that name it
+_STAGE_OF = (
+    ("DistributedSampler padding", "inputs"),
+    ("mixed precision", "forward"),
+    ("local batch-norm statistics", "forward"),
+    ("class weights", "loss"),
+    ("label smoothing", "loss"),
+    ("sum reduction", "combined_grads"),
+    ("uneven shards with equal weighting", "combined_grads"),
+    ("per-device gradients under synchronized batch norm", "clip"),
+    ("clipping before vs after averaging", "clip"),
+    ("clip_grad_norm_", "clip"),
+    ("moving variance", "state"),
+    ("param_mean", "update"),
+    ("async", "update"),
+)
 
 PARALLEL = ("tf.towers", "tf.v1", "tf.mirrored", "torch.ddp")
 # with synchronized batch norm, whose per-device gradient is d(own loss)/d(params) through every
@@ -35,6 +52,21 @@ class Prediction:
     @property
     def differ(self) -> bool:
         return bool(self.expected)
+
+
+def stage_of(cause: str) -> str:
+    """The stage where the predicted difference ``cause`` must appear first.
+
+    Input, forward and loss differences come before the gradient; the
+    combination of device gradients and clipping come after it; every
+    optimizer-formula difference (epsilon placement, Keras' float32
+    hyperparameters, weight decay, momentum holding the learning rate) is in
+    the ``update`` with the gradients agreeing.
+    """
+    for words, stage in _STAGE_OF:
+        if words in cause:
+            return stage
+    return "update"
 
 
 def is_parallel(impl: str) -> bool:
@@ -160,7 +192,99 @@ def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
     layer_expected, layer_known = _model_differences(spec, a, b, one_parallel)
     expected.extend(layer_expected)
     known.extend(layer_known)
+    mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)
+    expected.extend(mixed_expected)
+    known.extend(mixed_known)
     return Prediction(tuple(expected), tuple(known))
+
+
+#: Which ops each framework runs in bfloat16 under dtype ``mixed_bfloat16`` (docs/mixed-precision.md).
+#: Keras 3.15's ``mixed_bfloat16`` policy (``tfpar.models`` cites the lines): every layer casts its
+#: input and every variable it reads to bfloat16, so each op of a layer rounds its result to bfloat16,
+#: except batch norm (float32 inside) and the loss (float32). torch 2.13's CPU autocast (measured,
+#: ``tests/test_mixed_precision.py``): only ops on its lower-precision list cast their operands, the
+#: rest run in their inputs' promoted dtype.
+BFLOAT16_OPS = {
+    "tf": {
+        "dense": "matmul, + bias (bias rounded to bfloat16), activation: each rounded to bfloat16",
+        "conv2d": "conv, + bias (bias rounded to bfloat16; ops.add, whose gradient sums in float32),"
+                  " activation: each rounded to bfloat16",
+        "poly": "the powers, in bfloat16",
+        "max_pool2d, flatten, dropout": "bfloat16",
+        "batch_norm": "float32 statistics and normalisation, bfloat16 output",
+        "loss": "float32, from the bfloat16 logits",
+    },
+    "torch": {
+        "dense": "matmul in bfloat16; + bias in float32 (bfloat16 + float32 promotes), activation in float32;"
+                 " the next matmul rounds it to bfloat16",
+        "conv2d": "conv with the bias (cast to bfloat16) inside: one rounding; activation in bfloat16",
+        "poly": "pow is on no autocast list: float32 (the next matmul rounds it)",
+        "max_pool2d, flatten, dropout": "bfloat16 (the dtype of their input)",
+        "batch_norm": "float32 statistics and normalisation, bfloat16 output",
+        "loss": "float32 (torchref casts the output up; a dense last layer's logits are float32 already)",
+    },
+}
+
+
+def reported_loss_differs(spec: dict[str, Any], a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` report different quantities as the loss of a ``mixed_bfloat16`` case.
+
+    Keras' last dense layer rounds ``h W + b`` to bfloat16 and the loss is taken from those
+    logits; torch's (bfloat16 product + float32 bias) are float32: the two losses differ
+    by the logits' bfloat16 rounding even where the gradients, which both sides round
+    to bfloat16 on the way back, agree. The judge then reports the loss beside the
+    verdict instead of judging it (``tolerance``, "Mixed precision").
+    """
+    layers = spec["model"]["layers"]
+    return (spec["dtype"] == "mixed_bfloat16" and _framework(a) != _framework(b)
+            and layers[-1]["type"] == "dense" and bool(layers[-1]["use_bias"]))
+
+
+def mixed_precision_differences(spec: dict[str, Any], a: str, b: str) -> tuple[list[str], list[str]]:
+    """Where Keras' ``mixed_bfloat16`` policy and torch's CPU autocast round different values (:data:`BFLOAT16_OPS`).
+
+    Only for dtype ``mixed_bfloat16`` and a pair from different frameworks (the same
+    framework runs the same ops in the same dtypes, whatever the device count). Every
+    difference is in the forward pass, so it must show first at the ``forward`` stage
+    (layer 0's output at step 1, for a dense or conv first layer with a bias).
+
+    They are *known* differences, not expected ones: each changes a value by at most one
+    bfloat16 rounding (a relative ``2**-9``), the same size as the roundings the
+    perturbation floor samples, so whether the trajectories part by more than the
+    bound is a matter of measure, not of formula. Measured (docs/mixed-precision.md):
+    on the seed MLP and the CNN at 1, 2 and 4 devices the gap stays below the bound
+    (greatest gap/bound 0.89 on the MLP, whose every dense bias is the one the
+    frameworks treat differently). A divergence in such a pair names them.
+    """
+    if spec["dtype"] != "mixed_bfloat16" or _framework(a) == _framework(b):
+        return [], []
+    layers = spec["model"]["layers"]
+    known: list[str] = []
+    dense = [i for i, layer in enumerate(layers) if layer["type"] == "dense"]
+    if any(layers[i]["use_bias"] for i in dense):
+        known.append(
+            "mixed precision, dense bias: Keras rounds the bias to bfloat16 and adds it in bfloat16 (then the"
+            " activation, in bfloat16); torch autocast runs only the matmul in bfloat16 and adds the float32 bias"
+            " in float32 (type promotion), so its pre-activations and activations are float32 until the next"
+            " matmul rounds them"
+        )
+        if dense[-1] == len(layers) - 1 and layers[-1]["use_bias"]:
+            known.append(
+                "mixed precision, logits: Keras' last dense layer returns bfloat16 logits (rounded once more before"
+                " the float32 loss); torch's returns float32 logits (bfloat16 product + float32 bias)"
+            )
+    if any(layers[i]["activation"] in ("tanh", "sigmoid") for i in dense):
+        known.append("mixed precision, activations: Keras computes tanh/sigmoid after a dense layer in bfloat16,"
+                     " torch in float32")
+    if any(layer["type"] == "conv2d" and layer["use_bias"] for layer in layers):
+        known.append(
+            "mixed precision, conv bias: torch's conv2d adds the bfloat16 bias inside the convolution (one"
+            " rounding); Keras rounds the convolution, then adds the bfloat16 bias in bfloat16 (a second rounding)"
+        )
+    if any(layer["type"] == "poly" for layer in layers):
+        known.append("mixed precision, poly: Keras computes the powers in bfloat16, torch's pow runs in float32"
+                     " (on no autocast list) and the next matmul rounds them")
+    return [], known
 
 
 # optimizers whose update (and state) is linear in the gradient, for any schedule and weight decay:

@@ -100,14 +100,23 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
     if located:
         lines += ["", "## Where the runs part", "",
                   "For every pair not at parity: the first bad step and the earliest stage of the step"
-                  " (inputs, loss, combined gradient, update, state, record) whose recorded values differ"
-                  " beyond their bound (CONTRACT §6).", "",
+                  " (inputs, forward, loss, device_grads, combined_grads, clip, update, state, record) whose"
+                  " values differ beyond their bound (CONTRACT §6); inside the step, from both sides re-run"
+                  " recording that step's per-device values.", "",
                   "| case | pair | step | stage | device | name | gap | bound | why |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in located:
             loc = r["localisation"]
             lines.append(f"| {r['case']} | {r['pair']} | {loc['first_bad_step']} | {loc['stage']} | "
                          f"{'-' if loc['device'] is None else loc['device']} | {loc['name'] or '-'} | {_fmt(loc['gap'])} | "
                          f"{_fmt(loc['bound'])} | {loc['explanation']} |")
+    chains = {k: v for k, v in plots.items() if k.startswith("stages: ")}
+    if chains:
+        lines += ["", "### Stage chains of the first bad step", "",
+                  "Each bar: a stage's greatest gap over its bound at the first bad step (log scale; red from the"
+                  " first stage over the line gap = bound).", ""]
+        for label, name in chains.items():
+            lines += [f"![{label}]({name})", ""]
+    plots = {k: v for k, v in plots.items() if not k.startswith("stages: ")}
     lines += _grouped_findings([r for r in rows if r["why"] or r["known"] or r["mapping"]])
     if plots:
         lines += ["", "## Per-step gaps", ""]
@@ -210,7 +219,7 @@ def _safe(name: str) -> str:
 
 def write_report(
     results: Sequence[CaseResult], out: Path, *, title: str, meta: dict[str, Any] | None = None,
-    trajectories: bool = True,
+    trajectories: bool = True, lockstep: Any = None,
 ) -> Path:
     """Write the report folder; returns the path of ``report.md``.
 
@@ -231,6 +240,12 @@ def write_report(
         name = f"gaps-{_safe(scenario)}.png"
         atomic_write_bytes(out / name, plot_scenario(rs, scenario))
         plots[scenario] = name
+    from parity_tests.reporting.stages import stage_figures
+
+    for case_name, label, png in stage_figures(results):
+        name = f"stages-{_safe(case_name)}-{_safe(label.replace(' vs ', '-'))}.png"
+        atomic_write_bytes(out / name, png)
+        plots[f"stages: {case_name}: {label}"] = name
     if trajectories and len(results) == 1:
         from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
 
@@ -246,8 +261,12 @@ def write_report(
                 write_manifest(manifest_path(path), build_manifest(replayable, impl, traj, path.name))
     doc = {"title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
            "rows": _rows(results), "cases": [r.to_dict() for r in results]}
+    if lockstep is not None:  # tfpar compare --lockstep (parity_tests.running.lockstep): per-step one-step gaps
+        doc["cases"][0]["lockstep"] = lockstep.to_dict()["lockstep"]
+        atomic_write_bytes(out / "lockstep.png", lockstep.plot())
     atomic_write_text(out / "report.json", json.dumps(jsonable(doc), indent=1, allow_nan=False) + "\n")
-    return atomic_write_text(out / "report.md", render_markdown(results, title, meta, plots))
+    md = render_markdown(results, title, meta, plots) + ("" if lockstep is None else lockstep.markdown())
+    return atomic_write_text(out / "report.md", md)
 
 
 def jsonable(x: Any) -> Any:
@@ -268,6 +287,10 @@ def jsonable(x: Any) -> Any:
     return x
 
 
-def write_case_report(result: CaseResult, out: Path) -> Path:
-    """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy."""
-    return write_report([result], out, title=f"tfpar compare: {result.case.name}")
+def write_case_report(result: CaseResult, out: Path, *, lockstep: Any = None) -> Path:
+    """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy.
+
+    ``lockstep``: a :class:`~parity_tests.running.lockstep.LockstepResult` of the same case, written
+    as ``"lockstep"`` in the case's entry of ``report.json`` and a per-step section of ``report.md``.
+    """
+    return write_report([result], out, title=f"tfpar compare: {result.case.name}", lockstep=lockstep)

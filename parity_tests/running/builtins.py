@@ -27,6 +27,11 @@ BUILTINS = {
     "torch.single": "one torch process, the whole global batch",
 }
 
+#: the built-ins that record a captured step's per-device values (tf.v1 and tf.mirrored do not yet)
+CAPTURES = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+#: the built-ins that run dtype mixed_bfloat16 (Keras' policy / torch CPU autocast; docs/mixed-precision.md)
+MIXED = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+
 
 def _refuse_external(case: Case, impl: str) -> None:
     if "external" in case.spec["model"]:
@@ -50,6 +55,7 @@ def _tensorflow(impl: str) -> Callable:
 
 def _torch(impl: str) -> Callable:
     def run(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+        from torchref.ddp import merge_captures
         from torchref.pool import MAX_SIZE
         from torchref.run import job_function
 
@@ -58,7 +64,8 @@ def _torch(impl: str) -> Callable:
         if n > MAX_SIZE:
             raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
         payload = case.payload()
-        traj = run_torch_job(impl, job_function(payload, impl), payload, n)[0]
+        results = run_torch_job(impl, job_function(payload, impl), payload, n)
+        traj = merge_captures(results) if case.capture else results[0]
         if progress:
             progress(case.spec["steps"])
         return traj
@@ -70,5 +77,24 @@ for _name, _text in BUILTINS.items():
     _tf = _name.startswith("tf.")
     register(Implementation(
         _name, "builtin", "tf" if _tf else "torch", parallel=_name not in ("tf.single", "torch.single"),
-        dtypes=("float32", "float64"), run=(_tensorflow if _tf else _torch)(_name), description=_text, keras=_tf,
+        dtypes=("float32", "float64", *(("mixed_bfloat16",) if _name in MIXED else ())),
+        run=(_tensorflow if _tf else _torch)(_name), description=_text, keras=_tf,
+        captures=_name in CAPTURES,
     ), builtin=True)
+
+#: launched one process per worker (``python -m tfpar.launch``, TF_CONFIG); not in the built-in list the
+#: matrix and ``compare`` run in one process, but resolvable, so manifests and recorded runs name it
+MULTIWORKER = "tf.multiworker"
+
+
+def _multiworker(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+    # MultiWorkerMirroredStrategy must be made before TensorFlow starts, once per process, in every
+    # worker: a process that already runs TensorFlow (this one counts its tower devices) cannot join
+    raise CaseError("--impl", f"{MULTIWORKER} launched once per worker with TF_CONFIG set: python -m tfpar.launch CASE"
+                              f" --impl {MULTIWORKER} --out run.npz, then compare recorded:run.npz (docs/multiworker.md)")
+
+
+register(Implementation(
+    MULTIWORKER, "builtin", "tf", parallel=True, dtypes=("float32", "float64"), run=_multiworker,
+    description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker (python -m tfpar.launch)", keras=True,
+))

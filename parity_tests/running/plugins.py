@@ -296,6 +296,56 @@ def _refuse_unsupported(case: Any, impl: str) -> None:
                         case.spec["data"]["order"])
 
 
+def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, impl: str,
+                  initial: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``device/...`` arrays (CONTRACT §6 stages) of what a plugin reported per device at ``step``.
+
+    Args:
+        per_device: per tower / rank ``{"grads": {name: array} | None, "acts": {layer: array} | None,
+            "losses": scalar | None, "inputs": array | None}`` (``None`` entries: nothing reported).
+        step: the captured step; initial: the initial weights (gradient names and shapes are checked).
+    Returns:
+        ``device/step``, and what every device reported: ``device/x`` ``[B, ...]`` and ``device/sizes``
+        ``[N]``, ``device/loss`` ``[N]``, ``device/grad/<name>`` ``[N, ...]``, ``device/act/<layer>``
+        ``[B, ...]`` (rows concatenated in device order), as the built-ins record them.
+    Raises:
+        CaseError: a device gradient under a name that is not a parameter, or of the wrong shape.
+    """
+    if step is None or not per_device or any(d is None for d in per_device):
+        return {}
+    out: dict[str, np.ndarray] = {"device/step": np.asarray(step)}
+    if all(d["inputs"] is not None for d in per_device):
+        out["device/x"] = np.concatenate([np.asarray(d["inputs"]) for d in per_device], axis=0)
+        out["device/sizes"] = np.asarray([len(d["inputs"]) for d in per_device], np.int64)
+    if all(d["losses"] is not None for d in per_device):
+        out["device/loss"] = np.stack([np.asarray(d["losses"]).reshape(()) for d in per_device])
+    if all(d["grads"] is not None for d in per_device):
+        for name in per_device[0]["grads"]:
+            want = initial.get(name)
+            for r, d in enumerate(per_device):
+                g = d["grads"].get(name)
+                if want is None or g is None or np.shape(g) != np.shape(want):
+                    raise CaseError(impl, f"step {step} run.record(device_grads=...): device {r}'s gradient of"
+                                          f" {name!r} with the parameter's shape {list(np.shape(want))}"
+                                          if want is not None else
+                                          f"step {step} run.record(device_grads=...): parameter names as in"
+                                          f" run.begin(); {name!r} is not one", None if g is None else list(np.shape(g)))
+            out[f"device/grad/{name}"] = np.stack([d["grads"][name] for d in per_device])
+    if all(d["acts"] is not None for d in per_device):
+        for layer in per_device[0]["acts"]:
+            if all(layer in d["acts"] for d in per_device):
+                out[f"device/act/{layer}"] = np.concatenate([np.asarray(d["acts"][layer]) for d in per_device], axis=0)
+    return out if len(out) > 1 else {}
+
+
+def _tf_devices(device: Mapping[str, Any] | None) -> list[Mapping[str, Any] | None]:
+    """A TensorFlow plugin's per-tower lists (``device_grads=[...]`` etc.) as one entry per tower."""
+    lists = {k: v for k, v in (device or {}).items() if v is not None}
+    n = max((len(v) for v in lists.values()), default=0)
+    return [{k: (lists[k][r] if k in lists and len(lists[k]) == n else None) for k in ("grads", "acts", "losses", "inputs")}
+            for r in range(n)]
+
+
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
     from parity_tests.running.harness import RunError, check_tf_devices, run_torch_job
@@ -314,6 +364,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         except PluginRaised as e:
             raise RunError(f"{impl} raised at step {e.step}: {e.line}") from e
         traj = assemble(records, case.spec, case.init, impl)
+        traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init))
         if progress:
             progress(case.spec["steps"])
         return traj
@@ -336,6 +387,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         job = {"location": target.location, "kind": target.kind, "payload": case.payload()}
         ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
         traj = Trajectory(assemble(ranks[0], case.spec, case.init, impl))
+        traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init))
         finding = replica_divergence(ranks, impl)
         if finding:
             traj.findings.append(finding)
@@ -347,5 +399,5 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
     return Implementation(
         impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single", dtypes=target.dtypes,
         run=run_torch if torch_side else run_tensorflow, description=f"plugin {target.name} ({KINDS[target.kind]})",
-        plugin=target, keras=target.keras,
+        plugin=target, keras=target.keras, captures=True,
     )

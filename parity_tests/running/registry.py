@@ -51,6 +51,8 @@ class Implementation:
         keras: whether its optimizers are Keras' (the float64 hyperparameter rounding applies).
         plugin: for plugins, the resolved :class:`~parity_tests.running.plugins.PluginTarget`.
         rerunnable: ``False`` for a recorded run (it cannot be run again from perturbed weights).
+        captures: whether a run of a case with ``capture = k`` may record step k's per-device
+            values (``device/...``: inputs, activations, losses, gradients; CONTRACT §6 stages).
     """
 
     name: str
@@ -63,6 +65,7 @@ class Implementation:
     keras: bool = False
     plugin: Any = field(default=None, repr=False, compare=False)
     rerunnable: bool = True
+    captures: bool = False
 
     @property
     def source(self) -> Path | None:

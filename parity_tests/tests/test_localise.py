@@ -76,3 +76,68 @@ def test_replicas_out_of_sync_name_the_rank():
 def test_parity_localises_nothing():
     where = _where(_run())
     assert where["first_bad_step"] is None and where["stage"] is None
+
+
+# ---------------------------------------------------------------- the stage chain inside a captured step
+
+def _captured(sizes=(3, 3), *, x_shift=None, act_shift=None, loss_scale=None, grad_scale=None, combine="equal") -> dict:
+    """A captured step of a 2-device linear model y = x w, loss_r = mean over the shard of y, by hand."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(sum(sizes), 2))
+    if x_shift is not None:
+        x[x_shift] += 1.0
+    w = np.array([[0.5], [-1.0]])
+    act = x @ w
+    if act_shift is not None:
+        act[act_shift] += 1.0
+    parts = np.split(np.arange(len(x)), np.cumsum(sizes)[:-1])
+    loss = np.array([act[ix].mean() for ix in parts])
+    grads = np.stack([x[ix].mean(axis=0)[:, None] for ix in parts])
+    if loss_scale is not None:
+        loss[loss_scale[0]] *= loss_scale[1]
+    if grad_scale is not None:
+        grads[grad_scale[0]] *= grad_scale[1]
+    weights = np.asarray(sizes) / sum(sizes) if combine == "by_size" else np.full(len(sizes), 1 / len(sizes))
+    combined = np.tensordot(weights, grads, axes=1)
+    return {"device/step": np.asarray(1), "device/x": x, "device/sizes": np.asarray(sizes), "device/act/0": act,
+            "device/loss": loss, "device/grad/0.kernel": grads, "device/combined/0.kernel": combined,
+            "grad/0.kernel": combined[None]}
+
+
+@pytest.mark.parametrize(("change", "stage", "device"), [
+    ({"x_shift": 4}, "inputs", 1),                 # a row of device 1 (rows 3-5) is another row
+    ({"act_shift": 0}, "forward", 0),              # device 0's activations differ
+    ({"loss_scale": (1, 2.0)}, "loss", 1),
+    ({"grad_scale": (0, 0.5)}, "device_grads", 0),
+    ({"combine": "by_size", "sizes": (4, 2)}, "combined_grads", None),
+])
+def test_the_stage_chain_names_the_first_stage_and_device_that_break(change, stage, device):
+    from parity_tests.judging.localise import stage_chain
+
+    sizes = change.pop("sizes", (3, 3) if change.get("combine") != "by_size" else (4, 2))
+    a = _captured(sizes)  # equal weighting, the reference
+    b = _captured(sizes, **change)
+    where = stage_chain(a, b, 1, 1e-10)
+    assert (where["stage"], where["device"]) == (stage, device), where["explanation"]
+    assert where["gap"] > where["bound"]
+    assert [c["stage"] for c in where["chain"]][-1] == stage
+
+
+def test_the_stage_chain_says_by_how_much_and_which_combination():
+    from parity_tests.judging.localise import stage_chain
+
+    where = stage_chain(_captured(), _captured(grad_scale=(0, 0.5)), 1, 1e-10)
+    assert "by 0.5x" in where["explanation"] and "device 0" in where["explanation"]
+    where = stage_chain(_captured((4, 2), combine="by_size"), _captured((4, 2)), 1, 1e-10)
+    assert "shard size" in where["explanation"] and "equal mean" in where["explanation"]
+    assert "4/2 rows" in where["explanation"]
+
+
+def test_shards_of_other_sizes_are_an_inputs_difference_and_nothing_captured_is_none():
+    from parity_tests.judging.localise import stage_chain
+
+    where = stage_chain(_captured((3, 3)), _captured((4, 2)), 1, 1e-10)
+    assert (where["stage"], where["device"]) == ("inputs", 0)
+    assert stage_chain(_captured(), {"loss": np.zeros(1)}, 1, 1e-10) is None
+    same = stage_chain(_captured(), _captured(), 1, 1e-10)
+    assert same["stage"] is None and all(c["gap"] <= c["bound"] for c in same["chain"])

@@ -166,7 +166,7 @@ def cached_runner(cache: dict) -> Callable:
     from parity_tests.running.harness import run_impl
 
     def run(case: Case, impl: str) -> dict[str, np.ndarray]:
-        key = (json.dumps(case.spec, sort_keys=True, default=str), impl)
+        key = (json.dumps(case.spec, sort_keys=True, default=str), impl, case.capture)
         if key not in cache:
             cache[key] = run_impl(case, impl)
         return cache[key]

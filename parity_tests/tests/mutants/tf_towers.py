@@ -97,7 +97,7 @@ def _towers(run, bug: str | None = None) -> None:
             weights = [len(xr) / batch for xr in xs]
         else:  # equal_weights_uneven: a plain mean over towers whatever the case says
             weights = [1.0 / n] * n
-        grads, losses, tower_stats = [], [], []
+        grads, losses, tower_stats, raw = [], [], [], []
         if bug == "loss_mean":  # control: combine the losses, differentiate once
             with tf.GradientTape() as tape:
                 for k, d in enumerate(run.devices):
@@ -117,6 +117,7 @@ def _towers(run, bug: str | None = None) -> None:
                         for j in range(k):
                             objective = objective + _forward(vs, xs[j], ys[j], layers, dt)[0]
                 gk = tape.gradient(objective, vs)
+                raw.append(gk)  # the tower's gradient as its tape gave it, reported for localisation
                 if clip is not None and bug == "clip_per_tower":  # clipped before the average, not after
                     gk = _clip(gk, clip["global_norm"], dt)
                 grads.append(gk)
@@ -163,7 +164,7 @@ def _towers(run, bug: str | None = None) -> None:
             logged = losses[-1]
         else:
             logged = tf.add_n([tf.constant(wk, dt) * lk for wk, lk in zip(weights, losses, strict=True)])
-        run.record(logged, w, grads=g, state=state)
+        run.record(logged, w, grads=g, state=state, device_grads=raw or None, device_losses=losses, device_inputs=xs)
 
 
 @tfpar.plugin.tensorflow(dtypes=DTYPES)

@@ -86,6 +86,9 @@ def _ddp(run, bug: str | None = None) -> None:
 
     run.begin(params(), state())
     share = len(run.shard()) / spec["data"]["global_batch"]  # n_r / B
+    if bug != "manual_allreduce":  # each rank's own gradient before the all-reduce, for localisation
+        run.hook_gradients(model, {k: named[v] for k, v in pnames.items()},
+                           scale=n * share if par["weighting"] == "by_size" else 1.0)
     for t, (x, y) in enumerate(run.batches(), start=1):
         for group in opt.param_groups:
             group["lr"] = _lr(spec, t)
@@ -109,7 +112,7 @@ def _ddp(run, bug: str | None = None) -> None:
             dist.all_reduce(logged, group=run.group)
         else:
             logged = loss.detach()
-        run.record(logged, params(), grads=grads, state=state())
+        run.record(logged, params(), grads=grads, state=state(), device_loss=loss, device_inputs=x)
 
 
 @torchref.plugin.distributed(dtypes=DTYPES)
