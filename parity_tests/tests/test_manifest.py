@@ -106,7 +106,7 @@ def test_manifest_records_the_implementation_of_a_builtin(tmp_path):
     m = build_manifest(case, "torch.ddp", traj)
     assert m["schema"] == "tfpar-manifest/1"
     assert m["implementation"] == {"name": "torch.ddp", "kind": "builtin", "framework": "torch", "parallel": True,
-                                   "dtypes": ["float32", "float64"], "keras": False}
+                                   "dtypes": ["float32", "float64", "mixed_bfloat16"], "keras": False}
     assert build_manifest(case, "tf.single", traj)["implementation"]["parallel"] is False
 
 
