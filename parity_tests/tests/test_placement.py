@@ -32,7 +32,11 @@ def test_bad_placement_names_the_field(placement, field):
     assert str(info.value).startswith(field + ":"), str(info.value)
 
 
-def test_device_beyond_the_process_is_bad_input():
+def test_device_beyond_the_process_is_bad_input(monkeypatch):
+    from tfpar import devices
+
+    devices.configure_devices()  # as if TensorFlow had started with 8 devices (the contract allows indices to 63)
+    monkeypatch.setattr(devices, "_configured", devices.available_devices()[:8])
     with pytest.raises(CaseError, match=r"^model.placement\[0\]\[2\]: expected a device index below 8"):
         run_impl(make(DEEP, model__placement=[[0, 0, 9]]), "tf.single")
 
