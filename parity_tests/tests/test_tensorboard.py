@@ -51,8 +51,10 @@ def test_loss_and_gap_curves_read_back(tmp_path, capsys):
     assert pairs["torch.single"]["verdict"]["status"] == "expected_difference"
     # CONTRACT §6: the pair that is not at parity says where the runs part; the pair at parity does not
     loc = pairs["torch.single"]["verdict"]["localisation"]
-    assert set(loc) == {"first_bad_step", "stage", "device", "name", "gap", "bound", "explanation"}
-    assert (loc["first_bad_step"], loc["stage"], loc["device"]) == (1, "loss", None)  # a sum, not a mean: N times the loss
+    assert {"first_bad_step", "stage", "device", "name", "gap", "bound", "explanation"} <= set(loc)
+    # a sum, not a mean: the rows, activations agree, the per-device sums combine to N times less (stage chain)
+    assert (loc["first_bad_step"], loc["stage"], loc["device"]) == (1, "combined_grads", None)
+    assert loc["predicted_stage"] == "combined_grads" and loc["as_predicted"]
     assert "localisation" not in pairs["tf.towers"]["verdict"]
     assert "## Where the runs part" in (tmp_path / "rep" / "report.md").read_text()
     assert max(differ["gap/0.kernel"].values()) > differ["gap/bound"][1]
