@@ -301,7 +301,13 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         out["chain"] = chain
         return out
 
-    # inputs: the rows each device received
+    # inputs: the rows each device received; first, how many in all (a sampler's padding adds rows)
+    if "sizes" in da and "sizes" in db and int(np.sum(da["sizes"])) != int(np.sum(db["sizes"])):
+        ta, tb = int(np.sum(da["sizes"])), int(np.sum(db["sizes"]))
+        chain.append({"stage": "inputs", "device": None, "name": None, "gap": float("inf"), "bound": bound})
+        return broke("inputs", None, None, float("inf"),
+                     f"the devices received {tb} rows in all, the reference's {ta}"
+                     " (padding to equal shards, as DistributedSampler does, or rows dropped)")
     if same_n and sizes is None:
         r = int(np.flatnonzero(da["sizes"] != db["sizes"])[0])
         chain.append({"stage": "inputs", "device": r, "name": None, "gap": float("inf"), "bound": bound})

@@ -138,6 +138,8 @@ def test_shards_of_other_sizes_are_an_inputs_difference_and_nothing_captured_is_
 
     where = stage_chain(_captured((3, 3)), _captured((4, 2)), 1, 1e-10)
     assert (where["stage"], where["device"]) == ("inputs", 0)
+    padded = stage_chain(_captured((6,)), _captured((4, 4)), 1, 1e-10)  # 8 rows on 2 devices against 6 on one
+    assert (padded["stage"], padded["device"]) == ("inputs", None) and "8 rows in all" in padded["explanation"]
     assert stage_chain(_captured(), {"loss": np.zeros(1)}, 1, 1e-10) is None
     same = stage_chain(_captured(), _captured(), 1, 1e-10)
     assert same["stage"] is None and all(c["gap"] <= c["bound"] for c in same["chain"])
