@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from parity_tests.contract.arguments import OneLineParser, positive_seconds
 from parity_tests.contract.errors import CaseError
 
 if TYPE_CHECKING:
@@ -31,24 +32,13 @@ if TYPE_CHECKING:
 __all__ = ["main", "entry", "build_parser"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, status 2, like every other bad input
-        raise CaseError("command line", f"valid arguments ({message}); see 'tfpar --help'")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"a number of seconds > 0, got {text!r}")
-    return v
+class _Parser(OneLineParser):
+    help_hint = "tfpar --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tfpar", description="Prove or disprove that TensorFlow tower training computes the same updates as PyTorch DDP.")
-    p.add_argument("--timeout", type=_positive_float, default=None, help="seconds a torch job may take before its ranks are declared hung (default 60)")
+    p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may take before its ranks are declared hung (default 60)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="run one implementation and write its trajectory")

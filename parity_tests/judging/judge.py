@@ -34,7 +34,7 @@ import numpy as np
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
-from parity_tests.judging.localise import REFINABLE, localise, stage_chain
+from parity_tests.judging.localise import REFINABLE, bound_at, localise, stage_chain
 from parity_tests.judging.theory import (
     Prediction,
     keras_rounds_hyperparameters,
@@ -371,9 +371,7 @@ def _inside_step(where: dict[str, Any], verdict: Verdict, ref: str, impl: str, c
                 c, _ = _keras_mapped(c)
             captured[key] = runner(dataclasses.replace(c, capture=step), name)
         trajs.append(captured[key])
-    bound = float(verdict.per_step_bound[step]) if getattr(verdict, "per_step_bound", None) is not None \
-        and step < len(verdict.per_step_bound) and np.isfinite(verdict.per_step_bound[step]) else float(verdict.bound)
-    chain = stage_chain(trajs[0], trajs[1], step, bound, case.spec)
+    chain = stage_chain(trajs[0], trajs[1], step, bound_at(verdict, step), case.spec)
     if chain is None:
         return {**where, "explanation": where["explanation"] + " (per-device values: not recorded at this step)"}
     if chain["stage"] is None:  # every captured stage agrees: keep what the recorded channels said

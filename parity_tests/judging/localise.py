@@ -43,7 +43,7 @@ import numpy as np
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.tolerance import SCALE_FLOOR
 
-__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "stage_chain"]
+__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "stage_chain", "bound_at"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
@@ -78,7 +78,8 @@ def _worst(gaps: Mapping[str, np.ndarray], row: int) -> tuple[float, str | None]
     return best, name
 
 
-def _bound_at(verdict: Any, row: int) -> float:
+def bound_at(verdict: Any, row: int) -> float:
+    """The verdict's bound at trajectory row ``row`` (its per-step bound where it has one, else its bound)."""
     per = getattr(verdict, "per_step_bound", None)
     if per is not None and row < len(per) and np.isfinite(per[row]):
         return float(per[row])
@@ -120,14 +121,14 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
     params, grads, states = (_channel(a, b, prefix) for prefix in ("param/", "grad/", "state/"))
     has_grads = bool(grads)
     g0, n0 = _worst(params, 0)
-    if g0 > _bound_at(verdict, 0):
-        return _result(0, "inputs", None, n0, g0, _bound_at(verdict, 0),
+    if g0 > bound_at(verdict, 0):
+        return _result(0, "inputs", None, n0, g0, bound_at(verdict, 0),
                        f"before step 1: the initial parameters differ ({n0}, gap {g0:.3g}): the runs did not start from"
                        " the same weights (a loading mistake, or a torch layout recorded without run.to_tf)")
     later_bad = False
     first: dict[str, Any] | None = None
     for k in range(1, steps + 1):
-        bound = _bound_at(verdict, k)
+        bound = bound_at(verdict, k)
         loss = _loss_at(verdict, a, b, k)
         loss_bad = loss is not None and loss[0] > loss[1]
         gg, gn = _worst(grads, k - 1)
@@ -183,17 +184,10 @@ REFINABLE = ("loss", "combined_grads")
 
 
 def _gap(a: Any, b: Any) -> float:
-    """``max|A - B| / max(max|A|, max|B|, SCALE_FLOOR)`` over a whole array (inf for different shapes)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    if a.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        scale = max(float(np.nanmax(np.abs(a))), float(np.nanmax(np.abs(b))), SCALE_FLOOR)
-        d = np.abs(a - b)
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        return float(np.max(np.where(same, 0.0, d), initial=0.0) / scale)
+    """The gap of two whole arrays as one row of :func:`row_gaps` (inf for different shapes or one side
+    non-finite; 0 where both are non-finite alike, which the verdict's own rule reports)."""
+    g = float(row_gaps(np.asarray(a)[None], np.asarray(b)[None])[0])
+    return 0.0 if np.isnan(g) else g
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -228,30 +222,33 @@ def _devices_text(over: list[int], n: int, word: str) -> str:
     return f"{word} " + ", ".join(map(str, over)) if len(over) > 1 else f"{word} {over[0]}"
 
 
+#: the combinations of device gradients the chain recognises: name -> weights ``w_r`` from the shard sizes
+_RULES = {
+    "equal": ("the equal mean (1/N each)", lambda sizes: np.full(len(sizes), 1.0 / len(sizes))),
+    "by_size": ("the mean weighted by shard size (n_r/B)", lambda sizes: sizes / sizes.sum()),
+    "sum": ("the sum", lambda sizes: np.ones(len(sizes))),
+}
+
+
+def _weighted(d: Mapping[str, np.ndarray], names: list[str], rule: str) -> dict[str, np.ndarray]:
+    """``sum_r w_r g_r`` of the device gradients ``d["grad/<p>"]`` with the weights of ``rule`` (a key of ``_RULES``)."""
+    w = _RULES[rule][1](np.asarray(d["sizes"], np.float64))
+    return {p: np.tensordot(w, np.asarray(d[f"grad/{p}"], np.float64), axes=1) for p in names}
+
+
 def _rule_of(d: Mapping[str, np.ndarray], combined: Mapping[str, np.ndarray], names: list[str], *,
              scaled: bool = False) -> str | None:
     """Which combination (equal mean, by-size mean, sum) of the device gradients ``d["grad/<p>"]`` ``combined`` is.
 
     With ``scaled``, up to one common factor (a global-norm clip after the combination).
     """
-    sizes = np.asarray(d["sizes"], np.float64)
-    n, total = len(sizes), sizes.sum()
-    rules = {"the equal mean (1/N each)": np.full(n, 1.0 / n), "the mean weighted by shard size (n_r/B)": sizes / total,
-             "the sum": np.ones(n)}
-    for text, w in rules.items():
-        mixed = np.concatenate([np.tensordot(w, np.asarray(d[f"grad/{p}"], np.float64), axes=1).ravel() for p in names])
-        got = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+    got = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+    for rule, (text, _) in _RULES.items():
+        mixed = np.concatenate([g.ravel() for g in _weighted(d, names, rule).values()])
         c = _ratio(mixed, got) if scaled else 1.0
         if c is not None and _gap(c * mixed, got) < 1e-6:
             return text + (f" times {c:.3g}" if scaled and abs(c - 1.0) > 1e-9 else "")
     return None
-
-
-def _weighted(d: Mapping[str, np.ndarray], names: list[str], weighting: str) -> dict[str, np.ndarray]:
-    """``sum_r w_r g_r`` of the device gradients, ``w_r`` = 1/N (``equal``) or n_r/B (``by_size``)."""
-    sizes = np.asarray(d["sizes"], np.float64)
-    w = sizes / sizes.sum() if weighting == "by_size" else np.full(len(sizes), 1.0 / len(sizes))
-    return {p: np.tensordot(w, np.asarray(d[f"grad/{p}"], np.float64), axes=1) for p in names}
 
 
 def _combination(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], ca: Mapping[str, np.ndarray],
@@ -363,7 +360,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         for p in names:
             gaps = [_gap(x, y) for x, y in zip(da[f"grad/{p}"], db[f"grad/{p}"], strict=True)]
             if max(gaps) > worst_g:
-                worst_g, at = max(gaps), (p, _which(gaps, bound)[0], _which(gaps, bound)[1])
+                worst_g, at = max(gaps), (p, *_which(gaps, bound))
         p, dev, over = at
         chain.append({"stage": "device_grads", "device": dev, "name": p, "gap": worst_g, "bound": bound})
         if over:

@@ -60,6 +60,7 @@ import torch.distributed as dist
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from parity_tests.contract.arguments import OneLineParser, positive_seconds
 from parity_tests.contract.errors import CaseError
 from torchref.launch.faults import FaultBoard, Where, hostname
 from torchref.launch.netif import route_interface
@@ -152,19 +153,8 @@ class ParamDigests:
             h.remove()
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, status 2, like every other bad input
-        raise CaseError("command line", f"valid arguments ({message}); see 'python -m torchref.launch --help'")
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"a number of seconds > 0, got {text!r}")
-    return v
+class _Parser(OneLineParser):
+    help_hint = "python -m torchref.launch --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("case", help="path to case.json (readable on every node)")
     p.add_argument("--impl", default="torch.ddp", help="torch.ddp (default) or a @torchref.plugin.distributed plugin FILE.py:FUNCTION")
     p.add_argument("--out", required=True, help="trajectory file rank 0 writes (.npz), its manifest beside it")
-    p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds a collective may wait before its rank fails (default 60)")
-    p.add_argument("--start-timeout", type=_seconds, default=300.0, help="seconds to wait for every rank to join (default 300)")
+    p.add_argument("--timeout", type=positive_seconds, default=60.0, help="seconds a collective may wait before its rank fails (default 60)")
+    p.add_argument("--start-timeout", type=positive_seconds, default=300.0, help="seconds to wait for every rank to join (default 300)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: gloo for torch.ddp (the CPU reference), NCCL for a plugin where CUDA is available")
     return p
