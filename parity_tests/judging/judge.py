@@ -34,7 +34,7 @@ import numpy as np
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
-from parity_tests.judging.localise import REFINABLE, bound_at, localise, stage_chain
+from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
 from parity_tests.judging.theory import (
     Prediction,
     keras_rounds_hyperparameters,
@@ -354,10 +354,8 @@ def _beside(work: Callable[[list], None], here: list, there: list) -> None:
 
 def _inside_step(where: dict[str, Any], verdict: Verdict, ref: str, impl: str, case: Case,
                  mapped: tuple[bool, bool], runner: Runner, captured: dict) -> dict[str, Any]:
-    """``where`` refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture."""
-    step = where.get("first_bad_step")
-    if where.get("stage") not in REFINABLE or not step:
-        return where
+    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture."""
+    step = where["first_bad_step"]
     missing = [i for i in (ref, impl) if not registry.resolve(i, "impls").captures]
     if missing:
         return {**where, "explanation": where["explanation"] + f" (per-device values: {', '.join(missing)} does not"
@@ -529,7 +527,7 @@ def compare_case(
             # float32 case, where 1e-10 would call float32 rounding a difference), mapped as judged
             d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else case.spec["dtype"]
             where = localise(get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64"), verdict)
-            if stages:
+            if stages and refinable(where, get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64")):
                 where = _inside_step(where, verdict, ref, impl, variants[d], (ma, mb) if d == "float64" else (False, False),
                                      runner, captured)
             if pred.expected:

@@ -43,7 +43,7 @@ import numpy as np
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.tolerance import SCALE_FLOOR
 
-__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "stage_chain", "bound_at"]
+__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
@@ -181,6 +181,19 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
 
 #: the stages a captured step can refine: what happens inside a step before its update
 REFINABLE = ("loss", "combined_grads")
+
+
+def refinable(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether the stage chain of ``where``'s first bad step can say more than the recorded channels.
+
+    Stages inside the step (:data:`REFINABLE`), and ``update`` when a side recorded no gradient:
+    then "the loss agrees, the parameters after the step differ" cannot tell the gradient from
+    the optimizer's step, and per-device gradients can.
+    """
+    if not where.get("first_bad_step"):
+        return False
+    grads = all(any(k.startswith("grad/") for k in t) for t in (a, b))
+    return where.get("stage") in REFINABLE or (where.get("stage") == "update" and not grads)
 
 
 def _gap(a: Any, b: Any) -> float:

@@ -101,3 +101,16 @@ def test_the_report_draws_the_stage_chain_and_writes_it_to_json(tmp_path):
     loc = json.loads((tmp_path / "report.json").read_text())["cases"][0]["pairs"][0]["verdict"]["localisation"]
     assert loc["stage"] == "combined_grads" and loc["predicted_stage"] == "combined_grads"
     assert [c["stage"] for c in loc["chain"]] == ["inputs", "forward", "combined_grads"]
+
+
+def test_a_plugin_without_recorded_gradients_is_localised_by_its_device_gradients(pool):
+    """Without ``grads=`` the recorded channels can only say "update"; the rank gradients it reports through
+    ``run.hook_gradients`` name the stage: every rank's gradient is N (= 4) times the towers'."""
+    from pathlib import Path
+
+    plugin = f"{Path(__file__).parent / 'plugins' / 'ddp_no_grads.py'}:train"
+    case = make(MLP, steps=2, optimizer={"name": "sgd", "lr": 0.01, "semantics": "tf"})
+    where = compare_case(case, ["tf.towers", plugin]).pairs[0].localisation
+    assert (where["first_bad_step"], where["stage"], where["device"]) == (1, "device_grads", None)
+    assert "by 4x" in where["explanation"] and "per-device losses agree" in where["explanation"]
+    assert compare_case(case, ["tf.towers", plugin], stages=False).pairs[0].localisation["stage"] == "update"

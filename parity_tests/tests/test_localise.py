@@ -143,3 +143,14 @@ def test_shards_of_other_sizes_are_an_inputs_difference_and_nothing_captured_is_
     assert stage_chain(_captured(), {"loss": np.zeros(1)}, 1, 1e-10) is None
     same = stage_chain(_captured(), _captured(), 1, 1e-10)
     assert same["stage"] is None and all(c["gap"] <= c["bound"] for c in same["chain"])
+
+
+def test_update_without_recorded_gradients_is_refinable_and_with_them_is_not():
+    from parity_tests.judging.localise import refinable
+
+    where = {"first_bad_step": 2, "stage": "update"}
+    with_grads = {"grad/0.kernel": np.zeros((1, 2))}
+    assert refinable(where, with_grads, {"loss": np.zeros(1)})
+    assert not refinable(where, with_grads, with_grads)
+    assert refinable({"first_bad_step": 1, "stage": "combined_grads"}, with_grads, with_grads)
+    assert not refinable({"first_bad_step": None, "stage": None}, {}, {})
