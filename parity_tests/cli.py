@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--report", default=None, help="folder for report.md, report.json, gap plot and trajectories")
     c.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="write TensorBoard event files: each implementation's loss, each pair's gap per parameter and its bound")
+    c.add_argument("--full", action="store_true",
+                   help="with --report: write every run's full trajectory, whatever its size (default: up to 1 GiB in all)")
     c.add_argument("--lockstep", action="store_true",
                    help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
                         "exit status from lockstep's verdicts")
@@ -120,7 +122,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     result = compare_case(case, impls, progress=True)
     print(result.summary())
     if args.report:
-        path = write_case_report(result, Path(args.report))
+        path = write_case_report(result, Path(args.report), full=args.full)
         print(f"report: {path}")
     if args.tensorboard:
         from parity_tests.reporting.tensorboard import write_tensorboard
@@ -138,7 +140,7 @@ def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
     result = lockstep_compare(case, impls, progress=lambda label: print(f"  {label}", file=sys.stderr, flush=True))
     print(result.summary())
     if args.report:
-        print(f"report: {write_case_report(result.free, Path(args.report), lockstep=result)}")
+        print(f"report: {write_case_report(result.free, Path(args.report), lockstep=result, full=args.full)}")
     if args.tensorboard:
         from parity_tests.reporting.tensorboard import write_tensorboard
 

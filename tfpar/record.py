@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from parity_tests.contract.rows import finish
+
 __all__ = ["stack_trajectory"]
 
 
@@ -23,9 +25,12 @@ def stack_trajectory(losses: Sequence[float], params: Mapping[str, Sequence[np.n
         params: per parameter, its T+1 values (initial, then after each step).
         grads: per parameter, the T gradients applied (``None``: none recorded).
         states: per non-trainable state (batch-norm moving statistics), its T+1 values.
+
+    Each history is a list of arrays or a :class:`parity_tests.contract.rows.RowList`
+    (which may have moved its rows to a file: the value is then a ``RowArray``).
     """
     traj = {"loss": np.asarray(losses)}
-    traj.update({f"param/{k}": np.stack(v) for k, v in params.items()})
-    traj.update({f"grad/{k}": np.stack(v) for k, v in (grads or {}).items()})
-    traj.update({f"state/{k}": np.stack(v) for k, v in (states or {}).items()})
+    traj.update({f"param/{k}": finish(v) for k, v in params.items()})
+    traj.update({f"grad/{k}": finish(v) for k, v in (grads or {}).items()})
+    traj.update({f"state/{k}": finish(v) for k, v in (states or {}).items()})
     return traj

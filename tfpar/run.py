@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.rows import RowList
+
 from .async_ import run_async
 from .devices import tower_devices
 from .errors import Unsupported
@@ -39,9 +41,10 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             progress: Callable[[int], None] | None,
             state: Mapping[str, tf.Variable] | None = None, capture: int | None = None) -> dict[str, np.ndarray]:
     state = state or {}
-    states = {k: [v.numpy()] for k, v in state.items()}
-    params = {k: [v] for k, v in trainer.values().items()}
-    grads: dict[str, list[np.ndarray]] = {k: [] for k in params}
+    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    states = {k: RowList([v.numpy()]) for k, v in state.items()}
+    params = {k: RowList([v]) for k, v in trainer.values().items()}
+    grads = {k: RowList() for k in params}
     losses = []
     for k in range(steps):
         loss, g = trainer.step(*batches(k), capture=capture == k + 1)

@@ -54,3 +54,12 @@ def shape_mismatch(ctx: RankContext, payload: Any) -> list[float]:
 def sleep_then_allreduce(ctx: RankContext, payload: Any) -> dict[str, Any]:
     time.sleep(payload["seconds"])
     return allreduce_rank(ctx, payload)
+
+
+def work_and_beat(ctx: RankContext, payload: Any) -> float:
+    """Work for ``payload["seconds"]`` (sleeping 0.25 s at a time), beating after each piece, like a training loop."""
+    start = time.monotonic()
+    while time.monotonic() - start < payload["seconds"]:
+        time.sleep(0.25)
+        ctx.beat()
+    return time.monotonic() - start

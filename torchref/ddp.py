@@ -37,6 +37,8 @@ import torch.distributed.nn.functional as dist_fn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
+
 from .data import rank_batches, single_batches
 from .losses import model_loss
 from .models import CaseModel
@@ -124,9 +126,9 @@ def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 def _trajectory(losses, params, grads, states=None) -> dict[str, np.ndarray]:
     traj = {"loss": np.asarray(losses)}
-    traj.update({f"param/{k}": np.stack(v) for k, v in params.items()})
-    traj.update({f"grad/{k}": np.stack(v) for k, v in grads.items()})
-    traj.update({f"state/{k}": np.stack(v) for k, v in (states or {}).items()})
+    traj.update({f"param/{k}": finish(v) for k, v in params.items()})
+    traj.update({f"grad/{k}": finish(v) for k, v in grads.items()})
+    traj.update({f"state/{k}": finish(v) for k, v in (states or {}).items()})
     return traj
 
 
@@ -185,6 +187,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     spec = payload["spec"]
     par, model_spec = spec["parallel"], spec["model"]
     n, r = ctx.world_size, ctx.rank
+    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
     if par["devices"] != n:
         raise ValueError(f"case asks for {par['devices']} devices but the job has {n} ranks")
     dtype, x, y = _arrays(payload)
@@ -219,9 +222,10 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     w = [1.0 / n] * n if par["weighting"] == "equal" else [s / batch for s in sizes]
     # distributed_sampler: every rank's batch has the same size (N | B, strided), so w_r = 1/N
     feed = _feed(payload, x, y, rows[r], ranks=n, rank=r)
-    params = {k: [p.detach().numpy().copy()] for k, p in named.items()}
-    states = {k: [v] for k, v in _snapshot(model.state()).items()}
-    grads: dict[str, list[np.ndarray]] = {k: [] for k in named}
+    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    params = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}
+    states = {k: RowList([v]) for k, v in _snapshot(model.state()).items()}
+    grads = {k: RowList() for k in named}
     losses = []
     for step in range(1, spec["steps"] + 1):
         x_r, y_r, pos = next(feed)
@@ -280,6 +284,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
                 params[name].append(p.detach().numpy().copy())
             for name, v in _snapshot(model.state()).items():
                 states[name].append(v)
+        ctx.beat()  # a step done: the parent's timeout counts from here (torchref.pool)
     device = _flat_capture(cap) if cap else None
     if r != 0:
         return None if device is None else {"device": device}
@@ -301,6 +306,7 @@ def _flat_capture(cap: dict[str, Any]) -> dict[str, np.ndarray]:
 def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, np.ndarray]:
     """One process, the whole global batch, no DDP (``torch.single``)."""
     spec = payload["spec"]
+    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))
     model_spec = spec["model"]
     dtype, x, y = _arrays(payload)
     masks = _masks(payload)
@@ -313,9 +319,10 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     clip = spec["parallel"].get("clip")
     named = model.canonical()
     batch = spec["data"]["global_batch"]
-    params = {k: [p.detach().numpy().copy()] for k, p in named.items()}
-    states = {k: [v] for k, v in _snapshot(model.state()).items()}
-    grads: dict[str, list[np.ndarray]] = {k: [] for k in named}
+    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    params = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}
+    states = {k: RowList([v]) for k, v in _snapshot(model.state()).items()}
+    grads = {k: RowList() for k in named}
     losses = []
     feed = _feed(payload, x, y, np.arange(batch), ranks=None)
     capture, cap = payload.get("capture"), {}
@@ -346,6 +353,8 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
             params[name].append(p.detach().numpy().copy())
         for name, v in _snapshot(model.state()).items():
             states[name].append(v)
+        if ctx is not None:
+            ctx.beat()  # a step done: the parent's timeout counts from here (torchref.pool)
     traj = _trajectory(losses, params, grads, states)
     traj.update({f"device/{k}": v for k, v in (_flat_capture(cap) if cap else {}).items()})
     traj.update(exported(opt, named, payload))  # lockstep: the optimizer state after the run

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
@@ -58,6 +58,10 @@ class RankContext:
     world_size: int  #: the job's world size
     group: dist.ProcessGroup  #: gloo subgroup of ranks 0..world_size-1
     timeout: float  #: seconds after which a collective of this pool fails
+    #: tell the parent the job is making progress (a training step done): the job's timeout then
+    #: bounds the time between two beats, not the whole job, so a large model's long run is not
+    #: taken for a hang (rank 0's beats are enough: the ranks meet in every step's collectives)
+    beat: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)  # noqa: E731
 
 
 class PoolError(RuntimeError):
@@ -89,6 +93,23 @@ def _margin(timeout: float) -> float:
     # Collectives fail by themselves after `timeout`; the margin lets that error reach us
     # before we call the rank silent.
     return 2.0 + 0.25 * timeout
+
+
+def _idle() -> None:
+    return None
+
+
+def _beater(conn: Connection) -> Callable[[], None]:
+    """``beat()`` sending ``("beat", None)`` to the parent, at most once a second."""
+    last = [0.0]
+
+    def beat() -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            conn.send(("beat", None))
+
+    return beat
 
 
 def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_timeout: float,
@@ -134,7 +155,8 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                     conn.send(("ok", None))
                     continue
                 _, fn, payload, n = message
-                conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout), payload)))
+                conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout, _beater(conn) if rank == 0 else _idle),
+                                    payload)))
             except Exception:
                 conn.send(("raised", traceback.format_exc()))
     except (EOFError, OSError):
@@ -329,6 +351,10 @@ class DDPPool:
                 if kind is None and not self._procs[rank].is_alive():
                     kind = "died"
                 if kind is None:
+                    continue
+                if kind == "beat":  # the job moves on: the limit counts from its last beat
+                    if not failures:
+                        deadline = max(deadline, time.monotonic() + limit)
                     continue
                 del pending[rank]
                 if kind in ("ok", "ready"):

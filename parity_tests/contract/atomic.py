@@ -6,10 +6,12 @@ never half of one.
 
 from __future__ import annotations
 
-import io
 import os
 import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,12 +20,17 @@ __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_npz"]
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically; returns the path."""
+    return _atomic(path, lambda f: f.write(data))
+
+
+def _atomic(path: str | os.PathLike, write: Callable[[Any], Any]) -> Path:
+    """``write(f)`` into a temporary file beside ``path``, fsync, rename; removed on any failure."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
@@ -41,8 +48,23 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> Path:
-    """Write ``arrays`` as an uncompressed ``.npz`` atomically (no pickles)."""
-    buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-    return atomic_write_bytes(path, buf.getvalue())
+def atomic_write_npz(path: str | os.PathLike, arrays: dict[str, Any]) -> Path:
+    """Write ``arrays`` as an uncompressed ``.npz`` atomically (no pickles), as ``np.savez`` does.
+
+    Each member is streamed into the file: an array whose rows live in a file
+    (:class:`parity_tests.contract.rows.RowArray`) is copied row by row, never held whole.
+    """
+    def write(f: Any) -> None:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+            for key, value in arrays.items():
+                with z.open(f"{key}.npy", "w", force_zip64=True) as member:
+                    if hasattr(value, "rows") and hasattr(value, "row_shape"):  # a RowArray
+                        header = {"descr": np.lib.format.dtype_to_descr(value.dtype), "fortran_order": False,
+                                  "shape": tuple(value.shape)}
+                        np.lib.format.write_array_header_2_0(member, header)
+                        for i in range(len(value)):
+                            member.write(np.ascontiguousarray(value.row(i)).tobytes())
+                    else:
+                        np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+
+    return _atomic(path, write)

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.rows import RowArray, iter_pairs, nonfinite_rows
+
 __all__ = [
     "TINY",
     "Mismatch",
@@ -250,7 +252,9 @@ def _check_tolerances(rtol: Any, atol: Any) -> tuple[float, float]:
 
 
 def _array(traj: Mapping[str, Any], key: str, side: str) -> np.ndarray:
-    arr = np.asarray(traj[key])
+    arr = traj[key]
+    if not isinstance(arr, RowArray):  # a file-backed array stays one: it is read chunk by chunk
+        arr = np.asarray(arr)
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
     ):
@@ -366,6 +370,14 @@ def relative_gap(a: Any, b: Any, *, scale: Any = None, scale_floor: float = TINY
         both sides are non-finite at exactly the same places with the same values
         (undefined: both blew up alike), and ``inf`` otherwise (one side blew up).
     """
+    if isinstance(a, RowArray) or isinstance(b, RowArray):  # row by row, never the whole array
+        if np.shape(a) != np.shape(b):
+            raise ValueError(f"relative_gap: shapes differ, side A {np.shape(a)}, side B {np.shape(b)}")
+        rows = len(a)
+        sc = None if scale is None else np.broadcast_to(np.asarray(scale, dtype=np.float64), (rows,))
+        parts = [relative_gap(xa, ya, scale=None if sc is None else sc[start:start + len(xa)], scale_floor=scale_floor)
+                 for start, xa, ya in iter_pairs(a, b)]
+        return np.concatenate(parts) if parts else np.zeros(0)
     a_arr = np.asarray(a, dtype=np.float64)
     b_arr = np.asarray(b, dtype=np.float64)
     if a_arr.shape != b_arr.shape:
@@ -417,13 +429,13 @@ def _first_nonfinite(
 ) -> tuple[tuple[int, tuple[Any, ...]], str, str] | None:
     best = None
     for key in keys:
-        arr = np.asarray(_array(traj, key, side), dtype=np.float64)
-        bad_rows = ~np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+        arr = _array(traj, key, side)
+        bad_rows = nonfinite_rows(arr) if arr.ndim else np.asarray([not np.isfinite(arr)])
         if bad_rows.any():
             row = int(np.argmax(bad_rows))
             place = (step_of_row(key, row), key_order(key))
             if best is None or place < best[0]:
-                best = (place, key, _nonfinite_kind(arr[row]))
+                best = (place, key, _nonfinite_kind(np.asarray(arr[row] if arr.ndim else arr, dtype=np.float64)))
     return best
 
 
@@ -524,11 +536,14 @@ def compare_trajectories(
     param_gaps: list[np.ndarray] = []
     for key in compared:
         x, y = arrays[key]
-        abs_diff, rel_diff, bad, _, _ = _elementwise(x, y, rtol_f, atol_f, equal_nan)
-        if abs_diff.size:
-            max_abs = max(max_abs, float(abs_diff.max()))
-            max_rel = max(max_rel, float(rel_diff.max()))
-        bad_rows = bad.reshape(bad.shape[0], -1).any(axis=1)
+        parts = []
+        for _, xa, ya in iter_pairs(x, y):  # chunks of rows: one chunk for an array that fits
+            abs_diff, rel_diff, bad, _, _ = _elementwise(xa, ya, rtol_f, atol_f, equal_nan)
+            if abs_diff.size:
+                max_abs = max(max_abs, float(abs_diff.max()))
+                max_rel = max(max_rel, float(rel_diff.max()))
+            parts.append(bad.reshape(bad.shape[0], -1).any(axis=1))
+        bad_rows = np.concatenate(parts)
         if bad_rows.any():
             row = int(np.argmax(bad_rows))
             place = (step_of_row(key, row), key_order(key))

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.rows import RowArray, row_norms
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.tolerance import SCALE_FLOOR
 
@@ -56,12 +57,13 @@ def row_gaps(a: Any, b: Any) -> np.ndarray:
     so a row is over its bound here exactly when the verdict counts it over. ``inf`` for
     arrays of different shapes; ``nan`` where both sides are non-finite alike.
     """
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
+    if not isinstance(a, RowArray):  # a file-backed array is read row by row (parity_tests.contract.rows)
+        a = np.asarray(a, np.float64)
+    if not isinstance(b, RowArray):
+        b = np.asarray(b, np.float64)
+    if np.shape(a) != np.shape(b):
         return np.full(min(len(a), len(b)), np.inf)
-    with np.errstate(invalid="ignore"):
-        norms = [np.abs(x.reshape(len(x), -1)).max(axis=1, initial=0.0) for x in (a, b)]
-    return relative_gap(a, b, scale=np.maximum(*norms), scale_floor=SCALE_FLOOR)
+    return relative_gap(a, b, scale=np.maximum(row_norms(a), row_norms(b)), scale_floor=SCALE_FLOOR)
 
 
 def _channel(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str) -> dict[str, np.ndarray]:

@@ -218,6 +218,7 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.rows import array_dtype, iter_pairs, nonfinite_rows, row_norms
 from parity_tests.judging.compare import (
     compare_arrays,
     compare_trajectories,
@@ -420,7 +421,7 @@ def _judged_keys(trajs: Iterable[Mapping[str, Any]], keys: Iterable[str] | None)
 
 def _check_dtype(traj: Mapping[str, Any], keys: list[str], dtype: type, side: str) -> None:
     for key in keys:
-        got = np.asarray(traj[key]).dtype
+        got = array_dtype(traj[key])
         if got != dtype:
             raise ValueError(
                 f"side {side}, {key}: expected {np.dtype(dtype).name} values, got {got} "
@@ -432,6 +433,8 @@ def _structure(
     pairs: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]], keys: list[str]
 ) -> str | None:
     """A message naming the first pair whose keys or shapes disagree (``None`` if all fit)."""
+    if all(_fits(x, y, keys) for _, x, y in pairs):
+        return None  # the common case, decided from shapes alone (reads no array)
     for name, x, y in pairs:
         cmp = compare_trajectories(x, y, rtol=0.0, atol=0.0, keys=keys, equal_nan=True)
         if cmp.missing_in_a or cmp.missing_in_b or cmp.shape_mismatches or not cmp.compared:
@@ -441,7 +444,7 @@ def _structure(
                 if not ln.startswith(("step ", "Greatest", "Non-finite"))
             ]
             return f"{name}: " + "; ".join(lines or ["no param/* or state/* arrays to judge"])
-        rows = {np.asarray(x[k]).shape[0] for k in keys}
+        rows = {np.shape(x[k])[0] for k in keys}
         if len(rows) > 1 or len({step_of_row(k, 0) for k in keys}) > 1:
             return (
                 f"{name}: the judged arrays do not share one step axis (rows {sorted(rows)}); "
@@ -450,13 +453,24 @@ def _structure(
     return None
 
 
+def _fits(x: Mapping[str, Any], y: Mapping[str, Any], keys: list[str]) -> bool:
+    """Every key on both sides, real numbers, one shape with a row axis, and one step axis for all."""
+    if not keys or any(k not in x or k not in y for k in keys):
+        return False
+    shapes = [(np.shape(x[k]), np.shape(y[k])) for k in keys]
+    if any(a != b or len(a) == 0 for a, b in shapes):
+        return False
+    if not all(_real(array_dtype(t[k])) for t in (x, y) for k in keys):
+        return False
+    return len({a[0] for a, _ in shapes}) == 1 and len({step_of_row(k, 0) for k in keys}) == 1
+
+
+def _real(dtype: np.dtype) -> bool:
+    return dtype != np.bool_ and (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer))
+
+
 def _row_norms(traj: Mapping[str, Any], key: str) -> np.ndarray:
-    arr = np.asarray(traj[key], dtype=np.float64)
-    flat = arr.reshape(arr.shape[0], -1)
-    if flat.shape[1] == 0:
-        return np.zeros(arr.shape[0])
-    with np.errstate(invalid="ignore"):
-        return np.abs(flat).max(axis=1)
+    return row_norms(traj[key])
 
 
 def _scales(
@@ -479,8 +493,7 @@ def _first_nonfinite_row(trajs: Iterable[Mapping[str, Any]], keys: list[str], ro
     stop = rows
     for t in trajs:
         for k in keys:
-            arr = np.asarray(t[k], dtype=np.float64)
-            bad = ~np.isfinite(arr.reshape(rows, -1)).all(axis=1)
+            bad = nonfinite_rows(t[k])
             if bad.any():
                 stop = min(stop, int(np.argmax(bad)))
     return stop
@@ -489,12 +502,13 @@ def _first_nonfinite_row(trajs: Iterable[Mapping[str, Any]], keys: list[str], ro
 def _alike_nonfinite(x: Mapping[str, Any], y: Mapping[str, Any], keys: list[str]) -> bool:
     """Both sides non-finite at exactly the same places with the same values."""
     for k in keys:
-        a = np.asarray(x[k], dtype=np.float64)
-        b = np.asarray(y[k], dtype=np.float64)
-        fa, fb = np.isfinite(a), np.isfinite(b)
-        same = ~fa & ~fb & ((np.isnan(a) & np.isnan(b)) | (a == b))
-        if not ((fa & fb) | same).all():
-            return False
+        for _, xa, ya in iter_pairs(x[k], y[k]):
+            a = np.asarray(xa, dtype=np.float64)
+            b = np.asarray(ya, dtype=np.float64)
+            fa, fb = np.isfinite(a), np.isfinite(b)
+            same = ~fa & ~fb & ((np.isnan(a) & np.isnan(b)) | (a == b))
+            if not ((fa & fb) | same).all():
+                return False
     return True
 
 
@@ -532,8 +546,8 @@ def _mismatch_text(
 ) -> str:
     """The comparator's message at one row, with the rule's absolute allowance there."""
     mm = compare_arrays(
-        np.asarray(x[key])[row],
-        np.asarray(y[key])[row],
+        x[key][row],
+        y[key][row],
         rtol=0.0,
         atol=allowed,
         key=key,
@@ -578,16 +592,18 @@ def _first_unlike(x: Mapping[str, Any], y: Mapping[str, Any], keys: list[str]) -
     """The first element (step, then key order) where the two sides' NaN/Inf disagree."""
     best: tuple[Any, ...] | None = None
     for k in keys:
-        a = np.asarray(x[k], dtype=np.float64)
-        b = np.asarray(y[k], dtype=np.float64)
-        fa, fb = np.isfinite(a), np.isfinite(b)
-        same = ~fa & ~fb & ((np.isnan(a) & np.isnan(b)) | (a == b))
-        unlike = ~((fa & fb) | same)
-        if unlike.any():
-            pos = tuple(int(i) for i in np.argwhere(unlike)[0])
-            place = (step_of_row(k, pos[0]), key_order(k))
-            if best is None or place < best[0]:
-                best = (place, k, pos, float(a[pos]), float(b[pos]))
+        for start, xa, ya in iter_pairs(x[k], y[k]):
+            a = np.asarray(xa, dtype=np.float64)
+            b = np.asarray(ya, dtype=np.float64)
+            fa, fb = np.isfinite(a), np.isfinite(b)
+            same = ~fa & ~fb & ((np.isnan(a) & np.isnan(b)) | (a == b))
+            unlike = ~((fa & fb) | same)
+            if unlike.any():
+                pos = tuple(int(i) for i in np.argwhere(unlike)[0])
+                place = (step_of_row(k, start + pos[0]), key_order(k))
+                if best is None or place < best[0]:
+                    best = (place, k, (start + pos[0], *pos[1:]), float(a[pos]), float(b[pos]))
+                break  # the first unlike row of this key: later chunks are later steps
     if best is None:
         return "the non-finite values agree"
     (step, _), key, pos, va, vb = best

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_text
+from parity_tests.contract.rows import nbytes
 from parity_tests.running.environment import versions
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
                  "*divergence* when it does not; *expected_difference* is a divergence that theory "
                  "predicts (the tool must find it), *unexpected_parity* a predicted difference it did not find.")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
+    if meta.get("trajectories"):
+        lines += [f"Trajectories: {meta['trajectories']}.", ""]
     lines.append("| scenario | dtype | devices | combine | optimizer | pair | verdict | expected | ok | greatest gap | bound | noise floor | rule |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -219,12 +222,13 @@ def _safe(name: str) -> str:
 
 def write_report(
     results: Sequence[CaseResult], out: Path, *, title: str, meta: dict[str, Any] | None = None,
-    trajectories: bool = True, lockstep: Any = None,
+    trajectories: bool | None = None, lockstep: Any = None,
 ) -> Path:
     """Write the report folder; returns the path of ``report.md``.
 
     Contents: ``report.md``, ``report.json``, ``gaps-<scenario>.png``, and for a
-    single case also ``trajectories/<impl>@<dtype>.npz`` and ``case/`` (a replayable copy).
+    single case also ``trajectories/<impl>@<dtype>.npz`` (``trajectories``: ``True`` always,
+    ``False`` never, ``None`` up to :data:`KEEP_BYTES` in all) and ``case/`` (a replayable copy).
     """
     from parity_tests.contract.case import write_case
     from parity_tests.contract.trajectory import save_trajectory
@@ -246,7 +250,10 @@ def write_report(
         name = f"stages-{_safe(case_name)}-{_safe(label.replace(' vs ', '-'))}.png"
         atomic_write_bytes(out / name, png)
         plots[f"stages: {case_name}: {label}"] = name
-    if trajectories and len(results) == 1:
+    kept = _keep(results, trajectories)
+    if kept is not None:
+        meta["trajectories"] = kept[1]
+    if kept is not None and kept[0]:
         from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
 
         r = results[0]
@@ -287,10 +294,33 @@ def jsonable(x: Any) -> Any:
     return x
 
 
-def write_case_report(result: CaseResult, out: Path, *, lockstep: Any = None) -> Path:
+def write_case_report(result: CaseResult, out: Path, *, lockstep: Any = None, full: bool = False) -> Path:
     """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy.
 
     ``lockstep``: a :class:`~parity_tests.running.lockstep.LockstepResult` of the same case, written
     as ``"lockstep"`` in the case's entry of ``report.json`` and a per-step section of ``report.md``.
+    ``full``: write every run's trajectory whatever its size (by default only up to
+    :data:`KEEP_BYTES` in all; the report says what it kept).
     """
-    return write_report([result], out, title=f"tfpar compare: {result.case.name}", lockstep=lockstep)
+    return write_report([result], out, title=f"tfpar compare: {result.case.name}", lockstep=lockstep,
+                        trajectories=True if full else None)
+
+
+#: trajectory files a single-case report writes by default, in all (``tfpar compare --full``: no limit)
+KEEP_BYTES = 1 << 30
+
+
+def _keep(results: Sequence[CaseResult], trajectories: bool | None) -> tuple[bool, str] | None:
+    """Whether a single-case report writes its runs' trajectories, and the sentence saying so.
+
+    ``trajectories``: ``True`` always (``--full``), ``False`` never, ``None`` while they
+    hold at most :data:`KEEP_BYTES` (a 25 M-parameter model's four runs hold ~25 GB).
+    """
+    if len(results) != 1 or trajectories is False:
+        return None
+    size = sum(nbytes(v) for t in results[0].trajectories.values() for v in t.values())
+    gb = f"{size / 1e9:.2f} GB" if size >= 1e7 else f"{size / 1e6:.2f} MB"
+    if trajectories or size <= KEEP_BYTES:
+        return True, f"every run's full trajectory kept in trajectories/ ({gb})"
+    return False, (f"trajectories not kept ({gb}, over {KEEP_BYTES / 2**30:.0f} GiB): the verdicts, per-step gaps and"
+                   " localisation above are complete; tfpar compare --full writes every step's arrays")

@@ -13,6 +13,7 @@ import numpy as np
 
 from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
+from parity_tests.contract.rows import spill_threshold
 from parity_tests.running.harness import RunError, check_tf_devices, run_torch_job
 from parity_tests.running.registry import Implementation, register
 
@@ -63,7 +64,8 @@ def _torch(impl: str) -> Callable:
         n = case.devices if impl == "torch.ddp" else 1
         if n > MAX_SIZE:
             raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
-        payload = case.payload()
+        # the parent's spill threshold travels with the job (the workers were started before it was set)
+        payload = {**case.payload(), "spill_bytes": spill_threshold()}
         results = run_torch_job(impl, job_function(payload, impl), payload, n)
         traj = merge_captures(results) if case.capture else results[0]
         if progress:

@@ -150,6 +150,17 @@ def test_silent_rank_times_out_in_parent():
         p.close()
 
 
+def test_a_job_that_beats_is_not_taken_for_a_hang():
+    # the job's limit (0.5 s + the 2.1 s margin) bounds the time between two beats, not the whole
+    # job: a large model's 20 steps may take minutes; a silent one still times out (test above)
+    p = DDPPool(1, timeout=POOL_TIMEOUT)
+    try:
+        took = p.run(fns.work_and_beat, {"seconds": 4.0}, 1, timeout=0.5)[0]
+        assert took >= 4.0 and p.alive
+    finally:
+        p.close()
+
+
 def test_close_and_restart_leave_nothing_behind():
     me = psutil.Process()
     before = {c.pid for c in me.children(recursive=True)}

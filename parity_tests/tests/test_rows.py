@@ -1,0 +1,162 @@
+"""Spilled trajectory rows (``parity_tests.contract.rows``): a large run's history lives in files, and
+every verdict, gap and localisation is the same as with the arrays in memory.
+
+The spill threshold is set to 0 here (every array moves to a file at its first row), so the
+smallest cases exercise the path a 25 M-parameter model takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from parity_tests.contract import rows
+from parity_tests.contract.trajectory import load_trajectory, save_trajectory
+from parity_tests.judging.compare import compare_trajectories, first_nonfinite, relative_gap
+from parity_tests.judging.judge import compare_case
+from parity_tests.running.harness import run_impl
+from parity_tests.tests.helpers import MLP, make
+
+
+@pytest.fixture
+def spill_everything():
+    old = rows.set_spill_threshold(0)
+    try:
+        yield
+    finally:
+        rows.set_spill_threshold(old)
+
+
+def _spilled(values: list[np.ndarray]) -> rows.RowArray:
+    rl = rows.RowList()
+    for v in values:
+        rl.append(v)
+    out = rl.finish()
+    assert isinstance(out, rows.RowArray)
+    return out
+
+
+def test_rows_stay_in_memory_below_the_threshold_and_move_to_a_file_past_it():
+    rl = rows.RowList([np.zeros(3, np.float32)] * 2)
+    assert isinstance(rl.finish(), np.ndarray)
+    old = rows.set_spill_threshold(20)  # two rows of 12 bytes are 24 > 20
+    try:
+        out = rows.RowList([np.arange(3, dtype=np.float32), np.arange(3, dtype=np.float32) + 1]).finish()
+    finally:
+        rows.set_spill_threshold(old)
+    assert isinstance(out, rows.RowArray) and os.path.exists(out.path)
+    assert out.shape == (2, 3) and out.dtype == np.float32
+    assert np.asarray(out).tolist() == [[0, 1, 2], [1, 2, 3]]
+
+
+def test_a_row_array_reads_rows_and_knows_their_norms_and_finiteness(spill_everything):
+    values = [np.array([[1.0, -4.0], [2.0, 0.5]]), np.array([[np.nan, 1.0], [0.0, 0.0]]),
+              np.array([[0.0, np.inf], [3.0, 0.0]])]
+    a = _spilled(values)
+    assert a.shape == (3, 2, 2) and len(a) == 3 and a.ndim == 3 and a.nbytes == 3 * 4 * 8
+    assert np.array_equal(a[0], values[0]) and np.array_equal(a[-1], values[2])
+    assert np.array_equal(np.asarray(a), np.stack(values), equal_nan=True)
+    assert np.array_equal(a[1:], np.stack(values)[1:], equal_nan=True)
+    assert a.norms[0] == 4.0 and np.isnan(a.norms[1]) and a.norms[2] == np.inf
+    assert a.finite.tolist() == [True, False, False]
+    # the same answers as the in-memory arrays give
+    assert np.array_equal(rows.row_norms(a), rows.row_norms(np.stack(values)), equal_nan=True)
+    assert rows.nonfinite_rows(a).tolist() == rows.nonfinite_rows(np.stack(values)).tolist()
+    with pytest.raises(IndexError):
+        a[3]
+    with pytest.raises(ValueError, match="row 1 has shape"):
+        rows.RowList([np.zeros(2), np.zeros(3)])
+
+
+def test_chunks_cover_every_row_once(spill_everything):
+    values = [np.full((4,), float(i)) for i in range(7)]
+    a = _spilled(values)
+    for arr in (a, np.stack(values)):
+        chunks = list(rows.iter_rows(arr, max_elements=8))  # two rows of 4 a chunk
+        assert [s for s, _ in chunks] == [0, 2, 4, 6]
+        assert np.array_equal(np.concatenate([c for _, c in chunks]), np.stack(values))
+    assert len(list(rows.iter_rows(np.stack(values)))) == 1  # an array that fits: one chunk, no copy
+
+
+def test_the_file_goes_with_the_array_and_travels_to_another_process_once(spill_everything):
+    a = _spilled([np.ones(3)])
+    path = a.path
+    received = pickle.loads(pickle.dumps(a))  # what the pool's pipe does with a worker's result
+    del a
+    gc.collect()
+    assert os.path.exists(path), "the sender gave the file away: only the receiver deletes it"
+    assert np.array_equal(np.asarray(received), np.ones((1, 3)))
+    del received
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_a_run_that_fails_half_way_leaves_no_file(spill_everything):
+    rl = rows.RowList([np.ones(3)])
+    path = rl._path
+    assert path and os.path.exists(path)
+    del rl
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_gaps_and_comparisons_read_row_by_row_and_agree_with_memory(spill_everything):
+    rng = np.random.default_rng(0)
+    x = [rng.normal(size=(5, 3)) for _ in range(4)]
+    y = [v + rng.normal(size=v.shape) * 1e-3 for v in x]
+    y[2][1, 1] = np.nan
+    sx, sy = _spilled(x), _spilled(y)
+    mx, my = np.stack(x), np.stack(y)
+    assert np.array_equal(relative_gap(sx, sy), relative_gap(mx, my), equal_nan=True)
+    scale = np.array([1.0, 2.0, 3.0, 4.0])
+    assert np.array_equal(relative_gap(sx, my, scale=scale), relative_gap(mx, my, scale=scale), equal_nan=True)
+    on_disk = compare_trajectories({"param/w": sx}, {"param/w": sy}, rtol=1e-4, atol=0.0)
+    in_memory = compare_trajectories({"param/w": mx}, {"param/w": my}, rtol=1e-4, atol=0.0)
+    assert on_disk.message() == in_memory.message() and not on_disk.ok
+    assert first_nonfinite({"param/w": sy}) == first_nonfinite({"param/w": my}) is not None
+
+
+def test_a_spilled_trajectory_file_equals_the_in_memory_one(tmp_path, spill_everything):
+    values = [np.arange(6.0).reshape(2, 3) * i for i in range(3)]
+    traj = {"loss": np.array([1.0, 2.0]), "param/w": _spilled(values)}
+    save_trajectory(tmp_path / "t.npz", traj)
+    back = load_trajectory(tmp_path / "t.npz")
+    assert np.array_equal(back["param/w"], np.stack(values)) and back["param/w"].dtype == np.float64
+    assert [p.name for p in tmp_path.iterdir()] == ["t.npz"]  # nothing half-written beside it
+
+
+@pytest.mark.parametrize(("impls", "changes", "status"), [
+    (["tf.towers", "torch.ddp"], {}, "parity"),
+    # towers average N per-tower sums, one process sums the whole batch: off by N (theory predicts it)
+    (["torch.single", "tf.towers"], {"model__reduction": "sum"}, "expected_difference"),
+])
+def test_verdicts_are_the_same_with_every_array_spilled(pool, impls, changes, status):
+    case = make(MLP, steps=3, dtype="float32", **changes)  # float32: four runs, the float64 rule and the floors
+    in_memory = compare_case(case, impls)
+    old = rows.set_spill_threshold(0)
+    try:
+        spilled = compare_case(case, impls)
+        spilled_run = run_impl(case, impls[0] if impls[0].startswith("torch") else impls[1])
+    finally:
+        rows.set_spill_threshold(old)
+    # the torch worker spilled too (the threshold travels with the job) and gave its files to this process
+    assert isinstance(spilled_run["param/0.kernel"], rows.RowArray)
+    assert any(isinstance(v, rows.RowArray) for t in spilled.trajectories.values() for v in t.values())
+    for m, s in zip(in_memory.pairs, spilled.pairs, strict=True):
+        assert m.verdict.status == s.verdict.status == status
+        assert (m.verdict.gap, m.verdict.bound, m.verdict.detail) == (s.verdict.gap, s.verdict.bound, s.verdict.detail)
+        assert np.array_equal(m.verdict.per_step_gap, s.verdict.per_step_gap, equal_nan=True)
+        assert m.localisation == s.localisation
+    if status != "parity":
+        assert spilled.pairs[0].localisation["stage"] is not None
+
+
+def test_the_tensorflow_side_spills_as_it_trains(spill_everything):
+    traj = run_impl(dataclasses.replace(make(MLP, steps=2)), "tf.towers")
+    assert isinstance(traj["param/0.kernel"], rows.RowArray) and traj["param/0.kernel"].shape[0] == 3
+    assert isinstance(traj["grad/0.kernel"], rows.RowArray) and traj["grad/0.kernel"].shape[0] == 2
