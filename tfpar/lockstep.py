@@ -42,13 +42,16 @@ def run_steps(trainer: Any, state: Mapping[str, tf.Variable], batches: Callable[
     Returns:
         ``lockstep/<key>`` ``[steps, ...]``: step ``k``'s one-step trajectory (``loss`` [1],
         ``param/<name>`` [2, ...], ``grad/<name>`` [1, ...], ``state/<name>`` [2, ...]) and its
-        optimizer state after the step (``opt/step``, ``opt/<slot>/<name>``), stacked over ``k``.
+        optimizer state after the step (``opt/step``, ``opt/<slot>/<name>``), stacked over ``k``;
+        with ``payload["capture"] = k`` also step ``k``'s per-device values, ``device/...`` as a free
+        run records them (``TowerTrainer.step(capture=True)``; lockstep's stage chain at its first bad step).
     """
     spec = payload["spec"]
     opt_spec = spec["optimizer"]
     starts = payload["lockstep"].get("starts")
     fresh = export_state(trainer.optimizer, trainer.names, opt_spec)  # step 0 (slots at their initial values)
     rows = []
+    captured: dict[str, np.ndarray] = {}
     for k in range(spec["steps"]):
         if starts is not None:
             init = starts[k]["init"]
@@ -57,7 +60,14 @@ def run_steps(trainer: Any, state: Mapping[str, tf.Variable], batches: Callable[
             for name, v in state.items():
                 v.assign(tf.cast(init[name], v.dtype))
             load_state(trainer.optimizer, trainer.names, opt_spec, starts[k]["opt"] or fresh)
-        traj = dict(record(trainer, 1, lambda _i, k=k: batches(k), None, state))
+        capture = 1 if payload.get("capture") == k + 1 else None
+        traj = dict(record(trainer, 1, lambda _i, k=k: batches(k), None, state, capture=capture))
+        if capture:  # kept apart: only this step has them (not stacked with the other steps' rows)
+            captured = {key: traj.pop(key) for key in list(traj) if key.startswith("device/")}
+            captured["device/step"] = np.asarray(k + 1)
+            trainer.captured = None
         traj.update(flat_state(export_state(trainer.optimizer, trainer.names, opt_spec)))
         rows.append(traj)
-    return {f"lockstep/{key}": np.stack([np.asarray(r[key]) for r in rows]) for key in rows[0]}
+    out = {f"lockstep/{key}": np.stack([np.asarray(r[key]) for r in rows]) for key in rows[0]}
+    out.update(captured)
+    return out

@@ -160,7 +160,8 @@ def check_supported(spec: Mapping[str, Any]) -> None:
 
 def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *,
                     masks: Mapping[str, tf.Tensor], batch_norm: str,
-                    stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]]) -> tf.Tensor:
+                    stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]],
+                    acts: dict[str, tf.Tensor] | None = None) -> tf.Tensor:
     """One replica's forward pass (inside ``strategy.run``), ``[n_r, ...] -> [n_r, *output_shape]``.
 
     A ``batch_norm`` layer normalises with its replica's own statistics
@@ -172,12 +173,16 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     every replica's loss (torch ``SyncBatchNorm``'s, not ``tf.towers``' own-loss
     gradient). ``stats[i]`` receives the layer's ``(mean, var, values per channel)``
     for the moving-statistics update, which the caller applies in cross-replica
-    context. ``masks`` maps a dropout layer's index (str) to its keep-mask.
+    context. ``masks`` maps a dropout layer's index (str) to its keep-mask. ``acts``, when
+    given, receives every layer's output ``[n_r, ...]`` under the layer's index (str): the
+    capture step's ``forward`` stage.
     """
     h = x
     for i, layer in enumerate(layers):
         if layer["type"] != "batch_norm":
             h = apply_layer(i, layer, params, h, masks.get(str(i)))
+            if acts is not None:
+                acts[str(i)] = h
             continue
         place = layer_device(layer)
         with tf.device(place) if place else contextlib.nullcontext():
@@ -194,6 +199,8 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
             stats[i] = (mean, var, math.prod(h.shape[1:-1]))  # values per channel per example
             h = tf.nn.batch_normalization(h, mean, var, offset=params[f"{i}.beta"], scale=params[f"{i}.gamma"],
                                           variance_epsilon=layer["epsilon"])
+        if acts is not None:
+            acts[str(i)] = h
     return h
 
 
@@ -232,6 +239,9 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``
         and ``state/<name>`` ``[steps+1, ...]`` for batch-norm moving statistics;
         ``grad`` is the strategy's sum of the replicas' scaled gradients (what was applied).
+        With ``payload["capture"] = k`` (one process's strategy), also step k's per-replica values
+        ``device/...`` under ``tfpar.TowerTrainer.step``'s keys (:func:`_flat_capture`): a second
+        trace of the step reads them with ``strategy.experimental_local_results``.
     Raises:
         DeviceError: ``parallel.devices`` exceeds the configured devices.
         ValueError: a case feature this runner does not implement (:func:`check_supported`).
@@ -286,21 +296,32 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         w = tf.gather(tf.constant(weights, dtype=out.dtype), r)
         return w * model_loss(model, out, y, sample_weight=v)
 
-    def replica_step(x: tf.Tensor, y: tf.Tensor, extras: dict[str, tf.Tensor]) -> tuple[Any, ...]:
+    def replica_step(x: tf.Tensor, y: tf.Tensor, extras: dict[str, tf.Tensor],
+                     capture: bool = False) -> tuple[Any, ...]:
         stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]] = {}
+        acts: dict[str, tf.Tensor] | None = {} if capture else None
         with tf.GradientTape() as tape:
             out = replica_forward(layers, dict(zip(names, var_list, strict=True)), x,
-                                  masks={k: m for k, m in extras.items() if k != "w"}, batch_norm=bn_mode, stats=stats)
+                                  masks={k: m for k, m in extras.items() if k != "w"}, batch_norm=bn_mode, stats=stats,
+                                  acts=acts)
             loss = scaled_loss(out, y, extras.get("w"))
         grads = tape.gradient(loss, var_list)
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        w = tf.gather(tf.constant(weights, dtype=grads[0].dtype), r)
+        cap: dict[str, Any] = {}
+        if capture:
+            # the replica differentiated its scaled loss w_r l_r; divided by w_r (what DDP's capture
+            # hook does with N w_r) it records l_r and d l_r / d param, as tf.towers' towers do
+            cap = {"x": x, "loss": loss / w, "grad": [g / w for g in grads], "act": acts}
         if per_device:
-            r = tf.distribute.get_replica_context().replica_id_in_sync_group
-            grads = clip_scaled(grads, tf.gather(tf.constant(weights, dtype=grads[0].dtype), r), clip)
+            grads = clip_scaled(grads, w, clip)
+            if capture:
+                cap["clipped"] = [g / w for g in grads]
         if apply_in_replica:
             optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
         # static shapes, recorded while tracing: values per channel per example of each BN layer
         per_example.update({i: c for i, (_, _, c) in stats.items()})
-        return loss, grads, {str(i): (mean, var) for i, (mean, var, _) in stats.items()}
+        return loss, grads, {str(i): (mean, var) for i, (mean, var, _) in stats.items()}, cap
 
     per_example: dict[int, int] = {}
 
@@ -310,13 +331,20 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         local = strategy.experimental_local_results(t)[0]
         return strategy.gather(t, axis=0)[: local.shape[0]] if across else local
 
-    @tf.function
-    def step(x: Any, y: Any, extras: dict[str, Any]) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        loss, local_grads, moments = strategy.run(replica_step, args=(x, y, extras))
+    def step_impl(x: Any, y: Any, extras: dict[str, Any], capture: bool) -> tuple[tf.Tensor, list[tf.Tensor], dict]:
+        loss, local_grads, moments, cap = strategy.run(replica_step, args=(x, y, extras), kwargs={"capture": capture})
         total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
         # the strategy's sum of the replicas' gradients: what Keras' all-reduce
         # applied (native), or what the exact rule applies here
         grads = [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in local_grads]
+        out: dict[str, Any] = {}
+        if capture:  # every replica's values, in replica order (experimental_local_results)
+            local = strategy.experimental_local_results
+            out = {"x": tf.concat(local(cap["x"]), 0), "loss": tf.stack(local(cap["loss"])),
+                   "act": {i: tf.concat(local(h), 0) for i, h in cap["act"].items()},
+                   "grad": [tf.stack(local(g)) for g in cap["grad"]], "combined": list(grads)}
+            if "clipped" in cap:
+                out["clipped"] = [tf.stack(local(g)) for g in cap["clipped"]]
         if clip is not None and not per_device:
             grads = clip(grads)  # torch's order: clip what the all-reduce produced
         if not apply_in_replica:
@@ -331,7 +359,11 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             mean, var = (first_replica(t) for t in moments[str(i)])
             rows = batch if bn_mode == "sync" else sizes[0]
             update_moving(state, i, layer, mean, var, rows * per_example[i])
-        return total, grads
+        return total, grads, out
+
+    step = tf.function(lambda x, y, extras: step_impl(x, y, extras, False)[:2])
+    # a second trace, used for the one captured step (CONTRACT §6 stages), as TowerTrainer does
+    capture_step = tf.function(lambda x, y, extras: step_impl(x, y, extras, True))
 
     x_all = np.asarray(payload["x"], np_dtype)
     y_all = payload["y"]
@@ -375,10 +407,17 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     shist = {k: [val] for k, val in zip(state, read(list(state.items())), strict=True)}
     ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
     losses = []
+    # across workers a process holds only its own replicas' values: no capture there (tf.multiworker)
+    capture = None if across else payload.get("capture")
+    captured: dict[str, np.ndarray] = {}
     for k in range(spec["steps"]):
         rows = slice(k * batch, (k + 1) * batch)
         extras = {key: distribute(a[rows]) for key, a in by_row.items()}
-        loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]), extras)
+        if capture == k + 1:
+            loss, grads, cap = capture_step(distribute(x_all[rows]), distribute(y_all[rows]), extras)
+            captured = _flat_capture(cap, names, sizes, k + 1)
+        else:
+            loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]), extras)
         losses.append(loss.numpy())
         for name, g, val in zip(names, grads, read(params), strict=True):
             ghist[name].append(g.numpy())
@@ -388,4 +427,23 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         agree(k + 1)
         if progress:
             progress(k + 1)
-    return stack_trajectory(losses, hist, ghist, shist)
+    traj = stack_trajectory(losses, hist, ghist, shist)
+    traj.update(captured)
+    return traj
+
+
+def _flat_capture(cap: Mapping[str, Any], names: list[str], sizes: list[int], step: int) -> dict[str, np.ndarray]:
+    """A captured step's values as the ``device/...`` arrays of ``tfpar.TowerTrainer.step`` (same keys and shapes).
+
+    ``x`` ``[B, ...]`` (replica shards concatenated in replica order), ``sizes`` ``[N]``,
+    ``loss`` ``[N]`` (``l_r``), ``act/<layer>`` ``[B, ...]``, ``grad/<name>`` ``[N, ...]``
+    (``d l_r / d param``), ``clipped/<name>`` ``[N, ...]`` (per-device clipping),
+    ``combined/<name>`` (the all-reduced gradient before clipping after it), ``step``.
+    """
+    out = {"x": cap["x"].numpy(), "sizes": np.asarray(sizes, np.int64), "loss": cap["loss"].numpy()}
+    out.update({f"act/{i}": h.numpy() for i, h in cap["act"].items()})
+    for key in ("grad", "clipped", "combined"):
+        if key in cap:
+            out.update({f"{key}/{k}": g.numpy() for k, g in zip(names, cap[key], strict=True)})
+    out["step"] = np.asarray(step)
+    return {f"device/{k}": v for k, v in out.items()}

@@ -67,6 +67,7 @@ computes the published rule in the variables' dtype.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -77,7 +78,7 @@ from .combine import tower_weights
 from .devices import session_config, tower_devices
 from .errors import Unsupported, refuse_unimplemented
 from .losses import model_loss
-from .models import forward, is_state
+from .models import forward, is_state, recording_activations
 from .optimizers import make_clip
 from .pipeline import case_batches
 from .record import stack_trajectory
@@ -141,6 +142,11 @@ class Towers(NamedTuple):
         tower_losses: ``[N]`` per-tower scalar losses.
         global_step: the int64 step counter ``apply_gradients`` increments.
         update_ops: the first tower's ``UPDATE_OPS``, grouped into ``train_op``.
+        tower_grads: ``[N][V]`` each tower's gradient of its own loss ``d l_r / d v`` (before
+            clipping and averaging; under ``loss_mean`` only when built with ``capture=True``),
+            in the order of ``grads_and_vars``; empty when not built.
+        tower_clipped: ``[N][V]`` each tower's gradient after ``per_device`` clipping (else empty).
+        combined: ``[V]`` the combined gradient before ``after_combine`` clipping.
     """
 
     train_op: tf.Operation
@@ -149,6 +155,9 @@ class Towers(NamedTuple):
     tower_losses: list[tf.Tensor]
     global_step: tf.Variable
     update_ops: list[tf.Operation]
+    tower_grads: Sequence[Sequence[tf.Tensor]] = ()
+    tower_clipped: Sequence[Sequence[tf.Tensor]] = ()
+    combined: Sequence[tf.Tensor] = ()
 
 
 def _on_device(device: str) -> Callable[..., tf.Variable]:
@@ -175,6 +184,7 @@ def build_towers(
     var_list: Sequence[tf.Variable] | None = None,
     clip: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None = None,
     clip_where: str = "after_combine",
+    capture: bool = False,
 ) -> Towers:
     """Build the classic multi-tower training step in the current (v1) graph.
 
@@ -201,6 +211,8 @@ def build_towers(
             before :func:`average_gradients` (the classic tower order; needs
             ``grad_mean``); ``after_combine`` clips the combined gradient once
             (torch's order, after DDP's allreduce).
+        capture: under ``loss_mean`` also build each tower's gradient of its own loss
+            (``Towers.tower_grads``, for a captured step; ``grad_mean`` has them anyway).
     Returns:
         :class:`Towers`.
     Raises:
@@ -229,6 +241,7 @@ def build_towers(
         shards = [split_batch(t, n, shard) for t in inputs]
     tower_losses: list[tf.Tensor] = []
     tower_grads: list[GradsAndVars] = []
+    unclipped: list[list[tf.Tensor]] = []
     update_ops: list[tf.Operation] = []
     train_vars: list[tf.Variable] = list(var_list or [])
     with v1.variable_scope(v1.get_variable_scope(), reuse=v1.AUTO_REUSE, custom_getter=_on_device(variables_device)):
@@ -247,9 +260,12 @@ def build_towers(
                     )
                 if combine == "grad_mean":
                     pairs = optimizer.compute_gradients(loss_r, var_list=train_vars, colocate_gradients_with_ops=True)
+                    unclipped.append([g for g, _ in pairs])
                     if clip is not None and clip_where == "per_device":
                         pairs = _clip_pairs(pairs, clip)
                     tower_grads.append(pairs)
+                elif capture:  # d l_r / d v of this tower alone (the combined loss is differentiated once)
+                    unclipped.append(v1.gradients(loss_r, train_vars, colocate_gradients_with_ops=True))
             tower_losses.append(loss_r)
     if not train_vars:
         raise ValueError("no variables to train: model_fn created no trainable variables")
@@ -264,6 +280,7 @@ def build_towers(
             for g, v in grads:
                 if g is None:
                     raise ValueError(f"no gradient for {v.name} (is it used in the loss?)")
+        combined = [g for g, _ in grads]
         if clip is not None and clip_where == "after_combine":
             grads = _clip_pairs(grads, clip)
         # the loss is fetched with the train op: make sure it reads the
@@ -271,7 +288,8 @@ def build_towers(
         with tf.control_dependencies([loss]):
             apply_op = optimizer.apply_gradients(grads, global_step=global_step)
         train_op = tf.group(apply_op, *update_ops, name="train_op")
-    return Towers(train_op, loss, list(grads), tower_losses, global_step, list(update_ops))
+    clipped = [[g for g, _ in pairs] for pairs in tower_grads] if clip is not None and clip_where == "per_device" else []
+    return Towers(train_op, loss, list(grads), tower_losses, global_step, list(update_ops), unclipped, clipped, combined)
 
 
 def _clip_pairs(pairs: GradsAndVars, clip: Callable[[list[tf.Tensor]], list[tf.Tensor]]) -> GradsAndVars:
@@ -432,7 +450,9 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
         progress: called with the number of steps done.
     Returns:
         ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``,
-        and ``state/<name>`` ``[steps+1, ...]`` for batch-norm moving statistics.
+        and ``state/<name>`` ``[steps+1, ...]`` for batch-norm moving statistics; with
+        ``payload["capture"] = k`` also step k's per-tower values ``device/...`` under
+        ``tfpar.TowerTrainer.step``'s keys (:func:`_capture_fetches`), fetched with its train op.
     Raises:
         DeviceError: ``parallel.devices`` exceeds the configured devices.
         ValueError: a case feature this runner does not implement (:func:`check_supported`).
@@ -448,6 +468,8 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
     state_names = [k for k in init if is_state(k)]
     var_name = {k: k.replace(".", "_") for k in init}  # op names: no dots, as models.py
     clip = make_clip(spec)
+    capture = payload.get("capture")
+    shards: list[tf.Tensor] = []  # each tower's rows, in tower order (the captured step's inputs)
 
     with case_batches(payload, towers=None, feed="arrays") as batches:
         x0, y0, extras0 = batches(0)
@@ -459,6 +481,7 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
                                        initializer=v1.constant_initializer(init[k]))
             params = {k: var(k) for k in names}
             state = {k: var(k) for k in state_names}
+            shards.append(x)
             given = dict(zip(extra_keys, extras, strict=True))
             masks = {k: m for k, m in given.items() if k != "w"}
             out = forward(model["layers"], params, x, masks=masks, state=state or None, batch_norm="local")
@@ -470,10 +493,16 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
             y = v1.placeholder(tf.as_dtype(y0.dtype), [batch, *y0.shape[1:]], name="y")
             extra_in = [v1.placeholder(tf.as_dtype(extras0[k].dtype), [batch, *extras0[k].shape[1:]], name=f"extra_{i}")
                         for i, k in enumerate(extra_keys)]
-            towers = build_towers(model_fn, (x, y, *extra_in), devices, make_v1_optimizer(spec["optimizer"]),
-                                  combine=par["combine"], shard=par["shard"], weighting=par["weighting"],
-                                  clip=clip, clip_where=clip.where if clip is not None else "after_combine")
+            # every tower's layer outputs, fetched at the captured step
+            with recording_activations() if capture is not None else contextlib.nullcontext([]) as acts:
+                towers = build_towers(model_fn, (x, y, *extra_in), devices, make_v1_optimizer(spec["optimizer"]),
+                                      combine=par["combine"], shard=par["shard"], weighting=par["weighting"],
+                                      clip=clip, clip_where=clip.where if clip is not None else "after_combine",
+                                      capture=capture is not None)
             by_var = {v.op.name: g for g, v in towers.grads_and_vars}
+            order = [v.op.name for _, v in towers.grads_and_vars]
+            at = [order.index(var_name[k]) for k in names]  # canonical name -> position in the towers' lists
+            fetch_capture = _capture_fetches(towers, shards, acts, at, names) if capture is not None else {}
             variables = {v.op.name: v for v in v1.global_variables()}
             grads = [by_var[var_name[k]] for k in names]
             params = [variables[var_name[k]] for k in names]
@@ -486,10 +515,19 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
             shist = {k: [val] for k, val in zip(state_names, sess.run(states), strict=True)}
             ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
             losses = []
+            captured: dict[str, np.ndarray] = {}
             for k in range(spec["steps"]):
                 xb, yb, extras = batches(k)
                 feed = {x: xb, y: yb, **{p: extras[key] for p, key in zip(extra_in, extra_keys, strict=True)}}
-                loss, g, _ = sess.run([towers.loss, grads, towers.train_op], feed)
+                if capture == k + 1:
+                    # fetched with the train op: every captured tensor feeds the combined gradient (or
+                    # reads the same forward values), so all of it precedes the update
+                    loss, g, _, cap = sess.run([towers.loss, grads, towers.train_op, fetch_capture], feed)
+                    captured = {f"device/{key}": np.asarray(v) for key, v in cap.items()}
+                    captured["device/sizes"] = np.asarray(shard_sizes(batch, len(devices), par["shard"]), np.int64)
+                    captured["device/step"] = np.asarray(k + 1)
+                else:
+                    loss, g, _ = sess.run([towers.loss, grads, towers.train_op], feed)
                 losses.append(loss)
                 values, svalues = sess.run([params, states])
                 for name, gv, pv in zip(names, g, values, strict=True):
@@ -499,4 +537,29 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
                     shist[name].append(sv)
                 if progress:
                     progress(k + 1)
-    return stack_trajectory(losses, hist, ghist, shist)
+    traj = stack_trajectory(losses, hist, ghist, shist)
+    traj.update(captured)
+    return traj
+
+
+def _capture_fetches(towers: Towers, shards: list[tf.Tensor], acts: list[tuple[int, list[tf.Tensor]]],
+                     at: list[int], names: list[str]) -> dict[str, tf.Tensor]:
+    """The tensors of a captured step, under the keys of ``tfpar.TowerTrainer.step``'s ``captured`` (N towers, B rows).
+
+    ``x`` ``[B, ...]`` (the towers' shards concatenated in tower order), ``loss`` ``[N]``
+    (each tower's ``l_r``), ``act/<layer>`` ``[B, ...]``, ``grad/<name>`` ``[N, ...]`` (``d l_r / d
+    param``, before clipping and averaging), ``clipped/<name>`` ``[N, ...]`` (``per_device``
+    clipping), ``combined/<name>`` (before ``after_combine`` clipping). ``at[j]`` is canonical
+    name ``names[j]``'s position in the towers' gradient lists.
+    """
+    n = len(towers.tower_losses)
+    out: dict[str, tf.Tensor] = {"x": tf.concat(shards[:n], 0), "loss": tf.stack(towers.tower_losses)}
+    layers: dict[int, list[tf.Tensor]] = {}
+    for i, hs in acts:  # model_fn runs one tower at a time, in tower order: (i, [h_r]) per tower
+        layers.setdefault(i, []).extend(hs)
+    out.update({f"act/{i}": tf.concat(hs, 0) for i, hs in layers.items() if len(hs) == n})
+    for key, per_tower in (("grad", towers.tower_grads), ("clipped", towers.tower_clipped)):
+        if per_tower:
+            out.update({f"{key}/{k}": tf.stack([g_r[j] for g_r in per_tower]) for k, j in zip(names, at, strict=True)})
+    out.update({f"combined/{k}": towers.combined[j] for k, j in zip(names, at, strict=True)})
+    return out

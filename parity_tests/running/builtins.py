@@ -28,8 +28,8 @@ BUILTINS = {
     "torch.single": "one torch process, the whole global batch",
 }
 
-#: the built-ins that record a captured step's per-device values (tf.v1 and tf.mirrored do not yet)
-CAPTURES = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+#: the built-ins that record a captured step's per-device values (``case.capture``; docs/localisation.md)
+CAPTURES = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
 #: the built-ins that run dtype mixed_bfloat16 (Keras' policy / torch CPU autocast; docs/mixed-precision.md)
 MIXED = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
 

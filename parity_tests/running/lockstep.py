@@ -12,7 +12,10 @@ position) after step ``k - 1``, and only that one step is judged::
     gap_k(X)   = gap(Ref(S_{k-1}, batch k), X(S_{k-1}, batch k))
 
 so a gap cannot be carried from one step into the next. The first step whose one-step
-gap exceeds its bound is the first bad step (CONTRACT §6 ``first_bad_step``).
+gap exceeds its bound is the first bad step (CONTRACT §6 ``first_bad_step``). Where that
+step breaks inside the step (``localise.refinable``), both sides run it once more from the
+same start with capture on (:func:`captured_step`) and its stage chain names the stage and
+device (``judge._inside_step``, as a free comparison does at its first bad step).
 
 Design: one-step runs from a start state carried in the payload (not a bisection by
 replay from recorded states: a bisection needs the states anyway, judges ``log2 T`` steps
@@ -50,6 +53,7 @@ by a factor ``-lr``: such cases are refused (``semantics: tf`` or ``torch`` run 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -62,7 +66,8 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.judge import CaseResult, _keras_mapped, compare_case
+from parity_tests.judging.judge import CaseResult, _inside_step, _keras_mapped, compare_case
+from parity_tests.judging.localise import localise, refinable
 from parity_tests.judging.theory import keras_rounds_hyperparameters, predict
 from parity_tests.judging.tolerance import (
     FLOAT32_ABS_FLOOR,
@@ -78,7 +83,7 @@ from parity_tests.running import registry
 from parity_tests.running.harness import check_dtypes, run_impl
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
-           "one_step_runs"]
+           "one_step_runs", "captured_step"]
 
 #: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`)
 STEPWISE = ("tf.towers", "tf.single")
@@ -210,6 +215,25 @@ def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
     return runs
 
 
+def captured_step(case: Case, impl: str, k: int, start: Mapping[str, Any], *,
+                  runner: Runner | None = None) -> dict[str, np.ndarray]:
+    """Step ``k`` (from 0) of ``case`` on ``impl`` from ``start``, recording its per-device values.
+
+    The one-step run of :func:`one_step_runs` with ``capture = 1``: its ``device/...`` arrays
+    (``device/step`` 1) are what the stage chain (:func:`~parity_tests.judging.localise.stage_chain`)
+    reads; ``tf.towers``/``tf.single`` run it through their stepwise path (which loads optimizer state).
+    """
+    runner = runner or run_impl
+    one = dataclasses.replace(_one_step(case, k, start, dropout_masks(case.spec)), capture=1)
+    if impl not in STEPWISE:
+        return dict(runner(one, impl))
+    one.extra = {**one.extra, "lockstep": {"starts": [{"init": start["init"], "opt": start["opt"]}]}}
+    out = runner(one, impl)
+    traj = {key[len("lockstep/"):]: v[0] for key, v in out.items() if key.startswith("lockstep/")}
+    traj.update({key: v for key, v in out.items() if key.startswith("device/")})
+    return traj
+
+
 @dataclass
 class LockstepPair:
     """Lockstep's verdict on ``impl`` against ``reference``, step by step.
@@ -238,14 +262,17 @@ class LockstepPair:
     first_bad_step: int | None = None
     key: str | None = None
     detail: str = ""
-    #: the first bad step's one-step runs and verdict ``(ref, impl, verdict)``, for its localisation
+    #: the first bad step's one-step runs and verdict ``(ref, impl, verdict)`` (the arrays the deciding
+    #: rule judged: the float64 runs where the float64 rule decided), for its localisation
     first_runs: Any = field(default=None, repr=False, compare=False)
+    #: CONTRACT §6 localisation of the first bad step (its stage chain where both sides capture), or ``None``
+    localisation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "impl": self.impl, "status": self.status, "rule": self.rule,
                 "one_step_gap": self.one_step_gap, "bound": self.bound, "step_status": self.step_status,
                 "free_gap": self.free_gap, "free_bound": self.free_bound, "first_bad_step": self.first_bad_step,
-                "key": self.key, "detail": self.detail}
+                "key": self.key, "detail": self.detail, "localisation": self.localisation}
 
 
 @dataclass
@@ -280,6 +307,11 @@ class LockstepResult:
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {p.status:<20} {first:>14} {worst:>16.3g} {free:>15.3g}")
             if p.first_bad_step is not None:
                 rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
+            where = p.localisation or {}
+            if where.get("stage"):  # CONTRACT §6, from the stage chain of the first bad step where both sides capture
+                device = "" if where.get("device") is None else f", device {where['device']}"
+                rows.append(f"  {p.impl}: where: {where['stage']}{device}"
+                            + (f" ({where['name']})" if where.get("name") else ""))
         verdict = "PARITY" if self.parity else ("DIVERGENCE (as theory predicts)" if self.as_expected else "DIVERGENCE")
         rows.append(f"lockstep verdict: {verdict} (free {self.seconds_free:.1f} s, lockstep {self.seconds_lockstep:.1f} s)")
         return "\n".join(rows)
@@ -406,32 +438,41 @@ def _judge_steps(ref: str, impl: str, dtype: str, a: list, b: list, a64: list | 
     if bad:
         k = bad[0]
         pair.first_bad_step, pair.key, pair.detail = k + 1, verdicts[k].key, _renumber(verdicts[k].detail, k + 1)
-        pair.first_runs = (a[k], b[k], verdicts[k])  # for the localisation of that step
+        # the arrays the deciding rule judged (as compare_case localises): float64 where the float64 rule decided
+        f64 = dtype != "float64" and verdicts[k].rule == RULE_FLOAT64
+        pair.first_runs = (a64[k], b64[k], verdicts[k]) if f64 else (a[k], b[k], verdicts[k])
     return pair
 
 
-def _localise(pair: LockstepPair, free_pair: Any) -> None:
-    """The free pair's CONTRACT §6 localisation, from lockstep's first bad step (its one-step runs)."""
+def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> None:
+    """The CONTRACT §6 localisation of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
+
+    ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
+    by the stage chain of that step re-run from the same start with capture on (``judge._inside_step``).
+    """
     first = pair.first_runs
     if first is None:
-        if free_pair.localisation is not None and pair.status == "parity":
+        if free_pair is not None and free_pair.localisation is not None and pair.status == "parity":
             free_pair.localisation = {**free_pair.localisation, "explanation": (
                 f"{free_pair.localisation.get('explanation', '')}; lockstep: every one-step gap within its bound, so"
                 " the free-run gap is rounding carried and amplified from step to step, not a semantic difference"
             ).lstrip("; ")}
         return
-    from parity_tests.judging.localise import localise
-
     a, b, verdict = first
     where = dict(localise(_judged(a), _judged(b), verdict))
+    if chain is not None and refinable(where, _judged(a), _judged(b)):
+        where = dict(chain(where, verdict))
     where["first_bad_step"] = pair.first_bad_step
     where["explanation"] = f"lockstep (from {pair.reference}'s state after step {pair.first_bad_step - 1}): " + (
         _renumber(str(where.get("explanation") or ""), pair.first_bad_step) or pair.detail.splitlines()[0])
-    free_pair.localisation = where
+    pair.localisation = where
+    if free_pair is not None:
+        free_pair.localisation = where
 
 
 def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = None,
-                     progress: Callable[[str], None] | None = None, free: bool = True) -> LockstepResult:
+                     progress: Callable[[str], None] | None = None, free: bool = True,
+                     stages: bool = True) -> LockstepResult:
     """Judge ``case`` on ``impls`` in lockstep against ``impls[0]``, beside the free comparison.
 
     Args:
@@ -440,9 +481,12 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         runner: ``runner(case, impl) -> trajectory`` (default :func:`harness.run_impl`).
         progress: called with a label before each group of runs.
         free: also run the free comparison (:func:`compare_case`) for the accumulated-gap curve.
+        stages: where the first bad step breaks inside the step (``localise.refinable``), run both
+            sides once more at that step, from the same start with capture on, and name the first
+            stage of its chain that breaks (one more run per side; the reference's run is shared).
     Returns:
         a :class:`LockstepResult`; ``result.free`` is what ``compare_case`` gives, with each
-        pair's localisation taken from lockstep's first bad step.
+        pair's localisation taken from lockstep's first bad step (also ``pair.localisation``).
     Raises:
         CaseError: what lockstep does not support (:func:`check_lockstep`), or what the
             implementations refuse.
@@ -476,6 +520,21 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                 runs64[(impl, mapped)] = one_step_runs(c, impl, starts, runner=runner)
         return runs64[(impl, mapped)]
 
+    captured: dict[int, dict] = {}  # first bad step -> judge._inside_step's cache of capture runs
+
+    def chain_at(step: int, impl: str, side: str | None) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+        """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured."""
+        def refine(where: dict[str, Any], verdict: Any) -> dict[str, Any]:
+            # the dtype the deciding rule judged, Keras-mapped as judged (compare_case does the same)
+            d64 = dtype == "float64" or verdict.rule == RULE_FLOAT64
+            mapped = (side == ref, side == impl) if d64 else (False, False)
+            note(f"{ref} and {impl}: step {step} captured")
+            return _inside_step(where, verdict, ref, impl, f64 if d64 else case, mapped,
+                                lambda c, name: captured_step(c, name, step - 1, starts[step - 1], runner=runner),
+                                captured.setdefault(step, {}))
+
+        return refine
+
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, ref, impl)
@@ -488,8 +547,8 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             note(f"{impl}@float32 one-step runs")
             b32 = one_step_runs(case, impl, starts, runner=runner)
             pair = _judge_steps(ref, impl, dtype, chain, b32, a64, b64, pred.differ, known, free_result, side)
-        for fp in free_result.pairs:
-            if fp.impl == impl:
-                _localise(pair, fp)
+        free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
+        refine = chain_at(pair.first_bad_step, impl, side) if stages and pair.first_bad_step else None
+        _localise(pair, free_pair, refine)
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)

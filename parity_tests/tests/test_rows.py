@@ -160,3 +160,17 @@ def test_the_tensorflow_side_spills_as_it_trains(spill_everything):
     traj = run_impl(dataclasses.replace(make(MLP, steps=2)), "tf.towers")
     assert isinstance(traj["param/0.kernel"], rows.RowArray) and traj["param/0.kernel"].shape[0] == 3
     assert isinstance(traj["grad/0.kernel"], rows.RowArray) and traj["grad/0.kernel"].shape[0] == 2
+
+
+def test_a_large_comparison_keeps_its_verdicts_but_not_its_trajectories_unless_full(tmp_path, monkeypatch):
+    from parity_tests.reporting import report
+
+    result = compare_case(make(MLP, steps=2), ["tf.towers", "tf.single"])
+    monkeypatch.setattr(report, "KEEP_BYTES", 100)  # this run's arrays are a few kB: "large" here
+    report.write_case_report(result, tmp_path / "kept-not")
+    assert not (tmp_path / "kept-not" / "trajectories").exists()
+    assert "trajectories not kept" in (tmp_path / "kept-not" / "report.md").read_text()
+    report.write_case_report(result, tmp_path / "full", full=True)
+    files = sorted(p.name for p in (tmp_path / "full" / "trajectories").glob("*.npz"))
+    assert files == ["tf.single_float64.npz", "tf.towers_float64.npz"]
+    assert "full trajectory kept" in (tmp_path / "full" / "report.md").read_text()
