@@ -25,14 +25,16 @@ parity tool's, after the run.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "to_torch", "to_tf",
-           "run_plugin"]
+__all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
+           "to_torch", "to_tf", "run_plugin"]
 
 DTYPES = ("float32", "float64")
 MARK = "__tfpar_plugin__"
@@ -118,6 +120,138 @@ def _named(values: Any, what: str) -> dict[str, np.ndarray]:
     return {str(k): _numpy(v) for k, v in values.items()}
 
 
+def _first_tensor(value: Any) -> Any:
+    """``value``, or the first element of a tuple/list output (a layer returning ``(out, state)``)."""
+    while isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    return value
+
+
+def _device_key(name: str) -> tuple[str | None, int | None]:
+    """``("CPU", 1)`` of ``/device:CPU:1`` or ``/job:localhost/replica:0/task:0/device:CPU:1``."""
+    import tensorflow as tf
+
+    spec = tf.DeviceSpec.from_string(name or "")
+    return spec.device_type, spec.device_index
+
+
+class KerasLayerHooks:
+    """Every leaf Keras layer's output on each tower in the captured step, with nothing written by the user.
+
+    Keras 3 has no global layer hook, so for the captured step only (:meth:`arm` .. :meth:`disarm`)
+    ``keras.Layer.__call__`` is wrapped (the class attribute, restored by :meth:`disarm`):
+
+    * a *pass* is an outermost layer call (no other layer call on this thread's stack) of a
+      layer holding weights: ``model(x)`` of a ``Sequential``, functional or subclassed model;
+    * inside it every *leaf* layer (no sub-layers) appends ``{"name", "weights", "kept", "fed",
+      "in", "out"}`` (its name, whether it holds weights of its own, whether its output has its
+      first input's shape, whether its input is the very tensor the previous leaf returned (else
+      code ran between them: ``tf.nn.relu`` in a subclassed model's ``call``), its input and
+      output as numpy); a pass whose outputs are symbolic (a graph being traced) is dropped;
+    * each pass is filed under the tower whose device holds the model's output (``tf.device``
+      placement; ``MirroredStrategy`` replicas on their threads too); when every pass ran on one
+      device, the first N passes are the N towers in call order. The first pass per tower is kept.
+
+    Inside a ``tf.function`` a layer's outputs are symbolic, so while armed the hooks also set
+    ``tf.config.run_functions_eagerly(True)``: the captured step's functions run op by op and the
+    outputs are values. That is the same arithmetic without graph rewrites (grappler's fused
+    matmul + bias + activation may round the last bit differently): only the captured step of
+    the diagnosis run is affected, never a judged run. ``tf.compat.v1`` graphs run in a session
+    are not seen (pass ``activations=`` there).
+    """
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[str, list[dict[str, Any]]]] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._layer_cls: Any = None
+        self._original: Any = None
+        self._eager: bool | None = None
+
+    def arm(self) -> None:
+        """Start watching: wrap ``keras.Layer.__call__`` (when Keras is loaded) and run functions eagerly."""
+        if self._layer_cls is not None or "keras" not in sys.modules:
+            return  # a plugin that never imported Keras has no Keras layers to watch
+        import keras
+        import tensorflow as tf
+
+        cls, original, hooks = keras.Layer, keras.Layer.__call__, self
+
+        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            return hooks._call(original, layer, args, kwargs)
+
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        self._layer_cls, self._original, self.passes = cls, original, []
+        cls.__call__ = __call__
+        self._eager = tf.config.functions_run_eagerly()
+        tf.config.run_functions_eagerly(True)
+
+    def disarm(self) -> None:
+        """Stop watching: restore ``Layer.__call__`` and the eager setting (idempotent)."""
+        if self._layer_cls is None:
+            return
+        import tensorflow as tf
+
+        self._layer_cls.__call__ = self._original
+        tf.config.run_functions_eagerly(bool(self._eager))
+        self._layer_cls = self._original = None
+
+    def _call(self, original: Callable, layer: Any, args: tuple, kwargs: dict) -> Any:
+        st = self._local
+        depth, current = getattr(st, "depth", 0), getattr(st, "current", None)
+        if depth == 0:
+            current = st.current = []
+            st.last = None
+        st.depth = depth + 1
+        try:
+            out = original(layer, *args, **kwargs)
+        finally:
+            st.depth = depth
+        if current is None:
+            return out
+        import tensorflow as tf
+
+        first, x = _first_tensor(out), _first_tensor(args)
+        eager = tf.is_tensor(first) and tf.executing_eagerly() and hasattr(first, "numpy")
+        subs = getattr(layer, "_flatten_layers", None)
+        leaf = subs is None or next(iter(subs(include_self=False, recursive=False)), None) is None
+        if depth == 0:
+            st.current = None
+            if leaf and eager:  # a layer called on its own is a pass of one layer
+                current.append(self._entry(layer, x, first, False))
+            if eager and layer.weights and current and all(e is not None for e in current):
+                with self._lock:
+                    self.passes.append((str(first.device), current))
+        elif leaf:
+            current.append(self._entry(layer, x, first, x is not None and x is getattr(st, "last", None))
+                           if eager else None)
+            st.last = first
+        return out
+
+    @staticmethod
+    def _entry(layer: Any, x: Any, out: Any, fed: bool) -> dict[str, Any]:
+        shape = getattr(x, "shape", None)
+        return {"name": layer.name, "weights": bool(layer.weights),
+                "kept": shape is not None and tuple(shape) == tuple(out.shape), "fed": fed,
+                "in": None if x is None else _numpy(x), "out": _numpy(out)}
+
+    def by_tower(self, devices: list[str]) -> list[list[dict[str, Any]]] | None:
+        """The first pass of each of the N towers (``devices``), or ``None`` if a tower had none."""
+        n = max(len(devices), 1)
+        mine: list[list[dict[str, Any]] | None] = [None] * n
+        if len({d for d, _ in self.passes}) == 1 and n > 1:  # one device for all: call order
+            for r, (_, leaves) in enumerate(self.passes[:n]):
+                mine[r] = leaves
+        else:
+            keys = [_device_key(d) for d in devices] or [None]
+            for dev, leaves in self.passes:
+                key = _device_key(dev)
+                r = keys.index(key) if key in keys else (0 if n == 1 else None)
+                if r is not None and mine[r] is None:
+                    mine[r] = leaves
+        return mine if all(m is not None for m in mine) else None
+
+
 class Run:
     """What a plugin gets: the case, its data and weights, where to run, and where to report.
 
@@ -134,6 +268,9 @@ class Run:
         capture_step: the step (1-based) whose per-device values the tool asks for
             (``run.record(..., device_grads=...)``), or ``None``: it re-runs a plugin with it set
             to localise a divergence (CONTRACT §6); values given at other steps are dropped.
+        layer_hooks: record every leaf Keras layer's output at :attr:`capture_step` without
+            ``activations=`` (:class:`KerasLayerHooks`); set it to ``False`` before :meth:`begin`
+            to opt out (the captured step then also runs its ``tf.function`` code as graphs).
     """
 
     def __init__(self, payload: Mapping[str, Any], devices: list[str] | None = None) -> None:
@@ -157,6 +294,8 @@ class Run:
         self._steps: list[dict[str, Any]] = []
         self.capture_step: int | None = payload.get("capture")
         self._device: dict[str, Any] | None = None
+        self.layer_hooks: bool = True
+        self._layers = KerasLayerHooks()
 
     # ------------------------------------------------------------------ data
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -179,6 +318,8 @@ class Run:
         if self._begun is not None:
             raise RuntimeError("run.begin() was called twice; call it once, before the first step")
         self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
+        if self.layer_hooks and self.capture_step == 1:
+            self._layers.arm()
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
                device_grads: Any = None, activations: Any = None, device_losses: Any = None,
@@ -198,6 +339,8 @@ class Run:
 
         The four per-device values are kept only at :attr:`capture_step` (they localise a
         divergence to a stage and a tower, CONTRACT §6); pass them every step or only then.
+        Without ``activations``, the leaf Keras layers' outputs that :class:`KerasLayerHooks`
+        saw on each tower stand in for them (``"leaves"``; never over what was given).
         """
         self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
                             "grads": None if grads is None else _named(grads, "record(grads=...)"),
@@ -208,7 +351,11 @@ class Run:
                 "acts": None if activations is None else [_named(a, "record(activations=[...])") for a in activations],
                 "losses": None if device_losses is None else [_numpy(v) for v in device_losses],
                 "inputs": None if device_inputs is None else [_numpy(v) for v in device_inputs],
+                "leaves": self._layers.by_tower(self.devices) if activations is None and self._layers.passes else None,
             }
+            self._layers.disarm()
+        elif self.layer_hooks and self.capture_step == len(self._steps) + 1:
+            self._layers.arm()
 
     def records(self) -> dict[str, Any]:
         """What was reported, as plain data (the parity tool checks and assembles it)."""
@@ -237,4 +384,6 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as e:
         text = str(e).strip().splitlines()
         raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+    finally:
+        run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
     return run.records()

@@ -41,7 +41,7 @@ from .ddp import shard_rows
 from .pool import RankContext
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginInputError", "PluginRaised", "distributed",
-           "single", "Run", "to_torch", "to_tf", "run_plugin_rank"]
+           "single", "Run", "LayerHooks", "to_torch", "to_tf", "run_plugin_rank"]
 
 DTYPES = ("float32", "float64")
 MARK = "__tfpar_plugin__"  # the same attribute tfpar.plugin sets: the parity tool reads either
@@ -152,6 +152,112 @@ def _digest(a: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    """``value`` if a tensor, else the first tensor of a tuple/list (``nn.LSTM`` returns ``(out, (h, c))``)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value:
+        return _first_tensor(value[0])
+    return None
+
+
+def _channels_last(module: torch.nn.Module, x: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """A leaf's output in TensorFlow's layout, so that it lines up with a Keras layer's.
+
+    Images ``[n, c, h, w]`` (and volumes ``[n, c, d, h, w]``) become channels-last; ``nn.Flatten`` of
+    an image ``[n, c, h, w]`` is taken in Keras' order, ``x.permute(0, 2, 3, 1).reshape(n, -1)`` (the
+    same numbers, the order ``Flatten`` has on NHWC). Rank 2 and 3 outputs are kept as they are.
+    """
+    out = out.detach()
+    if isinstance(module, torch.nn.Flatten) and x is not None and x.dim() == 4 and module.start_dim == 1 \
+            and module.end_dim == -1:
+        return x.detach().permute(0, 2, 3, 1).reshape(len(x), -1)
+    return out.movedim(1, -1) if out.dim() in (4, 5) else out
+
+
+class LayerHooks:
+    """Every leaf module's output in a step's first training forward pass, with nothing written by the user.
+
+    Two process-wide hooks (``torch.nn.modules.module.register_module_forward_pre_hook`` and
+    ``register_module_forward_hook``) see every module call. Which calls are the model's:
+
+    * a *pass* starts at the outermost module call (nothing else on the module call stack)
+      whose module holds parameters, made while :attr:`armed` says so and with autograd on
+      (``torch.is_grad_enabled()``): the DDP wrapper, or the plugin's own ``nn.Module``. A loss
+      module (``nn.MSELoss``) holds no parameters and a ``torch.no_grad()`` evaluation builds no
+      graph, so neither starts one;
+    * inside a pass, every *leaf* module (one without children) appends
+      ``{"name", "weights", "kept", "fed", "in", "out"}``: its qualified name under the pass's
+      root (for a person reading; ``module.0`` under DDP), whether it holds parameters or buffers
+      of its own, whether its output has its first input's shape, whether its input is the very
+      tensor the previous leaf returned, unchanged (else some code ran between them:
+      ``torch.relu`` in a ``forward``, or in place), and its input and output (detached copies,
+      TensorFlow layout: :func:`_channels_last`);
+    * only the first pass is kept (:attr:`leaves`): the forward whose loss the step differentiates.
+      Gradient accumulation over micro-batches, or a second forward in the step, is not merged.
+
+    Matching the root by the parameters given to ``run.begin`` would need the tensors themselves,
+    and plugins pass copies (``run.to_tf`` of a parameter, numpy arrays); the outermost call is
+    what every ``nn.Module`` model and DDP wrapper has in common. The parity tool turns the
+    leaves into layers (``parity_tests.running.plugins.layer_outputs``).
+    """
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.leaves: list[dict[str, Any]] | None = None
+        self._depth = 0
+        self._pass: list[dict[str, Any]] | None = None
+        self._root: torch.nn.Module | None = None
+        self._last: torch.Tensor | None = None  # the previous leaf's output, during a pass
+        self._version = 0
+        self._names: dict[int, str] = {}
+        self._handles: list[Any] = []
+
+    def install(self) -> None:
+        """Register the two global hooks (idempotent); :meth:`remove` takes them away."""
+        if not self._handles:
+            from torch.nn.modules import module as nn_module
+
+            self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                             nn_module.register_module_forward_hook(self._post, always_call=True)]
+
+    def remove(self) -> None:
+        """Unregister the hooks; what was recorded stays in :attr:`leaves`."""
+        for h in self._handles:
+            h.remove()
+        self._handles, self._pass, self._root, self._last, self._depth = [], None, None, None, 0
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if (self._depth == 0 and self.armed and self.leaves is None and torch.is_grad_enabled()
+                and next(module.parameters(), None) is not None):
+            self._root, self._pass = module, []
+            self._names = {id(m): n for n, m in module.named_modules()}
+        self._depth += 1
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._depth = max(self._depth - 1, 0)
+        if self._pass is None:
+            return
+        if next(module.children(), None) is None:  # a leaf (the root too, when the model is one module)
+            self._leaf(module, _first_tensor(args), _first_tensor(output))
+        if self._depth == 0:  # the root returns: the pass is complete (an exception: nothing is kept)
+            if module is self._root and output is not None:
+                self.leaves = self._pass
+            self._pass, self._root, self._last = None, None, None
+
+    def _leaf(self, module: torch.nn.Module, x: torch.Tensor | None, out: torch.Tensor | None) -> None:
+        if out is None:
+            return
+        own = next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) is not None
+        x_in = None if x is None else _numpy(x.detach().movedim(1, -1) if x.dim() in (4, 5) else x.detach())
+        self._pass.append({"name": self._names.get(id(module), type(module).__name__), "weights": own,
+                           "kept": x is not None and tuple(x.shape) == tuple(out.shape),
+                           "fed": x is not None and x is self._last and x._version == self._version,
+                           "in": x_in, "out": _numpy(_channels_last(module, x, out))})
+        # the version counter tells an in-place op between two leaves (F.relu(h, inplace=True)) from none
+        self._last, self._version = out, out._version
+
+
 class Run:
     """What a torch plugin gets (see the module docstring and CONTRACT §5).
 
@@ -164,6 +270,8 @@ class Run:
         torch_dtype: ``torch.float32`` or ``torch.float64``.
         capture_step: the step (1-based) whose per-device values the tool asks for, or ``None``
             (see :meth:`record`).
+        layer_hooks: record every leaf module's output at :attr:`capture_step` without
+            ``activations=`` (:class:`LayerHooks`); set it to ``False`` before :meth:`begin` to opt out.
     """
 
     def __init__(self, payload: Mapping[str, Any], rank: int = 0, world_size: int = 1, group: Any = None) -> None:
@@ -187,6 +295,8 @@ class Run:
         self.capture_step: int | None = payload.get("capture")
         self._device: dict[str, Any] | None = None
         self._hooked: dict[str, np.ndarray] = {}
+        self.layer_hooks: bool = True
+        self._layers = LayerHooks()
 
     def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
         """Record this rank's gradients before DDP's all-reduce, through a DDP communication hook.
@@ -239,6 +349,7 @@ class Run:
         if self._begun is not None:
             raise RuntimeError("run.begin() was called twice; call it once, before the first step")
         self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
+        self._layers.armed = self.layer_hooks and self.capture_step == 1
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
                device_grads: Any = None, activations: Any = None, device_loss: Any = None,
@@ -250,7 +361,9 @@ class Run:
         ``{name: d l_r / d param}`` (TF layouts; the gradient of this rank's own loss, before
         DDP's all-reduce, clipping and weighting: what a DDP communication hook sees when the rank
         backpropagates its own mean loss), ``activations`` ``{layer name: output}``,
-        ``device_loss`` (``l_r``) and ``device_inputs`` (this rank's input rows).
+        ``device_loss`` (``l_r``) and ``device_inputs`` (this rank's input rows). Without
+        ``activations``, the leaf modules' outputs that :class:`LayerHooks` saw in the step's
+        first training forward pass stand in for them (``"leaves"``; never over what was given).
         """
         self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
                             "grads": None if grads is None else _named(grads, "record(grads=...)"),
@@ -260,7 +373,9 @@ class Run:
             self._device = {"grads": None if device_grads is None else _named(device_grads, "record(device_grads=...)"),
                             "acts": None if activations is None else _named(activations, "record(activations=...)"),
                             "losses": None if device_loss is None else _numpy(device_loss),
-                            "inputs": None if device_inputs is None else _numpy(device_inputs)}
+                            "inputs": None if device_inputs is None else _numpy(device_inputs),
+                            "leaves": self._layers.leaves if activations is None else None}
+        self._layers.armed = self.layer_hooks and self.capture_step == len(self._steps) + 1
 
     def records(self, full: bool) -> dict[str, Any]:
         """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check)."""
@@ -310,9 +425,13 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
         run = Run(payload)
     else:
         run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
+    if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
+        run._layers.install()
     try:
         fn(run)
     except Exception as e:
         text = str(e).strip().splitlines()
         raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+    finally:
+        run._layers.remove()
     return run.records(full=ctx.rank == 0)

@@ -31,7 +31,7 @@ from parity_tests.contract.specs import param_specs
 from parity_tests.contract.trajectory import Trajectory
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
-           "plugin_failure", "MARK", "KINDS"]
+           "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS"]
 
 MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
 KINDS = {"tensorflow": "@tfpar.plugin.tensorflow", "distributed": "@torchref.plugin.distributed",
@@ -296,18 +296,66 @@ def _refuse_unsupported(case: Any, impl: str) -> None:
                         case.spec["data"]["order"])
 
 
+def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Leaf layers' outputs in call order, grouped into layers named ``"0"``, ``"1"``, ... (the forward stage's names).
+
+    Args:
+        leaves: ``[{"name", "weights", "kept", "fed", "in", "out"}]`` from ``torchref.plugin.LayerHooks``
+            or ``tfpar.plugin.KerasLayerHooks``: one per leaf module / layer of one forward pass.
+    Returns:
+        ``{str(i): output}``: layer ``i`` starts at a leaf that holds weights or changes the shape
+        (``Linear``, ``Dense``, ``Conv2d``, ``BatchNorm``, ``Flatten``, pooling) and takes in the
+        weightless, shape-keeping leaves called after it (``ReLU``, ``Tanh``, ``Dropout``, Keras'
+        ``Activation``). Its output is what the next layer received (so ``torch.relu(self.l0(x))``
+        written in a ``forward``, which no hook sees, is part of layer 0), or the last leaf's own
+        output where the next layer was fed exactly that tensor (a torch ``nn.Flatten`` of an image
+        is then taken in Keras' order) and for the last layer.
+
+    Keras folds an activation into its layer (``Dense(6, activation="tanh")``) where torch
+    writes ``nn.Linear(5, 6), nn.Tanh()``; grouping so, the same network gets the same layer
+    numbers on both sides, and the numbers of the case's layer list (``dense`` with its
+    ``activation``) that the built-ins record. Framework names (``dense_1``, ``module.2``)
+    cannot line up and are not used.
+    """
+    out: dict[str, np.ndarray] = {}
+    i = -1
+    for leaf in leaves:
+        if i < 0 or leaf["weights"] or not leaf["kept"]:
+            if i >= 0 and not leaf.get("fed", True) and leaf.get("in") is not None:
+                out[str(i)] = np.asarray(leaf["in"])  # what ran between the two layers belongs to the first
+            i += 1
+        out[str(i)] = np.asarray(leaf["out"])
+    return out
+
+
+def hooks_line_up(spec: Mapping[str, Any]) -> bool:
+    """Whether the layer hooks' numbering can be set beside the case's (and so the built-ins') layers.
+
+    Not when the case lists a ``dropout`` layer: a plugin applies the case's masks in code between
+    two layers, where no hook sees a boundary, so its layers would be numbered one short of the
+    case's from there and layer 0 would hold the masked output. External models have no case
+    numbering: both sides are plugins, numbered alike.
+    """
+    model = spec["model"]
+    return "external" in model or not any(layer.get("type") == "dropout" for layer in model.get("layers", ()))
+
+
 def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, impl: str,
-                  initial: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                  initial: Mapping[str, np.ndarray], *, hooks: bool = True) -> dict[str, np.ndarray]:
     """The ``device/...`` arrays (CONTRACT §6 stages) of what a plugin reported per device at ``step``.
 
     Args:
         per_device: per tower / rank ``{"grads": {name: array} | None, "acts": {layer: array} | None,
-            "losses": scalar | None, "inputs": array | None}`` (``None`` entries: nothing reported).
+            "losses": scalar | None, "inputs": array | None}`` (``None`` entries: nothing reported),
+            and optionally ``"leaves"``: what the layer hooks saw, used when ``acts`` is ``None``
+            (:func:`layer_outputs`).
         step: the captured step; initial: the initial weights (gradient names and shapes are checked).
+        hooks: use the ``"leaves"`` (:func:`hooks_line_up`).
     Returns:
         ``device/step``, and what every device reported: ``device/x`` ``[B, ...]`` and ``device/sizes``
         ``[N]``, ``device/loss`` ``[N]``, ``device/grad/<name>`` ``[N, ...]``, ``device/act/<layer>``
-        ``[B, ...]`` (rows concatenated in device order), as the built-ins record them.
+        ``[B, ...]`` (rows concatenated in device order), as the built-ins record them. Without
+        ``device_inputs``, ``device/sizes`` is the row count of the hooks' layer outputs per device.
     Raises:
         CaseError: a device gradient under a name that is not a parameter, or of the wrong shape.
     """
@@ -331,10 +379,17 @@ def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, 
                                           f"step {step} run.record(device_grads=...): parameter names as in"
                                           f" run.begin(); {name!r} is not one", None if g is None else list(np.shape(g)))
             out[f"device/grad/{name}"] = np.stack([d["grads"][name] for d in per_device])
-    if all(d["acts"] is not None for d in per_device):
-        for layer in per_device[0]["acts"]:
-            if all(layer in d["acts"] for d in per_device):
-                out[f"device/act/{layer}"] = np.concatenate([np.asarray(d["acts"][layer]) for d in per_device], axis=0)
+    acts = [d["acts"] if d["acts"] is not None else (layer_outputs(d["leaves"]) if hooks and d.get("leaves") else None)
+            for d in per_device]
+    if all(a is not None for a in acts):
+        for layer in acts[0]:
+            if all(layer in a for a in acts):
+                out[f"device/act/{layer}"] = np.concatenate([np.asarray(a[layer]) for a in acts], axis=0)
+        if "device/sizes" not in out and all(d["acts"] is None for d in per_device):
+            # the hooks saw each device's rows: their count names a device without device_inputs=
+            rows = [{len(v) for v in a.values() if np.ndim(v)} for a in acts]
+            if all(len(r) == 1 for r in rows):
+                out["device/sizes"] = np.asarray([r.pop() for r in rows], np.int64)
     return out if len(out) > 1 else {}
 
 
@@ -342,8 +397,8 @@ def _tf_devices(device: Mapping[str, Any] | None) -> list[Mapping[str, Any] | No
     """A TensorFlow plugin's per-tower lists (``device_grads=[...]`` etc.) as one entry per tower."""
     lists = {k: v for k, v in (device or {}).items() if v is not None}
     n = max((len(v) for v in lists.values()), default=0)
-    return [{k: (lists[k][r] if k in lists and len(lists[k]) == n else None) for k in ("grads", "acts", "losses", "inputs")}
-            for r in range(n)]
+    return [{k: (lists[k][r] if k in lists and len(lists[k]) == n else None)
+             for k in ("grads", "acts", "losses", "inputs", "leaves")} for r in range(n)]
 
 
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
@@ -364,7 +419,8 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         except PluginRaised as e:
             raise RunError(f"{impl} raised at step {e.step}: {e.line}") from e
         traj = assemble(records, case.spec, case.init, impl)
-        traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init))
+        traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
+                                  hooks=hooks_line_up(case.spec)))
         if progress:
             progress(case.spec["steps"])
         return traj
@@ -387,7 +443,8 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         job = {"location": target.location, "kind": target.kind, "payload": case.payload()}
         ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
         traj = Trajectory(assemble(ranks[0], case.spec, case.init, impl))
-        traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init))
+        traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init,
+                                  hooks=hooks_line_up(case.spec)))
         finding = replica_divergence(ranks, impl)
         if finding:
             traj.findings.append(finding)
