@@ -50,7 +50,7 @@ def make_case(folder: Path, params_m: float, steps: int, devices: int, batch: in
             {"type": "dense", "units": 10}], "loss": "softmax_ce", "reduction": "mean"},
         "init": {"seed": 3},
         "data": {"generator": "blobs", "seed": 1, "global_batch": batch},
-        "optimizer": {"name": "momentum", "lr": 0.01, "momentum": 0.9},
+        "optimizer": {"name": "momentum", "lr": 0.001, "momentum": 0.9},
         "parallel": {"devices": devices, "combine": "grad_mean", "shard": "contiguous", "weighting": "equal"},
         "steps": steps,
     }

@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.rows import RowList
+
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices
 from .local_sgd import shard_loss_fn, step_batches
@@ -182,7 +184,7 @@ def run_async(payload: Mapping[str, Any], *, progress: Callable[[int], None] | N
                            staleness=par["staleness"], shard=par["shard"], weighting=par["weighting"],
                            clip=make_clip(spec))
     orders = application_orders(par["devices"], spec["steps"], par["order_seed"])
-    params = {k: [v] for k, v in trainer.values().items()}
+    params = {k: RowList([v]) for k, v in trainer.values().items()}  # spills when large (contract.rows)
     losses = []
     for k in range(spec["steps"]):
         x, y, masks = batches(k)

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.rows import RowList
+
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices
 from .losses import model_loss
@@ -211,7 +213,7 @@ def run_param_mean(payload: Mapping[str, Any], *, progress: Callable[[int], None
         shard_loss_fn(spec["model"]), init, lambda: make_optimizer(opt_spec), tower_devices(par["devices"]),
         dtype=dtype, period=par["period"], shard=par["shard"], weighting=par["weighting"], clip=make_clip(spec),
     )
-    params = {k: [np.asarray(v, dtype.as_numpy_dtype)] for k, v in init.items()}
+    params = {k: RowList([np.asarray(v, dtype.as_numpy_dtype)]) for k, v in init.items()}  # spills when large
     losses = []
     for k in range(spec["steps"]):
         loss, mean, _ = trainer.step(*batches(k))

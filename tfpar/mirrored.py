@@ -72,6 +72,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.rows import RowList
+
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss
@@ -403,9 +405,10 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
 
     params = list(zip(names, var_list, strict=True))
     agree(0)
-    hist = {k: [val] for k, val in zip(names, read(params), strict=True)}
-    shist = {k: [val] for k, val in zip(state, read(list(state.items())), strict=True)}
-    ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    hist = {k: RowList([val]) for k, val in zip(names, read(params), strict=True)}
+    shist = {k: RowList([val]) for k, val in zip(state, read(list(state.items())), strict=True)}
+    ghist = {k: RowList() for k in names}
     losses = []
     # across workers a process holds only its own replicas' values: no capture there (tf.multiworker)
     capture = None if across else payload.get("capture")

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.rows import RowStore, remove_files
+
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
            "to_torch", "to_tf", "run_plugin"]
 
@@ -292,6 +294,8 @@ class Run:
         self._x = self._x.astype(np_dtype)
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
+        # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
+        self._store = RowStore()
         self.capture_step: int | None = payload.get("capture")
         self._device: dict[str, Any] | None = None
         self.layer_hooks: bool = True
@@ -317,7 +321,8 @@ class Run:
         """Once, before the first step: the parameters (and state) as the code loaded them."""
         if self._begun is not None:
             raise RuntimeError("run.begin() was called twice; call it once, before the first step")
-        self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
+        self._begun = {"params": self._keep(_named(params, "begin(params)")),
+                       "state": self._keep(_named(state, "begin(state=...)"))}
         if self.layer_hooks and self.capture_step == 1:
             self._layers.arm()
 
@@ -342,9 +347,9 @@ class Run:
         Without ``activations``, the leaf Keras layers' outputs that :class:`KerasLayerHooks`
         saw on each tower stand in for them (``"leaves"``; never over what was given).
         """
-        self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
-                            "grads": None if grads is None else _named(grads, "record(grads=...)"),
-                            "state": _named(state, "record(state=...)")})
+        self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
+                            "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
+                            "state": self._keep(_named(state, "record(state=...)"))})
         if self.capture_step == len(self._steps):
             self._device = {
                 "grads": None if device_grads is None else [_named(g, "record(device_grads=[...])") for g in device_grads],
@@ -357,9 +362,12 @@ class Run:
         elif self.layer_hooks and self.capture_step == len(self._steps) + 1:
             self._layers.arm()
 
+    def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {k: self._store.put(v) for k, v in values.items()}
+
     def records(self) -> dict[str, Any]:
-        """What was reported, as plain data (the parity tool checks and assembles it)."""
-        return {"begin": self._begun, "steps": self._steps, "device": self._device}
+        """What was reported, as plain data (the parity tool checks and assembles it, then removes ``spill``)."""
+        return {"begin": self._begun, "steps": self._steps, "device": self._device, "spill": self._store.close()}
 
 
 class PluginRaised(RuntimeError):
@@ -382,8 +390,12 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     try:
         fn(run)
     except Exception as e:
+        remove_files(run._store.close())  # nothing of a failed run stays on disk
         text = str(e).strip().splitlines()
         raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+    except BaseException:
+        remove_files(run._store.close())
+        raise
     finally:
         run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
     return run.records()

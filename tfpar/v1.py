@@ -74,6 +74,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.rows import RowList
+
 from .combine import tower_weights
 from .devices import session_config, tower_devices
 from .errors import Unsupported, refuse_unimplemented
@@ -511,9 +513,10 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
         graph.finalize()  # nothing may add ops while the steps run
         with v1.Session(graph=graph, config=session_config()) as sess:
             sess.run(init_op)
-            hist = {k: [val] for k, val in zip(names, sess.run(params), strict=True)}
-            shist = {k: [val] for k, val in zip(state_names, sess.run(states), strict=True)}
-            ghist: dict[str, list[np.ndarray]] = {k: [] for k in names}
+            # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+            hist = {k: RowList([val]) for k, val in zip(names, sess.run(params), strict=True)}
+            shist = {k: RowList([val]) for k, val in zip(state_names, sess.run(states), strict=True)}
+            ghist = {k: RowList() for k in names}
             losses = []
             captured: dict[str, np.ndarray] = {}
             for k in range(spec["steps"]):

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
+
 from .ddp import _arrays, _masks, _shard_loss, shard_rows
 from .models import CaseModel
 from .optimizers import clip_grads, make_optimizer, make_scheduler
@@ -64,6 +66,7 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """One rank of an ``async`` job (rank 0: server and device 0); rank 0 returns the trajectory."""
     spec = payload["spec"]
+    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
     par, model_spec = spec["parallel"], spec["model"]
     n, r, group = ctx.world_size, ctx.rank, ctx.group
     if par["devices"] != n:
@@ -83,9 +86,10 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
     w = [1.0 / n] * n if par["weighting"] == "equal" else [len(ix) / batch for ix in rows]
     orders = application_orders(n, spec["steps"], par["order_seed"])
     numel = sum(p.numel() for p in params)
-    record = {k: [p.detach().numpy().copy()] for k, p in named.items()}
+    record = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}  # spills when large (contract.rows)
     losses = []
     for k in range(spec["steps"]):
+        ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         order = [int(d) for d in orders[k]]
         my_read = read_position(order.index(r), s)
         mine: torch.Tensor | None = None  # this device's gradient, flat, once computed
@@ -133,4 +137,4 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
                 record[name].append(p.detach().numpy().copy())
     if not server:
         return None
-    return {"loss": np.asarray(losses), **{f"param/{k}": np.stack(v) for k, v in record.items()}}
+    return {"loss": np.asarray(losses), **{f"param/{k}": finish(v) for k, v in record.items()}}

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
+
 from .ddp import _arrays, _masks, _shard_loss, shard_rows
 from .models import CaseModel
 from .optimizers import clip_grads, make_optimizer, make_scheduler
@@ -71,6 +73,7 @@ def weighted_average(params: list[torch.Tensor], weight: float, group: dist.Proc
 def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """One rank of a ``param_mean`` job; rank 0 returns ``{"loss": [steps], "param/<name>": [steps+1, ...]}``."""
     spec = payload["spec"]
+    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
     par, model_spec = spec["parallel"], spec["model"]
     n, r = ctx.world_size, ctx.rank
     if par["devices"] != n:
@@ -93,9 +96,10 @@ def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str
             # period 1 warns that DDP would be cheaper: true, and beside the point here
             warnings.simplefilter("ignore", UserWarning)
             averager = PeriodicModelAverager(period=period, warmup_steps=period - 1, process_group=ctx.group)
-    record = {k: [p.detach().numpy().copy()] for k, p in named.items()}
+    record = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}  # spills when large (contract.rows)
     losses = []
     for k in range(spec["steps"]):
+        ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         ix = torch.as_tensor(k * batch + rows[r])
         l_r = _shard_loss(model, model_spec, x, y, masks, ix)
         opt.zero_grad(set_to_none=True)
@@ -122,4 +126,4 @@ def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str
                 offset += p.numel()
     if r != 0:
         return None
-    return {"loss": np.asarray(losses), **{f"param/{k}": np.stack(v) for k, v in record.items()}}
+    return {"loss": np.asarray(losses), **{f"param/{k}": finish(v) for k, v in record.items()}}

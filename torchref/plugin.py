@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tests.contract.rows import SPILL_BYTES, RowStore, remove_files, set_spill_threshold
+
 from .ddp import shard_rows
 from .pool import RankContext
 
@@ -292,6 +294,9 @@ class Run:
         self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
+        # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
+        self._store = RowStore()
+        self._beat: Callable[[], None] = lambda: None
         self.capture_step: int | None = payload.get("capture")
         self._device: dict[str, Any] | None = None
         self._hooked: dict[str, np.ndarray] = {}
@@ -348,7 +353,8 @@ class Run:
         """Once, before the first step: the parameters (and state) as the code loaded them (TF layouts)."""
         if self._begun is not None:
             raise RuntimeError("run.begin() was called twice; call it once, before the first step")
-        self._begun = {"params": _named(params, "begin(params)"), "state": _named(state, "begin(state=...)")}
+        self._begun = {"params": self._keep(_named(params, "begin(params)")),
+                       "state": self._keep(_named(state, "begin(state=...)"))}
         self._layers.armed = self.layer_hooks and self.capture_step == 1
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
@@ -365,9 +371,9 @@ class Run:
         ``activations``, the leaf modules' outputs that :class:`LayerHooks` saw in the step's
         first training forward pass stand in for them (``"leaves"``; never over what was given).
         """
-        self._steps.append({"loss": _numpy(loss), "params": _named(params, "record(params)"),
-                            "grads": None if grads is None else _named(grads, "record(grads=...)"),
-                            "state": _named(state, "record(state=...)")})
+        self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
+                            "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
+                            "state": self._keep(_named(state, "record(state=...)"))})
         if self.capture_step == len(self._steps):
             device_grads = self._hooked or None if device_grads is None else device_grads
             self._device = {"grads": None if device_grads is None else _named(device_grads, "record(device_grads=...)"),
@@ -376,13 +382,24 @@ class Run:
                             "inputs": None if device_inputs is None else _numpy(device_inputs),
                             "leaves": self._layers.leaves if activations is None else None}
         self._layers.armed = self.layer_hooks and self.capture_step == len(self._steps) + 1
+        self._beat()
+
+    def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {k: self._store.put(v) for k, v in values.items()}
 
     def records(self, full: bool) -> dict[str, Any]:
-        """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check)."""
+        """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check).
+
+        Rank 0's ``spill`` files are removed by the parity tool once it assembled the run; the
+        other ranks' are removed here, their digests taken.
+        """
         rows = ([self._begun["params"]] if self._begun else []) + [s["params"] for s in self._steps]
-        digests = [{k: _digest(v) for k, v in r.items()} for r in rows]
+        digests = [{k: _digest(np.asarray(v)) for k, v in r.items()} for r in rows]
+        spill = self._store.close()
         if full:
-            return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device}
+            return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device,
+                    "spill": spill}
+        remove_files(spill)
         return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
 
 
@@ -427,11 +444,18 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
         run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
     if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
         run._layers.install()
+    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+    if ctx is not None:
+        run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
     try:
         fn(run)
     except Exception as e:
+        remove_files(run._store.close())  # nothing of a failed run stays on disk
         text = str(e).strip().splitlines()
         raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+    except BaseException:
+        remove_files(run._store.close())
+        raise
     finally:
         run._layers.remove()
     return run.records(full=ctx.rank == 0)

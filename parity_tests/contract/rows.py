@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SPILL_BYTES", "RowArray", "RowList", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
+__all__ = ["SPILL_BYTES", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
            "nonfinite_rows", "row_norms", "set_spill_threshold", "spill_root", "spill_threshold"]
 
 _ENV_ROOT = "TFPAR_SPILL_ROOT"
@@ -153,6 +153,9 @@ class RowArray:
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, (int, np.integer)):
             return self.row(int(index))
+        if isinstance(index, slice) and index.step in (None, 1):  # a range of rows: only those are read
+            start, stop, _ = index.indices(len(self))
+            return self.rows(start, max(start, stop))
         return np.asarray(self)[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -238,6 +241,81 @@ class RowList:
             with contextlib.suppress(Exception):
                 self._file.close()
             _unlink(self._path)
+
+
+class RowRef:
+    """One array written at ``offset`` of a :class:`RowStore`'s file: shape and dtype without reading it.
+
+    ``np.asarray(ref)`` reads it. Pickled, it is the file name and offset (what a plugin's rank
+    sends the main process); the file is removed by whoever assembles the run (:func:`remove_files`).
+    """
+
+    __array_priority__ = 10.0
+
+    def __init__(self, path: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> None:
+        self.path, self.offset = path, int(offset)
+        self.dtype, self.shape = np.dtype(dtype), tuple(int(s) for s in shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.fromfile(self.path, dtype=self.dtype, count=self.size, offset=self.offset).reshape(self.shape)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"RowRef(shape={self.shape}, dtype={self.dtype.name})"
+
+
+class RowStore:
+    """Where a plugin's run keeps what it records: in memory up to :func:`spill_threshold`, then in one file.
+
+    ``put(a)`` returns ``a`` while the run's recorded bytes are under the threshold, else writes
+    it to the run's file and returns a :class:`RowRef`. Unlike a :class:`RowList` it keeps each
+    value as the plugin gave it (names, shapes and dtypes are checked afterwards, step by step).
+    """
+
+    def __init__(self) -> None:
+        self.kept = 0
+        self.path: str | None = None
+        self._file: Any = None
+        self._offset = 0
+
+    def put(self, a: np.ndarray) -> np.ndarray | RowRef:
+        if self.kept + a.nbytes <= spill_threshold() and self._file is None:
+            self.kept += a.nbytes
+            return a
+        if self._file is None:
+            self.path = str(spill_root() / f"{os.getpid()}-{uuid.uuid4().hex}.plugin")
+            self._file = open(self.path, "wb")  # noqa: SIM115  (open while the run records; closed in close())
+        data = np.ascontiguousarray(a)
+        ref = RowRef(self.path, self._offset, data.dtype, data.shape)
+        self._file.write(data.tobytes())
+        self._file.flush()
+        self._offset += data.nbytes
+        return ref
+
+    def close(self) -> list[str]:
+        """Stop writing; the files to remove once the run is assembled."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        return [self.path] if self.path else []
+
+
+def remove_files(paths: Sequence[str]) -> None:
+    """Remove spill files (a plugin run's :class:`RowStore` files once assembled)."""
+    for p in paths:
+        _unlink(p)
 
 
 def finish(rows: Any) -> np.ndarray | RowArray:

@@ -735,10 +735,12 @@ def loss_sensitivity(
     steps = np.asarray(a[LOSS_KEY]).shape[0]
     total = np.zeros(steps)
     for key, name in zip(param_keys, names, strict=True):
-        ga, gb = (np.abs(np.asarray(t[name], dtype=np.float64)) for t in (a, b))
-        if ga.shape != gb.shape or ga.shape[0] != steps:
+        if np.shape(a[name]) != np.shape(b[name]) or np.shape(a[name])[0] != steps:
             return None
-        g1 = np.maximum(ga, gb).reshape(steps, -1).sum(axis=1)
+        g1 = np.zeros(steps)
+        for start, xa, ya in iter_pairs(a[name], b[name]):  # row by row: a large model's gradients stay on disk
+            ga, gb = np.abs(np.asarray(xa, dtype=np.float64)), np.abs(np.asarray(ya, dtype=np.float64))
+            g1[start:start + len(xa)] = np.maximum(ga, gb).reshape(len(xa), -1).sum(axis=1)
         total += g1 * np.maximum(scales[key][:steps], SCALE_FLOOR)
     return total / np.maximum(_loss_scale(a, b), SCALE_FLOOR)
 
@@ -1164,8 +1166,8 @@ def bfloat16_signature(mixed: Mapping[str, Any], f32: Mapping[str, Any]) -> tupl
     best, where = 0.0, LOSS_KEY
     keys = [LOSS_KEY] + sorted(k for k in mixed if isinstance(k, str) and k.startswith("grad/") and k in f32)
     for key in keys:
-        a = np.asarray(mixed[key], dtype=np.float64)[:1]  # row 0: step 1 (loss [steps], grad/* [steps, ...])
-        b = np.asarray(f32[key], dtype=np.float64)[:1]
+        a = np.asarray(mixed[key][:1], dtype=np.float64)  # row 0: step 1 (loss [steps], grad/* [steps, ...])
+        b = np.asarray(f32[key][:1], dtype=np.float64)
         if a.size == 0 or b.shape != a.shape:
             continue
         scale = max(float(np.abs(a).max()), float(np.abs(b).max()), SCALE_FLOOR)

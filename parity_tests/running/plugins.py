@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.errors import CaseError
+from parity_tests.contract.rows import RowList, remove_files, spill_threshold
 from parity_tests.contract.specs import param_specs
 from parity_tests.contract.trajectory import Trajectory
 
@@ -239,14 +240,21 @@ def assemble(records: Mapping[str, Any], spec: Mapping[str, Any], initial: Mappi
             raise CaseError(impl, f"{where}: grads=... at every step or at none (step 1 {'did' if with_grads else 'did not'})")
         if with_grads:
             _check_named(r["grads"], pnames, initial, dtype, impl, where, "gradient")
-    traj: dict[str, np.ndarray] = {"loss": np.array([np.asarray(r["loss"]).reshape(()) for r in rows], dtype)}
+    traj: dict[str, Any] = {"loss": np.array([np.asarray(r["loss"]).reshape(()) for r in rows], dtype)}
+
+    def stacked(values: Any) -> Any:  # row by row: a large model's rows (RowRef) go to a RowArray file
+        out = RowList()
+        for v in values:
+            out.append(np.asarray(v))
+        return out.finish()
+
     for n in pnames:
-        traj[f"param/{n}"] = np.stack([begun["params"][n], *(r["params"][n] for r in rows)])
+        traj[f"param/{n}"] = stacked([begun["params"][n], *(r["params"][n] for r in rows)])
     if with_grads:
         for n in pnames:
-            traj[f"grad/{n}"] = np.stack([r["grads"][n] for r in rows])
+            traj[f"grad/{n}"] = stacked(r["grads"][n] for r in rows)
     for n in snames:
-        traj[f"state/{n}"] = np.stack([begun["state"][n], *(r["state"][n] for r in rows)])
+        traj[f"state/{n}"] = stacked([begun["state"][n], *(r["state"][n] for r in rows)])
     return traj
 
 
@@ -418,7 +426,10 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
             records = run_plugin(target.fn, payload)
         except PluginRaised as e:
             raise RunError(f"{impl} raised at step {e.step}: {e.line}") from e
-        traj = assemble(records, case.spec, case.init, impl)
+        try:
+            traj = assemble(records, case.spec, case.init, impl)
+        finally:
+            remove_files(records.get("spill", ()))  # assembled (or refused): the run's own files go
         traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
         if progress:
@@ -440,9 +451,14 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
                 return None
             return RunError(found[1]) if found[0] == "raised" else CaseError(impl, found[1])
 
-        job = {"location": target.location, "kind": target.kind, "payload": case.payload()}
+        # the parent's spill threshold travels with the job (the workers were started before it was set)
+        job = {"location": target.location, "kind": target.kind,
+               "payload": {**case.payload(), "spill_bytes": spill_threshold()}}
         ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
-        traj = Trajectory(assemble(ranks[0], case.spec, case.init, impl))
+        try:
+            traj = Trajectory(assemble(ranks[0], case.spec, case.init, impl))
+        finally:
+            remove_files(ranks[0].get("spill", ()))  # assembled (or refused): rank 0's files go
         traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
         finding = replica_divergence(ranks, impl)

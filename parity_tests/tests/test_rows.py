@@ -174,3 +174,24 @@ def test_a_large_comparison_keeps_its_verdicts_but_not_its_trajectories_unless_f
     files = sorted(p.name for p in (tmp_path / "full" / "trajectories").glob("*.npz"))
     assert files == ["tf.single_float64.npz", "tf.towers_float64.npz"]
     assert "full trajectory kept" in (tmp_path / "full" / "report.md").read_text()
+
+
+def test_plugins_spill_too_and_leave_no_file(pool, spill_everything):
+    from pathlib import Path
+
+    plugins = Path(__file__).resolve().parent / "plugins"
+    tf_good, ddp, skips = (f"{plugins / 'tf_plugins.py'}:good", f"{plugins / 'torch_plugins.py'}:ddp",
+                           f"{plugins / 'torch_plugins.py'}:rank1_skips_step_2")
+    case = make(MLP, parallel__devices=3, steps=3)  # float64
+    before = set(rows.spill_root().iterdir())
+    spilled = compare_case(case, [tf_good, ddp, "torch.ddp"])
+    assert [p.verdict.status for p in spilled.pairs] == ["parity", "parity"], spilled.summary()
+    assert max(p.verdict.gap for p in spilled.pairs) < 1e-14  # as test_plugins finds with nothing spilled
+    assert all(isinstance(spilled.trajectories[f"{i}@float64"]["param/0.kernel"], rows.RowArray) for i in (tf_good, ddp))
+    # the replicas-in-sync check reads the spilled rows of every rank
+    assert run_impl(case, skips).findings[0].startswith("replicas diverged at step 2: rank 1, parameter 0.bias")
+    # the runs' own files (RowStore) were removed once assembled: only the trajectories' RowArrays remain
+    live = {v.path for t in spilled.trajectories.values() for v in t.values() if isinstance(v, rows.RowArray)}
+    left = set(rows.spill_root().iterdir()) - before
+    assert {p for p in left if p.suffix == ".plugin"} == set()
+    assert {str(p) for p in left} <= live | {str(p) for p in left if p.suffix == ".rows"}
