@@ -195,3 +195,18 @@ def test_plugins_spill_too_and_leave_no_file(pool, spill_everything):
     left = set(rows.spill_root().iterdir()) - before
     assert {p for p in left if p.suffix == ".plugin"} == set()
     assert {str(p) for p in left} <= live | {str(p) for p in left if p.suffix == ".rows"}
+
+
+def test_compare_full_keeps_the_trajectories_a_large_comparison_would_not(tmp_path, monkeypatch):
+    import json
+
+    from parity_tests.cli import main
+    from parity_tests.reporting import report
+
+    monkeypatch.setattr(report, "KEEP_BYTES", 100)
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps({**MLP, "steps": 2}))
+    for flags, kept in (([], False), (["--full"], True)):
+        out = tmp_path / f"rep{len(flags)}"
+        assert main(["compare", str(case), "--impls", "tf.towers,tf.single", "--report", str(out), *flags]) == 0
+        assert (out / "trajectories").is_dir() == kept
