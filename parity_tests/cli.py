@@ -38,7 +38,7 @@ class _Parser(OneLineParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tfpar", description="Prove or disprove that TensorFlow tower training computes the same updates as PyTorch DDP.")
-    p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may take before its ranks are declared hung (default 60)")
+    p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may go without finishing a training step before its ranks are declared hung (default 60)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="run one implementation and write its trajectory")
