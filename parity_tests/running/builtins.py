@@ -13,8 +13,8 @@ import numpy as np
 
 from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
-from parity_tests.contract.rows import spill_threshold
-from parity_tests.running.harness import RunError, check_tf_devices, run_torch_job
+from parity_tests.contract.rows import remove_files, spill_threshold
+from parity_tests.running.harness import RunError, by_file, check_tf_devices, run_torch_job
 from parity_tests.running.registry import Implementation, register
 
 __all__ = ["BUILTINS"]
@@ -65,8 +65,11 @@ def _torch(impl: str) -> Callable:
         if n > MAX_SIZE:
             raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
         # the parent's spill threshold travels with the job (the workers were started before it was set)
-        payload = {**case.payload(), "spill_bytes": spill_threshold()}
-        results = run_torch_job(impl, job_function(payload, impl), payload, n)
+        payload, files = by_file({**case.payload(), "spill_bytes": spill_threshold()})
+        try:
+            results = run_torch_job(impl, job_function(payload, impl), payload, n)
+        finally:
+            remove_files(files)
         traj = merge_captures(results) if case.capture else results[0]
         if progress:
             progress(case.spec["steps"])

@@ -411,7 +411,7 @@ def _tf_devices(device: Mapping[str, Any] | None) -> list[Mapping[str, Any] | No
 
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
-    from parity_tests.running.harness import RunError, check_tf_devices, run_torch_job
+    from parity_tests.running.harness import RunError, by_file, check_tf_devices, run_torch_job
     from parity_tests.running.registry import Implementation
 
     impl = name or target.name
@@ -452,9 +452,12 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
             return RunError(found[1]) if found[0] == "raised" else CaseError(impl, found[1])
 
         # the parent's spill threshold travels with the job (the workers were started before it was set)
-        job = {"location": target.location, "kind": target.kind,
-               "payload": {**case.payload(), "spill_bytes": spill_threshold()}}
-        ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
+        payload, files = by_file({**case.payload(), "spill_bytes": spill_threshold()})
+        job = {"location": target.location, "kind": target.kind, "payload": payload}
+        try:
+            ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
+        finally:
+            remove_files(files)
         try:
             traj = Trajectory(assemble(ranks[0], case.spec, case.init, impl))
         finally:

@@ -210,3 +210,33 @@ def test_compare_full_keeps_the_trajectories_a_large_comparison_would_not(tmp_pa
         out = tmp_path / f"rep{len(flags)}"
         assert main(["compare", str(case), "--impls", "tf.towers,tf.single", "--report", str(out), *flags]) == 0
         assert (out / "trajectories").is_dir() == kept
+
+
+def test_a_spilled_array_has_the_digest_of_the_same_array_in_memory(spill_everything):
+    from parity_tests.running.manifest import array_digest
+
+    values = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(4)]
+    assert array_digest(_spilled(values)) == array_digest(np.stack(values))
+    assert array_digest(_spilled(values[:3])) != array_digest(np.stack(values))
+
+
+def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(pool, monkeypatch):
+    from parity_tests.running import harness
+
+    case = make(MLP, steps=2)
+    piped = run_impl(case, "torch.ddp")
+    made: list[list[str]] = []
+    real = harness.by_file
+
+    def spy(payload):
+        out, files = real(payload)
+        made.append(files)
+        assert isinstance(out["init"]["0.kernel"], rows.RowRef) and isinstance(out["x"], rows.RowRef)
+        return out, files
+
+    monkeypatch.setattr(harness, "BY_FILE_BYTES", 0)  # every array by file
+    monkeypatch.setattr("parity_tests.running.builtins.by_file", spy)
+    by_file = run_impl(case, "torch.ddp")
+    assert made and made[0] and not any(os.path.exists(p) for p in made[0])  # removed after the job
+    for k in piped:
+        assert np.array_equal(np.asarray(piped[k]), np.asarray(by_file[k])), k
