@@ -327,7 +327,10 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str],
     for impl, side in mapped_needed.items():
         if side is not None and rules[impl] == "float64":
             plan.append((side, "float64", True))
-    return plan
+    # float64 runs first (a stable sort: the order within is kept): what a run leaves behind in the
+    # allocators (measured: 0.2-0.4 GB after a 25 M-parameter TensorFlow run) adds to the next run's
+    # peak, so the runs with twice the float32 working set go while the least is retained
+    return sorted(plan, key=lambda item: item[1] != "float64")
 
 
 def _beside(work: Callable[[list], None], here: list, there: list) -> None:
