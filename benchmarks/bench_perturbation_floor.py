@@ -1,17 +1,21 @@
-"""nice .venv/bin/python benchmarks/bench_perturbation_floor.py [--quick]
+"""nice .venv/bin/python benchmarks/bench_perturbation_floor.py [--quick | --mutants]
 
 Does the perturbation floor (judging without float64, docs/tolerance.md rule 3)
 give the same verdicts as the float64-based noise floor (rule 2) on the built-in
 matrix? Every float32 case of ``tfpar matrix`` (the three seed scenarios x 1, 2,
 4, 8 devices x both combine rules, and the CNN with synchronized and local batch
 norm) is run once per implementation in float32, in float64 and in float32 from
-the one-ulp-perturbed weights, and each pair (``tf.towers`` against the five
-others) is judged both ways by ``compare_case(floor=...)`` from the same runs.
+the perturbed case (``judge.perturbed_case``: weights, inputs and hyperparameters
+moved by one ulp, each device's shard reordered), and each pair (``tf.towers``
+against the five others) is judged both ways by ``compare_case(floor=...)`` from
+the same runs.
 
 Prints one row per pair (case, pair, the float64-rule verdict, the perturbation
 verdict, the float32 gap, both bounds at the decisive step), then the count of
 agreements and, per rule, the greatest gap/bound over the pairs at parity and
 the smallest over the pairs that diverged. ``--quick``: 2 devices only (8 cases).
+``--mutants``: instead, the mutant corpus of docs/mutants.md run in float32 and judged
+by rule 3 alone (every mutant must be a divergence, every control at parity).
 """
 
 from __future__ import annotations
@@ -64,10 +68,57 @@ def judge_both(case: Case) -> list[tuple[str, str, object, object]]:
     return rows
 
 
+def mutants() -> int:
+    """The mutant corpus (docs/mutants.md) judged by the perturbation floor alone, in float32.
+
+    Each row's case is run in float32 with ``floor="perturbation"`` (no float64 run), its
+    plugin judged against the other framework's reference plugin (as in docs/mutants.md: no
+    rerun is reordered, both sides are plugins) and against the other framework's built-in
+    (``torch.ddp`` or ``tf.towers``, whose rerun is reordered). Every mutant must be a
+    divergence both ways, every control at parity. Prints one row per plugin and the counts.
+    """
+    from parity_tests.running.registry import resolve
+    from parity_tests.tests.mutants.table import ROWS, cached_runner, case_of, channel, replica_step
+    from torchref.pool import shutdown_pool
+
+    t0 = time.perf_counter()
+    cache: dict = {}
+    ok = {"plugin": 0, "built-in": 0}
+    print(f"{'mutant':<26} {'side':<6} {'case':<15} {'expected':<13} {'vs reference plugin':<44} "
+          f"{'vs built-in':<44}")
+    try:
+        for row in ROWS:
+            builtin = "torch.ddp" if row.side == "tf" else "tf.towers"
+            cells = []
+            for label, ref in (("plugin", row.reference), ("built-in", builtin)):
+                for name in (ref, row.impl):  # before compare_case: its theory only sees resolved plugins
+                    resolve(name)
+                case = case_of(row.case).replace(dtype="float32")
+                v = compare_case(case, [ref, row.impl], runner=cached_runner(cache), floor="perturbation").pairs[0].verdict
+                ch = channel(v)
+                step = replica_step(v) if ch == "replicas" else v.first_step
+                ok[label] += (v.status == "parity") if row.control else (v.status == "divergence")
+                seen = "" if v.status == "parity" else f" {(ch if ch == 'replicas' else v.key)} @ {step}"
+                cells.append(f"{v.status}{seen} ({v.gap:.2e}/{v.bound:.2e})")
+            want = "parity" if row.control else f"{row.channel} @ {row.first_step}"
+            print(f"{row.name:<26} {row.side:<6} {row.case:<15} {want:<13} {cells[0]:<44} {cells[1]:<44}", flush=True)
+    finally:
+        shutdown_pool()
+    n_mut = sum(1 for r in ROWS if not r.control)
+    print(f"\nrule 3 in float32 ({time.perf_counter() - t0:.0f} s): {len(ROWS)} rows ({n_mut} mutants, "
+          f"{len(ROWS) - n_mut} controls) as expected: {ok['plugin']} against the reference plugin, "
+          f"{ok['built-in']} against the built-in")
+    return 0 if ok["plugin"] == ok["built-in"] == len(ROWS) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 devices only (8 cases)")
+    parser.add_argument("--mutants", action="store_true",
+                        help="instead: the mutant corpus (docs/mutants.md) in float32, judged by rule 3 alone")
     args = parser.parse_args(argv)
+    if args.mutants:
+        return mutants()
     devices = (2,) if args.quick else (1, 2, 4, 8)
     cases = matrix_cases(devices=devices, dtypes=("float32",), expected_rows=False)
     from torchref.pool import get_pool, shutdown_pool

@@ -7,7 +7,8 @@ known (``tolerance.judge_float32``) -- unless a side of a pair declares only
 float32 (its registry ``dtypes``, e.g. a user's plugin): that pair is judged by
 the perturbation floor (``tolerance.judge_perturbation``), each side re-run in
 float32 with its initial weights, inputs and hyperparameters moved by one float32
-ulp (:func:`perturbed_case`, seeded by the case seed), and no float64 run is
+ulp and the rows of each device's shard reordered (:func:`perturbed_case`, seeded
+by the case seed), and no float64 run is
 asked of it. A side that cannot be re-run (a recorded run) takes the other
 side's floor.
 
@@ -56,6 +57,7 @@ from parity_tests.judging.tolerance import (
     perturb_bf16_ulp,
     perturb_scalars,
     perturb_ulp,
+    shard_permutation,
 )
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
@@ -286,14 +288,108 @@ def perturbed_case(case: Case) -> Case:
     A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
     round them to bfloat16; the weights and hyperparameters stay float32 storage):
     ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision".
+
+    A float32 case in ``split`` order also reads the rows of each device's shard in another
+    seeded order (``tolerance.shard_permutation``; the dropout masks follow their rows): the
+    same examples on the same device, so the same computation in exact arithmetic, but every
+    sum over examples (loss mean, gradient sums, batch-norm statistics) is accumulated in
+    another order. A one-ulp move cannot sample that rounding: it moves a long sum's partial
+    sums by about ``sqrt(n)`` term-ulps, far below their own ulp, so the rerun would round
+    them as the run did. The perturbed case then has ``rows``: ``x[j]`` is data row ``rows[j]``.
     """
     seed = case.spec.get("seed", 0)
     opt = case.spec["optimizer"]
-    moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics")}, seed)
+    moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics", "schedule")}, seed)
+    schedule = opt.get("schedule") or {}
+    if schedule.get("kind") == "step":  # its values are learning rates stored in float32 too; lr is its first
+        values = perturb_scalars({f"value{i:04d}": v for i, v in enumerate(schedule["values"])}, seed)
+        steps_lr = [values.get(f"value{i:04d}", v) for i, v in enumerate(schedule["values"])]
+        moved["schedule"] = {**schedule, "values": steps_lr}
+        if "lr" in opt:
+            moved["lr"] = steps_lr[0]
     if moved:
         case = case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
     move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
-    return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
+    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
+    if not _reorderable(case):
+        return case
+    data, par = case.spec["data"], case.spec["parallel"]
+    # the rows may also change device (each device then adds up other examples: another blocking
+    # of every cross-device sum) exactly when theory says the N-device update is the full-batch
+    # one, which no order of the batch changes; only built-ins' reruns are reordered (_rerun_of)
+    across = par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers", "tf.single").differ
+    idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"], seed,
+                            across=across)
+    return _reordered(case, idx, across=across)
+
+
+def _reordered(case: Case, idx: np.ndarray, *, across: bool = False) -> Case:
+    """``case`` reading data row ``idx[j]`` where it read row ``j`` (inputs, targets, sample weights, dropout masks)."""
+    fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
+    return _Reordered(**{**fields, "x": case.x[idx], "y": case.y[idx], "w": None if case.w is None else case.w[idx]},
+                      rows=idx, across=across)
+
+
+def _reorders(impl: str) -> bool:
+    """Whether ``impl``'s perturbed rerun reads each shard's rows reordered: a built-in's only.
+
+    The built-ins treat a shard as a set of examples (their float64 runs are unchanged by the
+    reordering: ``tests/test_perturbation.py``). A plugin is the code under test: a bug of
+    its that depends on a row's place in a shard would not reproduce in a reordered rerun, and
+    would raise its floor instead of showing, so its rerun keeps the order.
+    """
+    found = _declared(impl)
+    return found is not None and found.kind == "builtin"
+
+
+def _rerun_of(case: Case, impl: str) -> Case:
+    """The perturbed case ``impl`` reruns: ``case`` (:func:`perturbed_case`), in the original row order unless :func:`_reorders`."""
+    if not isinstance(case, _Reordered) or case.rows is None or _reorders(impl):
+        return case
+    back = np.argsort(case.rows)  # x[back] is the moved data in the original order
+    fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
+    return Case(**{**fields, "x": case.x[back], "y": case.y[back], "w": None if case.w is None else case.w[back]})
+
+
+def _perturbed_text(case: Case, pair: tuple[str, str]) -> str:
+    """How the reruns of ``pair`` were made from ``case`` (:func:`perturbed_case`), for the verdict's detail."""
+    moved = "reruns with the weights, inputs and hyperparameters moved by one float32 ulp"
+    if not isinstance(case, _Reordered):
+        return moved
+    kept = [i for i in pair if not _reorders(i)]
+    how = (" and each step's rows reordered across the devices (the N-device update is the full-batch one)"
+           if case.across else " and the rows of each device's shard reordered")
+    return moved + how + (f" in a built-in's rerun only (kept in order: {', '.join(kept)})" if kept else "")
+
+
+@dataclasses.dataclass
+class _Reordered(Case):
+    """A case whose data rows are read in the order ``rows`` (``tolerance.shard_permutation``).
+
+    ``x``, ``y`` and the sample weights ``w`` are already reordered; the dropout keep-masks
+    are drawn from the spec by data row (``generators.dropout_masks``) and follow the same
+    order here, so every example keeps its mask and only the order of the sums changes.
+    """
+
+    rows: np.ndarray | None = dataclasses.field(default=None)
+    across: bool = False  # rows moved between devices too (``tolerance.shard_permutation``)
+
+    def payload(self) -> dict[str, Any]:
+        p = super().payload()
+        if self.rows is not None and p.get("masks"):
+            p["masks"] = {k: np.asarray(m)[self.rows] for k, m in p["masks"].items()}
+        return p
+
+
+def _reorderable(case: Case) -> bool:
+    """Whether :func:`perturbed_case` also reorders the rows of each device's shard (``tolerance.shard_permutation``).
+
+    A float32 case reading its batches in ``split`` order. Not ``mixed_bfloat16`` (its floor
+    is bfloat16 rounding, 2**15 times float32's, and its figures are documented without
+    reordering: docs/mixed-precision.md), not ``distributed_sampler`` (its rows are a dataset
+    read epoch by epoch through a sampler's permutation, not one batch per step).
+    """
+    return case.spec["dtype"] == "float32" and case.spec["data"].get("order", "split") == "split"
 
 
 def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
@@ -452,7 +548,7 @@ def compare_case(
             key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
             if key in trajs or impl in refused:
                 continue
-            c = variants[d]
+            c = variants[d] if d != PERTURBED else _rerun_of(variants[d], impl)
             if mapped:
                 c, mapping_text = _keras_mapped(c)
             if bar is not None:
@@ -507,7 +603,8 @@ def compare_case(
                 a32p=trajs.get(f"{ref}@{PERTURBED}"), b32p=trajs.get(f"{impl}@{PERTURBED}"), **kw,
                 **({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
                     " hyperparameters by one float32 ulp", "loss": False if reported_loss_differs(case.spec, ref, impl)
-                    else None} if case.spec["dtype"] == MIXED_BFLOAT16 else {}),
+                    else None} if case.spec["dtype"] == MIXED_BFLOAT16 else
+                   {"perturbed": _perturbed_text(variants[PERTURBED], (ref, impl))}),
             )
             if reported_loss_differs(case.spec, ref, impl):
                 verdict = _loss_reported(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))

@@ -27,8 +27,10 @@ reported by the rule that proves it.
 **Perturbation rule** (``"float32 perturbation floor"``, :func:`judge_perturbation`): for
 implementations that cannot run float64. Each side is re-run in float32 with the numbers
 it stores in float32 (initial weights, inputs, optimizer hyperparameters) moved by one float32
-ulp (:func:`perturb_ulp`, :func:`perturb_scalars`); ``d`` comes from the float32 runs
-and ``floor_X[k] = max_{j<=k} gap_j(X32, X32')``, with the same bound as the float32 rule.
+ulp (:func:`perturb_ulp`, :func:`perturb_scalars`) and, for a built-in, the rows of each
+device's shard reordered (:func:`shard_permutation`); ``d`` comes from the float32 runs
+and ``floor_X[k] = max_{j<=k} gap_j(X32, X32')``, with the same bound as the float32 rule
+(the loss's plus the parameters' gap carried into it, as in the float64 rule).
 
 Derivation of ``FLOAT64_RTOL = 1e-10``:
     Each rounding stage of a float64 computation has relative error at most
@@ -126,23 +128,32 @@ Derivation of the perturbation rule:
     condition numbers, and later roundings fall differently: ``X32' = exact' + e'``.
     (Weights alone are not enough: on the polynomial Adam case a one-ulp move of the
     three weights spreads the run by 1.5e-7 while float32 rounding of ``beta2`` moves
-    it by 6e-6, through the bias correction.) ``gap(X32, X32')`` is a sample of what
+    it by 6e-6, through the bias correction.) Nor is it enough for a *long* reduction:
+    one-ulp moves of ``n`` terms move the partial sums by about ``sqrt(n)`` term-ulps, far
+    below their own ulp (``n`` term-ulps), so the run and its rerun round them almost alike,
+    while another kernel (another order) rounds them differently. A built-in's rerun
+    therefore also adds each device's examples in another order (:func:`shard_permutation`:
+    the same computation in exact arithmetic, other partial sums), across the devices where
+    theory says the N-device update is the full-batch one. A plugin's rerun keeps its order:
+    a bug of the code under test that depends on a row's device or place must reproduce in
+    its rerun. ``gap(X32, X32')`` is a sample of what
     rounding does to that side, not a bound: there are no float64 runs, so no exact
     triangle inequality. Hence two safeguards, both no looser than what rounding has
     been seen to do: the running maximum over steps (errors are carried forward, see
     the float64 bound, so a spread seen at step ``j`` can occur at any later step) and
     the same factor 2 and absolute floor as the float32 rule. A bug reproduces in the
-    buggy side's perturbed rerun, so it does not enter that side's floor.
+    buggy side's perturbed rerun, so it does not enter that side's floor. The loss bound
+    adds ``S[k] * pgap[k-1]`` (:func:`loss_sensitivity`, the float32 runs' measured parameter
+    gap): the sampled loss floors hold each side's own carried spread, not the other side's
+    parameters, which the parameter channel accepts as rounding.
 
 Warning:
-    The perturbation does not re-sample the accumulated rounding of a *long*
-    reduction: one-ulp moves of ``n`` terms move the partial sums by about
-    ``sqrt(n)`` term-ulps, far below their own ulp (``n`` term-ulps), so the run and
-    its rerun round them almost alike, while another implementation (another conv or
-    batch-norm kernel, another order) rounds them differently. There the rule is
-    stricter than the float32 rule: on the scenario matrix it agrees on all 120 dense
-    pairs and reports 18 of the 36 CNN pairs as divergences that the float64 runs
-    prove to be rounding (benchmarks/bench_perturbation_floor.py, docs/tolerance.md).
+    Reordering does not re-sample every rounding another kernel leaves: on synchronized
+    batch norm part of it is systematic (the same in the run and in every reordered rerun).
+    There the rule is stricter than the float32 rule: on the scenario matrix it agrees on
+    all 120 dense pairs and all 20 local-batch-norm CNN pairs, and reports 5 of the 16
+    synchronized-batch-norm pairs as divergences that the float64 runs prove to be
+    rounding (benchmarks/bench_perturbation_floor.py, docs/tolerance.md).
     It cannot prove a difference below the float32 spread (the float64 rule can), nor
     separate a chaotic run's amplified rounding from a difference.
 
@@ -254,6 +265,7 @@ __all__ = [
     "judge_perturbation",
     "perturb_ulp",
     "perturb_scalars",
+    "shard_permutation",
     "loss_sensitivity",
 ]
 
@@ -1211,6 +1223,37 @@ def perturb_scalars(values: Mapping[str, Any], seed: int) -> dict[str, float]:
     return out
 
 
+def shard_permutation(steps: int, batch: int, devices: int, shard: str, seed: int, *,
+                      across: bool = False) -> np.ndarray:
+    """Row order of a run whose every device shard holds the same rows in a seeded other order.
+
+    Returns int64 ``idx`` ``[steps * batch]``: the perturbed run reads data row ``idx[j]`` where
+    the run reads row ``j``. Within step ``k`` (rows ``[k B, (k + 1) B)``) the rows of each
+    device's shard (``shard``: ``contiguous``, ``np.array_split`` order; ``strided``, rows
+    ``r, r + N, ...``) are permuted among themselves, so every device computes on the same
+    examples, only in another order: in exact arithmetic every sum over examples (the loss
+    mean, the gradients' sums, batch-norm statistics) is unchanged, in float32 each is
+    accumulated in another order. That is the rounding another implementation's kernel
+    leaves and a one-ulp move of the inputs cannot sample (module docstring, "Derivation of
+    the perturbation rule"). ``across=True`` permutes each step's whole global batch instead,
+    so that each device (each block of the cross-device sum) also adds up other examples:
+    the same computation only where the N-device update equals the full-batch one, and only
+    for code that is known to compute it (``judge.perturbed_case`` decides: a bug that depends
+    on which rows a device holds must reproduce in the buggy side's rerun, or it raises that
+    side's floor instead of showing). The permutations come from
+    ``default_rng([seed, PERTURB_STREAM, 2])``.
+    """
+    rng = np.random.default_rng([int(seed), PERTURB_STREAM, 2])
+    base = np.arange(batch)
+    parts = np.array_split(base, devices) if shard == "contiguous" else [base[r::devices] for r in range(devices)]
+    parts = [base] if across else parts
+    idx = np.arange(steps * batch, dtype=np.int64)
+    for k in range(steps):
+        for rows in parts:
+            idx[k * batch + rows] = k * batch + rng.permutation(rows)
+    return idx
+
+
 def judge_perturbation(
     a32: Mapping[str, Any],
     b32: Mapping[str, Any],
@@ -1227,15 +1270,16 @@ def judge_perturbation(
 ) -> Verdict:
     """Judge two float32 trajectories without float64 runs: the perturbation floor.
 
-    Each side is re-run in float32 from its initial weights moved by one float32 ulp
-    (:func:`perturb_ulp`); the spread is what rounding alone does to that side::
+    Each side is re-run in float32 from its initial weights (and inputs and hyperparameters)
+    moved by one float32 ulp (:func:`perturb_ulp`; ``judge.perturbed_case`` also reorders a
+    built-in's shards); the spread is what rounding alone does to that side::
 
         d_p[k]     = max(||A32_p[k]||_inf, ||B32_p[k]||_inf, SCALE_FLOOR)
         floor_X[k] = max over j <= k of gap_j(X32, X32')  (X32': the perturbed run)
         bound[k]   = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR
 
     divergence when ``gap_k(A32, B32) > bound[k]`` at any step, for the parameters
-    or for the loss. A side without a perturbed run (a recorded run cannot be run
+    or for the loss (whose bound adds ``S[k] * pgap[k-1]``, :func:`_carried`). A side without a perturbed run (a recorded run cannot be run
     again) takes the other side's floor.
 
     Args:
@@ -1287,5 +1331,30 @@ def judge_perturbation(
         scale = _loss_scale(a32, b32)
         la = _spread(_loss_gap(a32, pa, scale) if own["A"] else _loss_gap(b32, pb, scale))
         lb = _spread(_loss_gap(b32, pb, scale)) if own["B"] else la
-        v = _with_loss(v, _loss_channel_floor(a32, b32, la, lb, scale, factor, rule, "float32"))
+        ch = _carried(_loss_channel_floor(a32, b32, la, lb, scale, factor, rule, "float32"), a32, b32, judged, scales)
+        v = _with_loss(v, ch)
     return _finished(v, expect_difference, known)
+
+
+def _carried(ch: _Channel, a32: Mapping[str, Any], b32: Mapping[str, Any], judged: list[str],
+             scales: dict[str, np.ndarray]) -> _Channel:
+    """The perturbation rule's loss bound plus the parameters' gap carried into the loss: ``+ S[r] * pgap[r]``.
+
+    The loss of step ``r + 1`` is computed from the parameters of row ``r``; the two sides'
+    parameters there differ by ``pgap[r]`` (measured between ``A32`` and ``B32``, and judged
+    by the parameter channel), which moves the loss's relative gap by at most ``S[r] * pgap[r]``
+    to first order (:func:`loss_sensitivity`; the float64 rule's "carried" term, module
+    docstring "The loss"). The sampled loss floors hold each side's own evaluation and its
+    own carried spread, not the *other* side's parameters: without this term the loss channel
+    would call a divergence what the parameter channel accepts as rounding. Unchanged when a
+    side recorded no gradient.
+    """
+    pkeys = [k for k in judged if k.startswith("param/")]
+    sens = loss_sensitivity(a32, b32, pkeys, scales)
+    if sens is None:
+        return ch
+    pgap, _ = _row_max(_gaps(a32, b32, pkeys, scales))
+    with np.errstate(invalid="ignore"):
+        bound = ch.bound + sens * np.fmax(pgap[: ch.bound.shape[0]], 0.0)
+    return replace(ch, bound=bound, how=ch.how + f", + S x (parameter gap of the step before), S up to "
+                                                 f"{np.nanmax(sens, initial=0.0):.2g}")
