@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parity_tests.contract.arguments import OneLineParser, positive_seconds
 from parity_tests.contract.errors import CaseError
@@ -166,6 +167,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tfpar`` console script; returns the exit status."""
+    previous = _on_sigterm()
     try:
         args = build_parser().parse_args(argv)
         from parity_tests.running.harness import RunError, set_pool_timeout
@@ -175,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return handler(args)
         except RunError as e:
+            if _signalled:  # a run that failed because the signal broke into it (TensorFlow's own
+                raise _signalled[-1]() from e  # bookkeeping asserts): reported as the signal
             print(f"tfpar: run failed: {e}", file=sys.stderr)
             return 1
     except CaseError as e:
@@ -183,9 +187,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tfpar: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("tfpar: terminated", file=sys.stderr)
+        return 143
     finally:
         if "torchref.pool" in sys.modules:
             sys.modules["torchref.pool"].shutdown_pool()
+        from parity_tests.contract.rows import remove_spill_root
+
+        remove_spill_root()  # the runs' spilled rows (docs/memory.md): gigabytes for a large model
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
+
+
+class Terminated(BaseException):
+    """SIGTERM (``kill``, a scheduler's time limit) arrived: stop as Ctrl-C does, cleaning up."""
+
+
+#: the exception of each SIGINT / SIGTERM this command received (an interrupted TensorFlow step can
+#: end in an error of its own, e.g. ``tf_stack``'s "Concurrent access?" assertion, not in the signal's)
+_signalled: list[type[BaseException]] = []
+
+
+def _on_sigterm() -> Any:
+    """SIGTERM raises :class:`Terminated`, SIGINT ``KeyboardInterrupt``, both noted in :data:`_signalled`.
+
+    Only in the main thread; returns the previous handlers (``None`` elsewhere).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    _signalled.clear()
+
+    def stop(signum: int, frame: Any) -> None:
+        kind = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        _signalled.append(kind)
+        raise kind()
+
+    return signal.signal(signal.SIGTERM, stop), signal.signal(signal.SIGINT, stop)
 
 
 def entry() -> None:
@@ -200,7 +239,7 @@ def entry() -> None:
     """
     code = main()
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and not t.daemon]
-    if code == 130 and others:
+    if code in (130, 143) and others:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(code)

@@ -38,6 +38,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# names the spill folder (TFPAR_SPILL_ROOT) in this process before any worker is spawned, so
+# that the workers inherit it: their recorded rows then live where this process removes them
+import parity_tests.contract.rows  # noqa: F401
+
 __all__ = [
     "MAX_SIZE", "DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool",
     "current_pool", "swap_pool",

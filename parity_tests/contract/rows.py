@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SPILL_BYTES", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
-           "nonfinite_rows", "row_norms", "set_spill_threshold", "spill_root", "spill_threshold"]
+           "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_root", "spill_threshold"]
 
 _ENV_ROOT = "TFPAR_SPILL_ROOT"
 _ENV_BYTES = "TFPAR_SPILL_BYTES"
@@ -55,7 +55,9 @@ else:
 
 
 @atexit.register
-def _remove_root() -> None:
+def remove_spill_root() -> None:
+    """Remove this process's spill folder and everything in it, if this process named it (at exit;
+    the ``tfpar`` command also calls it on its way out, which an interrupted exit may skip)."""
     if _OWNED_ROOT is not None and os.environ.get(_ENV_ROOT) == _OWNED_ROOT:
         shutil.rmtree(_OWNED_ROOT, ignore_errors=True)
 

@@ -9,6 +9,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -18,37 +19,45 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+@pytest.mark.parametrize(("sig", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path, sig, status, said):
+    # every recorded row spilled to a file (docs/memory.md), in a temporary folder of the test's own
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TFPAR_SPILL_BYTES="0", TMPDIR=str(tmp))
+    env.pop("TFPAR_SPILL_ROOT", None)
     proc = subprocess.Popen([sys.executable, "-m", "parity_tests.cli", "matrix", "--quick", "--out", str(tmp_path / "rep")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         # wait until the DDP pool's ranks exist and the first rows are done
         deadline = time.monotonic() + 240
         seen: list[psutil.Process] = []
+        spilled = False
         while time.monotonic() < deadline:
             seen = _tree(proc.pid)
             rows = list((tmp_path / "rep" / "rows").glob("*.json")) if (tmp_path / "rep" / "rows").exists() else []
-            if len([p for p in seen if "resource_tracker" not in " ".join(p.cmdline())]) >= 2 and rows:
+            spilled = spilled or bool(list(tmp.glob("tfpar-spill-*/*.rows")))  # the runs spill their rows
+            if len([p for p in seen if "resource_tracker" not in " ".join(p.cmdline())]) >= 2 and rows and spilled:
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
         else:
             raise AssertionError("the matrix did not get going in 240 s")
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
         stopped = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
-    assert "interrupted" in err
+    assert proc.returncode == status, (proc.returncode, err[-2000:])
+    assert said in err
     assert stopped < 30
     time.sleep(1.0)
     alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
     assert not list((tmp_path / "rep").rglob("*.tmp"))  # atomic writes only
+    assert not list(tmp.glob("tfpar-spill-*")), list(tmp.rglob("*"))  # the spill folder went with the run
     for row in (tmp_path / "rep" / "rows").glob("*.json"):
         assert row.read_text().endswith("}")  # every row file is whole
 
