@@ -167,7 +167,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tfpar`` console script; returns the exit status."""
-    previous = _on_sigterm()
+    previous = _on_signals()
     try:
         args = build_parser().parse_args(argv)
         from parity_tests.running.harness import RunError, set_pool_timeout
@@ -210,7 +210,7 @@ class Terminated(BaseException):
 _signalled: list[type[BaseException]] = []
 
 
-def _on_sigterm() -> Any:
+def _on_signals() -> Any:
     """SIGTERM raises :class:`Terminated`, SIGINT ``KeyboardInterrupt``, both noted in :data:`_signalled`.
 
     Only in the main thread; returns the previous handlers (``None`` elsewhere).

@@ -65,7 +65,7 @@ class RankContext:
     #: tell the parent the job is making progress (a training step done): the job's timeout then
     #: bounds the time between two beats, not the whole job, so a large model's long run is not
     #: taken for a hang (rank 0's beats are enough: the ranks meet in every step's collectives)
-    beat: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)  # noqa: E731
+    beat: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
 
 
 class PoolError(RuntimeError):
@@ -97,10 +97,6 @@ def _margin(timeout: float) -> float:
     # Collectives fail by themselves after `timeout`; the margin lets that error reach us
     # before we call the rank silent.
     return 2.0 + 0.25 * timeout
-
-
-def _idle() -> None:
-    return None
 
 
 def _beater(conn: Connection) -> Callable[[], None]:
@@ -159,8 +155,8 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                     conn.send(("ok", None))
                     continue
                 _, fn, payload, n = message
-                conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout, _beater(conn) if rank == 0 else _idle),
-                                    payload)))
+                beat = {"beat": _beater(conn)} if rank == 0 else {}  # rank 0 reports the job's progress
+                conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout, **beat), payload)))
             except Exception:
                 conn.send(("raised", traceback.format_exc()))
     except (EOFError, OSError):

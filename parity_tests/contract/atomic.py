@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.rows import RowArray, iter_rows
+
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_npz"]
 
 
@@ -58,12 +60,12 @@ def atomic_write_npz(path: str | os.PathLike, arrays: dict[str, Any]) -> Path:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
             for key, value in arrays.items():
                 with z.open(f"{key}.npy", "w", force_zip64=True) as member:
-                    if hasattr(value, "rows") and hasattr(value, "row_shape"):  # a RowArray
+                    if isinstance(value, RowArray):
                         header = {"descr": np.lib.format.dtype_to_descr(value.dtype), "fortran_order": False,
                                   "shape": tuple(value.shape)}
                         np.lib.format.write_array_header_2_0(member, header)
-                        for i in range(len(value)):
-                            member.write(np.ascontiguousarray(value.row(i)).tobytes())
+                        for _, chunk in iter_rows(value):
+                            member.write(np.ascontiguousarray(chunk).tobytes())
                     else:
                         np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
 

@@ -96,7 +96,27 @@ def _stats(row: np.ndarray) -> tuple[float, bool]:
     return norm, bool(np.isfinite(norm))
 
 
-class RowArray:
+class _FileArray:
+    """What a file-backed array answers without reading its file: from ``shape`` and ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    __array_priority__ = 10.0
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+class RowArray(_FileArray):
     """A read-only ``[rows, *shape]`` array whose rows live in a raw file (C order, native byte order).
 
     ``a[i]`` (an int) reads one row; ``np.asarray(a)``, slices and fancy indices read the
@@ -104,8 +124,6 @@ class RowArray:
     (``[rows]`` float64, ``||a[i]||_inf``) and ``finite`` (``[rows]`` bool) were computed
     as the rows were written, so the judge's row norms and non-finite checks read nothing.
     """
-
-    __array_priority__ = 10.0
 
     def __init__(self, path: str, dtype: Any, row_shape: tuple[int, ...], norms: np.ndarray,
                  finite: np.ndarray, *, owner: bool = True) -> None:
@@ -117,20 +135,8 @@ class RowArray:
         self._finalizer = weakref.finalize(self, _unlink, self.path) if owner else None
 
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
         return (len(self.norms), *self.row_shape)
-
-    @property
-    def ndim(self) -> int:
-        return 1 + len(self.row_shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     def __len__(self) -> int:
         return len(self.norms)
@@ -166,9 +172,6 @@ class RowArray:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self.row(i) for i in range(len(self)))
-
-    def astype(self, dtype: Any) -> np.ndarray:
-        return np.asarray(self, dtype=dtype)
 
     def __repr__(self) -> str:
         return f"RowArray(shape={self.shape}, dtype={self.dtype.name}, path={self.path!r})"
@@ -245,30 +248,16 @@ class RowList:
             _unlink(self._path)
 
 
-class RowRef:
+class RowRef(_FileArray):
     """One array written at ``offset`` of a :class:`RowStore`'s file: shape and dtype without reading it.
 
     ``np.asarray(ref)`` reads it. Pickled, it is the file name and offset (what a plugin's rank
     sends the main process); the file is removed by whoever assembles the run (:func:`remove_files`).
     """
 
-    __array_priority__ = 10.0
-
     def __init__(self, path: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> None:
         self.path, self.offset = path, int(offset)
         self.dtype, self.shape = np.dtype(dtype), tuple(int(s) for s in shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = np.fromfile(self.path, dtype=self.dtype, count=self.size, offset=self.offset).reshape(self.shape)
@@ -281,19 +270,21 @@ class RowRef:
 class RowStore:
     """Where a plugin's run keeps what it records: in memory up to :func:`spill_threshold`, then in one file.
 
-    ``put(a)`` returns ``a`` while the run's recorded bytes are under the threshold, else writes
-    it to the run's file and returns a :class:`RowRef`. Unlike a :class:`RowList` it keeps each
+    ``put(a)`` returns ``a`` while the run's recorded bytes are under the threshold (``threshold``,
+    by default :func:`spill_threshold`), else writes it to the run's file and returns a :class:`RowRef`. Unlike a :class:`RowList` it keeps each
     value as the plugin gave it (names, shapes and dtypes are checked afterwards, step by step).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, threshold: int | None = None) -> None:
         self.kept = 0
         self.path: str | None = None
         self._file: Any = None
         self._offset = 0
+        self._threshold = threshold  # None: spill_threshold() at each put
 
     def put(self, a: np.ndarray) -> np.ndarray | RowRef:
-        if self.kept + a.nbytes <= spill_threshold() and self._file is None:
+        limit = spill_threshold() if self._threshold is None else self._threshold
+        if self.kept + a.nbytes <= limit and self._file is None:
             self.kept += a.nbytes
             return a
         if self._file is None:

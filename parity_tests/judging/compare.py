@@ -55,6 +55,7 @@ __all__ = [
     "assert_trajectories_close",
     "compare_arrays",
     "relative_gap",
+    "is_real",
     "step_of_row",
     "describe_key",
     "describe_step",
@@ -251,13 +252,16 @@ def _check_tolerances(rtol: Any, atol: Any) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def is_real(dtype: np.dtype) -> bool:
+    """Whether arrays of ``dtype`` are real numbers the comparator judges (floats and integers, not bools)."""
+    return dtype != np.bool_ and (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer))
+
+
 def _array(traj: Mapping[str, Any], key: str, side: str) -> np.ndarray:
     arr = traj[key]
     if not isinstance(arr, RowArray):  # a file-backed array stays one: it is read chunk by chunk
         arr = np.asarray(arr)
-    if arr.dtype == np.bool_ or not (
-        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-    ):
+    if not is_real(arr.dtype):
         raise TypeError(
             f"side {side}, key {key!r}: expected a real numeric array, got dtype {arr.dtype}"
         )
@@ -430,7 +434,7 @@ def _first_nonfinite(
     best = None
     for key in keys:
         arr = _array(traj, key, side)
-        bad_rows = nonfinite_rows(arr) if arr.ndim else np.asarray([not np.isfinite(arr)])
+        bad_rows = nonfinite_rows(arr)
         if bad_rows.any():
             row = int(np.argmax(bad_rows))
             place = (step_of_row(key, row), key_order(key))

@@ -235,6 +235,7 @@ from parity_tests.judging.compare import (
     compare_trajectories,
     describe_key,
     describe_step,
+    is_real,
     key_order,
     relative_gap,
     step_of_row,
@@ -472,13 +473,9 @@ def _fits(x: Mapping[str, Any], y: Mapping[str, Any], keys: list[str]) -> bool:
     shapes = [(np.shape(x[k]), np.shape(y[k])) for k in keys]
     if any(a != b or len(a) == 0 for a, b in shapes):
         return False
-    if not all(_real(array_dtype(t[k])) for t in (x, y) for k in keys):
+    if not all(is_real(array_dtype(t[k])) for t in (x, y) for k in keys):
         return False
     return len({a[0] for a, _ in shapes}) == 1 and len({step_of_row(k, 0) for k in keys}) == 1
-
-
-def _real(dtype: np.dtype) -> bool:
-    return dtype != np.bool_ and (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer))
 
 
 def _row_norms(traj: Mapping[str, Any], key: str) -> np.ndarray:

@@ -203,19 +203,16 @@ def by_file(payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     (``np.asarray``). The caller removes the file once the job is over
     (:func:`~parity_tests.contract.rows.remove_files`).
     """
-    from parity_tests.contract.rows import RowStore, set_spill_threshold
+    from parity_tests.contract.rows import RowStore
 
-    store = RowStore()
-    old = set_spill_threshold(0)
-    try:
-        out = dict(payload)
-        out["init"] = {k: store.put(np.asarray(v)) if np.asarray(v).nbytes > BY_FILE_BYTES else v
-                       for k, v in payload["init"].items()}
-        for k in ("x", "y"):
-            if k in out and np.asarray(out[k]).nbytes > BY_FILE_BYTES:
-                out[k] = store.put(np.asarray(out[k]))
-    finally:
-        set_spill_threshold(old)
+    store = RowStore(threshold=0)  # every array put goes to the file
+
+    def put(v: Any) -> Any:
+        a = np.asarray(v)
+        return store.put(a) if a.nbytes > BY_FILE_BYTES else v
+
+    out = {**payload, "init": {k: put(v) for k, v in payload["init"].items()}}
+    out.update({k: put(out[k]) for k in ("x", "y") if k in out})
     return out, store.close()
 
 

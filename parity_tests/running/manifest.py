@@ -34,7 +34,7 @@ import numpy as np
 from parity_tests.contract.atomic import atomic_write_text
 from parity_tests.contract.case import Case, case_from_dict
 from parity_tests.contract.errors import CaseError
-from parity_tests.contract.rows import RowArray
+from parity_tests.contract.rows import RowArray, iter_rows
 from parity_tests.judging.compare import key_order
 from parity_tests.running.environment import versions
 
@@ -58,14 +58,11 @@ def array_digest(a: np.ndarray) -> str:
     An array whose rows live in a file (:class:`~parity_tests.contract.rows.RowArray`) is hashed
     row by row: the same digest, without holding it whole.
     """
-    if isinstance(a, RowArray):
-        h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-        for i in range(len(a)):
-            h.update(np.ascontiguousarray(a.row(i)).tobytes())
-        return h.hexdigest()
-    a = np.ascontiguousarray(a)
+    if not isinstance(a, RowArray):
+        a = np.asarray(a)
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a.tobytes())
+    for _, chunk in iter_rows(a) if a.ndim else [(0, a)]:
+        h.update(np.ascontiguousarray(chunk).tobytes())
     return h.hexdigest()
 
 

@@ -242,19 +242,14 @@ def assemble(records: Mapping[str, Any], spec: Mapping[str, Any], initial: Mappi
             _check_named(r["grads"], pnames, initial, dtype, impl, where, "gradient")
     traj: dict[str, Any] = {"loss": np.array([np.asarray(r["loss"]).reshape(()) for r in rows], dtype)}
 
-    def stacked(values: Any) -> Any:  # row by row: a large model's rows (RowRef) go to a RowArray file
-        out = RowList()
-        for v in values:
-            out.append(np.asarray(v))
-        return out.finish()
-
+    # row by row (RowList reads each RowRef as it appends): a large model's rows go to a RowArray file
     for n in pnames:
-        traj[f"param/{n}"] = stacked([begun["params"][n], *(r["params"][n] for r in rows)])
+        traj[f"param/{n}"] = RowList([begun["params"][n], *(r["params"][n] for r in rows)]).finish()
     if with_grads:
         for n in pnames:
-            traj[f"grad/{n}"] = stacked(r["grads"][n] for r in rows)
+            traj[f"grad/{n}"] = RowList([r["grads"][n] for r in rows]).finish()
     for n in snames:
-        traj[f"state/{n}"] = stacked([begun["state"][n], *(r["state"][n] for r in rows)])
+        traj[f"state/{n}"] = RowList([begun["state"][n], *(r["state"][n] for r in rows)]).finish()
     return traj
 
 
