@@ -193,9 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "torchref.pool" in sys.modules:
             sys.modules["torchref.pool"].shutdown_pool()
-        from parity_tests.contract.rows import remove_spill_root
-
-        remove_spill_root()  # the runs' spilled rows (docs/memory.md): gigabytes for a large model
+        if "parity_tests.contract.rows" in sys.modules:  # the runs' spilled rows (docs/memory.md): gigabytes
+            sys.modules["parity_tests.contract.rows"].remove_spill_root()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])

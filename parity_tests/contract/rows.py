@@ -35,13 +35,24 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.errors import CaseError
+
 __all__ = ["SPILL_BYTES", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
            "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_root", "spill_threshold"]
 
 _ENV_ROOT = "TFPAR_SPILL_ROOT"
 _ENV_BYTES = "TFPAR_SPILL_BYTES"
+
+
+def _env_bytes() -> int:
+    text = os.environ.get(_ENV_BYTES, str(64 * 2**20))
+    if not text.strip().isdigit():
+        raise CaseError(_ENV_BYTES, "a whole number of bytes >= 0 (the environment variable)", text)
+    return int(text)
+
+
 #: an array's rows move to a file once they hold more than this many bytes (``TFPAR_SPILL_BYTES``)
-SPILL_BYTES = int(os.environ.get(_ENV_BYTES, str(64 * 2**20)))
+SPILL_BYTES = _env_bytes()
 _threshold = [SPILL_BYTES]
 # rows read at a time by the chunked readers, bounded in elements: a chunk of a large array is
 # one row or a few (32 MB in float64), a small array is one chunk

@@ -240,3 +240,19 @@ def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(p
     assert made and made[0] and not any(os.path.exists(p) for p in made[0])  # removed after the job
     for k in piped:
         assert np.array_equal(np.asarray(piped[k]), np.asarray(by_file[k])), k
+
+
+def test_a_bad_spill_threshold_in_the_environment_is_one_line_and_status_2(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(MLP))
+    env = {**os.environ, "TFPAR_SPILL_BYTES": "64MB"}
+    env.pop("TFPAR_SPILL_ROOT", None)
+    out = subprocess.run([sys.executable, "-m", "parity_tests.cli", "compare", str(case)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip() == ("tfpar: error: TFPAR_SPILL_BYTES: expected a whole number of bytes >= 0"
+                                  " (the environment variable), got '64MB'")
