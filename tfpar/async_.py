@@ -116,8 +116,8 @@ class AsyncTrainer:
         self.optimizer.build(self.variables)
         # one traced gradient function per device (its placement is part of the trace);
         # the schedule itself runs in Python, so a new order never retraces anything
-        self._grads = [tf.function(self._grad_fn(r, dev), reduce_retracing=True) for r, dev in enumerate(self.devices)]
-        self._apply = tf.function(self._apply_impl, reduce_retracing=True)
+        self._grads = [tf.function(self._grad_fn(r, dev), reduce_retracing=True, autograph=False) for r, dev in enumerate(self.devices)]
+        self._apply = tf.function(self._apply_impl, reduce_retracing=True, autograph=False)
 
     def _grad_fn(self, r: int, dev: str) -> Callable[..., tuple[tf.Tensor, list[tf.Tensor]]]:
         def grad(x: tf.Tensor, y: tf.Tensor, masks: Mapping[str, tf.Tensor], scale: tf.Tensor):

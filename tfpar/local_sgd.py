@@ -104,9 +104,9 @@ class LocalSGDTrainer:
         self.steps_done = 0
         self.weights: list[float] | None = None
         # three functions rather than one with a Python flag: each is traced once per run
-        self._local = tf.function(self._local_impl, reduce_retracing=True)
-        self._mean_only = tf.function(lambda: self._mean_impl(assign=False))
-        self._average = tf.function(lambda: self._mean_impl(assign=True))
+        self._local = tf.function(self._local_impl, reduce_retracing=True, autograph=False)
+        self._mean_only = tf.function(lambda: self._mean_impl(assign=False), autograph=False)
+        self._average = tf.function(lambda: self._mean_impl(assign=True), autograph=False)
 
     def _mean_impl(self, *, assign: bool) -> list[tf.Tensor]:
         """``sum_r w_r theta_r`` per variable, ``[V]`` tensors (a plain mean for ``equal``); ``assign``: into every copy."""

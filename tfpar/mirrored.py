@@ -217,7 +217,7 @@ def _gather_copies(strategy: tf.distribute.Strategy, variables: list[tf.Variable
     """A function returning, per variable, every replica's copy flattened: ``[replicas, size]``
     (global replica order: worker 0's replicas first), the same on every worker."""
 
-    @tf.function
+    @tf.function(autograph=False)
     def gather() -> list[tf.Tensor]:
         per = strategy.run(lambda: [tf.reshape(tf.identity(v), [1, -1]) for v in variables])
         return [strategy.gather(p, axis=0) for p in per]
@@ -363,9 +363,9 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             update_moving(state, i, layer, mean, var, rows * per_example[i])
         return total, grads, out
 
-    step = tf.function(lambda x, y, extras: step_impl(x, y, extras, False)[:2])
+    step = tf.function(lambda x, y, extras: step_impl(x, y, extras, False)[:2], autograph=False)
     # a second trace, used for the one captured step (CONTRACT §6 stages), as TowerTrainer does
-    capture_step = tf.function(lambda x, y, extras: step_impl(x, y, extras, True))
+    capture_step = tf.function(lambda x, y, extras: step_impl(x, y, extras, True), autograph=False)
 
     x_all = np.asarray(payload["x"], np_dtype)
     y_all = payload["y"]

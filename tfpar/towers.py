@@ -123,8 +123,8 @@ class TowerTrainer:
         # trace (reduce_retracing) would leave the batch dimension unknown, so an epoch's smaller
         # last batch (a DataLoader's or tf.data's without drop_remainder) could not be split
         self.captured: dict[str, np.ndarray] | None = None
-        self._step = tf.function(self._step_impl)
-        self._capture_step = tf.function(lambda x, y, extra: self._step_impl(x, y, extra, capture=True))
+        self._step = tf.function(self._step_impl, autograph=False)
+        self._capture_step = tf.function(lambda x, y, extra: self._step_impl(x, y, extra, capture=True), autograph=False)
 
     def _tower_loss(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         params = dict(zip(self.names, self.variables, strict=True))
