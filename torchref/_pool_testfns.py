@@ -63,3 +63,8 @@ def work_and_beat(ctx: RankContext, payload: Any) -> float:
         time.sleep(0.25)
         ctx.beat()
     return time.monotonic() - start
+
+
+def getenv(ctx: RankContext, payload: Any) -> str | None:
+    """This rank's value of the environment variable named ``payload``."""
+    return os.environ.get(payload)

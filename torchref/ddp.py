@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
 
 from .data import rank_batches, single_batches
+from .jobs import merge_captures
 from .losses import model_loss
 from .models import CaseModel
 from .optimizers import clip_grads, exported, load_state, make_optimizer, make_scheduler
@@ -148,34 +149,6 @@ def _capture_hook(named: dict[str, torch.nn.Parameter], store: dict[str, np.ndar
         return default_hooks.allreduce_hook(group, bucket)
 
     return hook
-
-
-def merge_captures(results: list[Any]) -> dict[str, np.ndarray]:
-    """The ``device/...`` arrays of a captured step from every rank's job result (rank order).
-
-    Rank 0's result is its trajectory with ``device/`` entries for itself; the
-    others return ``{"device": {...}}``. Rows (inputs, activations) are
-    concatenated in rank order, per-rank scalars and gradients stacked.
-    """
-    traj = dict(results[0])
-    mine = {k[len("device/"):]: traj.pop(k) for k in list(traj) if k.startswith("device/")}
-    if not mine:
-        return traj
-    ranks = [mine] + [r["device"] for r in results[1:]]
-    step = mine.pop("step")
-    for r in ranks[1:]:
-        r.pop("step", None)
-    out = {"device/step": step, "device/sizes": np.asarray([len(r["x"]) for r in ranks], np.int64)}
-    for key in mine:
-        vals = [r[key] for r in ranks]
-        if key == "x" or key.startswith("act/"):
-            out[f"device/{key}"] = np.concatenate(vals, axis=0)
-        elif key.startswith("combined/"):
-            out[f"device/{key}"] = vals[0]
-        else:
-            out[f"device/{key}"] = np.stack(vals)
-    traj.update(out)
-    return traj
 
 
 def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarray] | None:

@@ -1,4 +1,4 @@
-"""A persistent pool of spawned worker processes forming one torch.distributed gloo group.
+"""A persistent pool of worker processes forming one torch.distributed gloo group.
 
 Starting a process group costs seconds per case on a small machine, so the pool is started
 once and reused: every world size 1..size is served by a subgroup of ranks 0..n-1, which every
@@ -11,6 +11,16 @@ private 0700 folder.
 A failed job (a rank raised, died or did not answer) raises :class:`RankFailed` and tears the
 whole pool down, since the other ranks may be stuck in a collective; the next ``run`` starts
 a fresh one.
+
+The ranks are forked from multiprocessing's *forkserver*, a clean process (started by exec,
+not forked from this one: no TensorFlow, no threads) that imports this module, and so torch,
+once. A spawned rank imported torch itself, about 3 CPU-seconds a rank: on two cores the four
+ranks of a cold ``tfpar compare`` competed with TensorFlow's import, and every pool restart of
+the test suite paid it again. Each rank still gets the parent's ``os.environ`` as it is when
+the rank starts (the server's is the one it had when it started), and multiprocessing's usual
+preparation (``sys.path``, working directory, the main module re-imported as with spawn). The
+server leaves with this process (it reads a pipe that closes then); :func:`stop_forkserver`
+stops it sooner.
 """
 
 from __future__ import annotations
@@ -33,18 +43,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 # names the spill folder (TFPAR_SPILL_ROOT) in this process before any worker is spawned, so
 # that the workers inherit it: their recorded rows then live where this process removes them
 import parity_tests.contract.rows  # noqa: F401
 
+from .jobs import PRELOAD
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
 __all__ = [
     "MAX_SIZE", "DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool",
-    "current_pool", "swap_pool",
+    "current_pool", "swap_pool", "stop_forkserver",
 ]
 
 MAX_SIZE = 64  #: the largest pool size accepted
@@ -112,12 +124,43 @@ def _beater(conn: Connection) -> Callable[[], None]:
     return beat
 
 
+# what multiprocessing adds to its temporary folder for the forkserver's socket:
+# "/pymp-XXXXXXXX/listener-XXXXXXXX", at most 34 characters; a Unix socket path holds 107
+_SOCKET_PATH_MAX, _SOCKET_SUFFIX = 107, 34
+
+
+def _fit_socket_folder() -> None:
+    """Make multiprocessing's temporary folder short enough for the forkserver's Unix socket.
+
+    Python 3.11 makes it under ``TMPDIR``; a long ``TMPDIR`` (a pytest ``tmp_path``, a deep
+    cluster scratch folder) ends in ``OSError: AF_UNIX path too long`` when the pool starts.
+    Then the folder goes under ``/tmp`` instead, removed at exit as multiprocessing removes
+    its own (``multiprocessing.util.get_temp_dir``, whose cache this fills).
+    """
+    from multiprocessing import process, util
+
+    config = process.current_process()._config  # noqa: SLF001  (where get_temp_dir caches its folder)
+    if config.get("tempdir") is not None or len(tempfile.gettempdir()) + _SOCKET_SUFFIX <= _SOCKET_PATH_MAX:
+        return
+    folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    util.Finalize(None, util._remove_temp_dir, args=(shutil.rmtree, folder), exitpriority=-100)  # noqa: SLF001
+    config["tempdir"] = folder
+
+
 def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_timeout: float,
-                 conn: Connection, parent_pid: int) -> None:
+                 conn: Connection, environ: dict[str, str]) -> None:
     # Ctrl-C belongs to the parent, which tears the pool down; the parent blocked SIGINT
-    # before spawning us so that no signal lands before this line.
+    # before starting the forkserver (whose forks inherit its mask), so no signal lands
+    # before this line.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # orphaned when this changes: the parent is gone, and so the forkserver, which exits with it
+    parent_pid = os.getppid()
+    os.environ.clear()
+    os.environ.update(environ)  # the parent's, as a spawned rank would have had it
+    import torch  # here, not at the top: the parent that starts the pool need not import torch
+    import torch.distributed as dist
+
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo binds to 127.0.0.1 only
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -267,7 +310,9 @@ class DDPPool:
 
     def _spawn(self) -> None:
         self._groups = {self.size}  # the world group; subgroups are made as jobs need them
-        ctx = mp.get_context("spawn")
+        _fit_socket_folder()
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__, *PRELOAD])  # the server imports torch once; ranks fork from it
         self._dir = tempfile.mkdtemp(prefix="torchref-pool-")  # mode 0700
         store_path = os.path.join(self._dir, "store")
         # A blocked signal stays blocked across fork+exec, closing the window before the
@@ -281,7 +326,7 @@ class DDPPool:
                 proc = ctx.Process(
                     target=_worker_main, name=f"torchref-pool-rank{rank}", daemon=True,
                     args=(rank, self.size, store_path, self.timeout, self.start_timeout,
-                          child_conn, os.getpid()))
+                          child_conn, dict(os.environ)))
                 proc.start()
                 child_conn.close()
                 self._procs.append(proc)
@@ -451,6 +496,7 @@ def get_pool(size: int = 8, *, timeout: float | None = None) -> DDPPool:
             # at 32, so 300 s would not hold 64 ranks
             _shared = DDPPool(size, timeout=want, start_timeout=max(300.0, 10.0 * size))
             if not _atexit_registered:
+                atexit.register(stop_forkserver)  # atexit runs last-in first: after the pool's close
                 atexit.register(shutdown_pool)
                 _atexit_registered = True
         return _shared
@@ -480,3 +526,14 @@ def shutdown_pool() -> None:
         pool, _shared = _shared, None
     if pool is not None:
         pool.close()
+
+
+def stop_forkserver() -> None:
+    """Stop the forkserver the ranks fork from, if it runs (the next pool start starts another).
+
+    It would leave with this process anyway; a caller that counts its children (a test
+    session's end, ``tfpar``'s exit) stops it first.
+    """
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # noqa: SLF001  (the one way to stop it; idempotent)

@@ -11,9 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .async_ import train_rank_async
-from .averaging import train_rank_param_mean
-from .ddp import train_rank, train_single
+from .jobs import JobRef, job_ref
 from .pool import DDPPool, get_pool
 
 __all__ = ["IMPLS", "run_case", "job_function"]
@@ -21,15 +19,9 @@ __all__ = ["IMPLS", "run_case", "job_function"]
 IMPLS = ("torch.ddp", "torch.single")
 
 
-def job_function(payload: dict[str, Any], impl: str = "torch.ddp"):
-    """The pool job that trains ``payload`` as ``impl`` says (rank 0 returns the trajectory)."""
-    if impl == "torch.single":
-        return train_single
-    if impl != "torch.ddp":
-        raise ValueError(f"unknown torch implementation {impl!r}")
-    # param_mean and async: no DDP, every rank applies its own updates (torchref.averaging, torchref.async_)
-    return {"param_mean": train_rank_param_mean, "async": train_rank_async}.get(
-        payload["spec"]["parallel"]["combine"], train_rank)
+def job_function(payload: dict[str, Any], impl: str = "torch.ddp") -> JobRef:
+    """The pool job that trains ``payload`` as ``impl`` says (rank 0 returns the trajectory): :func:`torchref.jobs.job_ref`."""
+    return job_ref(payload, impl)
 
 
 def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool | None = None,
@@ -53,5 +45,5 @@ def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool 
         return pool.run(job_function(payload, impl), payload, n, timeout=timeout)[0]
     if impl == "torch.single":
         pool = pool or get_pool(1, **shared)
-        return pool.run(train_single, payload, 1, timeout=timeout)[0]
+        return pool.run(job_function(payload, impl), payload, 1, timeout=timeout)[0]
     raise ValueError(f"unknown torch implementation {impl!r}")

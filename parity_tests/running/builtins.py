@@ -56,9 +56,8 @@ def _tensorflow(impl: str) -> Callable:
 
 def _torch(impl: str) -> Callable:
     def run(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
-        from torchref.ddp import merge_captures
+        from torchref.jobs import job_ref, merge_captures  # torch-free: the ranks import the job
         from torchref.pool import MAX_SIZE
-        from torchref.run import job_function
 
         _refuse_external(case, impl)
         n = case.devices if impl == "torch.ddp" else 1
@@ -67,7 +66,7 @@ def _torch(impl: str) -> Callable:
         # the parent's spill threshold travels with the job (the workers were started before it was set)
         payload, files = by_file({**case.payload(), "spill_bytes": spill_threshold()})
         try:
-            results = run_torch_job(impl, job_function(payload, impl), payload, n)
+            results = run_torch_job(impl, job_ref(payload, impl), payload, n)
         finally:
             remove_files(files)
         traj = merge_captures(results) if case.capture else results[0]

@@ -9,9 +9,11 @@ plain data crosses: the case payload in, numpy trajectories out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -275,4 +277,12 @@ def prestart_torch(case: Case, impls: list[str]) -> None:
 
     shared = {} if _POOL_TIMEOUT is None else {"timeout": _POOL_TIMEOUT}
     check_torch_ranks(min(max(case.devices, 1), MAX_SIZE))  # one line, before spawning ranks that cannot fit
-    get_pool(min(max(case.devices, 1), MAX_SIZE), **shared).spawn()
+    pool = get_pool(min(max(case.devices, 1), MAX_SIZE), **shared)
+
+    def spawn() -> None:
+        with contextlib.suppress(Exception):  # the first torch job starts the pool again and reports why
+            pool.spawn()
+
+    # a thread, since the first spawn waits for the forkserver to import torch (1.3 s): this
+    # thread goes on to import TensorFlow meanwhile; the pool's lock makes the first job wait
+    threading.Thread(target=spawn, name="tfpar-pool-spawn", daemon=True).start()

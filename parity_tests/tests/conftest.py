@@ -25,9 +25,10 @@ def pytest_sessionfinish(session, exitstatus):
     """After the suite: the shared pool is shut down and no worker process is left (counted)."""
     import psutil
 
-    from torchref.pool import shutdown_pool
+    from torchref.pool import shutdown_pool, stop_forkserver
 
     shutdown_pool()
+    stop_forkserver()  # the server the ranks fork from is a child too
     me = psutil.Process()
     left = []
     for _ in range(50):  # workers get a moment to exit after the stop message

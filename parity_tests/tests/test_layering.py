@@ -42,3 +42,26 @@ def test_importing_does_not_load_the_other_framework(module, forbidden):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"importing {module} loaded {out.stdout.strip()}"
+
+
+TORCH_FROM_THE_POOL = """
+import sys
+from parity_tests.contract.case import case_from_dict
+from parity_tests.running.harness import run_impl
+from parity_tests.tests.helpers import MLP
+
+if __name__ == "__main__":
+    case = case_from_dict(dict(MLP, steps=1, parallel=dict(MLP["parallel"], devices=2)))
+    for impl in ("torch.ddp", "torch.single"):
+        assert len(run_impl(case, impl)["loss"]) == 1
+    print("torch" in sys.modules)
+"""
+
+
+def test_running_torch_implementations_does_not_import_torch_in_the_parent():
+    """The ranks import the job (torchref.jobs.JobRef) where the forkserver imported torch: a cold
+    ``tfpar compare`` does not pay torch's import (~2.4 s) in the process that imports TensorFlow."""
+    out = subprocess.run([sys.executable, "-c", TORCH_FROM_THE_POOL], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "False"

@@ -305,6 +305,10 @@ def test_workers_exit_when_parent_dies():
         folder, *words = child.stdout.readline().split()
         pids = [int(word) for word in words]
         assert len(pids) == 2 and os.path.isdir(folder)
+        # the forkserver the ranks fork from (and the resource tracker) must go as well
+        tree = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
+        assert set(pids) < set(tree)
+        pids = tree
         child.kill()  # no atexit, no clean-up: the workers must notice on their own
         child.wait()
         deadline = time.monotonic() + 10
@@ -316,3 +320,35 @@ def test_workers_exit_when_parent_dies():
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_ranks_see_the_environment_of_the_parent_when_they_start(monkeypatch):
+    """Forked from a server that started earlier, a rank still gets the parent's os.environ of now, as a spawned one would."""
+    with DDPPool(1, timeout=POOL_TIMEOUT) as p:  # the forkserver runs from here on
+        assert p.run(fns.getenv, "TFPAR_POOL_PROBE", 1) == [None]
+    monkeypatch.setenv("TFPAR_POOL_PROBE", "set after the server started")
+    with DDPPool(2, timeout=POOL_TIMEOUT) as p:
+        assert p.run(fns.getenv, "TFPAR_POOL_PROBE", 2) == ["set after the server started"] * 2
+
+
+LONG_TMPDIR = textwrap.dedent(
+    """
+    import os
+    from torchref import _pool_testfns as fns
+    from torchref.pool import DDPPool
+    with DDPPool(2, timeout=60.0) as pool:
+        print(*pool.run(fns.getenv, "TMPDIR", 2), flush=True)
+    """
+)
+
+
+def test_the_pool_starts_under_a_long_tmpdir(tmp_path):
+    """A TMPDIR too long for a Unix socket path (the forkserver's): the pool still starts, and the ranks keep TMPDIR."""
+    tmp = tmp_path / ("t" * 100)
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
+    env.pop("TFPAR_SPILL_ROOT", None)
+    res = subprocess.run([sys.executable, "-c", LONG_TMPDIR], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [str(tmp)] * 2
