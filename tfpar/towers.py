@@ -123,6 +123,11 @@ class TowerTrainer:
         # trace (reduce_retracing) would leave the batch dimension unknown, so an epoch's smaller
         # last batch (a DataLoader's or tf.data's without drop_remainder) could not be split
         self.captured: dict[str, np.ndarray] | None = None
+        # autograph=False: the step's loops and branches are over Python values (towers, layers,
+        # flags), so autograph would rewrite nothing the graph keeps, yet its source transforms
+        # were half of every trace (cProfile, 2026-11-23); the same holds for every tf.function
+        # of tfpar (96 matrix runs of tf.towers, tf.mirrored, tf.single and tf.v1 hashed the
+        # same with and without it); tensor-dependent control flow would fail to trace, loudly
         self._step = tf.function(self._step_impl, autograph=False)
         self._capture_step = tf.function(lambda x, y, extra: self._step_impl(x, y, extra, capture=True), autograph=False)
 

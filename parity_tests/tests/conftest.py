@@ -17,6 +17,7 @@ def pool():
     from torchref.pool import get_pool, shutdown_pool
 
     p = get_pool(8, timeout=120.0)
+    p.start()  # the ranks' start-up is the fixture's, not the first example's that uses it
     yield p
     shutdown_pool()
 
@@ -45,3 +46,4 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
     else:
         print("\nno worker process left behind after the test session")
+
