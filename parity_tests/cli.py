@@ -239,6 +239,8 @@ def entry() -> None:
     code = main()
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and not t.daemon]
     if code in (130, 143) and others:
+        if "torchref.pool" in sys.modules:  # atexit will not run: the forkserver's socket folder goes now
+            sys.modules["torchref.pool"].remove_socket_folder()  # (the server itself leaves with us)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(code)

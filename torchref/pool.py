@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_SIZE", "DDPPool", "PoolError", "RankContext", "RankFailed", "get_pool", "shutdown_pool",
-    "current_pool", "swap_pool", "stop_forkserver",
+    "current_pool", "swap_pool", "stop_forkserver", "remove_socket_folder",
 ]
 
 MAX_SIZE = 64  #: the largest pool size accepted
@@ -129,26 +129,37 @@ def _beater(conn: Connection) -> Callable[[], None]:
 _SOCKET_PATH_MAX, _SOCKET_SUFFIX = 107, 34
 
 
-def _fit_socket_folder() -> None:
-    """Make multiprocessing's temporary folder short enough for the forkserver's Unix socket.
+#: the finalizer of the folder :func:`_socket_folder` made (None when multiprocessing's own is in use)
+_socket_finalizer: Any = None
 
-    Python 3.11 makes it under ``TMPDIR``; a long ``TMPDIR`` (a pytest ``tmp_path``, a deep
-    cluster scratch folder) ends in ``OSError: AF_UNIX path too long`` when the pool starts.
-    Then the folder goes under ``/tmp`` instead, removed at exit as multiprocessing removes
-    its own (``multiprocessing.util.get_temp_dir``, whose cache this fills).
+
+def _socket_folder() -> str:
+    """multiprocessing's temporary folder, where the forkserver's Unix socket lives; made here if not yet made.
+
+    Made here rather than by ``multiprocessing.util.get_temp_dir`` (whose cache this fills) for
+    two reasons. Python 3.11 puts it under ``TMPDIR``, and a long ``TMPDIR`` (a pytest
+    ``tmp_path``, a deep cluster scratch folder) ended in ``OSError: AF_UNIX path too long``
+    when the pool started: then it goes under ``/tmp``. And multiprocessing removes it only at
+    a normal exit: :func:`remove_socket_folder` removes it too (``tfpar`` calls it before the
+    ``os._exit`` that can follow Ctrl-C), and so does an orphaned rank 0 when the parent was killed.
     """
+    global _socket_finalizer
     from multiprocessing import process, util
 
     config = process.current_process()._config  # noqa: SLF001  (where get_temp_dir caches its folder)
-    if config.get("tempdir") is not None or len(tempfile.gettempdir()) + _SOCKET_SUFFIX <= _SOCKET_PATH_MAX:
-        return
-    folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
-    util.Finalize(None, util._remove_temp_dir, args=(shutil.rmtree, folder), exitpriority=-100)  # noqa: SLF001
-    config["tempdir"] = folder
+    if config.get("tempdir") is None:
+        base = tempfile.gettempdir()
+        if len(base) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX:
+            base = "/tmp"
+        folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
+        _socket_finalizer = util.Finalize(None, util._remove_temp_dir, args=(shutil.rmtree, folder),  # noqa: SLF001
+                                          exitpriority=-100)
+        config["tempdir"] = folder
+    return config["tempdir"]
 
 
 def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_timeout: float,
-                 conn: Connection, environ: dict[str, str]) -> None:
+                 conn: Connection, environ: dict[str, str], socket_folder: str) -> None:
     # Ctrl-C belongs to the parent, which tears the pool down; the parent blocked SIGINT
     # before starting the forkserver (whose forks inherit its mask), so no signal lands
     # before this line.
@@ -206,8 +217,9 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
         pass  # the parent is gone
     if stopped:
         dist.destroy_process_group()
-    elif rank == 0:  # orphaned: the parent cannot remove its store folder any more
+    elif rank == 0:  # orphaned: the parent cannot remove its store folder any more, nor the forkserver's
         shutil.rmtree(os.path.dirname(store_path), ignore_errors=True)
+        shutil.rmtree(socket_folder, ignore_errors=True)
     # Interpreter finalisation tears down the gloo contexts for seconds (4-7 s at 8 ranks);
     # nothing is left to save, so exit at once and let the OS close the sockets.
     for stream in (sys.stdout, sys.stderr):
@@ -310,7 +322,7 @@ class DDPPool:
 
     def _spawn(self) -> None:
         self._groups = {self.size}  # the world group; subgroups are made as jobs need them
-        _fit_socket_folder()
+        socket_folder = _socket_folder()
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload([__name__, *PRELOAD])  # the server imports torch once; ranks fork from it
         self._dir = tempfile.mkdtemp(prefix="torchref-pool-")  # mode 0700
@@ -326,7 +338,7 @@ class DDPPool:
                 proc = ctx.Process(
                     target=_worker_main, name=f"torchref-pool-rank{rank}", daemon=True,
                     args=(rank, self.size, store_path, self.timeout, self.start_timeout,
-                          child_conn, dict(os.environ)))
+                          child_conn, dict(os.environ), socket_folder))
                 proc.start()
                 child_conn.close()
                 self._procs.append(proc)
@@ -529,11 +541,22 @@ def shutdown_pool() -> None:
 
 
 def stop_forkserver() -> None:
-    """Stop the forkserver the ranks fork from, if it runs (the next pool start starts another).
+    """Stop the forkserver the ranks fork from, if it runs, and remove its socket's folder.
 
-    It would leave with this process anyway; a caller that counts its children (a test
-    session's end, ``tfpar``'s exit) stops it first.
+    Both would go at a normal exit anyway (the server leaves with this process); a caller
+    that counts its children (a test session's end) or may leave by ``os._exit``
+    (``tfpar`` after Ctrl-C) stops them first. The next pool start starts another.
     """
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()  # noqa: SLF001  (the one way to stop it; idempotent)
+    remove_socket_folder()
+
+
+def remove_socket_folder() -> None:
+    """Remove the folder of the forkserver's socket, if :func:`_socket_folder` made it (a running
+    server does not need it any more: it has its socket open; only a new pool start would)."""
+    global _socket_finalizer
+    if _socket_finalizer is not None:
+        _socket_finalizer()  # removes the folder and clears get_temp_dir's cache; runs once
+        _socket_finalizer = None

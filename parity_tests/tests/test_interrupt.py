@@ -58,6 +58,7 @@ def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path, sig, s
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
     assert not list((tmp_path / "rep").rglob("*.tmp"))  # atomic writes only
     assert not list(tmp.glob("tfpar-spill-*")), list(tmp.rglob("*"))  # the spill folder went with the run
+    assert not list(tmp.glob("pymp-*")), list(tmp.rglob("*"))  # and the forkserver's socket folder
     for row in (tmp_path / "rep" / "rows").glob("*.json"):
         assert row.read_text().endswith("}")  # every row file is whole
 

@@ -286,10 +286,11 @@ def test_ctrl_c_tears_the_pool_down():
 ORPHAN = textwrap.dedent(
     """
     import time
+    from torchref import pool as pool_mod
     from torchref.pool import DDPPool
     pool = DDPPool(2, timeout=60.0)
     pool.start()
-    print(pool.store_dir, *pool.pids, flush=True)
+    print(pool_mod._socket_folder(), pool.store_dir, *pool.pids, flush=True)
     time.sleep(600)
     """
 )
@@ -302,9 +303,9 @@ def test_workers_exit_when_parent_dies():
     try:
         ready, _, _ = select.select([child.stdout], [], [], 120)
         assert ready
-        folder, *words = child.stdout.readline().split()
+        socket_folder, folder, *words = child.stdout.readline().split()
         pids = [int(word) for word in words]
-        assert len(pids) == 2 and os.path.isdir(folder)
+        assert len(pids) == 2 and os.path.isdir(folder) and os.path.isdir(socket_folder)
         # the forkserver the ranks fork from (and the resource tracker) must go as well
         tree = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
         assert set(pids) < set(tree)
@@ -316,6 +317,7 @@ def test_workers_exit_when_parent_dies():
             time.sleep(0.1)
         assert _gone(pids) == []
         assert not os.path.exists(folder)  # rank 0 removed the orphaned store folder
+        assert not os.path.exists(socket_folder)  # and the forkserver's socket folder
     finally:
         if child.poll() is None:
             child.kill()
