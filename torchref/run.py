@@ -11,17 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from .jobs import JobRef, job_ref
+from .jobs import job_ref
 from .pool import DDPPool, get_pool
 
 __all__ = ["IMPLS", "run_case", "job_function"]
 
 IMPLS = ("torch.ddp", "torch.single")
 
-
-def job_function(payload: dict[str, Any], impl: str = "torch.ddp") -> JobRef:
-    """The pool job that trains ``payload`` as ``impl`` says (rank 0 returns the trajectory): :func:`torchref.jobs.job_ref`."""
-    return job_ref(payload, impl)
+#: the pool job that trains a payload as an implementation says (the launcher's name for it)
+job_function = job_ref
 
 
 def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool | None = None,
@@ -37,13 +35,8 @@ def run_case(payload: dict[str, Any], impl: str = "torch.ddp", *, pool: DDPPool 
             created by this call also uses it as its collective timeout, so a
             hung rank fails within it.
     """
-    n = payload["spec"]["parallel"]["devices"]
-    shared = {} if timeout is None else {"timeout": timeout}
-    if impl == "torch.ddp":
-        # the shared pool is reused when it is large enough, and restarted larger when not
-        pool = pool or get_pool(n, **shared)
-        return pool.run(job_function(payload, impl), payload, n, timeout=timeout)[0]
-    if impl == "torch.single":
-        pool = pool or get_pool(1, **shared)
-        return pool.run(job_function(payload, impl), payload, 1, timeout=timeout)[0]
-    raise ValueError(f"unknown torch implementation {impl!r}")
+    job = job_ref(payload, impl)  # refuses an unknown implementation
+    n = payload["spec"]["parallel"]["devices"] if impl == "torch.ddp" else 1
+    # the shared pool is reused when it is large enough, and restarted larger when not
+    pool = pool or get_pool(n, **({} if timeout is None else {"timeout": timeout}))
+    return pool.run(job, payload, n, timeout=timeout)[0]

@@ -46,4 +46,3 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
     else:
         print("\nno worker process left behind after the test session")
-
