@@ -296,6 +296,11 @@ def perturbed_case(case: Case) -> Case:
     another order. A one-ulp move cannot sample that rounding: it moves a long sum's partial
     sums by about ``sqrt(n)`` term-ulps, far below their own ulp, so the rerun would round
     them as the run did. The perturbed case then has ``rows``: ``x[j]`` is data row ``rows[j]``.
+    Where theory says the N-device update is the full-batch one, the rows are permuted across
+    the whole batch and the case computes it on one device (``devices`` 1, ``run_devices`` N),
+    so every reduction over examples also has another length: the rounding of a sum whose
+    terms repeat is the same in any order, not at another length. Only a built-in's rerun
+    reads this case as it is (:func:`_rerun_of`).
     """
     seed = case.spec.get("seed", 0)
     opt = case.spec["optimizer"]
@@ -320,14 +325,30 @@ def perturbed_case(case: Case) -> Case:
     across = par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers", "tf.single").differ
     idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"], seed,
                             across=across)
-    return _reordered(case, idx, across=across)
+    if not across:
+        return _reordered(case, idx)
+    # and then a built-in's rerun computes that full batch on one device: every reduction over
+    # examples (the batch-norm statistics above all) has another length and blocking. A sum
+    # whose terms repeat (the conv bias at every blank 3x3 window of a digit) rounds the same
+    # way at each of them, in any order: reordering cannot sample that rounding, another
+    # length does. Where no one-device case can be made (layers placed on other devices), the
+    # rows are only reordered.
+    try:
+        one = case.replace(**{"parallel.devices": 1})
+    except CaseError:
+        return _reordered(case, idx, across=True)
+    return _reordered(one, idx, across=True, devices=par["devices"])
 
 
-def _reordered(case: Case, idx: np.ndarray, *, across: bool = False) -> Case:
-    """``case`` reading data row ``idx[j]`` where it read row ``j`` (inputs, targets, sample weights, dropout masks)."""
+def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, devices: int | None = None) -> Case:
+    """``case`` reading data row ``idx[j]`` where it read row ``j`` (inputs, targets, sample weights, dropout masks).
+
+    ``devices``: the device count of the case ``case`` was made from, when ``case`` computes
+    its batch on another (one device: :func:`perturbed_case`).
+    """
     fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
     return _Reordered(**{**fields, "x": case.x[idx], "y": case.y[idx], "w": None if case.w is None else case.w[idx]},
-                      rows=idx, across=across)
+                      rows=idx, across=across, run_devices=devices)
 
 
 def _reorders(impl: str) -> bool:
@@ -348,7 +369,9 @@ def _rerun_of(case: Case, impl: str) -> Case:
         return case
     back = np.argsort(case.rows)  # x[back] is the moved data in the original order
     fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
-    return Case(**{**fields, "x": case.x[back], "y": case.y[back], "w": None if case.w is None else case.w[back]})
+    kept = Case(**{**fields, "x": case.x[back], "y": case.y[back], "w": None if case.w is None else case.w[back]})
+    # on the case's own devices too: a plugin's bug may depend on N (an extra 1/N)
+    return kept if case.run_devices is None else kept.replace(**{"parallel.devices": case.run_devices})
 
 
 def _perturbed_text(case: Case, pair: tuple[str, str]) -> str:
@@ -357,8 +380,9 @@ def _perturbed_text(case: Case, pair: tuple[str, str]) -> str:
     if not isinstance(case, _Reordered):
         return moved
     kept = [i for i in pair if not _reorders(i)]
-    how = (" and each step's rows reordered across the devices (the N-device update is the full-batch one)"
-           if case.across else " and the rows of each device's shard reordered")
+    how = (" and each step's rows reordered, " + ("the full batch computed on one device" if case.run_devices is not None
+                                                  else "across the devices")
+           + " (the N-device update is the full-batch one)" if case.across else " and the rows of each device's shard reordered")
     return moved + how + (f" in a built-in's rerun only (kept in order: {', '.join(kept)})" if kept else "")
 
 
@@ -373,6 +397,7 @@ class _Reordered(Case):
 
     rows: np.ndarray | None = dataclasses.field(default=None)
     across: bool = False  # rows moved between devices too (``tolerance.shard_permutation``)
+    run_devices: int | None = None  # the original case's device count, when this one computes on one device
 
     def payload(self) -> dict[str, Any]:
         p = super().payload()

@@ -133,10 +133,13 @@ Derivation of the perturbation rule:
     below their own ulp (``n`` term-ulps), so the run and its rerun round them almost alike,
     while another kernel (another order) rounds them differently. A built-in's rerun
     therefore also adds each device's examples in another order (:func:`shard_permutation`:
-    the same computation in exact arithmetic, other partial sums), across the devices where
-    theory says the N-device update is the full-batch one. A plugin's rerun keeps its order:
-    a bug of the code under test that depends on a row's device or place must reproduce in
-    its rerun. ``gap(X32, X32')`` is a sample of what
+    the same computation in exact arithmetic, other partial sums) and, where theory says
+    the N-device update is the full-batch one, computes that full batch on one device.
+    Reordering cannot sample a sum whose terms repeat (the conv bias at every blank window
+    in front of batch norm): each addition of the same term to a partial sum in the same
+    binade rounds alike, in any order; another length and blocking of the sums does. A
+    plugin's rerun keeps its order and its device count: a bug of the code under test that
+    depends on a row's device, its place or N must reproduce in its rerun. ``gap(X32, X32')`` is a sample of what
     rounding does to that side, not a bound: there are no float64 runs, so no exact
     triangle inequality. Hence two safeguards, both no looser than what rounding has
     been seen to do: the running maximum over steps (errors are carried forward, see
