@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["JobRef", "job_ref", "merge_captures", "PRELOAD"]
 
 #: the modules the pool's forkserver imports once, so a rank's first job imports nothing
-PRELOAD = ("torchref.ddp", "torchref.averaging", "torchref.async_", "torchref.plugin")
+PRELOAD = ("torchref.determinism", "torchref.ddp", "torchref.averaging", "torchref.async_", "torchref.plugin")
 
 _COMBINE_JOBS = {"param_mean": ("torchref.averaging", "train_rank_param_mean"),
                  "async": ("torchref.async_", "train_rank_async")}

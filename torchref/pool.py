@@ -169,12 +169,13 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
     parent_pid = os.getppid()
     os.environ.clear()
     os.environ.update(environ)  # the parent's, as a spawned rank would have had it
-    import torch  # here, not at the top: the parent that starts the pool need not import torch
+    # here, not at the top: the parent that starts the pool need not import torch
     import torch.distributed as dist
 
+    from torchref.determinism import configure
+
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo binds to 127.0.0.1 only
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    configure()  # the forkserver paid its imports (torchref.determinism)
     try:
         # Ranks start seconds apart on a busy machine: rendezvous under start_timeout and
         # switch to the (short) collective timeout afterwards.

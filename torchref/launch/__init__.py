@@ -275,8 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     backend = args.backend if args.backend != "auto" else (
         "nccl" if target is not None and torch.cuda.is_available() else "gloo")
-    torch.set_num_threads(1)  # as in the warm pool: the manifest's determinism settings
-    torch.use_deterministic_algorithms(True)
+    from torchref.determinism import configure
+
+    configure()  # as in the warm pool: the manifest's determinism settings
     me = Where(env.node, env.rank, env.local_rank, hostname(), os.getpid())
     td = timedelta(seconds=args.timeout)
     try:
