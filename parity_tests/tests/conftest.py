@@ -22,6 +22,27 @@ def pool():
     shutdown_pool()
 
 
+#: The test files that take longest, longest first (their test time under ``make test``, two
+#: pytest-xdist workers, 2026-11-23: 81, 79, 47, 47, 47, 44, 39, 32, 32, 27, 27, 25 s). xdist's
+#: ``--dist loadfile`` hands files to the workers in collection order, so the heaviest go
+#: first and the last file a worker takes is a short one (longest-processing-time-first):
+#: ``make test`` took 6 min 3 s in this order and 6 min 12 s in alphabetical order, back to
+#: back. A stale list costs time, never a check: every test still runs.
+HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_v1", "test_byo_examples", "test_properties",
+                  "test_multiworker", "test_pool", "test_pipeline", "test_lockstep", "test_async",
+                  "test_interrupt", "test_cli")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the files :data:`HEAVIEST_FIRST`, then the rest as collected (a stable sort: each
+    file's tests keep their order). Every xdist worker sorts alike, as xdist requires."""
+    def rank(item: pytest.Item) -> int:
+        stem = item.path.stem
+        return HEAVIEST_FIRST.index(stem) if stem in HEAVIEST_FIRST else len(HEAVIEST_FIRST)
+
+    items.sort(key=rank)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """After the suite: the shared pool is shut down and no worker process is left (counted)."""
     import psutil
