@@ -240,9 +240,13 @@ def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
     if not isinstance(layers_in, list) or not layers_in:
         raise CaseError("model.layers", "a non-empty list of layers", layers_in)
     layers: list[dict] = []
+    given_devices: dict[int, Any] = {}  # a normalised spec's "device" (derived from placement), validated again
     for i, layer in enumerate(layers_in):
         p = f"model.layers[{i}]"
         layer = obj(layer, p)
+        if "device" in layer and "placement" in m:
+            layer = dict(layer)
+            given_devices[i] = layer.pop("device")
         kind = choice(need(layer, "type", p), f"{p}.type", LAYER_TYPES)
         shape = output_shape(in_shape, layers) if layers else in_shape
         layers.append(_LAYERS[kind](layer, shape, p))
@@ -256,6 +260,10 @@ def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
     model.update(_loss_options(m, loss, layers, out_shape))
     if "placement" in m:
         model["placement"] = _placement(m["placement"], layers)
+    for i, device in given_devices.items():  # what Case.replace re-validates: it must say what placement says
+        if device != layers[i].get("device"):
+            raise CaseError(f"model.layers[{i}].device", f"no such field, or the device model.placement gives "
+                            f"this layer ({layers[i].get('device', 'none')})", device)
     return model, in_shape, out_shape
 
 

@@ -69,3 +69,28 @@ def test_placed_cnn_with_batch_norm_matches_unplaced(impl):
     raw = set_path(CNN, "model.placement", [[0, 2, 1], [3, 5, 2]])
     v = judge_float64(run_impl(case_from_dict(raw), impl), run_impl(case_from_dict(CNN), impl))
     assert v.status == "parity", v.detail
+
+
+def test_a_placed_case_can_be_changed_and_revalidated():
+    """``Case.replace`` re-validates the normalised spec, whose placed layers carry ``device``: a float32
+    placed case (the float64 runs, the perturbed reruns are made this way) was refused as bad input."""
+    placed = make(DEEP, dtype="float32", parallel__devices=2, model__placement=[[0, 1, 6], [2, 2, 7]])
+    again = placed.replace(dtype="float64", **{"parallel.devices": 1})
+    assert again.spec["model"]["placement"] == [[0, 1, 6], [2, 2, 7]]
+    assert [layer.get("device") for layer in again.spec["model"]["layers"]] == [6, 6, 7]
+    wrong = set_path(placed.spec, "model.layers", [dict(placed.spec["model"]["layers"][0], device=3),
+                                                   *placed.spec["model"]["layers"][1:]])
+    with pytest.raises(CaseError, match=r"^model.layers\[0\].device: expected no such field, or the device "
+                                        r"model.placement gives this layer \(6\)"):
+        case_from_dict({**wrong, "init": DEEP["init"], "data": DEEP["data"]})
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_float32_placed_case_is_judged_by_both_rules():
+    from parity_tests.judging.judge import compare_case
+
+    placed = make(DEEP, dtype="float32", parallel__devices=2, optimizer__semantics="torch",
+                  model__placement=[[0, 1, 6], [2, 2, 7]])
+    for floor in ("float64", "perturbation"):
+        v = compare_case(placed, ["tf.towers", "torch.ddp"], floor=floor).pairs[0].verdict
+        assert v.status == "parity", (floor, v.detail)
