@@ -68,3 +68,11 @@ def work_and_beat(ctx: RankContext, payload: Any) -> float:
 def getenv(ctx: RankContext, payload: Any) -> str | None:
     """This rank's value of the environment variable named ``payload``."""
     return os.environ.get(payload)
+
+
+def determinism(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    """What ``torchref.determinism.configure`` set in this rank, eager mode and torch.compile's alike."""
+    import torch._inductor.config as inductor_config
+
+    return {"threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "inductor": inductor_config.deterministic}

@@ -9,7 +9,8 @@ The first ``use_deterministic_algorithms`` call of a process imports what it nee
 (about 830 modules, sympy and mpmath among them: 1.2 s on this machine, measured
 2026-11-23). Importing this module calls :func:`configure` once, so the pool's forkserver,
 which imports it (``torchref.jobs.PRELOAD``), pays that once and every rank it forks
-inherits the modules: an 8-rank pool started in 7.6 s, every rank paying it on two cores.
+inherits the modules: an 8-rank pool starts in 3.0 s, against 7.5 s when every rank paid
+it on the two cores (``docs/large-world.md``: 64 ranks in 5.1 s).
 """
 
 from __future__ import annotations
