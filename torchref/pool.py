@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -322,6 +323,7 @@ class DDPPool:
                 raise
 
     def _spawn(self) -> None:
+        _spawned.add(self)  # closed by stop_forkserver if nobody else closes it
         self._groups = {self.size}  # the world group; subgroups are made as jobs need them
         socket_folder = _socket_folder()
         ctx = mp.get_context("forkserver")
@@ -486,6 +488,10 @@ _shared_lock = threading.Lock()
 _atexit_registered = False
 
 
+#: every pool that has spawned ranks and is not yet garbage (stop_forkserver closes them first)
+_spawned: weakref.WeakSet[DDPPool] = weakref.WeakSet()
+
+
 def get_pool(size: int = 8, *, timeout: float | None = None) -> DDPPool:
     """The process-wide shared pool; created on first use, started by its first ``run``.
 
@@ -550,6 +556,12 @@ def stop_forkserver() -> None:
     """
     from multiprocessing import forkserver
 
+    # The server leaves only when every process it forked has: each holds the server's "alive"
+    # pipe (multiprocessing hands it to every child), and _stop waits for the server. A pool
+    # nobody closed (dropped without close, or swapped out of the shared place and not put
+    # back) would make this wait forever, at a test session's end or at interpreter exit.
+    for pool in list(_spawned):
+        pool.close()
     forkserver._forkserver._stop()  # noqa: SLF001  (the one way to stop it; idempotent)
     remove_socket_folder()
 

@@ -20,6 +20,7 @@ def pool():
     p.start()  # the ranks' start-up is the fixture's, not the first example's that uses it
     yield p
     shutdown_pool()
+    p.close()  # itself too: a test may have swapped it out of the shared place (idempotent)
 
 
 #: The test files that take longest, longest first (their test time under ``make test``, two

@@ -354,3 +354,27 @@ def test_the_pool_starts_under_a_long_tmpdir(tmp_path):
                          timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == [str(tmp)] * 2
+
+
+UNCLOSED = textwrap.dedent(
+    """
+    from torchref import _pool_testfns as fns
+    from torchref.pool import DDPPool, stop_forkserver
+    pool = DDPPool(2, timeout=60.0)  # started, still referenced, never closed: a test that swapped it out and failed
+    pool.run(fns.allreduce_rank, None, 2)
+    ranks = [p.pid for p in pool._procs]
+    stop_forkserver()
+    print(*ranks, flush=True)
+    """
+)
+
+
+def test_stopping_the_forkserver_closes_a_pool_nobody_closed():
+    """The forkserver leaves only when every rank it forked has (each holds its "alive" pipe), and
+    ``stop_forkserver`` waits for it: with a pool left open it waited forever (a test session's
+    end hung so in a rehearsal). It closes every pool still open first."""
+    res = subprocess.run([sys.executable, "-c", UNCLOSED], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ranks = [int(pid) for pid in res.stdout.split()]
+    assert len(ranks) == 2 and not any(psutil.pid_exists(pid) for pid in ranks)
