@@ -5,8 +5,8 @@
 Runs ``pytest parity_tests/tests/test_properties.py`` once per hypothesis profile (``dev``:
 5 examples a property, ``ci``: 12, what ``make test`` runs), each in a fresh process on one
 pytest worker, and reads pytest's JUnit report and hypothesis' statistics. Prints per
-profile: the wall time, the fixed part (the session pool's start in its fixture), the test
-calls' time, the examples run, and
+profile: the examples run, the wall time, the test calls' time, the rest (starting Python,
+collection, the session pool's start in its fixture), and
 
 * the cost per example: the calls' time over the examples (each property's first example
   also pays one-time costs: importing TensorFlow, its first traces);
@@ -32,7 +32,7 @@ SUITE = "parity_tests/tests/test_properties.py"
 
 
 def run(profile: str) -> dict[str, float]:
-    """One run of the property suite under ``profile``: wall, setup and call seconds, examples."""
+    """One run of the property suite under ``profile``: wall and test-call seconds, examples run."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         env = {**os.environ, "HYPOTHESIS_PROFILE": profile}

@@ -331,24 +331,20 @@ def perturbed_case(case: Case) -> Case:
     # examples (the batch-norm statistics above all) has another length and blocking. A sum
     # whose terms repeat (the conv bias at every blank 3x3 window of a digit) rounds the same
     # way at each of them, in any order: reordering cannot sample that rounding, another
-    # length does. Where no one-device case can be made (layers placed on other devices), the
-    # rows are only reordered.
-    try:
-        one = case.replace(**{"parallel.devices": 1})
-    except CaseError:
-        return _reordered(case, idx, across=True)
-    return _reordered(one, idx, across=True, devices=par["devices"])
+    # length does. (Fewer devices only relax validation: a valid case is valid on one.)
+    one = case.replace(**{"parallel.devices": 1})
+    return _reordered(one, idx, across=True, run_devices=par["devices"])
 
 
-def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, devices: int | None = None) -> Case:
+def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, run_devices: int | None = None) -> Case:
     """``case`` reading data row ``idx[j]`` where it read row ``j`` (inputs, targets, sample weights, dropout masks).
 
-    ``devices``: the device count of the case ``case`` was made from, when ``case`` computes
+    ``run_devices``: the device count of the case ``case`` was made from, when ``case`` computes
     its batch on another (one device: :func:`perturbed_case`).
     """
     fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
     return _Reordered(**{**fields, "x": case.x[idx], "y": case.y[idx], "w": None if case.w is None else case.w[idx]},
-                      rows=idx, across=across, run_devices=devices)
+                      rows=idx, across=across, run_devices=run_devices)
 
 
 def _reorders(impl: str) -> bool:
@@ -380,9 +376,11 @@ def _perturbed_text(case: Case, pair: tuple[str, str]) -> str:
     if not isinstance(case, _Reordered):
         return moved
     kept = [i for i in pair if not _reorders(i)]
-    how = (" and each step's rows reordered, " + ("the full batch computed on one device" if case.run_devices is not None
-                                                  else "across the devices")
-           + " (the N-device update is the full-batch one)" if case.across else " and the rows of each device's shard reordered")
+    if not case.across:
+        how = " and the rows of each device's shard reordered"
+    else:
+        where = "across the devices" if case.run_devices is None else "the full batch computed on one device"
+        how = f" and each step's rows reordered, {where} (the N-device update is the full-batch one)"
     return moved + how + (f" in a built-in's rerun only (kept in order: {', '.join(kept)})" if kept else "")
 
 
