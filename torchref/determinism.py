@@ -11,6 +11,14 @@ The first ``use_deterministic_algorithms`` call of a process imports what it nee
 which imports it (``torchref.jobs.PRELOAD``), pays that once and every rank it forks
 inherits the modules: an 8-rank pool starts in 3.0 s, against 7.5 s when every rank paid
 it on the two cores (``docs/large-world.md``: 64 ranks in 5.1 s).
+
+The import is not this call's alone: it is ``torch._dynamo``'s (which imports
+``torch._inductor.config``), and ``DistributedDataParallel.__init__`` reads
+``torch._dynamo.utils`` (torch 2.13), so every process that wraps a model in DDP pays it
+once whatever the determinism settings. Setting the two flags without the import
+(``torch._C._set_deterministic_algorithms`` and ``TORCHINDUCTOR_DETERMINISTIC=1``) saved
+nothing for a ``torchrun`` rank (``test_launch.py`` 70.5 s before, 73.9 s after, measured
+2026-11-23) and would have moved the import into every pool rank's first DDP job.
 """
 
 from __future__ import annotations
