@@ -9,8 +9,9 @@ writes it, wrapped as a tfpar plugin and checked against the built-in
 2. the model (``keras.Sequential`` of ``Dense`` layers) and the optimizer,
    with its slots (``optimizer.build``), are created under
    ``strategy.scope()``, so every variable is mirrored and the step traces once;
-3. ``strategy.experimental_distribute_dataset`` splits each global batch of
-   ``B`` rows into one slice per replica;
+3. ``strategy.experimental_distribute_values_from_function`` hands replica r
+   its contiguous slice of each global batch of ``B`` rows (the guide's other
+   input path; see the warning below for why not ``experimental_distribute_dataset``);
 4. each replica scales its per-example losses by the GLOBAL batch,
    ``tf.nn.compute_average_loss(per_example, global_batch_size=B)``, so that
    the all-reduce SUM of the replicas' gradients inside ``apply_gradients``
@@ -26,6 +27,17 @@ also DDP's plain average.
    or every activation and loss is silently rounded to float32. Keras also
    keeps ``learning_rate`` (and ``momentum``) in float32; the case uses values
    exact in float32 (0.0625, 0.5), so nothing is rounded.
+
+.. warning:: ``strategy.experimental_distribute_dataset`` (TF 2.21) feeds the
+   replicas through a ``MultiDeviceIterator``: one ``tf.data`` iterator per
+   replica device, each with an autotuning thread (``Model::OptimizeLoop``)
+   that its own ``Dataset.options()`` cannot turn off. Destroying such an
+   iterator (the end of the ``for batch in dataset`` loop) waits for that
+   thread, and on a busy CPU the wait took 20 to 260 s instead of
+   milliseconds (gdb: the main thread in ``~LogicalThreadWrapper``, the
+   autotuning thread in its timed wait), measured 2026-11-23 at 8 replicas
+   beside a ``torchrun`` test. A loop that feeds the replicas itself has no
+   such thread.
 """
 
 from __future__ import annotations
@@ -78,12 +90,14 @@ def mirrored(run):
         per_replica = strategy.run(replica_step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    x = np.concatenate([xb for xb, _ in run.global_batches()])
-    y = np.concatenate([yb for _, yb in run.global_batches()])
-    # no shuffle: step k must read the case's rows [kB, (k+1)B)
-    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(b))
+    def distribute(a):
+        # replica r's rows of the global batch: contiguous slices, as experimental_distribute_dataset
+        # cuts a batch; not that call itself (module docstring: its iterators can stall on a busy CPU)
+        parts = np.array_split(a, strategy.num_replicas_in_sync)
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
 
     run.begin(params())
-    for batch in dataset:
-        loss = train_step(batch)
+    for xb, yb in run.global_batches():  # no shuffle: step k reads the case's rows [kB, (k+1)B)
+        loss = train_step((distribute(xb), distribute(yb)))
         run.record(loss, params())
