@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -n $${TEST_WORKERS:-2} --dist loadfile
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -n $${TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder
 
 report: $(STAMP)
 	$(VENV)/bin/tfpar matrix --out report

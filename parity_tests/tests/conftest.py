@@ -24,14 +24,16 @@ def pool():
 
 
 #: The test files that take longest, longest first (their test time under ``make test``, two
-#: pytest-xdist workers, 2026-11-23: 81, 79, 47, 47, 47, 44, 39, 32, 32, 27, 27, 25 s). xdist's
-#: ``--dist loadfile`` hands files to the workers in collection order, so the heaviest go
-#: first and the last file a worker takes is a short one (longest-processing-time-first):
-#: ``make test`` took 6 min 3 s in this order and 6 min 12 s in alphabetical order, back to
-#: back. A stale list costs time, never a check: every test still runs.
-HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_v1", "test_byo_examples", "test_properties",
-                  "test_multiworker", "test_pool", "test_pipeline", "test_lockstep", "test_async",
-                  "test_interrupt", "test_cli")
+#: pytest-xdist workers, 2026-11-23: 79, 79, 44, 43, 42, 34, 31, 31, 25, 24, 24, 21, 20, 20 s).
+#: ``make test`` hands whole files to the workers in collection order (``--dist loadfile
+#: --no-loadscope-reorder``), so the heaviest go first and the last file a worker takes is a
+#: short one (longest-processing-time-first). Without ``--no-loadscope-reorder`` xdist 3.8
+#: sorts the files by their number of tests instead, which undid this order until 2026-11-23
+#: (test_optimizers' 256 quick tests went first, test_byo_examples' 18 slow ones near the end).
+#: A stale list costs time, never a check: every test still runs.
+HEAVIEST_FIRST = ("test_launch", "test_mirrored", "test_properties", "test_pool", "test_v1", "test_multiworker",
+                  "test_pipeline", "test_cli", "test_lockstep", "test_byo_examples", "test_interrupt", "test_async",
+                  "test_layers", "test_capture_builtins")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
