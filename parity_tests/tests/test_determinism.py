@@ -11,7 +11,7 @@ def test_the_forkserver_imports_the_settings_before_it_forks_a_rank() -> None:
     assert "torchref.determinism" in PRELOAD
 
 
-def test_every_rank_is_deterministic_in_eager_mode_and_under_torch_compile(pool) -> None:
+def test_every_rank_sets_the_eager_and_the_inductor_determinism_flags(pool) -> None:
     """One intra-op thread and ``torch.use_deterministic_algorithms(True)``, which also sets
     inductor's flag: a plugin's ``torch.compile`` in a rank compiles deterministic kernels."""
     for r in pool.run(fns.determinism, None, 4):
