@@ -27,6 +27,7 @@ from .models import build_variables, forward, forward_towers, is_state, needs_to
 from .optimizers import make_clip, make_optimizer
 from .pipeline import case_batches
 from .record import stack_trajectory
+from .reuse import CACHE, Built, keyed_spec, structure_key
 from .towers import TowerTrainer
 from .v1 import run_v1
 
@@ -107,8 +108,33 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     if impl not in IMPLS:
         raise ValueError(f"unknown TensorFlow implementation {impl!r}")
     devices = tower_devices(n)
+    # a trainer built for this structure before (tfpar.reuse): its step is traced already
+    key = structure_key(impl, devices, payload)
+    built = CACHE.take(key)
+    if built is None:
+        built = _build(keyed_spec(spec), payload["init"], payload.get("w") is not None, devices, dtype, compute)
+    else:
+        built.reset(payload["init"])
+    feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
+    with case_batches(payload, towers=n if impl == "tf.towers" else None, feed=feed) as batches:
+        if payload.get("lockstep") is not None:  # parity_tests.running.lockstep: a step from each start state
+            out = run_steps(built.trainer, built.state, batches, payload, _record)
+        else:
+            out = _record(built.trainer, spec["steps"], batches, progress, built.state, capture=payload.get("capture"))
+    CACHE.give(key, built)  # only a finished run's trainer is kept
+    return out
+
+
+def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, devices: list[str], dtype: tf.DType,
+           compute: tf.DType | None) -> Built:
+    """A new trainer for ``tf.towers``/``tf.single``: variables from ``init``, a fresh optimizer.
+
+    ``spec`` holds only the sections of :data:`tfpar.reuse.KEYED`: all a trainer that may be
+    reused is built from (``weighted``: the payload has sample weights).
+    """
+    par = spec["parallel"]
     model = spec["model"]
-    variables = build_variables(payload["init"], dtype, device=devices[0])
+    variables = build_variables(init, dtype, device=devices[0])
     state = {k: v for k, v in variables.items() if is_state(k)}
     variables = {k: v for k, v in variables.items() if not is_state(k)}
 
@@ -131,10 +157,6 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
         shard=par["shard"], weighting=par["weighting"],
         clip=make_clip(spec),
         # per-example extras (dropout masks, sample weights) are split with the batch by the lockstep path
-        towers_fn=towers_fn if needs_towers_fn(model["layers"]) or payload.get("w") is not None else None,
+        towers_fn=towers_fn if needs_towers_fn(model["layers"]) or weighted else None,
     )
-    feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
-    with case_batches(payload, towers=n if impl == "tf.towers" else None, feed=feed) as batches:
-        if payload.get("lockstep") is not None:  # parity_tests.running.lockstep: a step from each start state
-            return run_steps(trainer, state, batches, payload, _record)
-        return _record(trainer, spec["steps"], batches, progress, state, capture=payload.get("capture"))
+    return Built(trainer, state)

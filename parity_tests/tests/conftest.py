@@ -23,6 +23,31 @@ def pool():
     p.close()  # itself too: a test may have swapped it out of the shared place (idempotent)
 
 
+@pytest.fixture(autouse=True)
+def _no_trace_reuse_under_monkeypatch(request):
+    """A test that asks for ``monkeypatch`` runs with ``tfpar.reuse`` off and leaves its cache empty.
+
+    Such a test may patch what a trace reads (a seeded bug in ``tfpar.models``): a trainer reused
+    from before would run without the patch, and one given back would carry the patch into
+    later tests of the worker. Other tests keep reusing trainers across tests.
+    """
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
+    import sys
+
+    def clear() -> None:
+        reuse = sys.modules.get("tfpar.reuse")  # not imported: no trainer to drop (and no TensorFlow to load)
+        if reuse is not None:
+            reuse.CACHE.clear()
+
+    clear()
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TFPAR_TRACE_CACHE", "0")
+        yield
+    clear()
+
+
 #: The test files that take longest, longest first (their test time under ``make test``, two
 #: pytest-xdist workers, 2026-11-23: 79, 79, 44, 43, 42, 34, 31, 31, 25, 24, 24, 21, 20, 20 s).
 #: ``make test`` hands whole files to the workers in collection order (``--dist loadfile

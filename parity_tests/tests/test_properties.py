@@ -96,6 +96,8 @@ def test_contiguous_and_strided_shards_give_the_same_update(case, impl):
 
 @given(dense_cases(dtypes=["float32"]), st.sampled_from(["tf.towers", "torch.ddp", "tf.single", "torch.single"]))
 def test_repeating_a_run_is_bit_identical(case, impl):
+    """For tf.towers and tf.single the second run reuses the first's trainer (tfpar.reuse): this
+    is also the property that a reset trainer trains as a fresh one, over random cases."""
     a, b = run_impl(case, impl), run_impl(case, impl)
     with replayable(case):
         for key in a:
