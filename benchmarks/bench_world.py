@@ -4,13 +4,17 @@ Cost per step against the device count N for ``tf.towers`` (N logical devices in
 ``torch.ddp`` (N gloo ranks of the warm pool), on the 5-10-1 MLP with 4 rows a device (float64, SGD).
 A run of 2 steps and a run of 2 + ``--steps`` steps are timed; their difference over ``--steps`` is the
 cost of one step, without the set-up both pay once (tracing the N-tower step, wrapping the model in
-DDP). Also printed: the pool's start-up at the largest N and each rank's memory (psutil USS), measured
+DDP). ``tf.towers``' two timed runs reuse the trainer of a warm-up run (``tfpar.reuse``), so neither
+traces: before that reuse their difference was the noise of two traces of N towers (0.0 ms/step
+printed at N = 16 and 64). Its set-up column is a run of 2 steps that builds and traces its own
+trainer (``TFPAR_TRACE_CACHE=0``). Also printed: the pool's start-up at the largest N and each rank's memory (psutil USS), measured
 before any job. Prints a markdown table (docs/large-world.md holds one).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -30,12 +34,18 @@ MLP = {
 }
 
 
-def _timed(case, impl: str) -> float:
+def _timed(case, impl: str, *, traced: bool = False) -> float:
+    """Wall seconds of one run; ``traced``: with trainer reuse off (``tf.towers`` builds and traces)."""
     from parity_tests.running.harness import run_impl
 
-    t = time.perf_counter()
-    run_impl(case, impl)
-    return time.perf_counter() - t
+    if traced:
+        os.environ["TFPAR_TRACE_CACHE"] = "0"
+    try:
+        t = time.perf_counter()
+        run_impl(case, impl)
+        return time.perf_counter() - t
+    finally:
+        os.environ.pop("TFPAR_TRACE_CACHE", None)
 
 
 def main() -> None:
@@ -72,9 +82,10 @@ def main() -> None:
                 sized = {"parallel.devices": n, "data.global_batch": 4 * n}
                 short = case_from_dict(with_changes(MLP, **sized))
                 long = case_from_dict(with_changes(MLP, **sized, steps=2 + extra))
-                _timed(short, impl)  # warm-up: first use of this N (subgroup, thread pools)
+                _timed(short, impl)  # warm-up: first use of this N (subgroup, thread pools; tf.towers' trainer)
                 t_short, t_long = _timed(short, impl), _timed(long, impl)
-                row += [f"{max(0.0, t_long - t_short) / extra * 1e3:.1f}", f"{t_short:.2f}"]
+                t_setup = _timed(short, impl, traced=True) if impl == "tf.towers" else t_short
+                row += [f"{max(0.0, t_long - t_short) / extra * 1e3:.1f}", f"{t_setup:.2f}"]
             print("| " + " | ".join(row) + " |", flush=True)
     finally:
         shutdown_pool()
