@@ -175,11 +175,13 @@ def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(t
     finally:
         _reap(procs)
     last = [e.strip().splitlines()[-1] for e in errs]
-    assert procs[0].returncode == -signal.SIGKILL  # ended by its guard
+    assert procs[0].returncode == -signal.SIGKILL, errs[0][-2000:]  # ended by its guard
     # (the phase is "joining the cluster" unless reading the case alone took 3 s on a loaded machine)
     assert last[0].startswith(f"tfpar.launch: worker 0 (127.0.0.1:{lone[0]}), 1 of 2: no progress for 3 s while "), last[0]
     assert last[0].endswith(f"; worker 1 (127.0.0.1:{lone[1]}) not accepting connections (not started, or dead)"), last[0]
-    assert procs[1].returncode == -signal.SIGKILL
+    # (once, in a loaded fresh-clone run on 2026-11-23, this worker ended by SIGINT itself, -2; not
+    # reproduced since: its stderr says why, if it happens again)
+    assert procs[1].returncode == -signal.SIGKILL, errs[1][-2000:]
     assert last[1].startswith(f"tfpar.launch: worker 0 (127.0.0.1:{interrupted[0]}), 1 of 2: interrupted (SIGINT) while "), last[1]
     assert _group_gone(procs[0].pid) and _group_gone(procs[1].pid)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["case.json"]
