@@ -77,7 +77,13 @@ def structure_key(impl: str, devices: Sequence[str], payload: Mapping[str, Any])
     shapes = {k: list(np.shape(v)) for k, v in payload["init"].items()}
     extras = sorted(str(k) for k in (payload.get("masks") or {})) + (["w"] if payload.get("w") is not None else [])
     return json.dumps({"impl": impl, "devices": list(devices), "spec": spec, "shapes": shapes, "extras": extras},
-                      sort_keys=True, default=str)
+                      sort_keys=True, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON form of what ``json`` cannot write: numpy values whole (``str`` would abbreviate a
+    long array with "...", so two different arrays could give one key), anything else by ``repr``."""
+    return value.tolist() if hasattr(value, "tolist") else repr(value)
 
 
 def optimizer_variables(opt: Optimizer) -> list[tf.Variable]:

@@ -18,7 +18,7 @@ import pytest
 
 import tfpar
 from parity_tests.tests.helpers import CNN, MLP, SOFTMAX, make
-from tfpar.reuse import CACHE, TrainerCache
+from tfpar.reuse import CACHE, TrainerCache, structure_key
 
 CASES = {
     "sgd-native": (MLP, {}),
@@ -145,3 +145,16 @@ def test_a_test_that_monkeypatches_runs_without_reuse(monkeypatch):
     import os
 
     assert os.environ["TFPAR_TRACE_CACHE"] == "0" and len(CACHE) == 0
+
+
+def test_keys_tell_long_arrays_apart():
+    """A keyed section holding a numpy array (a user's class weights, say) keys by every element:
+    ``str`` would abbreviate a 2000-element array with "...", and two such arrays would share a key."""
+    payload = make(MLP).payload()
+    weights = np.zeros(2000)
+    other = weights.copy()
+    other[1000] = 1.0
+    assert str(weights) == str(other)
+    a = {**payload, "spec": {**payload["spec"], "model": {**payload["spec"]["model"], "class_weights": weights}}}
+    b = {**payload, "spec": {**payload["spec"], "model": {**payload["spec"]["model"], "class_weights": other}}}
+    assert structure_key("tf.towers", ["/cpu:0"], a) != structure_key("tf.towers", ["/cpu:0"], b)
