@@ -32,7 +32,7 @@ CASES = {
 }
 
 
-def _other(base: dict, changes: dict) -> dict:
+def _other(changes: dict) -> dict:
     """The same structure from other initial weights and data."""
     return {**changes, "init__seed": 101, "data__seed": 102}
 
@@ -55,7 +55,7 @@ def _fresh(payload: dict, impl: str) -> dict[str, np.ndarray]:
 def test_a_reused_trainer_trains_bit_for_bit_as_a_fresh_one(name):
     impl = "tf.towers"
     base, changes = CASES[name]
-    a, b = make(base, **changes).payload(), make(base, **_other(base, changes)).payload()
+    a, b = make(base, **changes).payload(), make(base, **_other(changes)).payload()
     assert not np.array_equal(a["init"][next(iter(a["init"]))], b["init"][next(iter(b["init"]))])
     CACHE.clear()
     hits = CACHE.hits
