@@ -60,6 +60,8 @@ class Launch:
         for n in (0, 1):
             cmd = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", str(nproc), "--node-rank", str(n),
                    "--master-addr", "127.0.0.1", "--master-port", str(self.port),
+                   # torchrun's per-call log folders go under this test's tmp, not /tmp
+                   "--log-dir", str(tmp / f"torchelastic{n}"),
                    "-m", "torchref.launch", str(self.case), "--impl", impl, "--out", str(self.out), *extra]
             with open(self.logs[n], "wb") as log:
                 self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
