@@ -53,7 +53,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["device_loss", "elementwise_loss", "model_loss", "TORCH_BCE_EPS"]
+__all__ = ["device_loss", "elementwise_loss", "model_loss", "sparse_softmax_ce", "TORCH_BCE_EPS"]
 
 #: torch's BCE backward divides by max(p (1 - p), EPSILON), EPSILON = 1e-12 as a C++ float (measured)
 TORCH_BCE_EPS = float(np.float32(1e-12))
@@ -85,13 +85,34 @@ def _reduce(per: tf.Tensor, reduction: str, sample_weight: tf.Tensor | None = No
     return total / (tf.reduce_sum(v) * per_example)  # the torch idiom: a weighted mean
 
 
+def sparse_softmax_ce(y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+    """``-log_softmax(out)[i, y_i]``, ``[n]``, for logits ``out`` ``[n, k]`` and labels ``y`` ``[n]`` in ``[0, k)``.
+
+    What ``tf.nn.sparse_softmax_cross_entropy_with_logits`` computes under op
+    determinism (which the towers enable): ``log_softmax``, then the label's entry,
+    negated. TensorFlow takes that entry with ``gather(batch_dims=1)``, whose
+    gradient is the costliest thing to trace in a small model's step (half of an
+    8-tower softmax step's trace, cProfile 2026-11-23). Here the entry is
+    ``sum_c onehot(y)_ic log p_ic``: the other terms are exact (negative) zeros, so
+    the loss and, through ``LogSoftmaxGrad``, the gradient are the same bits
+    (``test_losses``), and the gradient is a multiplication. TensorFlow's dense
+    ``softmax_cross_entropy_with_logits`` takes this very form under determinism.
+    Labels outside ``[0, k)`` would give 0 here where TensorFlow gives NaN: case
+    validation refuses them (``data.y``), so none reach this.
+    """
+    precise = tf.cast(out, tf.float32) if out.dtype == tf.float16 else out  # as TensorFlow's op does
+    logp = tf.nn.log_softmax(precise, axis=-1)
+    cost = -tf.reduce_sum(logp * tf.one_hot(y, int(out.shape[-1]), dtype=logp.dtype), axis=-1)
+    return tf.cast(cost, out.dtype)
+
+
 def _softmax_torch(out: tf.Tensor, y: tf.Tensor, reduction: str, smoothing: float, cw: tf.Tensor | None) -> tf.Tensor:
     """torch's ``cross_entropy(weight=cw, label_smoothing=s)`` written in TensorFlow ops."""
     logp = tf.nn.log_softmax(out, axis=-1)
-    nll = -tf.gather(logp, y, axis=1, batch_dims=1)  # [n]
+    k = int(out.shape[-1])
+    nll = -tf.reduce_sum(logp * tf.one_hot(y, k, dtype=logp.dtype), axis=-1)  # [n]: -log p_iy (sparse_softmax_ce)
     w = tf.ones_like(nll) if cw is None else tf.gather(cw, y)
     smooth = -tf.reduce_sum(logp if cw is None else logp * cw, axis=-1)  # [n]
-    k = int(out.shape[-1])
     total = (1.0 - smoothing) * tf.reduce_sum(w * nll) + (smoothing / k) * tf.reduce_sum(smooth)
     return total / tf.reduce_sum(w) if reduction == "mean" else total
 
@@ -151,7 +172,7 @@ def device_loss(
     if loss != "softmax_ce":
         raise ValueError(f"unknown loss {loss!r}")
     if not label_smoothing and class_weights is None:
-        return _reduce(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out), reduction, sample_weight, rule)
+        return _reduce(sparse_softmax_ce(y, out), reduction, sample_weight, rule)
     if sample_weight is not None:
         raise ValueError("sample weights are not combined with class weights or label smoothing")
     cw = None if class_weights is None else tf.constant(list(class_weights), dtype=out.dtype)

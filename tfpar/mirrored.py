@@ -76,7 +76,7 @@ from parity_tests.contract.rows import RowList
 
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
-from .losses import elementwise_loss, model_loss
+from .losses import elementwise_loss, model_loss, sparse_softmax_ce
 from .models import apply_layer, build_variables, is_state, layer_device, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .record import stack_trajectory
@@ -111,7 +111,7 @@ def per_example_loss(loss: str, out: tf.Tensor, y: tf.Tensor, *, from_logits: bo
     """
     if loss == "softmax_ce":
         if not label_smoothing and class_weights is None:
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
+            return sparse_softmax_ce(y, out)
         k = int(out.shape[-1])
         per = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing,
                                                    reduction=None, dtype=out.dtype.name)(tf.one_hot(y, k, dtype=out.dtype), out)

@@ -136,6 +136,63 @@ def test_softmax_ce_each_side_computes_its_rule(semantics, reduction, smoothing,
         np.testing.assert_allclose(g_tf, g_torch, rtol=RTOL, atol=ATOL)
 
 
+def _graph_loss_and_grad(loss_fn, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``loss_fn(z)`` and the gradient of ``sum_i c_i loss_i`` in a ``tf.function``, as the towers trace it."""
+    import tensorflow as tf
+
+    c = tf.constant(np.linspace(-1.0, 2.0, z.shape[0]), z.dtype)  # unequal, signed upstream gradients
+
+    @tf.function(autograph=False)
+    def run(zt):
+        with tf.GradientTape() as tape:
+            tape.watch(zt)
+            loss = loss_fn(zt)
+            total = tf.reduce_sum(loss * c) if loss.shape.rank else loss
+        return loss, tape.gradient(total, zt)
+
+    return tuple(t.numpy() for t in run(tf.constant(z)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_softmax_ce_is_tensorflows_op_bit_for_bit(dtype):
+    """``tfpar.losses.sparse_softmax_ce`` (one-hot sum, cheap to trace) is TensorFlow's deterministic op, bit for bit.
+
+    Under op determinism ``tf.nn.sparse_softmax_cross_entropy_with_logits`` is ``log_softmax``
+    then ``gather(batch_dims=1)``; the one-hot sum must give the same loss and gradient,
+    saturated rows (logits +-300) included. The torch rule's ``-log p_iy`` (label smoothing,
+    class weights) takes its entry the same way: checked against the gather form too.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework import config as tf_config
+
+    from tfpar.losses import device_loss, sparse_softmax_ce
+
+    assert tf_config.is_op_determinism_enabled(), "the towers run TensorFlow with op determinism on"
+    rng = np.random.default_rng(11)
+    z, y = rng.normal(0, 8, size=(40, 5)).astype(dtype), rng.integers(0, 5, size=40)
+    z[0], z[1] = [300, -300, 0, 1, 2], [-300, 300, 5, -5, 0]
+    yt = tf.constant(y)
+    ours = _graph_loss_and_grad(lambda zt: sparse_softmax_ce(yt, zt), z)
+    theirs = _graph_loss_and_grad(lambda zt: tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yt, logits=zt), z)
+    for a, b, what in zip(ours, theirs, ("loss", "gradient"), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=what)
+
+    cw = tf.constant(CW + [2.0, 0.25], dtype)
+
+    def torch_rule_with_gather(zt):  # the torch rule with the entry taken by gather, as TensorFlow would
+        logp = tf.nn.log_softmax(zt, axis=-1)
+        w = tf.gather(cw, yt)
+        nll = -tf.gather(logp, yt, axis=1, batch_dims=1)
+        total = 0.8 * tf.reduce_sum(w * nll) + (0.2 / 5) * tf.reduce_sum(-tf.reduce_sum(logp * cw, axis=-1))
+        return total / tf.reduce_sum(w)
+
+    ours = _graph_loss_and_grad(lambda zt: device_loss("softmax_ce", "mean", zt, yt, label_smoothing=0.2,
+                                                       class_weights=CW + [2.0, 0.25], semantics="torch"), z)
+    theirs = _graph_loss_and_grad(torch_rule_with_gather, z)
+    for a, b, what in zip(ours, theirs, ("torch-rule loss", "torch-rule gradient"), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=what)
+
+
 def test_the_two_softmax_rules_differ_exactly_by_the_weight_normaliser():
     rng = np.random.default_rng(1)
     z, y = rng.normal(size=(9, 3)), rng.integers(0, 3, size=9)
