@@ -20,8 +20,8 @@ Generators (``data.generator``):
     loss (``N(0, 1)`` for ``mse``, ``U[0, 1]`` for ``sigmoid_ce``, uniform
     integer labels for ``softmax_ce``).
 ``digits``
-    Real handwritten digits: the 1797 UCI 8x8 digits that scikit-learn ships
-    in its wheel (nothing is downloaded), enlarged by whole pixel blocks and
+    Real handwritten digits: the 1797 UCI 8x8 digits, a copy of the file
+    scikit-learn ships (``data/digits.csv.gz``; nothing is downloaded), enlarged by whole pixel blocks and
     centred in the image ``input_shape`` (``[28, 28, 1]``: MNIST's shape);
     10 classes, for ``softmax_ce``; rows drawn in a seeded order.
 ``images``
@@ -39,7 +39,10 @@ top-level ``seed``, and handed to both frameworks as data.
 
 from __future__ import annotations
 
+import functools
+import gzip
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +52,8 @@ from parity_tests.contract.specs import ParamSpec, layer_shapes
 __all__ = ["GENERATORS", "generate_data", "draw_init", "dropout_masks", "INIT_KINDS"]
 
 INIT_KINDS = ("normal", "glorot_uniform")
+#: the UCI digits of the ``digits`` generator, a copy of scikit-learn's file (``data/README.md``)
+DIGITS_FILE = Path(__file__).with_name("data") / "digits.csv.gz"
 
 
 def _poly(rng, rows, in_shape, out_shape, loss):
@@ -81,7 +86,7 @@ def _gaussian(rng, rows, in_shape, out_shape, loss):
 
 
 def digit_images(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The 1797 real handwritten digits scikit-learn ships (UCI, 8x8, 16 grey levels), placed in ``shape``.
+    """The 1797 real handwritten digits (UCI, 8x8, 16 grey levels, as scikit-learn ships them), placed in ``shape``.
 
     Each 8x8 image is scaled to [0, 1], enlarged by the largest whole factor
     that fits (``np.kron``: pixel blocks, no interpolation) and centred in an
@@ -91,17 +96,27 @@ def digit_images(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         images ``[1797, H, W, C]`` float64 and labels ``[1797]`` int64.
     """
-    from sklearn.datasets import load_digits  # ships its data in the wheel: nothing is downloaded
-
+    images, labels = _uci_digits()
     h, w, c = shape
     f = min(h // 8, w // 8)
-    digits = load_digits()
-    small = digits.images / 16.0
+    small = images / 16.0
     big = np.kron(small, np.ones((f, f)))  # [n, 8f, 8f]
     top, left = (h - 8 * f) // 2, (w - 8 * f) // 2
     out = np.zeros((len(small), h, w, c))
     out[:, top:top + 8 * f, left:left + 8 * f, :] = big[..., None]
-    return out, digits.target.astype(np.int64)
+    return out, labels
+
+
+@functools.cache
+def _uci_digits() -> tuple[np.ndarray, np.ndarray]:
+    """``data/digits.csv.gz`` (``data/README.md``): pixel counts ``[1797, 8, 8]`` float64 (0..16), labels ``[1797]`` int64.
+
+    Read as scikit-learn's ``load_digits`` reads the same file (64 pixels, then the label).
+    """
+    with gzip.open(DIGITS_FILE, "rt") as f:
+        rows = np.loadtxt(f, delimiter=",")
+    rows.flags.writeable = False
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(np.int64)
 
 
 def _digits(rng, rows, in_shape, out_shape, loss):

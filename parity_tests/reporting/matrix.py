@@ -73,7 +73,7 @@ SCENARIOS = [
         {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
         {"seed": 6, "kind": "glorot_uniform"})),
 ]
-# the CNN of issue 4 on MNIST-shaped real digits (scikit-learn's UCI digits in a 28x28x1 canvas): conv -> batch norm -> pool ->
+# the CNN of issue 4 on MNIST-shaped real digits (the UCI digits scikit-learn ships, in a 28x28x1 canvas): conv -> batch norm -> pool ->
 # dropout (masks drawn in numpy from the case seed) -> dense -> softmax; batch norm computes Keras'
 # moving variance on both sides (semantics "tf"), so the rows isolate local vs sync statistics
 CNN = Scenario("cnn", {

@@ -127,8 +127,29 @@ def test_labels_out_of_range(tmp_path):
         case_from_dict(raw, tmp_path)
 
 
+# scikit-learn 1.9.1's digits.csv.gz, and sha256 of its load_digits().images (as uint8) and .target (as
+# uint8), taken from scikit-learn itself (2026-11-23) when the file was copied (data/README.md)
+DIGITS_FILE_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+SKLEARN_IMAGES_SHA256 = "8f26b2bd9d135c256808f68f14fdabddde6d9c7f869ae419704b051f0f14b3b3"
+SKLEARN_TARGET_SHA256 = "8ba4f891220f5e4c9c819638d1602d74b83618f167043c6da52a2a247841ddf0"
+
+
+def test_the_digits_file_is_scikit_learns_and_reads_as_load_digits_does():
+    import hashlib
+
+    from parity_tests.contract.generators import DIGITS_FILE, _uci_digits
+
+    assert hashlib.sha256(DIGITS_FILE.read_bytes()).hexdigest() == DIGITS_FILE_SHA256
+    images, labels = _uci_digits()
+    assert images.shape == (1797, 8, 8) and labels.shape == (1797,)
+    assert np.array_equal(images, np.round(images)) and images.min() == 0 and images.max() == 16
+    assert hashlib.sha256(images.astype(np.uint8).tobytes()).hexdigest() == SKLEARN_IMAGES_SHA256
+    assert hashlib.sha256(labels.astype(np.uint8).tobytes()).hexdigest() == SKLEARN_TARGET_SHA256
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+
+
 def test_digits_are_the_real_uci_digits_in_an_mnist_canvas():
-    from sklearn.datasets import load_digits
+    from parity_tests.contract.generators import _uci_digits
 
     raw = {
         "name": "digits", "dtype": "float64",
@@ -138,12 +159,12 @@ def test_digits_are_the_real_uci_digits_in_an_mnist_canvas():
     }
     c = case_from_dict(raw)
     assert c.x.shape == (2000, 28, 28, 1) and c.y.shape == (2000,)
-    d = load_digits()
+    images, target = _uci_digits()  # scikit-learn's load_digits(), checked by the test above
     # the border is empty, and each 3x3 block of the 24x24 digit is one pixel of a UCI digit with its label
     assert np.all(c.x[:, :2] == 0) and np.all(c.x[:, 26:] == 0)
     small = c.x[:, 2:26, 2:26, 0][:, ::3, ::3] * 16
     assert np.array_equal(np.kron(small / 16, np.ones((3, 3))), c.x[:, 2:26, 2:26, 0])
-    index = {img.tobytes(): int(t) for img, t in zip(d.images.astype(np.float64), d.target, strict=True)}
+    index = {img.tobytes(): int(t) for img, t in zip(images, target, strict=True)}
     assert all(index[s.tobytes()] == y for s, y in zip(small, c.y, strict=True))
     # the first 1797 rows are every digit once
-    assert len({s.tobytes() for s in small[:1797]}) == len({img.tobytes() for img in d.images})
+    assert len({s.tobytes() for s in small[:1797]}) == len({img.tobytes() for img in images})
