@@ -29,6 +29,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -403,8 +404,25 @@ class Run:
         return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
 
 
+#: the plugin modules this rank saw import TensorFlow: refused on every later run too, not only
+#: the first (after it, TensorFlow is loaded, so a new import no longer shows it)
+_IMPORTS_TF: set[str] = set()
+
+
+def _holds_tensorflow(module: types.ModuleType) -> bool:
+    """Whether a top-level name of ``module`` is TensorFlow or one of its modules (``import tensorflow as tf``)."""
+    return any(isinstance(v, types.ModuleType) and (v.__name__ == "tensorflow" or v.__name__.startswith("tensorflow."))
+               for v in vars(module).values())
+
+
 def _import(location: Mapping[str, str]) -> Callable:
-    """The plugin function at ``location`` (``{"module": name}`` or ``{"path": file}``, and ``"attr"``)."""
+    """The plugin function at ``location`` (``{"module": name}`` or ``{"path": file}``, and ``"attr"``).
+
+    A module that imports TensorFlow is refused (:class:`PluginInputError`): seen as TensorFlow
+    loading during its import, or, once TensorFlow is loaded in this rank, as a top-level name
+    bound to it; and every time, in a long-lived rank (the suite's pool, the pytest plugin).
+    """
+    key = location.get("path") or location["module"]
     had_tf = "tensorflow" in sys.modules
     if location.get("path"):
         path = Path(location["path"])
@@ -422,7 +440,8 @@ def _import(location: Mapping[str, str]) -> Callable:
         module = sys.modules[name]
     else:
         module = importlib.import_module(location["module"])
-    if not had_tf and "tensorflow" in sys.modules:
+    if key in _IMPORTS_TF or (not had_tf and "tensorflow" in sys.modules) or _holds_tensorflow(module):
+        _IMPORTS_TF.add(key)
         raise PluginInputError(f"{location.get('path') or location['module']} imports TensorFlow at its top level; a torch"
                                " plugin's module is imported by every rank, so keep TensorFlow imports out of it"
                                " (put the TensorFlow plugin in another file)")

@@ -172,6 +172,19 @@ def test_bad_plugins_exit_2_with_one_line(tmp_path, capsys, name, impl, says):
     assert not list(tmp_path.glob("t.*"))  # nothing half-written
 
 
+def test_a_torch_module_that_imports_tf_is_refused_again_by_the_same_rank(tmp_path):
+    """The shared pool's ranks live on between runs (the suite, the pytest plugin, a matrix): the
+    second run of the module on rank 0, where TensorFlow is now loaded, is refused as the first
+    was, and so is another module that binds TensorFlow at its top level."""
+    case = make(MLP, parallel__devices=1)
+    other = tmp_path / "another_torch_plugin.py"
+    other.write_text((HERE / "torch_imports_tf.py").read_text())
+    for impl in (f"{HERE / 'torch_imports_tf.py'}:ddp", f"{HERE / 'torch_imports_tf.py'}:ddp", f"{other}:ddp"):
+        with pytest.raises(Exception, match="imports TensorFlow at its top level"):
+            run_impl(case, impl)
+    run_impl(case, "torch.ddp")  # the rank refused three runs and still serves
+
+
 def test_compare_refuses_an_undeclared_dtype_before_running_anything(tmp_path, capsys):
     status = main(["compare", _case_file(tmp_path), "--impls", f"torch.ddp,{TF}:float32_only"])
     err = capsys.readouterr().err.strip().splitlines()
