@@ -132,6 +132,9 @@ _COLORS = {"torch.ddp": "tab:blue", "tf.single": "tab:orange", "torch.single": "
            "tf.mirrored": "tab:purple", "tf.towers": "tab:brown"}
 _STYLES = {"grad_mean": "-", "loss_mean": ":", "param_mean": "--", "async": "-."}
 _ZERO = 1e-18  # an exact zero gap is drawn here on the log scale
+#: a non-finite gap (NaN or Inf: one side blew up) is drawn here, and nothing higher: matplotlib's
+#: log axis overflows near 1e300 (warnings, and a singular axis) where a drawn value was
+_CEIL = 1e30
 
 
 def _grouped_findings(rows: list[dict[str, Any]]) -> list[str]:
@@ -157,6 +160,12 @@ def _grouped_findings(rows: list[dict[str, Any]]) -> list[str]:
             text.append(f"greatest gap {_fmt(max(r['gap'] for r in rs))}")
         out.append("- " + "; ".join(text))
     return out
+
+
+def _drawable(values: Any) -> np.ndarray:
+    """``values`` as a log axis can draw them: zeros at ``_ZERO``, NaN/Inf and anything above at ``_CEIL``."""
+    a = np.asarray(values, float)
+    return np.clip(np.where(np.isfinite(a), a, _CEIL), _ZERO, _CEIL)
 
 
 def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
@@ -188,11 +197,11 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
             impls.add(p.impl)
             combines.add(combine)
             color = _COLORS.get(p.impl, "gray")
-            gap = np.maximum(np.nan_to_num(np.asarray(v.per_step_gap, float), nan=_ZERO, posinf=1e300), _ZERO)
+            gap = _drawable(v.per_step_gap)
             steps = np.arange(len(gap))
             ax.semilogy(steps, gap, linestyle=_STYLES.get(combine, "-"), color=color, marker=".", markersize=3, linewidth=1.2)
             if v.per_step_bound is not None:
-                ax.semilogy(steps, np.maximum(np.asarray(v.per_step_bound, float), _ZERO), linestyle="--",
+                ax.semilogy(steps, _drawable(v.per_step_bound), linestyle="--",
                             color=color, alpha=0.45, linewidth=0.8)
             else:
                 ax.axhline(v.bound, linestyle="--", color="black", linewidth=0.8)
@@ -208,7 +217,8 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     handles += [Line2D([], [], color="black", linestyle=_STYLES.get(c, "-"), label=c) for c in sorted(combines)]
     handles += [Line2D([], [], color="black", linestyle="--", linewidth=0.8, label="bound (dashed)")]
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(f"{title}: per-step gap to the reference (exact zeros drawn at 1e-18)", fontsize=10)
+    fig.suptitle(f"{title}: per-step gap to the reference (exact zeros drawn at 1e-18, non-finite at 1e30)",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * len(devs) + 2.2), 0.95))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)

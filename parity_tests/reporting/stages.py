@@ -19,6 +19,7 @@ import numpy as np
 __all__ = ["plot_stage_chain", "stage_figures"]
 
 _FLOOR = 1e-18  # an exact zero gap is drawn here (relative to its bound) on the log scale
+_CEIL = 1e30  # a non-finite gap, or gap / bound above this, is drawn here (a log axis overflows near 1e300)
 
 
 def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
@@ -33,9 +34,9 @@ def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
     for c in chain:
         name = c["stage"] + ("" if c.get("device") is None else f"\ndevice {c['device']}")
         name += "" if not c.get("name") else f"\n{c['name']}"
-        gap = c["gap"] if c["gap"] is not None and np.isfinite(c["gap"]) else 1e300
-        bound = c["bound"] or 1.0
-        ratio = max(gap / bound, _FLOOR)
+        gap, bound = c["gap"], c["bound"] or 1.0
+        finite = gap is not None and np.isfinite(gap)
+        ratio = min(max(gap / bound, _FLOOR), _CEIL) if finite else _CEIL
         over = over or ratio > 1.0
         labels.append(name)
         ratios.append(ratio)

@@ -1,0 +1,29 @@
+"""``parity_tests.reporting.report``: the per-step gap figure draws every gap a verdict can hold."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from parity_tests.judging.judge import compare_case
+from parity_tests.reporting.report import plot_scenario
+from parity_tests.tests.helpers import MLP, make
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gap_figure_draws_zero_nan_inf_and_huge_gaps_without_a_warning():
+    """A real comparison's verdict, its per-step gaps and bounds replaced by the extremes a
+    divergence can give (an exact zero, NaN and Inf where one side blew up, 1e301, a bound of
+    1e-300): drawn between 1e-18 and 1e30, with no warning from matplotlib's log axis."""
+    result = compare_case(make(MLP, parallel__devices=1, steps=3), ["torch.single", "tf.single"])
+    pair = result.pairs[0]
+    verdict = dataclasses.replace(pair.verdict, per_step_gap=np.array([0.0, np.nan, np.inf, 1e301]),
+                                  per_step_bound=np.array([1e-300, 1e-10, np.inf, 1e-10]))
+    extreme = dataclasses.replace(result, pairs=[dataclasses.replace(pair, verdict=verdict)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        png = plot_scenario([result, extreme], "mlp")
+    assert png.startswith(PNG)
