@@ -155,6 +155,20 @@ def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
     assert _group_gone(procs[0].pid) and _group_gone(procs[1].pid)
 
 
+def _has_guard(worker) -> bool:
+    """Whether ``worker`` (a ``psutil.Process``) has started its guard (``tfpar.launch._GUARD``)."""
+    import psutil
+
+    for child in worker.children():
+        try:
+            argv = child.cmdline()
+        except psutil.Error:  # a short-lived child already gone
+            continue
+        if argv[1:3] == ["-S", "-c"] and str(worker.pid) in argv[3:]:
+            return True
+    return False
+
+
 def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(tmp_path):
     """Two lone workers (their peers never start), side by side to share TensorFlow's start-up time:
     one hits its --timeout, the other gets Ctrl-C (SIGINT to its process group) while it waits."""
@@ -165,9 +179,13 @@ def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(t
     procs = [_start(lone, 0, case_path, tmp_path / "a.npz", "--timeout", "3"),
              _start(interrupted, 0, case_path, tmp_path / "b.npz", "--timeout", "120")]
     try:
-        # the guard is a child of the worker, started once TensorFlow is imported
+        # the guard is a child of the worker (python -S -c GUARD <worker pid> ...), started once
+        # TensorFlow is imported. Wait for that child by its command line: importing TensorFlow
+        # starts short-lived children of its own, and a SIGINT sent on seeing one of those found
+        # the worker still importing (a fresh-clone run of 2026-11-23: KeyboardInterrupt in
+        # tensorflow/__init__, exit -2)
         deadline = time.monotonic() + 90
-        while not psutil.Process(procs[1].pid).children() and time.monotonic() < deadline:
+        while not _has_guard(psutil.Process(procs[1].pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)
         os.killpg(procs[1].pid, signal.SIGINT)
@@ -179,8 +197,6 @@ def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(t
     # (the phase is "joining the cluster" unless reading the case alone took 3 s on a loaded machine)
     assert last[0].startswith(f"tfpar.launch: worker 0 (127.0.0.1:{lone[0]}), 1 of 2: no progress for 3 s while "), last[0]
     assert last[0].endswith(f"; worker 1 (127.0.0.1:{lone[1]}) not accepting connections (not started, or dead)"), last[0]
-    # (once, in a loaded fresh-clone run on 2026-11-23, this worker ended by SIGINT itself, -2; not
-    # reproduced since: its stderr says why, if it happens again)
     assert procs[1].returncode == -signal.SIGKILL, errs[1][-2000:]
     assert last[1].startswith(f"tfpar.launch: worker 0 (127.0.0.1:{interrupted[0]}), 1 of 2: interrupted (SIGINT) while "), last[1]
     assert _group_gone(procs[0].pid) and _group_gone(procs[1].pid)
