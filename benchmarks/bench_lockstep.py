@@ -10,8 +10,7 @@ implementation runs each makes. ``tfpar compare --lockstep`` costs the sum of th
 
 from __future__ import annotations
 
-import statistics
-import time
+from timing import median_seconds
 
 from parity_tests.judging.judge import compare_case
 from parity_tests.running.lockstep import lockstep_compare
@@ -28,22 +27,13 @@ CASES = {
 }
 
 
-def _median(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main() -> None:
     print(f"{'case':<46} {'impls':>5} {'free compare':>13} {'lockstep part':>14} {'ratio':>6}")
     for name, (build, impls) in CASES.items():
         case = build()
         lockstep_compare(case, impls)  # warm-up: TensorFlow, the pool, every trace
-        free = _median(lambda c=case, i=impls: compare_case(c, i))
-        lock = _median(lambda c=case, i=impls: lockstep_compare(c, i, free=False))
+        free = median_seconds(lambda c=case, i=impls: compare_case(c, i), 3)
+        lock = median_seconds(lambda c=case, i=impls: lockstep_compare(c, i, free=False), 3)
         print(f"{name:<46} {len(impls):>5} {free:>12.2f}s {lock:>13.2f}s {lock / free:>6.1f}")
 
 

@@ -11,8 +11,8 @@ first starts TensorFlow. The difference is the trace and the build a reuse saves
 from __future__ import annotations
 
 import os
-import statistics
-import time
+
+from timing import median_seconds
 
 import tfpar
 from parity_tests.tests.helpers import CNN, MLP, SOFTMAX, make
@@ -23,15 +23,6 @@ CASES = {
     "softmax 4-8-3, 8 devices, 4 steps, momentum": (SOFTMAX, {"parallel__devices": 8}),
     "CNN + sync batch norm + dropout, 4 devices, 3 steps": (CNN, {"parallel__batch_norm": "sync"}),
 }
-
-
-def _median(fn, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -50,8 +41,8 @@ def main() -> None:
         CACHE.clear()
         tfpar.run_case(payloads[0], "tf.towers")  # the trainer the reused runs take
         runs = iter(payloads[1:])
-        t_traced = _median(traced)
-        t_reused = _median(lambda runs=runs: tfpar.run_case(next(runs), "tf.towers"))
+        t_traced = median_seconds(traced, 5)
+        t_reused = median_seconds(lambda runs=runs: tfpar.run_case(next(runs), "tf.towers"), 5)
         print(f"{name:<52} {t_traced:>8.3f}s {t_reused:>8.3f}s {1 - t_reused / t_traced:>6.0%}", flush=True)
 
 

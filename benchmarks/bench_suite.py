@@ -20,6 +20,8 @@ import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from timing import median_seconds  # noqa: E402
+
 from parity_tests.contract.case import case_from_dict  # noqa: E402
 from parity_tests.running.harness import tf_module as _tf  # noqa: E402
 
@@ -46,21 +48,12 @@ def ddp_ratios() -> None:
         for n in (1, 2, 4, 8):
             payload = case_from_dict(dict(raw, parallel={"devices": n})).payload()
             run_case(payload, "torch.ddp", pool=pool)
-            warm = statistics.median(_times(lambda p=payload: run_case(p, "torch.ddp", pool=pool), 7))
+            warm = median_seconds(lambda p=payload: run_case(p, "torch.ddp", pool=pool), 7)
             t = time.perf_counter()
             with DDPPool(n) as fresh:
                 run_case(payload, "torch.ddp", pool=fresh)
             cold = time.perf_counter() - t
             print(f"   {n:>5} {warm * 1e3:>7.1f} ms {cold:>8.2f} s {cold / warm:>6.0f}x")
-
-
-def _times(fn, k: int) -> list[float]:
-    out = []
-    for _ in range(k):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def tf_step_ratios() -> None:
