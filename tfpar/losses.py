@@ -101,18 +101,21 @@ def sparse_softmax_ce(y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
     validation refuses them (``data.y``), so none reach this.
     """
     precise = tf.cast(out, tf.float32) if out.dtype == tf.float16 else out  # as TensorFlow's op does
-    logp = tf.nn.log_softmax(precise, axis=-1)
-    cost = -tf.reduce_sum(logp * tf.one_hot(y, int(out.shape[-1]), dtype=logp.dtype), axis=-1)
-    return tf.cast(cost, out.dtype)
+    return tf.cast(-_label_entry(tf.nn.log_softmax(precise, axis=-1), y), out.dtype)
+
+
+def _label_entry(logp: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """``logp[i, y_i]``, ``[n]``, as a one-hot sum (exact; cheap to trace: :func:`sparse_softmax_ce`)."""
+    return tf.reduce_sum(logp * tf.one_hot(y, int(logp.shape[-1]), dtype=logp.dtype), axis=-1)
 
 
 def _softmax_torch(out: tf.Tensor, y: tf.Tensor, reduction: str, smoothing: float, cw: tf.Tensor | None) -> tf.Tensor:
     """torch's ``cross_entropy(weight=cw, label_smoothing=s)`` written in TensorFlow ops."""
     logp = tf.nn.log_softmax(out, axis=-1)
-    k = int(out.shape[-1])
-    nll = -tf.reduce_sum(logp * tf.one_hot(y, k, dtype=logp.dtype), axis=-1)  # [n]: -log p_iy (sparse_softmax_ce)
+    nll = -_label_entry(logp, y)  # [n]: -log p_iy
     w = tf.ones_like(nll) if cw is None else tf.gather(cw, y)
     smooth = -tf.reduce_sum(logp if cw is None else logp * cw, axis=-1)  # [n]
+    k = int(out.shape[-1])
     total = (1.0 - smoothing) * tf.reduce_sum(w * nll) + (smoothing / k) * tf.reduce_sum(smooth)
     return total / tf.reduce_sum(w) if reduction == "mean" else total
 
