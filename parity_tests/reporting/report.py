@@ -19,6 +19,7 @@ import numpy as np
 
 from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_text
 from parity_tests.contract.rows import nbytes
+from parity_tests.reporting.stages import drawable
 from parity_tests.running.environment import versions
 
 if TYPE_CHECKING:
@@ -131,10 +132,6 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
 _COLORS = {"torch.ddp": "tab:blue", "tf.single": "tab:orange", "torch.single": "tab:green", "tf.v1": "tab:red",
            "tf.mirrored": "tab:purple", "tf.towers": "tab:brown"}
 _STYLES = {"grad_mean": "-", "loss_mean": ":", "param_mean": "--", "async": "-."}
-_ZERO = 1e-18  # an exact zero gap is drawn here on the log scale
-#: a non-finite gap (NaN or Inf: one side blew up) is drawn here, and nothing higher: matplotlib's
-#: log axis overflows near 1e300 (warnings, and a singular axis) where a drawn value was
-_CEIL = 1e30
 
 
 def _grouped_findings(rows: list[dict[str, Any]]) -> list[str]:
@@ -160,12 +157,6 @@ def _grouped_findings(rows: list[dict[str, Any]]) -> list[str]:
             text.append(f"greatest gap {_fmt(max(r['gap'] for r in rs))}")
         out.append("- " + "; ".join(text))
     return out
-
-
-def _drawable(values: Any) -> np.ndarray:
-    """``values`` as a log axis can draw them: zeros at ``_ZERO``, NaN/Inf and anything above at ``_CEIL``."""
-    a = np.asarray(values, float)
-    return np.clip(np.where(np.isfinite(a), a, _CEIL), _ZERO, _CEIL)
 
 
 def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
@@ -197,11 +188,11 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
             impls.add(p.impl)
             combines.add(combine)
             color = _COLORS.get(p.impl, "gray")
-            gap = _drawable(v.per_step_gap)
+            gap = drawable(v.per_step_gap)
             steps = np.arange(len(gap))
             ax.semilogy(steps, gap, linestyle=_STYLES.get(combine, "-"), color=color, marker=".", markersize=3, linewidth=1.2)
             if v.per_step_bound is not None:
-                ax.semilogy(steps, _drawable(v.per_step_bound), linestyle="--",
+                ax.semilogy(steps, drawable(v.per_step_bound), linestyle="--",
                             color=color, alpha=0.45, linewidth=0.8)
             else:
                 ax.axhline(v.bound, linestyle="--", color="black", linewidth=0.8)

@@ -16,10 +16,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_stage_chain", "stage_figures"]
+__all__ = ["plot_stage_chain", "stage_figures", "drawable", "LOG_FLOOR", "LOG_CEIL"]
 
-_FLOOR = 1e-18  # an exact zero gap is drawn here (relative to its bound) on the log scale
-_CEIL = 1e30  # a non-finite gap, or gap / bound above this, is drawn here (a log axis overflows near 1e300)
+LOG_FLOOR = 1e-18  # an exact zero is drawn here on a log axis
+#: a non-finite value (NaN or Inf: one side blew up), or anything above, is drawn here: matplotlib's
+#: log axis overflows near 1e300 (warnings, and a singular axis) where a drawn value was
+LOG_CEIL = 1e30
+
+
+def drawable(values: Any) -> np.ndarray:
+    """``values`` as a log axis can draw them: zeros at :data:`LOG_FLOOR`, NaN/Inf and above at :data:`LOG_CEIL`."""
+    a = np.asarray(values, float)
+    return np.clip(np.where(np.isfinite(a), a, LOG_CEIL), LOG_FLOOR, LOG_CEIL)
 
 
 def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
@@ -34,9 +42,8 @@ def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
     for c in chain:
         name = c["stage"] + ("" if c.get("device") is None else f"\ndevice {c['device']}")
         name += "" if not c.get("name") else f"\n{c['name']}"
-        gap, bound = c["gap"], c["bound"] or 1.0
-        finite = gap is not None and np.isfinite(gap)
-        ratio = min(max(gap / bound, _FLOOR), _CEIL) if finite else _CEIL
+        # Python floats: an overflowing ratio is inf (drawn at the ceiling), not a numpy warning
+        ratio = LOG_CEIL if c["gap"] is None else float(drawable(float(c["gap"]) / float(c["bound"] or 1.0)))
         over = over or ratio > 1.0
         labels.append(name)
         ratios.append(ratio)
