@@ -442,7 +442,7 @@ def _import(location: Mapping[str, str]) -> Callable:
         module = importlib.import_module(location["module"])
     if key in _IMPORTS_TF or (not had_tf and "tensorflow" in sys.modules) or _holds_tensorflow(module):
         _IMPORTS_TF.add(key)
-        raise PluginInputError(f"{location.get('path') or location['module']} imports TensorFlow at its top level; a torch"
+        raise PluginInputError(f"{key} imports TensorFlow at its top level; a torch"
                                " plugin's module is imported by every rank, so keep TensorFlow imports out of it"
                                " (put the TensorFlow plugin in another file)")
     return getattr(module, location["attr"])
