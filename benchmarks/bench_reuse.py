@@ -10,13 +10,11 @@ first starts TensorFlow. The difference is the trace and the build a reuse saves
 
 from __future__ import annotations
 
-import os
-
 from timing import median_seconds
 
 import tfpar
 from parity_tests.tests.helpers import CNN, MLP, SOFTMAX, make
-from tfpar.reuse import CACHE
+from tfpar.reuse import CACHE, disabled
 
 CASES = {
     "MLP 5-10-1, 4 devices, 4 steps, sgd": (MLP, {}),
@@ -32,11 +30,8 @@ def main() -> None:
         payloads = [make(base, **changes, init__seed=s, data__seed=s + 1).payload() for s in range(10, 16)]
 
         def traced(payload: dict = payloads[0]) -> None:
-            os.environ["TFPAR_TRACE_CACHE"] = "0"
-            try:
+            with disabled():
                 tfpar.run_case(payload, "tf.towers")
-            finally:
-                del os.environ["TFPAR_TRACE_CACHE"]
 
         CACHE.clear()
         tfpar.run_case(payloads[0], "tf.towers")  # the trainer the reused runs take

@@ -14,7 +14,7 @@ before any job. Prints a markdown table (docs/large-world.md holds one).
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import statistics
 import sys
 import time
@@ -38,14 +38,15 @@ def _timed(case, impl: str, *, traced: bool = False) -> float:
     """Wall seconds of one run; ``traced``: with trainer reuse off (``tf.towers`` builds and traces)."""
     from parity_tests.running.harness import run_impl
 
+    off = contextlib.nullcontext()
     if traced:
-        os.environ["TFPAR_TRACE_CACHE"] = "0"
-    try:
+        from tfpar.reuse import disabled
+
+        off = disabled()
+    with off:
         t = time.perf_counter()
         run_impl(case, impl)
         return time.perf_counter() - t
-    finally:
-        os.environ.pop("TFPAR_TRACE_CACHE", None)
 
 
 def main() -> None:

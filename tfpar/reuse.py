@@ -38,11 +38,12 @@ when diagnosing; every run then builds and traces its own trainer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ import tensorflow as tf
 from .optimizers import KerasOptimizer, Optimizer
 
 __all__ = ["MAX_ENTRIES", "MAX_BYTES", "MAX_ENTRY_BYTES", "KEYED", "Built", "TrainerCache", "CACHE", "keyed_spec",
-           "structure_key", "optimizer_variables"]
+           "structure_key", "optimizer_variables", "disabled"]
 
 MAX_ENTRIES = 8
 MAX_BYTES = 256 << 20
@@ -188,3 +189,18 @@ class TrainerCache:
 
 #: the process's cache, used by :func:`tfpar.run_case`
 CACHE = TrainerCache()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Runs inside build and trace their own trainers (``TFPAR_TRACE_CACHE=0``); the variable's
+    earlier value, or its absence, is restored after."""
+    before = os.environ.get("TFPAR_TRACE_CACHE")
+    os.environ["TFPAR_TRACE_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TFPAR_TRACE_CACHE"]
+        else:
+            os.environ["TFPAR_TRACE_CACHE"] = before

@@ -18,7 +18,7 @@ import pytest
 
 import tfpar
 from parity_tests.tests.helpers import CNN, MLP, SOFTMAX, make
-from tfpar.reuse import CACHE, TrainerCache, structure_key
+from tfpar.reuse import CACHE, TrainerCache, disabled, structure_key
 
 CASES = {
     "sgd-native": (MLP, {}),
@@ -137,6 +137,23 @@ def test_reuse_can_be_turned_off():
         tfpar.run_case(make(MLP).payload(), "tf.towers")
         tfpar.run_case(make(MLP).payload(), "tf.towers")
     assert CACHE.hits == hits and len(CACHE) == 0
+
+
+def test_disabled_turns_reuse_off_and_restores_the_variable():
+    import os
+
+    assert "TFPAR_TRACE_CACHE" not in os.environ
+    CACHE.clear()
+    hits = CACHE.hits
+    with disabled():
+        tfpar.run_case(make(MLP).payload(), "tf.towers")
+        tfpar.run_case(make(MLP).payload(), "tf.towers")
+    assert CACHE.hits == hits and len(CACHE) == 0 and "TFPAR_TRACE_CACHE" not in os.environ
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TFPAR_TRACE_CACHE", "1")
+        with disabled():
+            assert not CACHE.enabled()
+        assert os.environ["TFPAR_TRACE_CACHE"] == "1"
 
 
 def test_a_test_that_monkeypatches_runs_without_reuse(monkeypatch):
