@@ -129,11 +129,24 @@ class TowerTrainer:
         # of tfpar (96 matrix runs of tf.towers, tf.mirrored, tf.single and tf.v1 hashed the
         # same with and without it); tensor-dependent control flow would fail to trace, loudly
         self._step = tf.function(self._step_impl, autograph=False)
+        # One trace of a tower serves all N (two for uneven shards, which have two sizes): the step
+        # calls it under each tower's tf.device. TensorFlow inlines the call before it runs, so each
+        # tower runs the ops an inline trace makes, on its device (trajectories hash the same), but
+        # the step's trace no longer grows with N. A capture step traces its towers inline, as it
+        # records their activations.
+        self._tower_grad = tf.function(self._tower_grad_impl, autograph=False)
+        self._tower_loss_fn = tf.function(self._tower_loss, autograph=False)
         self._capture_step = tf.function(lambda x, y, extra: self._step_impl(x, y, extra, capture=True), autograph=False)
 
     def _tower_loss(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         params = dict(zip(self.names, self.variables, strict=True))
         return self.loss_fn(params, x, y)
+
+    def _tower_grad_impl(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """One tower's loss ``l_r`` and gradient ``d l_r / d params``."""
+        with tf.GradientTape() as tape:
+            loss_r = self._tower_loss(x, y)
+        return loss_r, tape.gradient(loss_r, self.variables)
 
     def _lockstep(self, xs: list[tf.Tensor], ys: list[tf.Tensor], extra: Mapping[str, tf.Tensor],
                   weights: list[float] | None, cap: dict | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
@@ -177,12 +190,11 @@ class TowerTrainer:
             if self.towers_fn is not None:
                 loss, grads = self._lockstep(xs, ys, extra or {}, weights, cap)
             elif self.combine == "grad_mean":
+                tower = self._tower_grad if cap is None and n > 1 else self._tower_grad_impl
                 losses, tower_grads = [], []
                 for r, dev in enumerate(self.devices):
                     with tf.device(dev), tf.name_scope(f"tower_{r}"):
-                        with tf.GradientTape() as tape:
-                            loss_r = self._tower_loss(xs[r], ys[r])
-                        g_r = tape.gradient(loss_r, self.variables)
+                        loss_r, g_r = tower(xs[r], ys[r])
                         if cap is not None:
                             cap.setdefault("grads", []).append(g_r)
                         if self.clip is not None and self.clip.where == "per_device":
@@ -197,11 +209,12 @@ class TowerTrainer:
                     grads = average_gradients(tower_grads, weights)
                     loss = combine_losses(losses, weights)
             else:
+                tower_loss = self._tower_loss_fn if cap is None and n > 1 else self._tower_loss
                 with tf.GradientTape(persistent=cap is not None) as tape:
                     losses = []
                     for r, dev in enumerate(self.devices):
                         with tf.device(dev), tf.name_scope(f"tower_{r}"):
-                            losses.append(self._tower_loss(xs[r], ys[r]))
+                            losses.append(tower_loss(xs[r], ys[r]))
                     with tf.device(self.combine_device):
                         loss = combine_losses(losses, weights)
                 grads = tape.gradient(loss, self.variables)

@@ -106,3 +106,87 @@ def test_more_devices_than_configured_is_refused():
     have = len(available_devices())  # 64 logical CPU devices without GPUs (tfpar.devices)
     with pytest.raises(DeviceError, match=f"{have + 1} devices asked for, but this process has {have}"):
         tower_devices(have + 1)
+
+
+def _sgd_trainer(n: int, combine: str, dtype=np.float64):
+    """A 5-10-1 tanh MLP tower trainer (plain SGD) over the first ``n`` tower devices."""
+    import tensorflow as tf
+
+    from tfpar import TowerTrainer, configure_devices, tower_devices
+    from tfpar.optimizers import make_optimizer
+
+    configure_devices()  # the tower devices, were this the process's first TensorFlow use
+    rng = np.random.default_rng(0)
+    variables = {"w1": tf.Variable(rng.normal(size=(5, 10)).astype(dtype)),
+                 "w2": tf.Variable(rng.normal(size=(10, 1)).astype(dtype))}
+
+    def loss_fn(p, x, y):
+        return tf.reduce_mean(tf.square(tf.matmul(tf.tanh(tf.matmul(x, p["w1"])), p["w2"]) - y))
+
+    opt = make_optimizer({"name": "sgd", "lr": 0.1, "semantics": "torch"})
+    x, y = rng.normal(size=(18, 5)).astype(dtype), rng.normal(size=(18, 1)).astype(dtype)
+    return TowerTrainer(loss_fn, variables, opt, tower_devices(n), combine=combine), x, y
+
+
+@pytest.mark.parametrize("combine", ["grad_mean", "loss_mean"])
+def test_one_trace_of_a_tower_serves_every_tower(combine):
+    """The step traces a tower once per shard size, not once per tower: 8 equal shards of 16 rows
+    are one trace, 18 rows over 4 towers (5, 5, 4, 4) are two; the trace grows no more with N."""
+    trainer, x, y = _sgd_trainer(8, combine)
+    tower = trainer._tower_grad if combine == "grad_mean" else trainer._tower_loss_fn
+    trainer.step(x[:16], y[:16])
+    assert tower.experimental_get_tracing_count() == 1
+    trainer, x, y = _sgd_trainer(4, combine)
+    tower = trainer._tower_grad if combine == "grad_mean" else trainer._tower_loss_fn
+    trainer.step(x, y)
+    trainer.step(x, y)  # a second step traces nothing new
+    assert tower.experimental_get_tracing_count() == 2
+
+
+def _matmuls_by_device(trainer, x, y, *, capture: bool) -> dict[str, int]:
+    """How many MatMul ops each device ran in one step (from the partition graphs: what the
+    runtime placed and ran, per device, after the calls were inlined)."""
+    import collections
+
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        trainer.step(x, y, capture=capture)
+        meta = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    return dict(collections.Counter(node.device.rsplit("/", 1)[-1] for g in meta.partition_graphs
+                                    for node in g.node if node.op == "MatMul"))
+
+
+@pytest.mark.parametrize(("combine", "want"), [
+    # each tower's forward (2 matmuls) and backward (3) on its own device
+    ("grad_mean", {"CPU:0": 5, "CPU:1": 5, "CPU:2": 5}),
+    # each tower's forward on its device; the one gradient of the combined loss is taken on the
+    # combine device (CPU:0), as the seeds' compute_gradients(mean loss) places it
+    ("loss_mean", {"CPU:0": 2 + 3 * 3, "CPU:1": 2, "CPU:2": 2}),
+])
+def test_each_tower_runs_on_its_own_device(combine, want):
+    """The shared tower trace is called under each tower's tf.device, and the runtime runs it
+    there (``want``: what the inline trace placed, 2026-11-23, before towers shared a trace)."""
+    trainer, x, y = _sgd_trainer(3, combine)
+    shared = _matmuls_by_device(trainer, x, y, capture=False)
+    assert shared == {f"device:{d}": k for d, k in want.items()}
+    if combine == "grad_mean":  # a capture step's towers are traced inline (a loss_mean capture
+        # also takes each tower's own gradient, 3 more matmuls a tower, so it is not compared)
+        assert _matmuls_by_device(trainer, x, y, capture=True) == shared
+
+
+@pytest.mark.parametrize("combine", ["grad_mean", "loss_mean"])
+def test_a_capture_step_trains_bit_for_bit_as_the_plain_step(combine):
+    """A capture step traces its towers inline (to record their activations), a plain step calls
+    the shared tower trace: the same ops, so the same bits, in float32 over uneven shards."""
+    a, x, y = _sgd_trainer(4, combine, np.float32)
+    b, _, _ = _sgd_trainer(4, combine, np.float32)
+    for k in range(3):
+        la, ga = a.step(x, y)
+        lb, gb = b.step(x, y, capture=k == 1)
+        assert la.tobytes() == lb.tobytes() and all(ga[n].tobytes() == gb[n].tobytes() for n in ga), k
+    assert b.captured is not None and all(a.values()[n].tobytes() == b.values()[n].tobytes() for n in a.names)
