@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -219,11 +220,32 @@ def _on_signals() -> Any:
     _signalled.clear()
 
     def stop(signum: int, frame: Any) -> None:
+        if _in_finaliser(frame):
+            # raised here, the exception would be printed and dropped ("Exception ignored in:
+            # ConcreteFunction.__del__", seen in a fresh-clone run of test_interrupt: the matrix
+            # went on). Send the signal again in 10 ms, and again, until it lands after the
+            # finaliser has returned (sent from here, at once, it would run this handler again
+            # from inside this handler, recursively)
+            again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
         kind = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         _signalled.append(kind)
         raise kind()
 
     return signal.signal(signal.SIGTERM, stop), signal.signal(signal.SIGINT, stop)
+
+
+def _in_finaliser(frame: Any) -> bool:
+    """True when ``frame`` runs inside a finaliser (``__del__``, a ``weakref`` callback), where
+    Python prints an exception and drops it instead of raising it."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename == weakref.__file__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def entry() -> None:
