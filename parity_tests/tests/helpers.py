@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+from collections import OrderedDict
 from typing import Any
+
+import numpy as np
 
 from parity_tests.contract.case import Case, case_from_dict
 
@@ -98,3 +103,42 @@ CNN: dict[str, Any] = {
     "parallel": {"devices": 4, "batch_norm": "sync"},
     "steps": 3,
 }
+
+
+_RUNS: OrderedDict[tuple[str, str], dict[str, np.ndarray]] = OrderedDict()
+_MAX_RUNS = 32
+
+
+def _case_digest(case: Case) -> str:
+    """Everything a run reads from ``case``: its spec and its arrays (a replaced case carries arrays)."""
+    h = hashlib.sha256(json.dumps(case.spec, sort_keys=True, default=str).encode())
+    for name, a in (("x", case.x), ("y", case.y), ("perm", case.perm), ("w", case.w), *sorted(case.init.items())):
+        if a is not None:
+            h.update(f"{name}:{a.dtype}:{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+    h.update(f"capture:{case.capture}".encode())
+    return h.hexdigest()
+
+
+def run_once(case: Case, impl: str) -> dict[str, np.ndarray]:
+    """``run_impl(case, impl)``, made once per test worker for equal cases (the last 32 kept).
+
+    For a run that two tests of a file both need (a reference, or a case with one option
+    undone): a built-in implementation is deterministic, so the second test would only
+    recompute the same bits (``test_reuse.py`` and ``tfpar replay`` check that). The arrays are
+    read-only, so no test can change what another one is given. A test that patches what a
+    run reads (``monkeypatch``) must call ``run_impl`` itself.
+    """
+    from parity_tests.running.harness import run_impl
+
+    key = (impl, _case_digest(case))
+    if key in _RUNS:
+        _RUNS.move_to_end(key)
+        return _RUNS[key]
+    traj = run_impl(case, impl)
+    for a in traj.values():
+        a.flags.writeable = False
+    _RUNS[key] = traj
+    while len(_RUNS) > _MAX_RUNS:
+        _RUNS.popitem(last=False)
+    return traj

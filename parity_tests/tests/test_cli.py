@@ -41,17 +41,20 @@ def test_run_writes_a_contract_trajectory(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_compare_parity_exit_0_and_divergence_exit_1(tmp_path):
+def test_compare_parity_exit_0_and_divergence_exit_1(tmp_path, capsys):
     good = _write(tmp_path, set_path(set_path(MLP, "parallel.devices", 2), "optimizer.semantics", "torch"), "good.json")
     res = _cli("compare", str(good), "--impls", "tf.towers,torch.ddp", "--report", str(tmp_path / "rep"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "verdict: PARITY" in res.stdout
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "case" / "case.json").is_file()
+    # status 1 through main(): the console script exits with what main returns, which the
+    # subprocess above (0) and test_timeout_flag_bounds_a_job_and_names_the_rank (1) prove
     bad = set_path(set_path(MLP, "parallel.devices", 2), "model.reduction", "sum")
-    res = _cli("compare", str(_write(tmp_path, bad, "sum.json")), "--impls", "torch.ddp,torch.single")
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "expected_difference" in res.stdout and "sum reduction" in res.stdout
-    assert "step 1" in res.stdout  # the mismatch message names the step
+    capsys.readouterr()
+    assert main(["compare", str(_write(tmp_path, bad, "sum.json")), "--impls", "torch.ddp,torch.single"]) == 1
+    out = capsys.readouterr().out
+    assert "expected_difference" in out and "sum reduction" in out
+    assert "step 1" in out  # the mismatch message names the step
 
 
 BAD_ARGS = [

@@ -10,7 +10,7 @@ import pytest
 from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.running.harness import run_impl
-from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
+from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make, run_once
 
 # float64: the strategy sums replica gradients of losses pre-scaled by w_r, the
 # tower engine averages unscaled gradients: the same number in two orders,
@@ -150,7 +150,7 @@ def test_mirrored_refuses_what_runs_on_tf_towers_only():
 def test_mirrored_cnn_equals_towers(changes):
     """Conv, batch norm (replica statistics, or all-reduced sums), max pool, dropout masks by replica shard."""
     case = make(CNN, **changes)
-    mirrored = run_impl(case, "tf.mirrored")
+    mirrored = run_once(case, "tf.mirrored")  # the sync and local runs serve the next test too
     assert {k for k in mirrored if k.startswith("state/")} == {"state/1.moving_mean", "state/1.moving_variance"}
     assert_trajectories_close(mirrored, run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
     assert not np.array_equal(mirrored["state/1.moving_variance"][0], mirrored["state/1.moving_variance"][1])
@@ -160,8 +160,8 @@ def test_mirrored_local_and_sync_statistics_differ():
     """The two modes are really different programs: sync equals one device on the full batch, local does not."""
     sync = make(CNN, parallel__devices=4, parallel__batch_norm="sync")
     local = make(CNN, parallel__devices=4, parallel__batch_norm="local")
-    assert_trajectories_close(run_impl(sync, "tf.mirrored"), run_impl(sync, "tf.single"), rtol=RTOL, atol=ATOL)
-    assert not compare_trajectories(run_impl(local, "tf.mirrored"), run_impl(local, "tf.single"), rtol=RTOL, atol=ATOL).ok
+    assert_trajectories_close(run_once(sync, "tf.mirrored"), run_impl(sync, "tf.single"), rtol=RTOL, atol=ATOL)
+    assert not compare_trajectories(run_once(local, "tf.mirrored"), run_impl(local, "tf.single"), rtol=RTOL, atol=ATOL).ok
 
 
 # ------------------------------------------------------------------ loss options and sample weights
@@ -228,8 +228,8 @@ def test_mirrored_clipping_equals_towers(where, semantics, opt, changes):
     mirrored = run_impl(case, "tf.mirrored")
     assert_trajectories_close(mirrored, run_impl(case, "tf.towers"), rtol=RTOL, atol=ATOL)
     # the clipping acted: without it the run is another one
-    unclipped = case.replace(**{"parallel.clip": None})
-    assert not compare_trajectories(mirrored, run_impl(unclipped, "tf.mirrored"), rtol=RTOL, atol=ATOL).ok
+    unclipped = case.replace(**{"parallel.clip": None})  # one run serves both values of where
+    assert not compare_trajectories(mirrored, run_once(unclipped, "tf.mirrored"), rtol=RTOL, atol=ATOL).ok
 
 
 def test_keras_global_clipnorm_under_mirrored_strategy_clips_each_replica_at_n_times_c():
