@@ -48,18 +48,20 @@ def _no_trace_reuse_under_monkeypatch(request):
     clear()
 
 
-#: The test files that take longest, longest first (their test time under ``make test``, two
-#: pytest-xdist workers, 2026-11-23, second list: 135, 109, 60, 52, 43, 42, 31, 31, 29, 27, 24,
-#: 22, 22, 18, 17, 17 s; from ``--junitxml``, summed by file).
+#: The test files that take longest, longest first (their test time under ``make test``, three
+#: pytest-xdist workers, 2026-11-23, late: 126, 111, 81, 78, 55, 36, 35, 35, 34, 31, 30, 29, 28,
+#: 23, 23, 23, 21, 21, 18, 17, 16, 16, 16 s; from ``--junitxml``, summed by file).
 #: ``make test`` hands whole files to the workers in collection order (``--dist loadfile
 #: --no-loadscope-reorder``), so the heaviest go first and the last file a worker takes is a
 #: short one (longest-processing-time-first). Without ``--no-loadscope-reorder`` xdist 3.8
 #: sorts the files by their number of tests instead, which undid this order until 2026-11-23
 #: (test_optimizers' 256 quick tests went first, test_byo_examples' 18 slow ones near the end).
 #: A stale list costs time, never a check: every test still runs.
-HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_pool", "test_v1", "test_multiworker", "test_properties",
-                  "test_interrupt", "test_cli", "test_byo_examples", "test_capture_builtins", "test_param_mean",
-                  "test_lockstep", "test_async", "test_pytest_plugin", "test_pipeline", "test_reuse")
+HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_pool", "test_v1", "test_properties", "test_cli",
+                  "test_capture_builtins", "test_interrupt", "test_param_mean", "test_pipeline", "test_async",
+                  "test_lockstep", "test_multiworker", "test_layers", "test_placement", "test_pytest_plugin",
+                  "test_plugins", "test_matrix", "test_reuse", "test_mutants", "test_byo_examples", "test_layering",
+                  "test_optimizers")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
