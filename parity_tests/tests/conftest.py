@@ -50,7 +50,9 @@ def _no_trace_reuse_under_monkeypatch(request):
 
 #: The test files that take longest, longest first (their test time under ``make test``, three
 #: pytest-xdist workers, 2026-11-23, late: 126, 111, 81, 78, 55, 36, 35, 35, 34, 31, 30, 29, 28,
-#: 23, 23, 23, 21, 21, 18, 17, 16, 16, 16 s; from ``--junitxml``, summed by file).
+#: 23, 23, 23, 21, 21, 18, 17, 16, 16, 16 s; from ``--junitxml``, summed by file; the files after
+#: test_optimizers from a later run's completion times, 19 s for test_towers down to 4 s: the
+#: last file of that run's slowest worker was test_towers, 15 s after the other two finished).
 #: ``make test`` hands whole files to the workers in collection order (``--dist loadfile
 #: --no-loadscope-reorder``), so the heaviest go first and the last file a worker takes is a
 #: short one (longest-processing-time-first). Without ``--no-loadscope-reorder`` xdist 3.8
@@ -60,8 +62,10 @@ def _no_trace_reuse_under_monkeypatch(request):
 HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_pool", "test_v1", "test_properties", "test_cli",
                   "test_capture_builtins", "test_interrupt", "test_param_mean", "test_pipeline", "test_async",
                   "test_lockstep", "test_multiworker", "test_layers", "test_placement", "test_pytest_plugin",
-                  "test_plugins", "test_matrix", "test_reuse", "test_mutants", "test_byo_examples", "test_layering",
-                  "test_optimizers")
+                  "test_plugins", "test_matrix", "test_towers", "test_reuse", "test_mutants", "test_byo_examples",
+                  "test_layering", "test_optimizers", "test_sample_weights", "test_rows", "test_clipping", "test_ddp",
+                  "test_losses", "test_mixed_precision", "test_layer_hooks", "test_capture", "test_perturbation",
+                  "test_docs", "test_optimizer_ranges", "test_large_world")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
