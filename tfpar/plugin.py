@@ -385,7 +385,6 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the function raised (the step is the one it was on: recorded steps + 1).
     """
     from .devices import tower_devices
-
     from .keras_seen import keras_optimizers_seen
 
     run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
