@@ -96,6 +96,10 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
         perturbation: keyword arguments of ``tolerance.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
     """
     known = tuple(known)
+    if any(np.size(s.run.get("loss", ())) == 0 for s in (a, b)):
+        nan = float("nan")
+        return Verdict("inconclusive", RULE_VACUOUS, nan, nan, None, None, np.zeros(0), None,
+                       "inconclusive: no steps were run", known)
     if dtype == "float64":
         v = judge_float64(a.f64 if a.f64 is not None else a.run, b.f64 if b.f64 is not None else b.run,
                           known_differences=known, grads=grads)
