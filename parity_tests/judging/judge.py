@@ -304,7 +304,7 @@ def perturbed_case(case: Case) -> Case:
         if "lr" in opt:
             moved["lr"] = steps_lr[0]
     if moved:
-        case = case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
+        case = _moved_within_range(case, opt, moved)
     move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
     case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
     if not _reorderable(case):
@@ -325,6 +325,24 @@ def perturbed_case(case: Case) -> Case:
     # length does. (Fewer devices only relax validation: a valid case is valid on one.)
     one = case.replace(**{"parallel.devices": 1})
     return _reordered(one, idx, across=True, run_devices=par["devices"])
+
+
+def _moved_within_range(case: Case, opt: dict[str, Any], moved: dict[str, Any]) -> Case:
+    """``case`` with the optimizer's numbers ``moved``; one that leaves its accepted range moves the other way.
+
+    A value at the end of its range (momentum 1, which both frameworks accept) moved one ulp
+    outward is refused by validation; the ulp on the other side samples the same rounding.
+    """
+    for _ in range(len(moved) + 1):
+        try:
+            return case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
+        except CaseError as e:
+            key = e.field.rpartition(".")[2]
+            if key not in moved or not isinstance(opt.get(key), (int, float)):
+                raise
+            nominal, was = np.float32(opt[key]), moved[key]
+            moved[key] = float(np.nextafter(nominal, np.float32(-np.inf) if was > nominal else np.float32(np.inf)))
+    return case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
 
 
 def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, run_devices: int | None = None) -> Case:
