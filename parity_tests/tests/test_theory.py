@@ -73,8 +73,9 @@ def test_a_prediction_appears_where_it_holds_and_vanishes_at_the_edge(row):
 def test_the_absent_list_says_why():
     gone = predict(make(MLP, optimizer=dict(ADAM, epsilon=0.0)).spec, "tf.towers", "torch.ddp")
     assert "Adam epsilon placement: epsilon is 0" in gone.absent
-    even = predict(make(MLP).spec, "tf.towers", "tf.single")
-    assert "uneven shards with equal weighting: the shards are even" in even.absent
+    frozen = predict(make(MLP, optimizer={"name": "momentum", "lr": 0.0}).spec, "tf.towers", "torch.ddp")
+    assert frozen.absent == ("momentum: every step's learning rate is 0, so no optimizer rule moves the parameters",
+                             "Keras' float32 hyperparameters: no step moves the parameters")
 
 
 def test_certain_predictions_are_those_the_loss_or_state_shows_at_step_1():
