@@ -107,15 +107,17 @@ def table(rows: list[dict]) -> str:
                      f" {_frac(sum(not r['right'] for r in b), len(b))} |")
 
     add("**all**", lambda r: True)
+    add("lr 0 (right: inconclusive)", lambda r: r["raw"]["optimizer"]["lr"] == 0)
+    add("lr > 0", lambda r: r["raw"]["optimizer"]["lr"] > 0)
     for d in ("float32", "float64", "mixed_bfloat16"):
         add(f"dtype {d}", lambda r, d=d: r["dtype"] == d)
     for rule in sorted({r["rule"] for r in eq + bugs}):
         add(f"rule: {rule}", lambda r, rule=rule: r["rule"] == rule)
     b = [r for r in bugs if not r["behind"]]
-    lines.append(f"| bugs, reference computes what the bug's correct version computes | - |"
+    lines.append(f"| bugs, the reference computes what the bug's correct version does | - |"
                  f" {_frac(sum(not r['right'] for r in b), len(b))} |")
     b = [r for r in bugs if r["behind"]]
-    lines.append(f"| bugs, reference differs from the bug's correct version by construction | - |"
+    lines.append(f"| bugs, the reference differs from it by construction (a predicted difference) | - |"
                  f" {_frac(sum(not r['right'] for r in b), len(b))} |")
     return "\n".join(lines)
 
@@ -128,7 +130,8 @@ def breakdown(rows: list[dict]) -> str:
                                        or "none")]
     per = defaultdict(lambda: [0, 0])
     for r in bugs:
-        label = r["bug"] if r["bug_impl"].count(":") else f"{r['bug']}@{r['bug_impl']}"
+        side = "tf:" if "tf_side" in r["bug_impl"] else "torch:"
+        label = side + r["bug"] if r["bug_impl"].count(":") else f"{r['bug']}@{r['bug_impl']}"
         per[label][1] += 1
         per[label][0] += not r["right"]
     out.append("misses by bug: " + ", ".join(f"{k} {m}/{t}" for k, (m, t) in sorted(per.items())))
