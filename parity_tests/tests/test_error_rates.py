@@ -24,6 +24,7 @@ import pytest
 
 from parity_tests.judging.judge import compare_case
 from parity_tests.running.registry import resolve
+from parity_tests.tests.helpers import MLP, make
 from parity_tests.tests.hunt.corpus import (
     BUGS,
     BY_NAME,
@@ -38,7 +39,6 @@ from parity_tests.tests.hunt.corpus import (
     torch,
     truth,
 )
-from parity_tests.tests.helpers import MLP, make
 
 # 4 devices, 14 rows: shards 4, 4, 3, 3; by_size; 3 steps; the 5-10-1 MLP
 BASE = {"dtype": "float64", "data__global_batch": 14, "steps": 3, "parallel__devices": 4,
