@@ -49,6 +49,7 @@ def draw(kind: str, count: int, seed: int, weights: dict | None = None) -> list:
     from parity_tests.tests.hunt.corpus import pairs
 
     out: list = []
+    seen: set = set()
     round_ = 0
     while len(out) < count:
         @settings(max_examples=count - len(out), database=None, phases=[Phase.generate], deadline=None,
@@ -56,7 +57,10 @@ def draw(kind: str, count: int, seed: int, weights: dict | None = None) -> list:
         @hseed(seed * 1000 + round_)
         @given(pairs(kind, weights))
         def collect(p):
-            out.append(p)
+            key = json.dumps([p.raw, p.reference, p.impl, p.bug.label if p.bug else None], sort_keys=True)
+            if key not in seen:  # hypothesis may generate the same example twice
+                seen.add(key)
+                out.append(p)
 
         collect()
         round_ += 1

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import ast
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from parity_tests.judging.judge import compare_case
+from parity_tests.running.harness import run_impl
 from parity_tests.running.registry import resolve
 from parity_tests.tests.helpers import MLP, make
 from parity_tests.tests.hunt.corpus import (
@@ -35,6 +38,7 @@ from parity_tests.tests.hunt.corpus import (
     differences,
     judgement,
     mutated_runner,
+    pairs,
     tf,
     torch,
     truth,
@@ -161,3 +165,54 @@ def test_seeded_bug_is_a_divergence(name, impl, changes):
     reference = "tf.single" if bug.impl == "torch.ddp" else "torch.ddp"
     v = _judge(case, [reference, bug.impl], bug).pairs[0].verdict
     assert v.status == "divergence", f"{name}: {v.status}\n{v.detail}"
+
+
+# ---------------------------------------------------------------- drawn pairs: the truth's premises, checked on the runs
+
+
+def _drawn(kind: str, n: int, at: int) -> list[Pair]:
+    out: list[Pair] = []
+
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @seed(at)
+    @given(pairs(kind, dtypes=("float64",)))
+    def collect(p):
+        out.append(p)
+
+    collect()
+    return out
+
+
+def _gap(a: dict, b: dict) -> float:
+    """The greatest relative difference over the loss and the parameters (denominators floored at 1e-2)."""
+    keys = [k for k in a if k == "loss" or k.startswith("param/")]
+    return max(float(np.max(np.abs(a[k] - b[k]) / np.maximum(np.maximum(np.abs(a[k]), np.abs(b[k])), 1e-2)))
+               for k in keys)
+
+
+@pytest.mark.usefixtures("pool")
+def test_drawn_bugs_change_what_is_computed():
+    """Every drawn bug, run beside its correct version in float64, moves the loss or the parameters by more than
+    100 times the float64 bound (or puts the DDP replicas out of sync): ``Bug.applies`` keeps its word."""
+    for p in _drawn("bug", 6, 11):
+        case = p.case()
+        for name in (p.bug.base, p.bug.impl):
+            resolve(name)
+        base, buggy = run_impl(case, p.bug.base), mutated_runner(p.bug)(case, p.bug.impl)
+        assert getattr(buggy, "findings", None) or _gap(base, buggy) > 1e-8, f"{p.bug.label} on {p.describe()}"
+
+
+@pytest.mark.usefixtures("pool")
+def test_drawn_pairs_the_truth_calls_identical_agree():
+    """A drawn float64 pair whose truth is ``parity`` agrees to the float64 bound when simply run (no judge)."""
+    checked = 0
+    for p in _drawn("equivalent", 8, 12):
+        if truth(p.case().spec, BY_NAME[p.reference], BY_NAME[p.impl])[0] != ("parity",):
+            continue
+        for name in (p.reference, p.impl):
+            resolve(name)
+        a, b = run_impl(p.case(), p.reference), run_impl(p.case(), p.impl)
+        assert _gap(a, b) <= 1e-10, f"{p.reference} vs {p.impl} on {p.describe()}"
+        checked += 1
+    assert checked >= 3

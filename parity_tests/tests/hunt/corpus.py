@@ -536,9 +536,10 @@ def bug_weights(raws: list[dict]) -> dict[str, float]:
 
 
 @st.composite
-def pairs(draw, kind: str, weights: dict[str, float] | None = None) -> Pair:
+def pairs(draw, kind: str, weights: dict[str, float] | None = None,
+          dtypes: tuple[str, ...] = ("float32", "float64", MIXED_BFLOAT16)) -> Pair:
     """An equivalent pair (``kind="equivalent"``) or a bug pair (``"bug"``, bugs weighted by ``weights``) on a drawn case."""
-    raw = draw(specs())
+    raw = draw(specs(dtypes))
     spec = _valid(raw)
     if spec is None:
         from hypothesis import reject
