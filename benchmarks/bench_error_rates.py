@@ -50,20 +50,24 @@ def draw(kind: str, count: int, seed: int, weights: dict | None = None) -> list:
 
     out: list = []
     seen: set = set()
-    round_ = 0
-    while len(out) < count:
-        @settings(max_examples=count - len(out), database=None, phases=[Phase.generate], deadline=None,
-                  suppress_health_check=list(HealthCheck))
+    for round_ in range(100):
+        if len(out) >= count:
+            break
+
+        # a run's first examples are hypothesis' simplest (the same in every run): a later run asks for more
+        # than are missing, or it could draw nothing new
+        missing = count - len(out)
+        @settings(max_examples=missing + 10 if round_ == 0 else max(2 * missing, 50), database=None, phases=[Phase.generate],
+                  deadline=None, suppress_health_check=list(HealthCheck))
         @hseed(seed * 1000 + round_)
         @given(pairs(kind, weights))
         def collect(p):
             key = json.dumps([p.raw, p.reference, p.impl, p.bug.label if p.bug else None], sort_keys=True)
-            if key not in seen:  # hypothesis may generate the same example twice
+            if key not in seen and len(out) < count:  # hypothesis may generate the same example twice
                 seen.add(key)
                 out.append(p)
 
         collect()
-        round_ += 1
     return out[:count]
 
 
