@@ -138,8 +138,9 @@ def breakdown(rows: list[dict]) -> str:
                                        or "none")]
     per = defaultdict(lambda: [0, 0])
     for r in bugs:
-        side = "tf:" if "tf_side" in r["bug_impl"] else "torch:"
-        label = side + r["bug"] if r["bug_impl"].count(":") else f"{r['bug']}@{r['bug_impl']}"
+        impl = r["bug_impl"]
+        label = impl.removeprefix("mutant:") if impl.startswith("mutant:") else (
+            ("tf:" if "tf_side" in impl else "torch:") + r["bug"])
         per[label][1] += 1
         per[label][0] += not r["right"]
     out.append("misses by bug: " + ", ".join(f"{k} {m}/{t}" for k, (m, t) in sorted(per.items())))
@@ -156,7 +157,7 @@ def replay_line(row: dict, folder: Path, index: int) -> str:
     pair_file = path.parent / "pair.json"
     pair_file.write_text(json.dumps({k: row[k] for k in ("raw", "reference", "impl", "bug", "bug_impl")}, indent=1))
     cmd = f"python benchmarks/bench_error_rates.py --replay {pair_file}"
-    if row["bug"] is None or ":" in row["bug_impl"]:  # a plugin pair: the tool's own command replays it
+    if row["bug"] is None or not row["bug_impl"].startswith("mutant:"):  # no mutant: the tool's own command replays it
         cmd += f"   |   tfpar compare {path} --impls {_short(row['reference'])},{_short(row['impl'])}"
     return cmd
 

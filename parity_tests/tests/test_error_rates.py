@@ -39,6 +39,7 @@ from parity_tests.tests.hunt.corpus import (
     judgement,
     mutated_runner,
     pairs,
+    register_mutants,
     tf,
     torch,
     truth,
@@ -110,6 +111,7 @@ REWRITES = [tf("add_n"), tf("stack_mean"), tf("concat_loss"), tf("add_n_nograds"
 
 
 def _judge(case, impls, bug=None):
+    register_mutants()
     for name in impls:
         resolve(name)
     return compare_case(case, impls, runner=mutated_runner(bug), stages=False)
@@ -151,8 +153,8 @@ FAMILIES = [
     ("clip_per_tower", None, {"parallel__clip": {"global_norm": 1e-6, "where": "after_combine"},
                               "optimizer": {"name": "sgd", "lr": 1.0, "semantics": "tf"}}),
     ("no_allreduce", None, {}),  # DDP replicas out of sync
-    ("lr_times_n", "torch.ddp", {}),  # a mutated built-in
-    ("next_batch", "tf.towers", {}),
+    ("lr_times_n", "mutant:lr_times_n@torch.ddp", {}),  # a mutated built-in
+    ("next_batch", "mutant:next_batch@tf.towers", {}),
 ]
 
 
@@ -162,7 +164,7 @@ def test_seeded_bug_is_a_divergence(name, impl, changes):
     bug = _bug(name, impl)
     case = make(MLP, **{**BASE, "optimizer": {"name": "sgd", "lr": 0.1, "semantics": "torch"}, **changes})
     assert bug.applies(case.spec), f"{name} does not apply to the test's case"
-    reference = "tf.single" if bug.impl == "torch.ddp" else "torch.ddp"
+    reference = "tf.single" if bug.base == "torch.ddp" else "torch.ddp"
     v = _judge(case, [reference, bug.impl], bug).pairs[0].verdict
     assert v.status == "divergence", f"{name}: {v.status}\n{v.detail}"
 
@@ -197,6 +199,7 @@ def test_drawn_bugs_change_what_is_computed():
     100 times the float64 bound (or puts the DDP replicas out of sync): ``Bug.applies`` keeps its word."""
     for p in _drawn("bug", 6, 11):
         case = p.case()
+        register_mutants()
         for name in (p.bug.base, p.bug.impl):
             resolve(name)
         base, buggy = run_impl(case, p.bug.base), mutated_runner(p.bug)(case, p.bug.impl)

@@ -47,7 +47,7 @@ from parity_tests.testing.strategies import (
 )
 
 __all__ = ["HERE", "TF", "TORCH", "Impl", "Bug", "Pair", "IMPLS", "BUGS", "MUTATIONS", "LRS", "EPSILONS",
-           "CLIP_NORMS", "specs", "pairs", "truth", "differences", "behind", "bug_weights", "update_scale", "shard_sizes", "mutated_runner", "OK",
+           "CLIP_NORMS", "specs", "pairs", "truth", "differences", "mutant", "register_mutants", "behind", "bug_weights", "update_scale", "shard_sizes", "mutated_runner", "OK",
            "judgement"]
 
 HERE = Path(__file__).resolve().parent
@@ -246,7 +246,8 @@ class Bug:
         base: the correct implementation it is a change of (its support applies).
         applies: ``applies(spec)``: the bug changes what is computed on that case, materially.
         why: one line.
-        mutate: for a case-level bug, ``mutate(case) -> case`` (what the built-in is run on).
+        mutate: for a case-level bug, ``mutate(case) -> case`` (what the built-in ``base`` is run on, as
+            the implementation ``impl``: :func:`register_mutants`).
         logs: the bug is in the logged loss only.
     """
 
@@ -260,7 +261,7 @@ class Bug:
 
     @property
     def label(self) -> str:
-        return self.name if self.mutate is None else f"{self.name}@{self.impl}"
+        return self.name if self.mutate is None else f"{self.name}@{self.base}"
 
 
 def _tfbug(name: str, applies: Callable[[dict], bool], why: str, logs: bool = False) -> Bug:
@@ -376,36 +377,66 @@ def _gross(spec: dict) -> bool:
     return spec["dtype"] != MIXED_BFLOAT16 or _lr(spec) >= 0.05
 
 
+def mutant(name: str, builtin: str) -> str:
+    """The implementation name of ``builtin`` with the case-level bug ``name`` (:func:`register_mutants`)."""
+    return f"mutant:{name}@{builtin}"
+
+
 MUTATIONS: list[Bug] = []
 for _impl in ("tf.towers", "torch.ddp", "tf.single", "torch.single"):
     _par = BY_NAME[_impl].parallel
     MUTATIONS += [
-        Bug("lr_times_n", _impl, _impl, lambda s, p=_par: p and _n_gt1(s) and _moves(s) and _gross(s),
+        Bug("lr_times_n", mutant("lr_times_n", _impl), _impl,
+            lambda s, p=_par: p and _n_gt1(s) and _moves(s) and _gross(s),
             "the learning rate multiplied by N (the linear scaling rule applied on top of summed gradients)",
             _set_opt("lr", lambda s: s["optimizer"]["lr"] * s["parallel"]["devices"])),  # the case's own N
-        Bug("momentum_dropped", _impl, _impl,
+        Bug("momentum_dropped", mutant("momentum_dropped", _impl), _impl,
             lambda s: s["optimizer"]["name"] == "momentum" and s["optimizer"]["momentum"] > 0 and s["steps"] >= 2
             and _moves(s) and _gross(s), "momentum left at the other framework's default 0",
             _set_opt("momentum", lambda s: 0.0)),
-        Bug("next_batch", _impl, _impl, lambda s: s["steps"] >= 2 and _gross(s),
+        Bug("next_batch", mutant("next_batch", _impl), _impl, lambda s: s["steps"] >= 2 and _gross(s),
             "every step reads the next step's batch (an extra next() on the iterator)", _next_batch),
-        Bug("weighting_flipped", _impl, _impl, lambda s, p=_par: p and _n_gt1(s) and _uneven(s) and _gross(s)
-            and s["model"]["reduction"] == "mean", "equal and by_size weighting swapped on uneven shards",
-            _flip(("parallel", "weighting"), ("equal", "by_size"))),
-        Bug("reduction_flipped", _impl, _impl, lambda s: max(_elements_per_device(s)) > 1 and _gross(s),
+        Bug("weighting_flipped", mutant("weighting_flipped", _impl), _impl,
+            lambda s, p=_par: p and _n_gt1(s) and _uneven(s) and _gross(s) and s["model"]["reduction"] == "mean",
+            "equal and by_size weighting swapped on uneven shards", _flip(("parallel", "weighting"), ("equal", "by_size"))),
+        Bug("reduction_flipped", mutant("reduction_flipped", _impl), _impl,
+            lambda s: max(_elements_per_device(s)) > 1 and _gross(s),
             "a shard's loss summed where the case means it (or the reverse)",
             _flip(("model", "reduction"), ("mean", "sum"))),
     ]
 BUGS: list[Bug] = BUG_PLUGINS + MUTATIONS
 
 
-def mutated_runner(bug: Bug | None) -> Callable[[Case, str], dict]:
-    """``runner(case, impl)`` for ``compare_case``: ``bug``'s built-in runs its mutated case, everything else as is."""
+def register_mutants() -> None:
+    """Register every case-level bug as an implementation of its own (``mutant:<bug>@<built-in>``).
+
+    It is the built-in run on the mutated case, registered as a *plugin* of the built-in's
+    framework and kind: the judge treats it as code under test (its perturbed rerun keeps its
+    device count and row order; a predicted difference is mapped through the clean built-in as
+    its stand-in), which is what a seeded bug models. Registered in this process only: replay
+    such a pair with ``bench_error_rates.py --replay``.
+    """
+    from parity_tests.running import registry
+
+    for bug in MUTATIONS:
+        if registry.lookup(bug.impl) is not None:
+            continue
+        base = registry.resolve(bug.base)
+
+        def run(case: Case, progress: Callable | None = None, base=base, mutate=bug.mutate) -> dict:
+            return base.run(mutate(case), progress)
+
+        registry.register(dataclasses.replace(base, name=bug.impl, kind="plugin", run=run,
+                                              description=f"{bug.base} with the seeded bug {bug.name}"))
+
+
+def mutated_runner(bug: Bug | None = None) -> Callable[[Case, str], dict]:
+    """``runner(case, impl)`` for ``compare_case``: every implementation as registered, the mutants registered first."""
     from parity_tests.running.harness import run_impl
 
+    register_mutants()
+
     def run(case: Case, impl: str) -> dict:
-        if bug is not None and bug.mutate is not None and impl == bug.impl:
-            case = bug.mutate(case)
         return run_impl(case, impl)
 
     return run
