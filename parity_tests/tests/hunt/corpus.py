@@ -22,6 +22,7 @@ from the judge's theory (``docs/error-rates.md``, "The ground truth"):
   says the two compute the same numbers, ``expected_difference`` is wrong too
   (theory named a difference that does not exist, and a real one hides behind
   it). Where both runs overflow the right verdict is ``error`` or ``inconclusive``;
+  where every recorded gradient is exactly zero (a dead ReLU network), ``inconclusive``;
 * a bug pair is missed when its verdict is ``parity`` or ``expected_difference``
   (a bug hidden behind a predicted difference is a miss). Each bug is drawn only
   on cases where it changes what is computed, by an amount the float64 bound
@@ -493,7 +494,13 @@ def differences(spec: dict, a: Impl, b: Impl) -> tuple[list[str], list[str]]:
 #: ``update_scale x steps`` below which a run's parameters may count as unmoved: (float32 or bfloat16, float64).
 #: The judge calls a parameter unmoved within 1e-10 relative in float64; in float32 one ulp is 6e-8. The
 #: estimate is rough (its gradient size is a guess), hence a decade of margin above each.
-STILL = (1e-6, 1e-9)
+STILL = (1e-5, 1e-8)
+
+
+def _still(traj: dict | None) -> bool:
+    """Every recorded gradient exactly zero at every step (a dead network: nothing to compare)."""
+    grads = [k for k in (traj or {}) if k.startswith("grad/")]
+    return bool(grads) and all(not np.any(np.asarray(traj[k])) for k in grads)
 
 
 def _nonfinite(traj: dict | None) -> bool:
@@ -554,6 +561,8 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
     allowed, why = truth(pair.raw, a, b)
     if _nonfinite(ref_traj) and _nonfinite(impl_traj):
         allowed, why = ("error", "inconclusive"), "both runs overflow"
+    elif _still(ref_traj) or _still(impl_traj):
+        allowed, why = ("inconclusive",), "every gradient is exactly zero (a dead network)"
     return status in allowed, f"{why}; right: {' or '.join(allowed)}"
 
 
