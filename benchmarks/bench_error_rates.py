@@ -186,8 +186,10 @@ def replay(path: Path) -> None:
     from parity_tests.tests.hunt.corpus import BUGS, Pair, judgement, mutated_runner
 
     d = json.loads(path.read_text())
-    bug = next((b for b in BUGS if b.name == d["bug"] and b.impl == d["bug_impl"]), None) if d["bug"] else None
-    pair = Pair(d["raw"], d["reference"], d["impl"], bug)
+    bug = None
+    if d["bug"]:  # a mutated built-in was once named after the built-in itself: match its base too
+        bug = next(b for b in BUGS if b.name == d["bug"] and d["bug_impl"] in (b.impl, b.base))
+    pair = Pair(d["raw"], d["reference"], bug.impl if bug else d["impl"], bug)
     result = compare_case(pair.case(), [pair.reference, pair.impl], runner=mutated_runner(bug))
     print(result.summary())
     ok, why = judgement(pair, result.pairs[0].verdict.status)
