@@ -49,9 +49,10 @@ from parity_tests.testing.strategies import (
     input_shapes,
 )
 
-__all__ = ["HERE", "TF", "TORCH", "Impl", "Bug", "Pair", "IMPLS", "BUGS", "MUTATIONS", "LRS", "EPSILONS",
-           "CLIP_NORMS", "specs", "pairs", "truth", "differences", "mutant", "register_mutants", "behind", "bug_weights", "update_scale", "shard_sizes", "mutated_runner", "OK",
-           "judgement"]
+__all__ = ["HERE", "TF", "TORCH", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
+           "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
+           "mutated_runner", "specs", "pairs", "bug_weights", "behind", "shard_sizes", "update_scale", "differences",
+           "truth", "judgement"]
 
 HERE = Path(__file__).resolve().parent
 TF = HERE / "tf_side.py"
