@@ -226,3 +226,20 @@ def test_cli_exit_status_follows_contract_section_8(tmp_path, capsys):
     pair = json.loads((tmp_path / "r2" / "report.json").read_text())["cases"][0]["pairs"][0]
     assert pair["status"] == "inconclusive" and "no parameter moves" in pair["verdict"]["detail"]
     assert "INCONCLUSIVE" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("opt", [
+    {"name": "rmsprop", "lr": 0.01, "epsilon": 0.0},
+    {"name": "adagrad", "lr": 0.01, "epsilon": 0.0, "initial_accumulator": 0.1},
+    {"name": "momentum", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.01,
+     "schedule": {"kind": "warmup_linear", "warmup_steps": 3}},
+], ids=["rmsprop-eps0", "adagrad-eps0", "sgd-decay-warmup"])
+def test_keras_float32_hyperparameters_are_mapped_for_every_optimizer_and_schedule(opt):
+    """No formula differs at these values: what is left is Keras' float32 learning rate, accumulator, decay and
+    schedule, mapped onto torch.ddp; parity, with the unmapped gap (above the float64 bound) beside it."""
+    case = make(MLP, parallel__devices=2, optimizer=opt, model__layers__0__activation="tanh")
+    p = compare_case(case, ["tf.towers", "torch.ddp"]).pairs[0]
+    assert not p.prediction.expected, p.prediction
+    assert p.verdict.status == "parity", p.verdict.detail
+    assert p.unmapped_gap > 1e-10 and p.residual.gap < 1e-14
