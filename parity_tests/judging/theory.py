@@ -64,7 +64,7 @@ class Difference:
             otherwise its size depends on the values, and a run where it stays within the
             bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
         mapping: how a side the tool controls can be made to compute what the other side
-            computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``clip``,
+            computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
             ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``; ``None``: no
             field of the case can express it.
     """
@@ -244,9 +244,9 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     moves = any(r != 0 for r in _rates(spec))
     one_parallel = is_parallel(a) != is_parallel(b) and n > 1
     if one_parallel:
-        if spec["model"]["reduction"] == "sum":
+        if spec["model"]["reduction"] == "sum" and par["weighting"] != "sum":
             found.append(_diff(f"sum reduction: {n} devices average per-device sums, i.e. the full-batch sum / {n}",
-                               certain=True))
+                               certain=True, mapping="sum_weighting"))
         elif par["weighting"] == "equal" and uneven_shards(spec):
             found.append(_diff("uneven shards with equal weighting: the device mean weights rows of smaller shards more",
                                certain=True, mapping="weighting"))
@@ -625,6 +625,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         return {"optimizer.semantics": "tf", "optimizer.keras_rounding": rounding}
     if kind == "weighting" and parallel_side:
         return {"parallel.weighting": "by_size"}
+    if kind == "sum_weighting" and parallel_side:  # the devices' sums added, not averaged: the full-batch sum
+        return {"parallel.weighting": "sum"}
     if kind == "clip" and parallel_side:
         return {"parallel.clip": {**par["clip"], "where": "after_combine"}}
     if kind == "combine" and parallel_side:
