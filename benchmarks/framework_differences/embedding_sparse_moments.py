@@ -5,7 +5,7 @@
 Code paths (installed versions):
   TF 2.21     ``tf.gather`` (Keras' ``Embedding.call`` -> ``ops.take``) has an ``IndexedSlices``
               gradient: one slice per occurrence, duplicates not summed.
-  Keras 3.15  keras/src/optimizers/adam.py ``update_step``: ``v += (square(g) - v)(1 - beta_2)``;
+  Keras 3.15  keras/src/optimizers/adam.py:125 ``update_step``: ``v += (square(g) - v)(1 - beta_2)``;
               ``ops.square`` of an ``IndexedSlices`` squares each slice and keeps the duplicate
               indices (keras/src/backend/tensorflow/sparse.py:382, ``elementwise_unary``); the
               subtraction then densifies (sparse.py:488: ``tf.convert_to_tensor``), which sums the
@@ -14,11 +14,12 @@ Code paths (installed versions):
               rmsprop.py:126-130 (``square(gradient)``) and adagrad.py:85
               (``assign_add(accumulator, square(gradient))`` -> ``scatter_add`` per occurrence)
               do the same. Under ``MirroredStrategy`` the gradient's all-reduce concatenates the
-              replicas' slices (keras/src/backend/tensorflow/optimizer.py:176), so a token seen
+              replicas' slices (keras/src/backend/tensorflow/optimizer.py:159), so a token seen
               once on each of two replicas is a duplicate too.
   torch 2.13  ``nn.Embedding`` (``sparse=False``) gives a dense gradient: ``(sum_i g_i)^2``.
               With ``sparse=True``, torch's own sparse optimizers coalesce (sum duplicates) first
-              (torch/optim/adagrad.py: ``grad = grad.coalesce()``), so they agree with dense.
+              (torch/optim/adagrad.py:405: ``grad = grad.coalesce()  # the update is non-linear so indices
+              must be unique``), so they agree with dense.
 
 Closed form, Adam's first step (bias-corrected ``m = G``, ``v = sum g_i^2``, ``G = sum g_i``):
     Keras: ``lr G / sqrt(sum_i g_i^2)``, torch: ``lr sign(G)`` (eps aside)
