@@ -22,9 +22,8 @@ import numpy as np
 
 __all__ = ["on_side", "result", "max_abs", "versions_tf", "versions_torch", "tf_logical_cpus"]
 
-# quiet TensorFlow's C++ start-up banner and oneDNN notices in the children
+# quiet TensorFlow's C++ start-up banner in the children
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def on_side(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
