@@ -43,7 +43,6 @@ def inputs(dk: int, dtype: str) -> np.ndarray:
 
 def keras_side(dk: int, dtype: str) -> dict:
     import keras
-
     from _common import versions_tf
 
     keras.utils.set_random_seed(0)
@@ -64,7 +63,6 @@ def keras_side(dk: int, dtype: str) -> dict:
 
 def torch_side(dk: int, dtype: str, w: dict, batch_first_mistake: bool = False) -> dict:
     import torch
-
     from _common import versions_torch
 
     E = H * dk

@@ -44,7 +44,6 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 def keras_side() -> dict:
     import keras
-
     from _common import versions_tf
 
     keras.utils.set_random_seed(0)
@@ -60,7 +59,6 @@ def keras_side() -> dict:
 
 def torch_side(w: dict) -> dict:
     import torch
-
     from _common import versions_torch
 
     x, mask = data()

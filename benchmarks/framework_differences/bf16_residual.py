@@ -22,7 +22,7 @@ The mapping equalises the *kind* of rounding, not the bits: two bfloat16 streams
 different places, so mapped runs still differ by bfloat16 noise (which the judge's bfloat16 rule
 covers); what the row changes is the error against float64 (about 8x here). A second, smaller
 difference shows once the stream is mapped: Keras' ``Dense`` adds its bias in a separate bfloat16
-op (two roundings: keras/src/layers/core/dense.py, ``matmul`` then ``add``), torch's autocast
+op (two roundings: keras/src/layers/core/dense.py:222-224, ``matmul`` then ``add``), torch's autocast
 ``linear`` fuses it (one ``addmm``). torch written with the bias added apart reproduces Keras'
 float32-stream run bit for bit (with TensorFlow's default oneDNN kernels; with
 ``TF_ENABLE_ONEDNN_OPTS=0`` TensorFlow's bfloat16 kernels round otherwise and it does not).

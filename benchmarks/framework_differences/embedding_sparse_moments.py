@@ -49,7 +49,6 @@ def start() -> tuple[np.ndarray, np.ndarray]:
 def keras_side(opt: str, tokens: np.ndarray, gradient: str, replicas: int) -> dict:
     import keras
     import tensorflow as tf
-
     from _common import tf_logical_cpus, versions_tf
 
     devices = tf_logical_cpus(replicas)
@@ -96,7 +95,6 @@ def keras_side(opt: str, tokens: np.ndarray, gradient: str, replicas: int) -> di
 
 def torch_side(opt: str, tokens: np.ndarray, sparse: bool) -> dict:
     import torch
-
     from _common import versions_torch
 
     table, target = start()

@@ -39,7 +39,6 @@ TORCH_TANH = "F.gelu(approximate='tanh')"
 def tf_side() -> dict:
     import keras
     import tensorflow as tf
-
     from _common import versions_tf
 
     out = {}
@@ -60,7 +59,6 @@ def tf_side() -> dict:
 def torch_side() -> dict:
     import torch
     import torch.nn.functional as F
-
     from _common import versions_torch
 
     out = {}

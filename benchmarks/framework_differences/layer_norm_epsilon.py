@@ -33,7 +33,6 @@ def inputs() -> np.ndarray:
 
 def keras_side(x: np.ndarray) -> dict:
     import keras
-
     from _common import versions_tf
 
     layer = keras.layers.LayerNormalization()  # default epsilon
@@ -42,7 +41,6 @@ def keras_side(x: np.ndarray) -> dict:
 
 def torch_side(x: np.ndarray, eps: float | None) -> dict:
     import torch
-
     from _common import versions_torch
 
     layer = torch.nn.LayerNorm(D) if eps is None else torch.nn.LayerNorm(D, eps=eps)

@@ -52,7 +52,6 @@ def kernel(k: int) -> np.ndarray:
 
 def keras_side() -> dict:
     import keras
-
     from _common import versions_tf
 
     out = {}
@@ -71,7 +70,6 @@ def keras_side() -> dict:
 def torch_side() -> dict:
     import torch
     import torch.nn.functional as F
-
     from _common import versions_torch
 
     def nchw(a):

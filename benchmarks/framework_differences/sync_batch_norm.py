@@ -44,7 +44,6 @@ def batch(mu: float) -> np.ndarray:
 def keras_side() -> dict:
     import keras
     import tensorflow as tf
-
     from _common import tf_logical_cpus, versions_tf
 
     strategy = tf.distribute.MirroredStrategy(tf_logical_cpus(REPLICAS))
