@@ -71,7 +71,7 @@ def keras_worker(conn, dtype: str) -> None:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(layer(x, x) - y))
         grads = tape.gradient(loss, variables)
-        conn.send((float(loss), {n: np.asarray(g) for n, g in zip(order, grads)}, None))
+        conn.send((float(loss), {n: np.asarray(g) for n, g in zip(order, grads, strict=True)}, None))
 
 
 def torch_worker(conn, dtype: str, impl: str) -> None:

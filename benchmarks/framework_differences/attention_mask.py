@@ -52,7 +52,7 @@ def keras_side() -> dict:
     fast = np.asarray(layer(x, x, attention_mask=mask))
     explicit, scores = layer(x, x, attention_mask=mask, return_attention_scores=True)
     w = {p: (np.asarray(d.kernel), np.asarray(d.bias)) for p, d in
-         zip("qkvo", (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense))}
+         zip("qkvo", (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense), strict=True)}
     return {"fast": fast, "explicit": np.asarray(explicit), "scores": np.asarray(scores), "w": w,
             **versions_tf()}
 

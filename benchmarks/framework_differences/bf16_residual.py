@@ -52,7 +52,7 @@ def keras_side(add_dtype: str | None) -> np.ndarray:
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     x, ws, bs = weights()
     h = keras.ops.convert_to_tensor(x)
-    for w, b in zip(ws, bs):
+    for w, b in zip(ws, bs, strict=True):
         dense = keras.layers.Dense(D, activation="relu")
         dense.build((None, D))
         dense.kernel.assign(w)
@@ -69,7 +69,7 @@ def torch_side(round_stream: bool, bias_apart: bool = False) -> np.ndarray:
     x, ws, bs = weights()
     h = torch.from_numpy(x)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-        for w, b in zip(ws, bs):
+        for w, b in zip(ws, bs, strict=True):
             if bias_apart:  # Keras' Dense: bfloat16 matmul, then a bfloat16 bias add (two roundings)
                 branch = F.linear(h, torch.from_numpy(w).T) + torch.from_numpy(b).to(torch.bfloat16)
             else:  # one fused addmm, one rounding
@@ -83,7 +83,7 @@ def torch_side(round_stream: bool, bias_apart: bool = False) -> np.ndarray:
 def float64() -> np.ndarray:
     x, ws, bs = weights()
     h = x.astype(np.float64)
-    for w, b in zip(ws, bs):
+    for w, b in zip(ws, bs, strict=True):
         h = h + np.maximum(h @ w.astype(np.float64) + b, 0)
     return h
 

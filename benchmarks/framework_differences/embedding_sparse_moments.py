@@ -79,13 +79,10 @@ def keras_side(opt: str, tokens: np.ndarray, gradient: str, replicas: int) -> di
     traj = [table]
     for _ in range(STEPS):
         if replicas > 1:
-            shards = iter([(tokens[i * per:(i + 1) * per], target[i * per:(i + 1) * per]) for i in range(replicas)])
-
-            def fn(ctx, shards=list(shards)):
-                return shards[ctx.replica_id_in_sync_group]
-
-            ids = strategy.experimental_distribute_values_from_function(lambda c, s=fn: s(c)[0])
-            ys = strategy.experimental_distribute_values_from_function(lambda c, s=fn: s(c)[1])
+            ids = strategy.experimental_distribute_values_from_function(
+                lambda c: tokens[c.replica_id_in_sync_group * per:(c.replica_id_in_sync_group + 1) * per])
+            ys = strategy.experimental_distribute_values_from_function(
+                lambda c: target[c.replica_id_in_sync_group * per:(c.replica_id_in_sync_group + 1) * per])
             strategy.run(tf.function(step), args=(ids, ys))
         else:
             step(tokens, target)

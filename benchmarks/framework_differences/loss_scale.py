@@ -65,7 +65,7 @@ def keras_side(bad: int) -> dict:
                 loss = tf.reduce_sum(tf.square(tf.matmul(xr, w))) / 4.0
                 scaled = opt.scale_loss(loss)
             grads = tape.gradient(scaled, [w])
-            opt.apply_gradients(zip(grads, [w]))
+            opt.apply_gradients(zip(grads, [w], strict=True))
         strategy.run(replica, args=(xs,))
 
     values = strategy.experimental_distribute_values_from_function(lambda c: x[c.replica_id_in_sync_group])
@@ -91,7 +91,7 @@ def keras_accumulation() -> str:
         def replica(xr):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(tf.square(tf.matmul(xr, w)))
-            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w], strict=True))
         strategy.run(replica, args=(xs,))
 
     values = strategy.experimental_distribute_values_from_function(lambda c: shards(-1)[c.replica_id_in_sync_group])

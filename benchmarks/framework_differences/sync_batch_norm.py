@@ -82,7 +82,7 @@ def torch_algorithm(x: np.ndarray) -> np.ndarray:
         counts.append(f(len(xs)))
     # batch_norm_gather_stats_with_counts: back from invstd to var, Chan's parallel merge
     n, mean, m2 = f(0), np.zeros(C, f), np.zeros(C, f)
-    for m_r, inv_r, n_r in zip(means, invstds, counts):
+    for m_r, inv_r, n_r in zip(means, invstds, counts, strict=True):
         var_r = f(1) / (inv_r * inv_r) - f(EPS)
         delta = m_r - mean
         total = n + n_r
