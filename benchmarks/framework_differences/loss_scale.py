@@ -5,7 +5,7 @@ under data parallelism; gradient accumulation under ``MirroredStrategy``.
 
 Code paths (installed versions):
   Keras 3.15  keras/src/optimizers/loss_scale_optimizer.py:49 ``initial_scale=2.0**15``.
-              ``_tf_apply`` (line 255): under ``MirroredStrategy`` (no merge-call-free support)
+              ``_tf_apply`` (line 256): under ``MirroredStrategy`` (no merge-call-free support)
               ``_handle_cross_replica`` runs ``check_finite`` on each replica's *own, not yet
               all-reduced* gradients and keeps replica 0's answer (lines 268-278; the comment
               says "Each replica computed the same `finite` value, since `grads` is all-reduced

@@ -55,7 +55,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     for r in table:
         held = {True: "yes", False: "no"}.get(r["held"], r["held"])
-        print(f"| {r['row']} | {held} | {r['gap']} | {r['condition']} | {r['mapping']} | {r['script']}.py |")
+        cells = [r["row"], held, r["gap"], r["condition"], r["mapping"], f"{r['script']}.py"]
+        print("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")  # |z| in a cell
     print(f"\n{len(names)} scripts, {total:.0f} s")
 
 

@@ -13,7 +13,7 @@ Code paths (installed versions):
   torch 2.13  ResNet code (torchvision) uses ``nn.Conv2d(k=3, stride=2, padding=1)``,
               ``nn.Conv2d(k=7, stride=2, padding=3)``, ``nn.MaxPool2d(3, 2, padding=1)``:
               symmetric padding. ``nn.AvgPool2d`` has ``count_include_pad=True`` by default
-              (torch/nn/modules/pooling.py:659): zeros of the padding are counted.
+              (torch/nn/modules/pooling.py:766): zeros of the padding are counted.
 
 Conditions and sizes:
   * SAME vs symmetric ``padding=(k-1)/2``: equal when ``p`` is even, i.e. ``p = 2 * padding``
