@@ -11,12 +11,16 @@ Code paths (installed versions):
               over all keys (the output is the mean of the values, projected).
               Explicit path (``return_attention_scores=True`` or dropout > 0; line 584 on):
               keras/src/layers/activations/softmax.py:81 puts -1e9 in masked places, and line
-              104 zeroes masked weights afterwards: a fully masked row's weights are **zeros**
+              105 zeroes masked weights afterwards: a fully masked row's weights are **zeros**
               (the output is the output bias). So Keras' own two paths differ on such a row.
   torch 2.13  ``nn.MultiheadAttention(attn_mask=...)``: a bool ``True`` **blocks**
               (torch/nn/functional.py:6608 turns it into ``-inf``); a fully masked row's
               softmax over ``-inf`` is NaN on the ``need_weights=True`` path (line 7038);
               the ``need_weights=False`` path goes to ``scaled_dot_product_attention`` (line 7077).
+
+Causal (GPT): Keras' ``use_causal_mask=True`` (a lower-triangular band, nn.py:1691-1695 or
+``_compute_causal_mask``) and torch's bool ``triu(1)`` mask (``True`` blocks the future) agree to
+rounding; no row of a causal mask is fully masked (the diagonal attends).
 
 The mapping: invert the mask (``torch_mask = ~keras_mask``, repeated per head). With it, rows with
 at least one attended key agree to rounding; a fully masked row has no mapping (zeros, uniform
@@ -51,9 +55,12 @@ def keras_side() -> dict:
     layer = keras.layers.MultiHeadAttention(num_heads=H, key_dim=DK)
     fast = np.asarray(layer(x, x, attention_mask=mask))
     explicit, scores = layer(x, x, attention_mask=mask, return_attention_scores=True)
+    causal = np.asarray(layer(x, x, use_causal_mask=True))  # the GPT mask, Keras' own flag
+    causal_explicit, _ = layer(x, x, use_causal_mask=True, return_attention_scores=True)
     w = {p: (np.asarray(d.kernel), np.asarray(d.bias)) for p, d in
          zip("qkvo", (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense), strict=True)}
     return {"fast": fast, "explicit": np.asarray(explicit), "scores": np.asarray(scores), "w": w,
+            "causal": causal, "causal_explicit": np.asarray(causal_explicit),
             **versions_tf()}
 
 
@@ -77,7 +84,12 @@ def torch_side(w: dict) -> dict:
         out["need_weights=False (sdpa)"], _ = mha(xt, xt, xt, attn_mask=blocked, need_weights=False)
         out["Keras mask passed unchanged"], _ = mha(xt, xt, xt, attn_mask=torch.from_numpy(mask).repeat_interleave(H, 0),
                                                     need_weights=True)
-    return {**{k: v.numpy() for k, v in out.items()}, "weights": weights.numpy(), **versions_torch()}
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # True blocks: keys after the query
+        causal_w, _ = mha(xt, xt, xt, attn_mask=future, need_weights=True)
+        causal_sdpa, _ = mha(xt, xt, xt, attn_mask=future, need_weights=False, is_causal=True)
+    return {**{k: v.numpy() for k, v in out.items()}, "weights": weights.numpy(),
+            "causal": {"need_weights=True": causal_w.numpy(), "need_weights=False, is_causal": causal_sdpa.numpy()},
+            **versions_torch()}
 
 
 def main() -> None:
@@ -92,7 +104,7 @@ def main() -> None:
     print(f"Keras explicit path, fully masked row: weights {np.unique(k['scores'][0, :, 1, :])} -> "
           f"output - o.bias = {max_abs(ke, bias[None]):.2g} (the output bias alone)")
     print(f"Keras default vs explicit path on that row: {max_abs(kf, ke):.3g}")
-    torch_paths = [p for p in t if p not in ("weights", "torch") and p != "Keras mask passed unchanged"]
+    torch_paths = [p for p in t if p not in ("weights", "torch", "causal") and p != "Keras mask passed unchanged"]
     for p in torch_paths:
         y = t[p]
         nans = int(np.isnan(y[full]).sum())
@@ -101,6 +113,8 @@ def main() -> None:
     wrong = t["Keras mask passed unchanged"]
     print(f"Keras' mask passed to torch unchanged (sense not mapped): other rows off by "
           f"{np.nanmax(np.abs(wrong[~full] - k['fast'][~full])):.2g}")
+    causal = max(max_abs(k[a], y) for a in ("causal", "causal_explicit") for y in t["causal"].values())
+    print(f"causal (Keras use_causal_mask=True, both paths, vs torch's upper-triangular bool mask, both paths): {causal:.2g}")
     nan_any = any(np.isnan(t[p][full]).any() for p in torch_paths)
     held = bool(nan_any) and max_abs(kf, ke) > 1e-3
     result(
@@ -108,7 +122,8 @@ def main() -> None:
         held if held else "partly",
         f"fully masked row: Keras uniform vs zeros {max_abs(kf, ke):.2g}; torch "
         + ", ".join(f"{p}: {'NaN' if np.isnan(t[p][full]).any() else 'finite'}" for p in torch_paths)
-        + f"; other rows {max(max_abs(t[p][~full], k['fast'][~full]) for p in torch_paths):.2g} after inverting",
+        + f"; other rows {max(max_abs(t[p][~full], k['fast'][~full]) for p in torch_paths):.2g} after inverting"
+        + f"; causal {causal:.2g}",
         "no fully masked row; mask sense inverted",
         "torch attn_mask = ~keras_mask; refuse fully masked rows",
     )

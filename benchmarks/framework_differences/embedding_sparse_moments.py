@@ -24,7 +24,8 @@ Code paths (installed versions):
 Closed form, Adam's first step (bias-corrected ``m = G``, ``v = sum g_i^2``, ``G = sum g_i``):
     Keras: ``lr G / sqrt(sum_i g_i^2)``, torch: ``lr sign(G)`` (eps aside)
 so k identical occurrences move the row ``sqrt(k)`` times too far, and in general the gap is
-``lr |G / sqrt(sum g_i^2) - sign G|`` per element. Vanishes when no token id occurs twice in the
+``lr |G / sqrt(sum g_i^2) - sign G|`` per element. RMSprop's first step (``v = (1 - rho) sum g_i^2``)
+and Adagrad's (``a = a0 + sum g_i^2``) follow the same substitution (``step1_gap``, checked below). Vanishes when no token id occurs twice in the
 global batch (all replicas together). Mapping: ``embedding.gradient: dense`` (densify the
 ``IndexedSlices`` before the optimizer, ``tf.convert_to_tensor``), which sums the duplicates.
 This is a framework bug (examples/framework-bugs/keras_embedding_sparse_second_moment.py).
@@ -114,15 +115,22 @@ def torch_side(opt: str, tokens: np.ndarray, sparse: bool) -> dict:
     return {"traj": np.stack(traj), **versions_torch()}
 
 
-def adam_step1_gap(tokens: np.ndarray) -> float:
-    """The closed form of Adam's first-step gap (eps aside) from the per-occurrence gradients."""
+def step1_gap(opt: str, tokens: np.ndarray) -> float:
+    """The closed form of the first step's gap from the per-occurrence gradients ``g_i``
+    (``G = sum g_i``): Keras' second moment holds ``sum g_i^2`` where torch's holds ``G^2``."""
     table, target = start()
     g_occ = 2 * (table[tokens].astype(np.float64) - target) / len(tokens)  # [N, D]
     worst = 0.0
     for t in np.unique(tokens):
         g = g_occ[tokens == t]
-        big_g = g.sum(0)
-        worst = max(worst, float(np.max(np.abs(LR * big_g / np.sqrt((g**2).sum(0)) - LR * np.sign(big_g)))))
+        big_g, sq = g.sum(0), (g**2).sum(0)
+        if opt == "Adam":  # bias-corrected m = G, v = sq (Keras) or G^2 (torch); eps 1e-8 outside
+            keras, torch = big_g / (np.sqrt(sq) + 1e-8), big_g / (np.abs(big_g) + 1e-8)
+        elif opt == "RMSprop":  # v = 0.1 sq; Keras lr g / sqrt(v + eps), torch lr g / (sqrt(v) + eps)
+            keras, torch = big_g / np.sqrt(0.1 * sq + 1e-8), big_g / (np.sqrt(0.1 * big_g**2) + 1e-8)
+        else:  # Adagrad from 0: Keras lr g / sqrt(a + eps), torch lr g / (sqrt(a) + eps)
+            keras, torch = big_g / np.sqrt(sq + 1e-10), big_g / (np.abs(big_g) + 1e-10)
+        worst = max(worst, float(np.max(np.abs(LR * (keras - torch)))))
     return worst
 
 
@@ -146,9 +154,8 @@ def main() -> None:
         if ts is not None:
             print(f"  torch nn.Embedding(sparse=True) + Adagrad (coalesces) vs dense: "
                   f"{max_abs(ts['traj'][-1], t['traj'][-1]):.2g}")
-        if opt == "Adam":
-            print(f"  closed form, step 1: {adam_step1_gap(TOKENS_REPEAT):.4g}; measured "
-                  f"{max_abs(ks['traj'][1], t['traj'][1]):.4g}")
+        print(f"  closed form, step 1: {step1_gap(opt, TOKENS_REPEAT):.4g}; measured "
+              f"{max_abs(ks['traj'][1], t['traj'][1]):.4g}")
     result(
         "embedding sparse second moment",
         True,

@@ -53,6 +53,7 @@ def keras_side(kind: str) -> np.ndarray:
         "AdamW(wd)": lambda: keras.optimizers.AdamW(LR, epsilon=1e-8, weight_decay=WD),
         "SGD(wd)": lambda: keras.optimizers.SGD(LR, weight_decay=WD),
         "SGD(momentum, wd)": lambda: keras.optimizers.SGD(LR, momentum=0.9, weight_decay=WD),
+        "SGD(momentum)": lambda: keras.optimizers.SGD(LR, momentum=0.9),
     }
     opt = make[kind]()
     reg = keras.regularizers.L2(WD / 2) if "L2" in kind else None
@@ -75,6 +76,7 @@ def torch_side(kind: str) -> np.ndarray:
         "AdamW(wd)": lambda: torch.optim.AdamW([w], LR, weight_decay=WD),
         "SGD(wd)": lambda: torch.optim.SGD([w], LR, weight_decay=WD),
         "SGD(momentum, wd)": lambda: torch.optim.SGD([w], LR, momentum=0.9, weight_decay=WD),
+        "SGD(momentum)": lambda: torch.optim.SGD([w], LR, momentum=0.9),
     }
     opt = make[kind]()
     for _ in range(STEPS):
@@ -92,6 +94,7 @@ def main() -> None:
         ("Adam + L2(wd/2)", "Adam(wd)", "mapping: L2(l) = weight_decay 2l"),
         ("SGD(wd)", "SGD(wd)", "plain SGD: the two rules coincide"),
         ("SGD(momentum, wd)", "SGD(momentum, wd)", "SGD with momentum: they do not"),
+        ("SGD(momentum)", "SGD(momentum)", "control: the same momentum rule without decay"),
     ]
     keras_runs = {k: on_side(keras_side, k) for k in {p[0] for p in pairs}}
     torch_runs = {k: on_side(torch_side, k) for k in {p[1] for p in pairs}}
