@@ -355,15 +355,17 @@ def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, run_devices
                       rows=idx, across=across, run_devices=run_devices)
 
 
-def _resummed(case: Case) -> Case:
+def _resummed(case: Case, *, one_device: bool = True) -> Case:
     """``case`` adding its sums in another order, as :func:`perturbed_case` makes a built-in's rerun do.
 
     The rows of each device's shard reordered and, where theory says the N-device update is the
-    full-batch one, the whole batch permuted and computed on one device: every reduction over
-    examples then has other partial sums (and another length), the rounding another kernel leaves.
+    full-batch one (and ``one_device``), the whole batch permuted and computed on one device:
+    every reduction over examples then has other partial sums (and another length), the rounding
+    another kernel leaves.
     """
     data, par = case.spec["data"], case.spec["parallel"]
-    across = par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers", "tf.single").differ
+    across = one_device and par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers",
+                                                                 "tf.single").differ
     idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"],
                             case.spec.get("seed", 0), across=across)
     if not across:
@@ -940,7 +942,8 @@ class _Judged:
                                         x=c.x if np.asarray(c.x).dtype.kind != "f"
                                         else perturb_ulp({"x": c.x}, seed, np.float64)["x"])
             if _reorders(name) and _reorderable(c.replace(dtype="float32")):
-                moved = _resummed(moved)
+                # on its own devices: the spread of this computation, not of the full batch's
+                moved = _resummed(moved, one_device=False)
             runs.append(self.trajs[key])
             reruns.append(self.runner(moved, name))
         factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
