@@ -34,6 +34,13 @@ import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
+from parity_tests.judging.bfloat16 import (
+    BF16_RERUNS,
+    RERUN_SEED_STRIDE,
+    Side,
+    float64_reference,
+    judge_bfloat16,
+)
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
 from parity_tests.judging.theory import (
@@ -73,6 +80,8 @@ FLOORS = ("auto", "float64", "perturbation")
 PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
 #: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
 BF16_CHECK = "float32-step1"
+#: a mixed_bfloat16 case's perturbed reruns (judging.bfloat16: ``BF16_RERUNS`` of them, each with its own coins)
+BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RERUNS)))
 
 
 @dataclass
@@ -243,6 +252,21 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
     return verdict
 
 
+def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str) -> bool:
+    """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
+    return f"{impl}@float64" in trajs and all(f"{impl}@{key}" in trajs for key in BF16_RERUN_KEYS)
+
+
+def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Side:
+    """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``)."""
+    from parity_tests.running import kernels
+
+    framework = registry.resolve(impl, "impls").framework
+    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework)
+    return Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}"], trajs[f"{impl}@float64"],
+                [trajs[f"{impl}@{key}"] for key in BF16_RERUN_KEYS], rho, why)
+
+
 def _f32(v: float) -> float:
     return float(np.float32(v))
 
@@ -276,7 +300,7 @@ def _rerunnable(impl: str) -> bool:
     return found is None or found.rerunnable
 
 
-def perturbed_case(case: Case) -> Case:
+def perturbed_case(case: Case, seed: int | None = None) -> Case:
     """``case`` with every number a float32 run stores moved by one float32 ulp (seeded by the case seed).
 
     The initial weights, the inputs ``x`` and the optimizer's real hyperparameters
@@ -287,7 +311,9 @@ def perturbed_case(case: Case) -> Case:
 
     A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
     round them to bfloat16; the weights and hyperparameters stay float32 storage):
-    ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision".
+    ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision". ``seed``
+    (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
+    ``seed + 2**32`` (``judging.bfloat16``).
 
     A float32 case in ``split`` order also reads the rows of each device's shard in another
     seeded order (``tolerance.shard_permutation``; the dropout masks follow their rows): the
@@ -302,7 +328,7 @@ def perturbed_case(case: Case) -> Case:
     terms repeat is the same in any order, not at another length. Only a built-in's rerun
     reads this case as it is (:func:`_rerun_of`).
     """
-    seed = case.spec.get("seed", 0)
+    seed = case.spec.get("seed", 0) if seed is None else seed
     opt = case.spec["optimizer"]
     moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics", "schedule")}, seed)
     schedule = opt.get("schedule") or {}
@@ -441,8 +467,10 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str],
                 plan.append((side, "float64", False))
             elif rule == "perturbation" and _rerunnable(side):
                 plan.append((side, PERTURBED, False))
-    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard)
+    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard), float64 run and further reruns
         plan.extend((impl, BF16_CHECK, False) for impl in impls if _rerunnable(impl))
+        plan.extend((impl, "float64", False) for impl in impls if _runs_float64(impl))
+        plan.extend((impl, key, False) for key in BF16_RERUN_KEYS[1:] for impl in impls if _rerunnable(impl))
     for impl, side in mapped_needed.items():
         if side is not None and rules[impl] == "float64":
             plan.append((side, "float64", True))
@@ -550,6 +578,10 @@ def compare_case(
         variants[PERTURBED] = perturbed_case(case)
     if case.spec["dtype"] == MIXED_BFLOAT16:
         variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
+        variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
+        seed = case.spec.get("seed", 0)
+        variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
+                         for r, key in enumerate(BF16_RERUN_KEYS) if r})
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
@@ -571,7 +603,7 @@ def compare_case(
             key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
             if key in trajs or impl in refused:
                 continue
-            c = variants[d] if d != PERTURBED else _rerun_of(variants[d], impl)
+            c = _rerun_of(variants[d], impl) if d.startswith(PERTURBED) else variants[d]
             if mapped:
                 c, mapping_text = _keras_mapped(c)
             if bar is not None:
@@ -620,6 +652,11 @@ def compare_case(
         kw = {"expect_difference": pred.differ, "known_differences": pred.known + pred.expected}
         if case.spec["dtype"] == "float64":
             verdict = judge_float64(get(ref, "float64", ma), get(impl, "float64", mb), **kw)
+        elif case.spec["dtype"] == MIXED_BFLOAT16 and all(_bf16_sides(trajs, s) for s in (ref, impl)):
+            verdict = judge_bfloat16(_bf16_side(case, ref, trajs), _bf16_side(case, impl, trajs), **kw,
+                                     loss=False if reported_loss_differs(case.spec, ref, impl) else None)
+            if reported_loss_differs(case.spec, ref, impl):
+                verdict = _loss_reported(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
         elif rules[impl] == "perturbation":
             verdict = judge_perturbation(
                 get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False),  # float32 or mixed
