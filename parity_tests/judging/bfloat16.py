@@ -80,6 +80,7 @@ from parity_tests.judging.compare import describe_key, describe_step, step_of_ro
 from parity_tests.judging.tolerance import (
     FLOAT32_ABS_FLOOR,
     LOSS_KEY,
+    PERTURB_STREAM,
     Verdict,
     _check_dtype,
     _finished,
@@ -87,16 +88,19 @@ from parity_tests.judging.tolerance import (
     _judged_keys,
     _judges_loss,
     _known,
+    _loss_channel_floor,
     _loss_gap,
     _loss_scale,
     _row_max,
     _scales,
     _spread,
     _structure,
+    _with_loss,
     judge_float64,
 )
 
-__all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "Side", "judge_bfloat16", "float64_reference"]
+__all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "Side", "judge_bfloat16", "float64_reference",
+           "perturb_bf16_fraction"]
 
 #: the rule's name in verdicts (module docstring)
 RULE_BF16_FLOAT64 = "bfloat16 against float64"
@@ -113,16 +117,41 @@ class Side:
     """One side of a mixed pair: its runs and what its kernels do here.
 
     ``run``: the ``mixed_bfloat16`` trajectory; ``float64``: the same case in float64
-    (:func:`float64_reference`); ``reruns``: the perturbed reruns (module docstring);
-    ``rho``: ``kernels.side_factor``'s ``rho_X`` (>= 1); ``kernels``: the line saying why.
+    (:func:`float64_reference`); ``reruns``: the perturbed mixed reruns and ``reruns64`` the
+    float64 runs of the same perturbed cases (module docstring); ``rho``:
+    ``kernels.side_factor``'s ``rho_X`` (>= 1); ``kernels``: the line saying why.
     """
 
     name: str
     run: Mapping[str, Any]
     float64: Mapping[str, Any]
     reruns: Sequence[Mapping[str, Any]]
+    reruns64: Sequence[Mapping[str, Any]]
     rho: float = 1.0
     kernels: str = ""
+
+
+def perturb_bf16_fraction(arrays: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Every non-zero element moved by a uniformly random fraction in ``(-1/2, 1/2)`` of its bfloat16 ulp.
+
+    ``a' = a + f * ulp_bf16(a)`` (``ulp_bf16(a) = 2**(floor(log2|a|) - 7)``), in the arrays' own
+    float dtype: where a mixed run casts ``a'`` to bfloat16 the rounding falls afresh (with
+    probability about 1/2 on the other neighbour), which is what a rerun must sample; the
+    rerun's float64 run starts from the same ``a'``, so the move itself is no part of the
+    spread (module docstring). Zeros stay zero (a ReLU's or padding's exact zeros are no
+    rounding); the coins are seeded as ``tolerance.perturb_ulp``'s, one stream per array name.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        rng = np.random.default_rng([int(seed), PERTURB_STREAM, *name.encode()])
+        frac = rng.random(a.shape) - 0.5
+        a64 = a.astype(np.float64)
+        with np.errstate(divide="ignore"):
+            ulp = np.exp2(np.floor(np.log2(np.abs(a64))) - 7)
+        moved = np.where((a64 == 0) | ~np.isfinite(a64), a64, a64 + frac * ulp)
+        out[name] = moved.astype(a.dtype if a.dtype.kind == "f" else np.float64)
+    return out
 
 
 def float64_reference(case: Any) -> Any:
@@ -138,16 +167,16 @@ def float64_reference(case: Any) -> Any:
     return case.replace(dtype="float64", **changes)
 
 
-def _channel_rows(x: Mapping[str, Any], y: Mapping[str, Any], keys: list[str], scales: dict[str, np.ndarray],
-                  loss_scale: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-row gap of the parameter channel (and its arg key index), or of the loss channel."""
-    if loss_scale is not None:
-        return _loss_gap(x, y, loss_scale), None
-    return _row_max(_gaps(x, y, keys, scales))
+def _errors(run: Mapping[str, Any], run64: Mapping[str, Any], keys: list[str]) -> dict[str, np.ndarray]:
+    """``X - X64`` per judged array and the loss (float64): the run's own rounding error."""
+    out = {k: np.asarray(run[k], np.float64) - np.asarray(run64[k], np.float64) for k in keys}
+    if LOSS_KEY in run and LOSS_KEY in run64:
+        out[LOSS_KEY] = np.asarray(run[LOSS_KEY], np.float64) - np.asarray(run64[LOSS_KEY], np.float64)
+    return out
 
 
-def _side_verdict(side: Side, e: np.ndarray, arg: np.ndarray | None, bound: np.ndarray, keys: list[str],
-                  loss: bool, spread: np.ndarray, factor: float) -> Verdict | None:
+def _side_verdict(side: Side, e: np.ndarray, arg: np.ndarray, bound: np.ndarray, keys: list[str],
+                  spread: np.ndarray, factor: float) -> Verdict | None:
     """A divergence naming ``side`` when its distance from float64 ``e`` exceeds ``bound`` at some row."""
     with np.errstate(invalid="ignore", divide="ignore"):
         over = np.flatnonzero(e > bound)
@@ -155,15 +184,17 @@ def _side_verdict(side: Side, e: np.ndarray, arg: np.ndarray | None, bound: np.n
     if not over.size:
         return None
     first, worst = int(over[0]), int(np.argmax(ratio))
-    key = LOSS_KEY if loss else keys[int(arg[first])]
-    step = (lambda r: r + 1) if loss else (lambda r: step_of_row(keys[0], r))
-    where = "the loss" if loss else describe_key(key)
+    key = keys[int(arg[first])]
+
+    def step(r: int) -> int:
+        return step_of_row(keys[0], r)
+
     detail = (
         f"{side.name} is farther from its float64 run than its bfloat16 arithmetic explains: distance"
         f" {e[first]:.2e} > {bound[first]:.2e} = {factor:g} x rho {side.rho:.3g} x spread {spread[first]:.2e}"
-        f" + {FLOAT32_ABS_FLOOR:.2e} first at {describe_step(key, step(first)) if not loss else f'step {first + 1}'}"
-        f" ({where}); greatest distance/bound {e[worst]:.2e} / {bound[worst]:.2e} at step {step(worst)}"
-        f" (spread: the largest gap of each side's {BF16_RERUNS} reruns with x moved by one bfloat16 ulp;"
+        f" + {FLOAT32_ABS_FLOOR:.2e} first at {describe_step(key, step(first))} ({describe_key(key)});"
+        f" greatest distance/bound {e[worst]:.2e} / {bound[worst]:.2e} at step {step(worst)}"
+        f" (spread: the largest gap between a side's error and the error of one of its {BF16_RERUNS} reruns;"
         f" {side.kernels})"
     )
     return Verdict("divergence", RULE_BF16_FLOAT64, float(e[worst]), float(bound[worst]), None, None,
@@ -192,11 +223,11 @@ def judge_bfloat16(
         ValueError: a side has no rerun, or ``rho`` below 1.
     """
     known = _known(known_differences)
-    if not a.reruns or not b.reruns:
-        raise ValueError("judge_bfloat16 needs at least one perturbed rerun of each side")
+    if not a.reruns or not b.reruns or len(a.reruns64) != len(a.reruns) or len(b.reruns64) != len(b.reruns):
+        raise ValueError("judge_bfloat16 needs at least one perturbed rerun of each side, each with its float64 run")
     if a.rho < 1 or b.rho < 1:
         raise ValueError(f"rho must be >= 1 (one rounding per op at least), got {a.rho}, {b.rho}")
-    runs = [a.run, b.run, a.float64, b.float64, *a.reruns, *b.reruns]
+    runs = [a.run, b.run, a.float64, b.float64, *a.reruns, *b.reruns, *a.reruns64, *b.reruns64]
     judged = _judged_keys(runs, keys)
     with_loss = _judges_loss(runs, keys, loss)
     v64 = judge_float64(a.float64, b.float64, expect_difference=expect_difference, known_differences=known,
@@ -205,7 +236,8 @@ def judge_bfloat16(
         return v64
     problem = _structure([("mixed runs A vs B", a.run, b.run), ("side A vs its float64 run", a.run, a.float64),
                           ("side B vs its float64 run", b.run, b.float64),
-                          *((f"side {s.name} vs its rerun", s.run, r) for s in (a, b) for r in s.reruns)], judged)
+                          *((f"side {s.name} vs its rerun", s.run, r) for s in (a, b) for r in (*s.reruns, *s.reruns64))],
+                         judged)
     if problem:
         return _finished(Verdict("error", "structure", math.nan, math.nan, None, None, np.zeros(0), None, problem),
                          False, known)
@@ -213,27 +245,20 @@ def judge_bfloat16(
         for t in (s.run, *s.reruns):
             _check_dtype(t, judged, np.float32, s.name)
     scales = _scales(a.float64, b.float64, judged)
-    channels: list[tuple[bool, np.ndarray | None]] = [(False, None)]
-    if with_loss:
-        channels.append((True, _loss_scale(a.float64, b.float64)))
-    pair: tuple | None = None
-    for is_loss, lscale in channels:
-        spread = _spread(np.fmax.reduce([_channel_rows(s.run, r, judged, scales, lscale)[0]
-                                         for s in (a, b) for r in s.reruns]))
-        bounds = {}
-        for s in (a, b):
-            e, arg = _channel_rows(s.run, s.float64, judged, scales, lscale)
-            bound = factor * s.rho * spread + FLOAT32_ABS_FLOOR
-            bad = _side_verdict(s, _spread(e), arg, bound, judged, is_loss, spread, factor)
-            if bad is not None:
-                return _finished(bad, expect_difference, known)
-            bounds[s.name] = (_spread(e), bound)
-        if not is_loss:
-            pair_gap, arg = _row_max(_gaps(a.run, b.run, judged, scales))
-            gap64, _ = _row_max(_gaps(a.float64, b.float64, judged, scales))
-            pair = (pair_gap, arg, bounds[a.name][1] + bounds[b.name][1] + gap64, spread, bounds)
-    assert pair is not None  # the parameter channel is always judged
-    pair_gap, arg, pair_bound, spread, bounds = pair
+    errors = {s.name: _errors(s.run, s.float64, judged) for s in (a, b)}
+    spread = _spread(np.fmax.reduce([_row_max(_gaps(errors[s.name], _errors(r, r64, judged), judged, scales))[0]
+                                     for s in (a, b) for r, r64 in zip(s.reruns, s.reruns64, strict=True)]))
+    bounds = {}
+    for s in (a, b):
+        e, arg = _row_max(_gaps(s.run, s.float64, judged, scales))
+        bound = factor * s.rho * spread + FLOAT32_ABS_FLOOR
+        bad = _side_verdict(s, _spread(e), arg, bound, judged, spread, factor)
+        if bad is not None:
+            return _finished(bad, expect_difference, known)
+        bounds[s.name] = (_spread(e), bound)
+    pair_gap, arg = _row_max(_gaps(a.run, b.run, judged, scales))
+    gap64, _ = _row_max(_gaps(a.float64, b.float64, judged, scales))
+    pair_bound = bounds[a.name][1] + bounds[b.name][1] + gap64
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(np.isnan(pair_gap), -1.0, pair_gap / pair_bound)
     worst = int(np.argmax(ratio))
@@ -244,12 +269,17 @@ def judge_bfloat16(
         f" {describe_step(key, step_of_row(key, worst))}, {describe_key(key)}): each side within what its bfloat16"
         f" arithmetic explains of its float64 run, {a.name} {np.nanmax(ea):.2e} and {b.name} {np.nanmax(eb):.2e} at most"
         f" (E = {factor:g} x rho x spread + {FLOAT32_ABS_FLOOR:.2e}; spread up to {np.nanmax(spread):.2e}, the largest"
-        f" gap of each side's {BF16_RERUNS} reruns with x moved by one bfloat16 ulp; rho {a.name} {a.rho:.3g},"
+        f" gap between a side's error and the error of one of its {BF16_RERUNS} reruns; rho {a.name} {a.rho:.3g},"
         f" {b.name} {b.rho:.3g}); the float64 runs agree; {a.kernels}; {b.kernels}"
-        + ("; loss: each side within its bound too" if with_loss else "")
     )
     v = Verdict("parity", RULE_BF16_FLOAT64, float(pair_gap[worst]), float(pair_bound[worst]), float(np.nanmax(ea)),
                 float(np.nanmax(eb)), pair_gap, spread, detail, per_step_bound=pair_bound,
                 step=step_of_row(key, worst), key=key)
+    if with_loss:  # the pair's loss gap against the sampled loss spread (module docstring, "The loss")
+        scale = _loss_scale(a.float64, b.float64)
+        lspread = _spread(np.fmax.reduce([_loss_gap(errors[s.name], _errors(r, r64, judged), scale)
+                                          for s in (a, b) for r, r64 in zip(s.reruns, s.reruns64, strict=True)]))
+        v = _with_loss(v, _loss_channel_floor(a.run, b.run, a.rho * lspread, b.rho * lspread, scale, factor,
+                                              RULE_BF16_FLOAT64, "bfloat16"))
     return _finished(v, expect_difference, known)
 

@@ -82,6 +82,8 @@ PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from pertu
 BF16_CHECK = "float32-step1"
 #: a mixed_bfloat16 case's perturbed reruns (judging.bfloat16: ``BF16_RERUNS`` of them, each with its own coins)
 BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RERUNS)))
+#: the float64 run of each of those reruns' moved case (judging.bfloat16: the spread is of errors)
+BF16_RERUN64_KEYS = tuple(f"float64+{key}" for key in BF16_RERUN_KEYS)
 
 
 @dataclass
@@ -254,7 +256,7 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
 
 def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str) -> bool:
     """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
-    return f"{impl}@float64" in trajs and all(f"{impl}@{key}" in trajs for key in BF16_RERUN_KEYS)
+    return all(f"{impl}@{key}" in trajs for key in ("float64", *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
 
 
 def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Side:
@@ -264,7 +266,8 @@ def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -
     framework = registry.resolve(impl, "impls").framework
     rho, why = kernels.side_factor(case.spec["model"]["layers"], framework)
     return Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}"], trajs[f"{impl}@float64"],
-                [trajs[f"{impl}@{key}"] for key in BF16_RERUN_KEYS], rho, why)
+                [trajs[f"{impl}@{key}"] for key in BF16_RERUN_KEYS], [trajs[f"{impl}@{key}"] for key in BF16_RERUN64_KEYS],
+                rho, why)
 
 
 def _f32(v: float) -> float:
@@ -309,9 +312,10 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
     are labels with a valid range (``[0, 1]`` for ``sigmoid_ce``) more often than
     rounded measurements, and the inputs already make every forward pass round anew.
 
-    A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
-    round them to bfloat16; the weights and hyperparameters stay float32 storage):
-    ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision". ``seed``
+    A ``mixed_bfloat16`` case moves its inputs and initial weights by a random fraction of a
+    *bfloat16* ulp instead, so that the layers' casts round them afresh (its hyperparameters
+    stay float32 storage, moved by a float32 ulp): ``judging.bfloat16.perturb_bf16_fraction``,
+    derived there, with a float64 run of the moved case beside each rerun. ``seed``
     (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
     ``seed + 2**32`` (``judging.bfloat16``).
 
@@ -340,8 +344,9 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
             moved["lr"] = steps_lr[0]
     if moved:
         case = case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
-    move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
-    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
+    if case.spec["dtype"] == MIXED_BFLOAT16:  # what the layers round to bfloat16, rounded afresh (judging.bfloat16)
+        return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_bf16_ulp({"x": case.x}, seed)["x"])
+    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_ulp({"x": case.x}, seed)["x"])
     if not _reorderable(case):
         return case
     data, par = case.spec["data"], case.spec["parallel"]
@@ -471,6 +476,8 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str],
         plan.extend((impl, BF16_CHECK, False) for impl in impls if _rerunnable(impl))
         plan.extend((impl, "float64", False) for impl in impls if _runs_float64(impl))
         plan.extend((impl, key, False) for key in BF16_RERUN_KEYS[1:] for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key, False) for key in BF16_RERUN64_KEYS for impl in impls
+                    if _rerunnable(impl) and _runs_float64(impl))
     for impl, side in mapped_needed.items():
         if side is not None and rules[impl] == "float64":
             plan.append((side, "float64", True))
@@ -582,6 +589,8 @@ def compare_case(
         seed = case.spec.get("seed", 0)
         variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
                          for r, key in enumerate(BF16_RERUN_KEYS) if r})
+        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUN_KEYS, BF16_RERUN64_KEYS,
+                                                                                    strict=True)})
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own

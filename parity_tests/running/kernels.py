@@ -128,6 +128,9 @@ def measure(outputs: Mapping[str, Any], exact: Mapping[str, np.ndarray]) -> dict
 
 
 def _tf_outputs(inputs: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    from parity_tests.running.harness import tf_module
+
+    tf_module()  # TensorFlow started as the runs start it (its tower devices are fixed at start-up)
     from tfpar.kernel_probe import run_probe
 
     return run_probe(inputs)
