@@ -13,6 +13,7 @@ the one that relies on a kernel's precision reads that premise from the kernel p
 from __future__ import annotations
 
 import functools
+import json
 import sys
 
 import numpy as np
@@ -30,8 +31,11 @@ from parity_tests.judging.tolerance import (
     round_bfloat16,
 )
 from parity_tests.reporting.matrix import matrix_cases
+from parity_tests.reporting.report import write_report
 from parity_tests.running import kernels
+from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.harness import run_impl, tf_module
+from parity_tests.running.manifest import build_manifest
 from parity_tests.tests.helpers import MLP, make
 
 pytestmark = pytest.mark.usefixtures("pool")
@@ -142,7 +146,7 @@ def test_towers_and_ddp_keep_float32_masters_and_differ_by_bfloat16_sized_gaps()
 # ------------------------------------------------------------------ the verdicts
 
 
-def test_seed_mlp_at_2_devices_is_parity_with_the_op_list_differences_named():
+def test_seed_mlp_at_2_devices_is_parity_with_the_op_list_differences_named(tmp_path):
     """The matrix's row: theory predicts no divergence and names the dense-bias and logits differences."""
     (case,) = [c for c in matrix_cases(devices=(2,), dtypes=("mixed_bfloat16",), expected_rows=False)
                if c.name.startswith("mlp-sgd:")]
@@ -159,6 +163,16 @@ def test_seed_mlp_at_2_devices_is_parity_with_the_op_list_differences_named():
     for impl in ("tf.towers", "torch.ddp"):  # the ground truth and the reruns the floor is sampled from
         assert r.trajectories[f"{impl}@float64"]["param/0.kernel"].dtype == np.float64
         assert all(f"{impl}@{key}" in r.trajectories for key in BF16_RERUN_KEYS) and len(BF16_RERUN_KEYS) == 2
+    # the manifest and the report say which CPU and which kernels these verdicts came from
+    manifest = build_manifest(case, "torch.ddp", r.trajectories["torch.ddp@mixed_bfloat16"])
+    assert manifest["cpu"] == cpu_facts() and set(manifest["kernels"]["ops"]) == set(kernels.OPS) - set(kernels.TF_ONLY)
+    assert "kernels" not in build_manifest(case.replace(dtype="float32"), "tf.towers", r.trajectories["tf.towers@float64"])
+    write_report([r], tmp_path, title="mixed")
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["cpu"]["model"] == cpu_facts()["model"] and set(doc["kernels"]) == {"tf", "torch"}
+    assert doc["kernels"]["tf"]["ops"]["dense bias_add gradient"] == kernels.probe("tf")["ops"]["dense bias_add gradient"]
+    md = (tmp_path / "report.md").read_text()
+    assert f"CPU: {cpu_facts()['model']} (avx512_bf16 " in md and "tf kernels: " in md and "torch kernels: " in md
 
 
 def _side_runner(buggy: str, run):
