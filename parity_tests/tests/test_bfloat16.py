@@ -64,9 +64,10 @@ def test_a_side_just_beyond_its_bound_diverges_and_is_named(scale, status):
 
 def test_the_spread_is_the_largest_of_both_sides_reruns():
     # side A's reruns spread little, B's much: A's distance is judged against B's spread too
-    v = judge_bfloat16(_side("A", 3e-3, 1e-4), _side("B", 0.0, 2e-3))
+    far = 1.5 * _bound(1e-3)
+    v = judge_bfloat16(_side("A", far, 1e-4), _side("B", 0.0, 2e-3))
     assert v.status == "parity", v.detail
-    v = judge_bfloat16(_side("A", 3e-3, 1e-4), _side("B", 0.0, 1e-3))
+    v = judge_bfloat16(_side("A", far, 1e-4), _side("B", 0.0, 1e-3))
     assert v.status == "divergence" and v.detail.startswith("A is farther"), v.detail
 
 
