@@ -261,6 +261,9 @@ class Run:
         spec: the validated case (a plain dict, every default filled in).
         dtype: ``"float32"`` or ``"float64"``.
         steps: the number of optimizer steps to take.
+        first_step: the case's number of the first of them: 1, or ``k`` when ``tfpar compare --lockstep``
+            runs step ``k`` alone from the reference's state (``for t, (x, y) in enumerate(run.batches(),
+            run.first_step)`` numbers steps as the case does).
         seed: the case seed.
         initial: ``{name: array}``, the initial parameters and state in TensorFlow layouts, ``dtype``.
         devices: the N tower device names, for ``tf.device`` (TensorFlow plugins).
@@ -280,6 +283,9 @@ class Run:
         self.spec: dict[str, Any] = spec
         self.dtype: str = spec["dtype"]
         self.steps: int = spec["steps"]
+        # the case's number of the first step this run takes: 1, or k when lockstep runs step k alone
+        # from the reference's state (count steps from it: code tied to a step number fires there too)
+        self.first_step: int = int(payload.get("first_step", 1))
         self.seed: int = spec.get("seed", 0)
         np_dtype = np.dtype(self.dtype)
         self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
@@ -385,10 +391,12 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the function raised (the step is the one it was on: recorded steps + 1).
     """
     from .devices import tower_devices
+    from .keras_seen import keras_optimizers_seen
 
     run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
     try:
-        fn(run)
+        with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
+            fn(run)
     except Exception as e:
         remove_files(run._store.close())  # nothing of a failed run stays on disk
         text = str(e).strip().splitlines()
@@ -398,4 +406,4 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         raise
     finally:
         run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
-    return run.records()
+    return {**run.records(), "keras_optimizers": seen}
