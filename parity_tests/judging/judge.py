@@ -41,6 +41,7 @@ from parity_tests.judging.bfloat16 import (
     BF16_RERUNS,
     RERUN_SEED_STRIDE,
     float64_reference,
+    signature_bound,
 )
 from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.compare import first_nonfinite
@@ -54,7 +55,6 @@ from parity_tests.judging.theory import (
     stage_of,
 )
 from parity_tests.judging.tolerance import (
-    BF16_SIGNATURE,
     RULE_BF16_PERTURBATION,
     RULE_BF16_SIGNATURE,
     RULE_FLOAT64,
@@ -240,8 +240,10 @@ def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.n
 def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Verdict:
     """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
 
-    ``tolerance.bfloat16_signature``: by the triangle inequality such a side is within the
-    bfloat16 noise of a correct one, so the floors cannot find it; this check does.
+    ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
+    arithmetic, so the bfloat16 rule cannot find it; this check does. Its mixed run must part
+    from its float32 run at step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32
+    run's own distance from float64 (``tolerance.BF16_SIGNATURE`` where no float64 run was made).
     """
     if verdict.status in ("error", UNSUPPORTED):
         return verdict
@@ -250,11 +252,12 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
         if mixed is None or f32 is None:
             continue
         gap, key = bfloat16_signature(mixed, f32)
-        if gap < BF16_SIGNATURE:
+        bound, how = signature_bound(f32, trajs.get(f"{side}@float64"))
+        if gap <= bound:
             detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
-                      f" (greatest relative gap {gap:.2e} at {key}, expected >= {BF16_SIGNATURE:.2e}: bfloat16 rounds"
-                      f" every matmul operand by up to 2^-9); between the implementations: {verdict.detail}")
-            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=BF16_SIGNATURE,
+                      f" (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between the"
+                      f" implementations: {verdict.detail}")
+            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=bound,
                                        detail=detail, key=key, step=1, first_step=1)
     return verdict
 

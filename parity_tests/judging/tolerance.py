@@ -203,7 +203,9 @@ Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dt
     from float32 ones (``theory.reported_loss_differs``). For such pairs the loss channel
     is reported beside the verdict, not judged; the parameters decide.
 
-    **The bfloat16 signature** (:func:`bfloat16_signature`, ``BF16_SIGNATURE = 2**-12``): a
+    **The bfloat16 signature** (:func:`bfloat16_signature`; the bound is ``judging.bfloat16.signature_bound``,
+    16 times the float32 run's own step-1 gap to float64, and ``BF16_SIGNATURE = 2**-12`` below only
+    where no float64 run was made: the fixed one fired on correct small models): a
     side that ignores the policy and computes in float32 is, by the triangle inequality,
     within the bfloat16 noise of a correct side, so no bound that accepts bfloat16
     rounding can call it a divergence. It is caught directly: each side is also run for

@@ -10,12 +10,14 @@ import pytest
 
 from parity_tests.judging.bfloat16 import (
     BF16_FACTOR,
+    BF16_SIGNATURE_FACTOR,
     RULE_BF16_FLOAT64,
     Side,
     float64_reference,
     judge_bfloat16,
+    signature_bound,
 )
-from parity_tests.judging.tolerance import FLOAT32_ABS_FLOOR, RULE_FLOAT64
+from parity_tests.judging.tolerance import BF16_SIGNATURE, FLOAT32_ABS_FLOOR, RULE_FLOAT64
 from parity_tests.tests.helpers import MLP, make
 
 STEPS = 4
@@ -112,3 +114,13 @@ def test_the_float64_reference_keeps_the_float32_hyperparameters_the_mixed_runs_
     assert ref.spec["optimizer"]["lr"] == float(np.float32(0.1)) != 0.1
     assert ref.spec["optimizer"]["momentum"] == float(np.float32(0.9))
     np.testing.assert_array_equal(ref.x, case.x)  # the same inputs: both sides round them at the first layer
+
+
+def test_the_signature_bound_is_float32s_own_step_1_rounding_times_16():
+    f64 = {"loss": np.array([2.0, 1.9]), "grad/w": np.array([[1.0, -1.0], [0.9, -0.9]])}
+    f32 = {"loss": np.float32([2.0, 1.9]), "grad/w": np.float32([[1.0 + 2**-20, -1.0], [0.9, -0.9]])}  # exact in float32
+    bound, how = signature_bound(f32, f64)
+    assert bound == pytest.approx(BF16_SIGNATURE_FACTOR * 2**-20 + FLOAT32_ABS_FLOOR, rel=1e-5) and "grad/w" in how
+    exact = {"loss": np.float32([2.0, 1.9]), "grad/w": np.float32([[1.0, -1.0], [0.9, -0.9]])}
+    assert signature_bound(exact, f64)[0] == FLOAT32_ABS_FLOOR  # float32 exact at step 1: the absolute floor alone
+    assert signature_bound(f32, None)[0] == BF16_SIGNATURE  # no float64 run: the fixed threshold
