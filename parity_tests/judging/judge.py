@@ -41,6 +41,7 @@ from parity_tests.judging.bfloat16 import (
     BF16_RERUNS,
     RERUN_SEED_STRIDE,
     float64_reference,
+    rounded_reference,
     signature_bound,
 )
 from parity_tests.judging.bfloat16 import Side as BF16Side
@@ -84,6 +85,8 @@ BF16_CHECK = "float32-step1"
 BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RERUNS)))
 #: the float64 run of each of those reruns' moved case (judging.bfloat16: the spread is of errors)
 BF16_RERUN64_KEYS = tuple(f"float64+{key}" for key in BF16_RERUN_KEYS)
+#: the float64 run from the inputs and initial weights rounded to bfloat16 (judging.bfloat16: the storage term)
+BF16_ROUNDED64 = "float64+bfloat16-rounded"
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
 #: the implementation whose float64 run bounds the loss's sensitivity when neither side records a gradient
 GRAD_SOURCE = "grads"
@@ -265,7 +268,7 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
 def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
     """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
     return all(f"{impl}@{key}{suffix}" in trajs
-               for key in (MIXED_BFLOAT16, "float64", *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
+               for key in (MIXED_BFLOAT16, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
 
 
 def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "") -> BF16Side:
@@ -276,7 +279,8 @@ def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], s
     rho, why = kernels.side_factor(case.spec["model"]["layers"], framework)
     return BF16Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}{suffix}"], trajs[f"{impl}@float64{suffix}"],
                     [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN_KEYS],
-                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why)
+                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why,
+                    trajs[f"{impl}@{BF16_ROUNDED64}{suffix}"])
 
 
 def _declared(impl: str) -> registry.Implementation | None:
@@ -485,7 +489,7 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str
                 plan.append((side, PERTURBED))
     if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard), float64 run and further reruns
         plan.extend((impl, BF16_CHECK) for impl in impls if _rerunnable(impl))
-        plan.extend((impl, "float64") for impl in impls if _runs_float64(impl))
+        plan.extend((impl, key) for key in ("float64", BF16_ROUNDED64) for impl in impls if _runs_float64(impl))
         plan.extend((impl, key) for key in BF16_RERUN_KEYS[1:] for impl in impls if _rerunnable(impl))
         plan.extend((impl, key) for key in BF16_RERUN64_KEYS for impl in impls if _rerunnable(impl) and _runs_float64(impl))
     return _float64_first(plan)
@@ -718,6 +722,7 @@ def compare_case(
     if dtype == MIXED_BFLOAT16:
         variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
         variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
+        variants[BF16_ROUNDED64] = rounded_reference(case)
         seed = case.spec.get("seed", 0)
         variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
                          for r, key in enumerate(BF16_RERUN_KEYS) if r})

@@ -124,3 +124,19 @@ def test_the_signature_bound_is_float32s_own_step_1_rounding_times_16():
     exact = {"loss": np.float32([2.0, 1.9]), "grad/w": np.float32([[1.0, -1.0], [0.9, -0.9]])}
     assert signature_bound(exact, f64)[0] == FLOAT32_ABS_FLOOR  # float32 exact at step 1: the absolute floor alone
     assert signature_bound(f32, None)[0] == BF16_SIGNATURE  # no float64 run: the fixed threshold
+
+
+def test_the_storage_term_explains_what_the_rounded_inputs_and_weights_move():
+    far = 1.5 * _bound(1e-3)  # 0.5 x _bound beyond what the spread explains
+    b = _side("B", far, 1e-3)
+    assert judge_bfloat16(_side("A", 0.0, 1e-3), b).status == "divergence"
+    rounded = _traj(0.0, np.float64)
+    rounded["param/w"] = rounded["param/w"] + 0.5 * far  # row 0 too: the arrays' own rounding is taken off
+    rounded["param/w"][1:] += 0.25 * far  # the updates from rounded weights move by far / 4: twice that is enough
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), Side(*list(vars(b).values())[:-1], rounded64=rounded))
+    assert v.status == "parity" and "2 x storage" in v.detail, v.detail
+    rounded["param/w"][1:] -= 0.15 * far  # far / 10: twice that is short of far - 3 x spread
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), Side(*list(vars(b).values())[:-1], rounded64=rounded))
+    assert v.status == "divergence" and "+ 2 x storage 4.50e-04" in v.detail, v.detail
+
+
