@@ -67,7 +67,7 @@ needs. Measured 2026-11-26 on this AMD EPYC (AVX512_BF16, no AMX): 0.86 with one
 kernel rounds once, ``rho = 1``), 2.3 with TensorFlow's Eigen kernels (``TF_ENABLE_ONEDNN_OPTS=0``,
 what a CPU without AVX512F runs; the sigmoid/tanh MLP at 4 devices, whose Eigen matmuls drift
 step by step beyond what ``rho`` 1.79 covers). 3 leaves 1.3 over the worst; the seeded bugs of
-``tests/test_mixed_precision.py`` exceed their bounds about 30-fold.
+``tests/test_mixed_precision.py`` exceed their bounds 21-fold here, 13-fold with Eigen.
 
 **What the kernels do where they run** ``rho_X`` (:func:`parity_tests.running.kernels.side_factor`):
 the sampled spread explains errors of one bfloat16 rounding per op result. A kernel that
