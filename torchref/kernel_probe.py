@@ -9,6 +9,9 @@ Gradients come from autograd with the probe's ``g`` as the output gradient. The 
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,9 +78,31 @@ def run_probe(inputs: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.nd
     return {op: v.detach().float().numpy() for op, v in out.items()}
 
 
+def _onednn_seen() -> dict[str, str | None]:
+    """oneDNN's own word on its ISA and the kernel it picks for a bfloat16 conv here (its verbose
+    lines, written to fd 1, captured): ``{"isa": ..., "bfloat16_conv": ...}``, ``None`` where silent."""
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as tmp:
+        sys.stdout.flush()
+        os.dup2(tmp.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), torch.no_grad():
+                F.conv2d(torch.ones(1, 4, 5, 5, dtype=torch.bfloat16), torch.ones(8, 4, 3, 3, dtype=torch.bfloat16))
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        lines = tmp.read().decode(errors="replace").splitlines()
+    isa = next((line.split("isa:", 1)[1] for line in lines if ",info,cpu,isa:" in line), None)
+    conv = next((line.split(",")[6] for line in lines if ",exec,cpu,convolution," in line), None)
+    return {"isa": isa, "bfloat16_conv": conv}
+
+
 def torch_facts() -> dict[str, Any]:
-    """What torch says of this CPU: its ATen capability, oneDNN, native bfloat16 and AMX."""
+    """What torch says of this CPU: its ATen capability, oneDNN (and the ISA oneDNN reports), native bfloat16, AMX."""
     return {
+        "onednn": _onednn_seen() if torch.backends.mkldnn.is_available() else {"isa": None, "bfloat16_conv": None},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkldnn_available": bool(torch.backends.mkldnn.is_available()),
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),

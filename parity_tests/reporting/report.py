@@ -88,6 +88,9 @@ def _cpu_line(cpu: dict[str, Any], kernels: dict[str, Any] | None) -> str:
     text = (f"CPU: {cpu['model']} ({flags}; oneDNN ISA {cpu['onednn_isa']}; TensorFlow hands bfloat16 to oneDNN:"
             f" {'yes' if cpu['tf_onednn_bfloat16'] else 'no'}; TF_ENABLE_ONEDNN_OPTS"
             f" {cpu['env'].get('TF_ENABLE_ONEDNN_OPTS') or 'unset'}).")
+    seen = ((kernels or {}).get("torch") or {}).get("torch", {}).get("onednn") or {}
+    if seen.get("isa"):
+        text = text[:-2] + f"; torch's oneDNN reports {seen['isa']}, bfloat16 conv {seen.get('bfloat16_conv')})."
     for framework, probe in (kernels or {}).items():
         ops = probe.get("ops", {})
         rounding = [f"{op} (rho {v['rho']:.3g})" for op, v in ops.items() if v["accumulates"] == "bfloat16"]

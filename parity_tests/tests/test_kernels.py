@@ -76,7 +76,9 @@ def test_each_framework_probes_its_ops_where_it_runs(framework):
         assert 0 <= v["rho"] < 300 and v["accumulates"] == ("float32" if v["rho"] <= ONE_ROUNDING else "bfloat16"), op
     assert kernels.probe(framework) is found  # measured once per process
     if framework == "torch":
-        assert {"cpu_capability", "mkldnn_bfloat16", "avx512_bf16", "amx_tile"} <= set(found["torch"])
+        assert {"cpu_capability", "mkldnn_bfloat16", "avx512_bf16", "amx_tile", "onednn"} <= set(found["torch"])
+        if found["torch"]["mkldnn_available"]:  # oneDNN's own verbose line names the ISA it dispatches to
+            assert found["torch"]["onednn"]["isa"], found["torch"]
     with pytest.raises(ValueError, match="framework"):
         kernels.probe("jax")
 
