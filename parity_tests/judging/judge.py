@@ -310,10 +310,10 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
     are labels with a valid range (``[0, 1]`` for ``sigmoid_ce``) more often than
     rounded measurements, and the inputs already make every forward pass round anew.
 
-    A ``mixed_bfloat16`` case moves its inputs and initial weights by a random fraction of a
-    *bfloat16* ulp instead, so that the layers' casts round them afresh (its hyperparameters
-    stay float32 storage, moved by a float32 ulp): ``judging.bfloat16.perturb_bf16_fraction``,
-    derived there, with a float64 run of the moved case beside each rerun. ``seed``
+    A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
+    round them to bfloat16; the weights and hyperparameters stay float32 storage, moved by
+    a float32 ulp): ``tolerance.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
+    in float64 too and says why the weights' rounding is measured apart. ``seed``
     (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
     ``seed + 2**32`` (``judging.bfloat16``).
 
