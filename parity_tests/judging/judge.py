@@ -37,6 +37,14 @@ import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
+from parity_tests.judging.bfloat16 import (
+    BF16_RERUNS,
+    RERUN_SEED_STRIDE,
+    float64_reference,
+    rounded_reference,
+    signature_bound,
+)
+from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.compare import first_nonfinite
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
@@ -48,7 +56,6 @@ from parity_tests.judging.theory import (
     stage_of,
 )
 from parity_tests.judging.tolerance import (
-    BF16_SIGNATURE,
     FLOAT64_RTOL,
     RULE_BF16_PERTURBATION,
     RULE_BF16_SIGNATURE,
@@ -77,6 +84,12 @@ FLOORS = ("auto", "float64", "perturbation")
 PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
 #: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
 BF16_CHECK = "float32-step1"
+#: a mixed_bfloat16 case's perturbed reruns (judging.bfloat16: ``BF16_RERUNS`` of them, each with its own coins)
+BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RERUNS)))
+#: the float64 run of each of those reruns' moved case (judging.bfloat16: the spread is of errors)
+BF16_RERUN64_KEYS = tuple(f"float64+{key}" for key in BF16_RERUN_KEYS)
+#: the float64 run from the inputs and initial weights rounded to bfloat16 (judging.bfloat16: the storage term)
+BF16_ROUNDED64 = "float64+bfloat16-rounded"
 #: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``tolerance``): how far one rounding
 #: of every input, measured, can grow in a step (``_Judged.conditioned``)
 CONDITIONING_ROUNDINGS = 20 * 100
@@ -236,8 +249,10 @@ def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.n
 def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Verdict:
     """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
 
-    ``tolerance.bfloat16_signature``: by the triangle inequality such a side is within the
-    bfloat16 noise of a correct one, so the floors cannot find it; this check does.
+    ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
+    arithmetic, so the bfloat16 rule cannot find it; this check does. Its mixed run must part
+    from its float32 run at step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32
+    run's own distance from float64 (``tolerance.BF16_SIGNATURE`` where no float64 run was made).
     """
     if verdict.status in ("error", UNSUPPORTED):
         return verdict
@@ -246,13 +261,32 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
         if mixed is None or f32 is None:
             continue
         gap, key = bfloat16_signature(mixed, f32)
-        if gap < BF16_SIGNATURE:
+        bound, how = signature_bound(f32, trajs.get(f"{side}@float64"))
+        if gap <= bound:
             detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
-                      f" (greatest relative gap {gap:.2e} at {key}, expected >= {BF16_SIGNATURE:.2e}: bfloat16 rounds"
-                      f" every matmul operand by up to 2^-9); between the implementations: {verdict.detail}")
-            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=BF16_SIGNATURE,
+                      f" (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between the"
+                      f" implementations: {verdict.detail}")
+            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=bound,
                                        detail=detail, key=key, step=1, first_step=1)
     return verdict
+
+
+def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
+    """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
+    return all(f"{impl}@{key}{suffix}" in trajs
+               for key in (MIXED_BFLOAT16, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
+
+
+def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "") -> BF16Side:
+    """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``)."""
+    from parity_tests.running import kernels
+
+    framework = registry.resolve(impl, "impls").framework
+    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework)
+    return BF16Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}{suffix}"], trajs[f"{impl}@float64{suffix}"],
+                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN_KEYS],
+                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why,
+                    trajs[f"{impl}@{BF16_ROUNDED64}{suffix}"])
 
 
 def _declared(impl: str) -> registry.Implementation | None:
@@ -273,7 +307,7 @@ def _rerunnable(impl: str) -> bool:
     return found is None or found.rerunnable
 
 
-def perturbed_case(case: Case) -> Case:
+def perturbed_case(case: Case, seed: int | None = None) -> Case:
     """``case`` with every number a float32 run stores moved by one float32 ulp (seeded by the case seed).
 
     The initial weights, the inputs ``x`` and the optimizer's real hyperparameters
@@ -283,8 +317,11 @@ def perturbed_case(case: Case) -> Case:
     rounded measurements, and the inputs already make every forward pass round anew.
 
     A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
-    round them to bfloat16; the weights and hyperparameters stay float32 storage):
-    ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision".
+    round them to bfloat16; the weights and hyperparameters stay float32 storage, moved by
+    a float32 ulp): ``tolerance.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
+    in float64 too and says why the weights' rounding is measured apart. ``seed``
+    (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
+    ``seed + 2**32`` (``judging.bfloat16``).
 
     A float32 case in ``split`` order also reads the rows of each device's shard in another
     seeded order (``tolerance.shard_permutation``; the dropout masks follow their rows): the
@@ -299,7 +336,7 @@ def perturbed_case(case: Case) -> Case:
     terms repeat is the same in any order, not at another length. Only a built-in's rerun
     reads this case as it is (:func:`_rerun_of`).
     """
-    seed = case.spec.get("seed", 0)
+    seed = case.spec.get("seed", 0) if seed is None else seed
     opt = case.spec["optimizer"]
     moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics", "schedule")}, seed)
     schedule = opt.get("schedule") or {}
@@ -311,8 +348,9 @@ def perturbed_case(case: Case) -> Case:
             moved["lr"] = steps_lr[0]
     if moved:
         case = _moved_within_range(case, opt, moved)
-    move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
-    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
+    if case.spec["dtype"] == MIXED_BFLOAT16:  # x is rounded to bfloat16 by the layers: move it by a bfloat16 ulp
+        return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_bf16_ulp({"x": case.x}, seed)["x"])
+    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_ulp({"x": case.x}, seed)["x"])
     if not _reorderable(case):
         return case
     # the rows may also change device (each device then adds up other examples: another blocking
@@ -466,8 +504,11 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str
                 plan.append((side, "float64"))
             elif rule == "perturbation" and _rerunnable(side):
                 plan.append((side, PERTURBED))
-    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard)
+    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard), float64 run and further reruns
         plan.extend((impl, BF16_CHECK) for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key) for key in ("float64", BF16_ROUNDED64) for impl in impls if _runs_float64(impl))
+        plan.extend((impl, key) for key in BF16_RERUN_KEYS[1:] for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key) for key in BF16_RERUN64_KEYS for impl in impls if _rerunnable(impl) and _runs_float64(impl))
     return _float64_first(plan)
 
 
@@ -704,6 +745,13 @@ def compare_case(
         variants[PERTURBED] = perturbed_case(case)
     if dtype == MIXED_BFLOAT16:
         variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
+        variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
+        variants[BF16_ROUNDED64] = rounded_reference(case)
+        seed = case.spec.get("seed", 0)
+        variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
+                         for r, key in enumerate(BF16_RERUN_KEYS) if r})
+        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUN_KEYS, BF16_RERUN64_KEYS,
+                                                                                    strict=True)})
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
@@ -725,7 +773,7 @@ def compare_case(
         else:  # mapped first, then made the variant (a perturbed case is not re-validated)
             c = mapping.apply(variants[dtype] if d in (PERTURBED, BF16_CHECK) else variants[d])
             c = perturbed_case(c) if d == PERTURBED else c
-        return _rerun_of(c, impl) if d == PERTURBED else c
+        return _rerun_of(c, impl) if d.startswith(PERTURBED) else c
 
     def work(items: list[_Run]) -> None:
         for item in items:
@@ -850,7 +898,11 @@ class _Judged:
                         {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}
                         if PERTURBED in self.variants else None)
         sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
-        v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation)
+        bf16 = None  # a mixed pair whose sides ran float64 and their reruns: held against float64 (judging.bfloat16)
+        if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
+            bf16 = tuple(_bf16_side(self.case, n, self.trajs, x) for n, x in (a or (ref, ""), b or (impl, "")))
+        v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
+                        bfloat16=bf16)
         if loss_differs:
             v = _loss_reported(v, sa.run, sb.run)
         if mixed:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.rows import iter_rows
+from parity_tests.judging.bfloat16 import judge_bfloat16
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import STAGES, bound_at
 from parity_tests.judging.theory import Prediction
@@ -82,7 +83,8 @@ def with_findings(src: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]
 
 
 def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str] = (),
-                grads: Iterable[Mapping[str, Any]] = (), perturbation: Mapping[str, Any] | None = None) -> Verdict:
+                grads: Iterable[Mapping[str, Any]] = (), perturbation: Mapping[str, Any] | None = None,
+                bfloat16: tuple[Any, Any] | None = None) -> Verdict:
     """The verdict on ``b`` against ``a`` by ``rule``, with every guard (module docstring); no expectation.
 
     Args:
@@ -94,6 +96,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
         grads: other runs of the case whose gradients may bound the loss's sensitivity
             (``tolerance.loss_sensitivity``).
         perturbation: keyword arguments of ``tolerance.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
+        bfloat16: for a mixed_bfloat16 pair whose sides ran float64 and their reruns, the two
+            ``judging.bfloat16.Side``: judged by ``judge_bfloat16`` (``perturbation``'s ``loss`` applies).
     """
     known = tuple(known)
     if any(np.size(s.run.get("loss", ())) == 0 for s in (a, b)):
@@ -103,6 +107,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
     if dtype == "float64":
         v = judge_float64(a.f64 if a.f64 is not None else a.run, b.f64 if b.f64 is not None else b.run,
                           known_differences=known, grads=grads)
+    elif bfloat16 is not None:
+        v = judge_bfloat16(*bfloat16, known_differences=known, loss=(perturbation or {}).get("loss"))
     elif rule == "perturbation":
         v = judge_perturbation(a.run, b.run, a32p=a.perturbed, b32p=b.perturbed, known_differences=known,
                                **(perturbation or {}))
