@@ -36,7 +36,7 @@ import numpy as np
 from parity_tests.contract.rows import RowStore, remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
-           "to_torch", "to_tf", "run_plugin"]
+           "to_torch", "to_tf", "run_plugin", "explain", "raised", "UNSEEDED"]
 
 DTYPES = ("float32", "float64")
 MARK = "__tfpar_plugin__"
@@ -53,6 +53,9 @@ class PluginMark:
     kind: str
     dtypes: tuple[str, ...]
     keras: bool = False  #: its optimizers are Keras' (the tool then maps Keras' float32 hyperparameters)
+    #: ``False``: it cannot run deterministically (op determinism is then off for its runs, and the
+    #: judge measures its run-to-run spread: docs/plugins.md "Determinism")
+    deterministic: bool = True
 
 
 def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
@@ -71,7 +74,8 @@ def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
     return out
 
 
-def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False) -> Callable:
+def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False,
+               deterministic: bool = True) -> Callable:
     """Mark ``fn(run)`` as a TensorFlow plugin: called once, in the main process, with the N tower devices.
 
     Args:
@@ -83,13 +87,18 @@ def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras:
             In a float64 run Keras keeps ``learning_rate`` and ``momentum`` in float32;
             saying so lets the tool run the other side with the same rounded values and
             name the difference, as it does for its built-in TensorFlow implementations.
+        deterministic: ``False`` when the function cannot compute the same numbers twice (an op
+            without a deterministic kernel, a nondeterministic input pipeline): its runs are made
+            with TensorFlow's op determinism off, and the judge reruns it and judges against its
+            measured run-to-run spread (docs/plugins.md "Determinism").
     """
     checked = check_dtypes(dtypes, "tfpar.plugin.tensorflow")
-    if not isinstance(keras, bool):
-        raise PluginDeclarationError(f"tfpar.plugin.tensorflow(keras=...) takes True or False, got {keras!r}")
+    for name, value in (("keras", keras), ("deterministic", deterministic)):
+        if not isinstance(value, bool):
+            raise PluginDeclarationError(f"tfpar.plugin.tensorflow({name}=...) takes True or False, got {value!r}")
 
     def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark("tensorflow", checked, keras))
+        setattr(f, MARK, PluginMark("tensorflow", checked, keras, deterministic))
         return f
 
     return mark(fn) if fn is not None else mark
@@ -371,18 +380,61 @@ class Run:
 
 
 class PluginRaised(RuntimeError):
-    """The plugin raised while training; carries the step it was on and the exception's last line."""
+    """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
-    def __init__(self, step: int, line: str) -> None:
-        self.step, self.line = step, line
-        super().__init__(f"step {step}: {line}")
+    Attributes:
+        step: the step it was on (recorded steps + 1; 0 before ``run.begin``).
+        when: ``"before step 1"`` (before ``run.begin``), ``"at step k"``, or ``"after step N"``
+            (every step recorded).
+        line: ``"KeyError: 'lr'"``, or for an unseeded random op under op determinism a line
+            saying what to do (:func:`explain`).
+        frames: the traceback of the user's own frames (``parity_tests.contract.frames.user_traceback``).
+    """
+
+    def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
+        self.step, self.line, self.when, self.frames = step, line, when or f"at step {step}", frames
+        super().__init__(f"{self.when}: {line}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.step, self.line, self.when, self.frames))
+
+
+UNSEEDED = "Random ops require a seed to be set when determinism is enabled"
+
+
+def explain(e: BaseException) -> str:
+    """The one line for an exception a plugin raised: its last line, or what to do about a known cause.
+
+    TensorFlow refuses an unseeded random op while op determinism is on (``RuntimeError: Random
+    ops require a seed ...``): a classic script's ``glorot_uniform_initializer()`` without a
+    seed, ``tf.random.normal`` in eager code. Its own line says ``tf.random.set_seed(1)``, which
+    does not reach a ``tf.Graph`` built later (a graph takes its seed inside ``as_default()``).
+    """
+    from parity_tests.contract.frames import last_line
+
+    if UNSEEDED in str(e):
+        return ("an unseeded random op: tfpar runs TensorFlow with op determinism on, so that a run repeats"
+                " bit for bit; seed it (tf.random.set_seed(run.seed), inside `with graph.as_default():` for a"
+                " tf.compat.v1 graph) or declare @tfpar.plugin.tensorflow(deterministic=False)")
+    return last_line(e)
+
+
+def raised(e: BaseException, begun: bool, recorded: int, steps: int) -> PluginRaised:
+    """A :class:`PluginRaised` for ``e``, raised after ``run.begin`` (``begun``) and ``recorded`` steps."""
+    from parity_tests.contract.frames import user_traceback
+
+    when = "before step 1" if not begun else (f"after step {steps}" if recorded >= steps else f"at step {recorded + 1}")
+    return PluginRaised(recorded + 1 if begun else 0, explain(e), when, user_traceback(e))
 
 
 def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     """Call a TensorFlow plugin on the case's N tower devices; returns its records.
 
+    Called in the fresh process of the run (``parity_tests.running.tf_worker``), where the
+    devices are configured and op determinism is set.
+
     Raises:
-        PluginRaised: the function raised (the step is the one it was on: recorded steps + 1).
+        PluginRaised: the function raised (when, its line, the user's frames).
     """
     from .devices import tower_devices
 
@@ -391,8 +443,7 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         fn(run)
     except Exception as e:
         remove_files(run._store.close())  # nothing of a failed run stays on disk
-        text = str(e).strip().splitlines()
-        raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+        raise raised(e, run._begun is not None, len(run._steps), run.steps) from e
     except BaseException:
         remove_files(run._store.close())
         raise

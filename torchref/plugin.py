@@ -59,14 +59,32 @@ class PluginInputError(RuntimeError):
 
 
 class PluginRaised(RuntimeError):
-    """The plugin raised while training: the step it was on and the exception's last line."""
+    """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
-    def __init__(self, step: int, line: str) -> None:
-        self.step, self.line = step, line
-        super().__init__(f"step {step}: {line}")
+    ``str(e)`` is ``"at step 3: KeyError: 'lr'"``; :attr:`report` is what the rank sends the
+    parent instead of its own traceback: the user's frames (``parity_tests.contract.frames``),
+    then ``torchref.plugin.PluginRaised: at step 3: KeyError: 'lr'`` as the last line.
+    """
+
+    def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
+        self.step, self.line, self.when, self.frames = step, line, when or f"at step {step}", frames
+        super().__init__(f"{self.when}: {line}")
+
+    @property
+    def report(self) -> str:
+        return self.frames + f"torchref.plugin.PluginRaised: {self}"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.line))
+        return (type(self), (self.step, self.line, self.when, self.frames))
+
+
+def _raised(e: BaseException, run: Run) -> PluginRaised:
+    from parity_tests.contract.frames import last_line, user_traceback
+
+    begun, recorded = run._begun is not None, len(run._steps)
+    when = "before step 1" if not begun else (f"after step {run.steps}" if recorded >= run.steps
+                                                else f"at step {recorded + 1}")
+    return PluginRaised(recorded + 1 if begun else 0, last_line(e), when, user_traceback(e))
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,9 @@ class PluginMark:
 
     kind: str
     dtypes: tuple[str, ...]
+    #: ``False``: it cannot run deterministically (``use_deterministic_algorithms`` is then off for
+    #: its runs, and the judge measures its run-to-run spread: docs/plugins.md "Determinism")
+    deterministic: bool = True
 
 
 def _check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
@@ -92,24 +113,30 @@ def _check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
     return out
 
 
-def _decorator(kind: str, fn: Callable | None, dtypes: Any) -> Callable:
+def _decorator(kind: str, fn: Callable | None, dtypes: Any, deterministic: Any) -> Callable:
     checked = _check_dtypes(dtypes, f"torchref.plugin.{kind}")
+    if not isinstance(deterministic, bool):
+        raise PluginDeclarationError(f"torchref.plugin.{kind}(deterministic=...) takes True or False, got {deterministic!r}")
 
     def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark(kind, checked))
+        setattr(f, MARK, PluginMark(kind, checked, deterministic))
         return f
 
     return mark(fn) if fn is not None else mark
 
 
-def distributed(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
-    """Mark ``fn(run)`` to run on each of the case's N ranks, process group initialised (``run.group``)."""
-    return _decorator("distributed", fn, dtypes)
+def distributed(fn: Callable | None = None, *, dtypes: Any = ("float32",), deterministic: bool = True) -> Callable:
+    """Mark ``fn(run)`` to run on each of the case's N ranks, process group initialised (``run.group``).
+
+    ``deterministic=False``: the function cannot compute the same numbers twice; its runs are made
+    with ``torch.use_deterministic_algorithms(False)`` and the judge measures its run-to-run spread.
+    """
+    return _decorator("distributed", fn, dtypes, deterministic)
 
 
-def single(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
+def single(fn: Callable | None = None, *, dtypes: Any = ("float32",), deterministic: bool = True) -> Callable:
     """Mark ``fn(run)`` to run on one rank without a process group, on the whole global batch."""
-    return _decorator("single", fn, dtypes)
+    return _decorator("single", fn, dtypes, deterministic)
 
 
 def to_torch(a: Any) -> Any:
@@ -428,7 +455,8 @@ def _import(location: Mapping[str, str]) -> Callable:
         path = Path(location["path"])
         name = location["module_name"]
         if name not in sys.modules:
-            sys.path.insert(0, str(path.parent))  # the user's sibling modules, as python FILE would see them
+            if str(path.parent) not in sys.path:  # the user's sibling modules, as python FILE would see them
+                sys.path.insert(0, str(path.parent))
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
@@ -451,30 +479,37 @@ def _import(location: Mapping[str, str]) -> Callable:
 def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
     """Pool job: import the plugin, run it on this rank, return its records.
 
-    ``job``: ``{"location": ..., "kind": "distributed" | "single", "payload": case payload}``.
-    Rank 0 returns everything it recorded; the others return parameter digests only.
+    ``job``: ``{"location": ..., "kind": "distributed" | "single", "payload": case payload,
+    "deterministic": bool}``. The run starts as in a fresh rank and leaves nothing set
+    (:func:`torchref.fresh.fresh_run`: seeds, default dtype, determinism, the groups and
+    the user's modules it made). Rank 0 returns everything it recorded; the others return
+    parameter digests only.
+
+    Raises:
+        PluginRaised: the plugin raised (its :attr:`~PluginRaised.report` is what the parent reads).
     """
-    fn = _import(job["location"])
+    from .fresh import fresh_run
+
     payload = job["payload"]
-    torch.manual_seed(payload["spec"].get("seed", 0))
-    if job["kind"] == "single":
-        run = Run(payload)
-    else:
-        run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
-    if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
-        run._layers.install()
-    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
-    if ctx is not None:
-        run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
-    try:
-        fn(run)
-    except Exception as e:
-        remove_files(run._store.close())  # nothing of a failed run stays on disk
-        text = str(e).strip().splitlines()
-        raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
-    except BaseException:
-        remove_files(run._store.close())
-        raise
-    finally:
-        run._layers.remove()
-    return run.records(full=ctx.rank == 0)
+    with fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))):
+        fn = _import(job["location"])
+        if job["kind"] == "single":
+            run = Run(payload)
+        else:
+            run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
+        if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
+            run._layers.install()
+        set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+        if ctx is not None:
+            run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
+        try:
+            fn(run)
+        except Exception as e:
+            remove_files(run._store.close())  # nothing of a failed run stays on disk
+            raise _raised(e, run) from None
+        except BaseException:
+            remove_files(run._store.close())
+            raise
+        finally:
+            run._layers.remove()
+        return run.records(full=ctx.rank == 0)

@@ -213,8 +213,10 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                 _, fn, payload, n = message
                 beat = {"beat": _beater(conn)} if rank == 0 else {}  # rank 0 reports the job's progress
                 conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout, **beat), payload)))
-            except Exception:
-                conn.send(("raised", traceback.format_exc()))
+            except Exception as e:
+                # a user's plugin that raised reports its own frames (torchref.plugin.PluginRaised.report)
+                report = getattr(e, "report", None)
+                conn.send(("raised", report if isinstance(report, str) else traceback.format_exc()))
     except (EOFError, OSError):
         pass  # the parent is gone
     if stopped:

@@ -169,7 +169,7 @@ def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
                   on_failure: Any = None) -> list[Any]:
     """Run ``fn(ctx, job)`` on ranks 0..world_size-1 of the shared pool; failures become one line.
 
-    ``on_failure(detail) -> Exception | None`` may turn a rank's traceback text into a more
+    ``on_failure(detail, rank) -> Exception | None`` may turn a rank's traceback text into a more
     specific error (what a plugin raised, or bad input it met) before the generic one.
 
     Raises:
@@ -183,7 +183,7 @@ def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
     try:
         return pool.run(fn, job, world_size, timeout=_POOL_TIMEOUT)
     except RankFailed as e:  # one line: the rank, how it failed, and the remote error's last line
-        specific = on_failure(e.detail) if on_failure else None
+        specific = on_failure(e.detail, e.rank) if on_failure else None
         if specific is not None:
             raise specific from e
         last = next((line.strip() for line in reversed(e.detail.splitlines()) if line.strip()), "")

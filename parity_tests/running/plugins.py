@@ -30,9 +30,11 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.contract.rows import RowList, remove_files, spill_threshold
 from parity_tests.contract.specs import param_specs
 from parity_tests.contract.trajectory import Trajectory
+from parity_tests.running.harness import RunError
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
-           "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS"]
+           "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS", "PluginFailed", "run_isolated",
+           "raised_line"]
 
 MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
 KINDS = {"tensorflow": "@tfpar.plugin.tensorflow", "distributed": "@torchref.plugin.distributed",
@@ -60,6 +62,8 @@ class PluginTarget:
     source: Path | None
     fn: Callable[..., Any]
     keras: bool = False
+    #: ``False``: the plugin cannot run deterministically (its decorator says so); the judge measures its spread
+    deterministic: bool = True
 
 
 def is_plugin_name(name: str) -> bool:
@@ -152,7 +156,8 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
     if getattr(mark, "kind", None) not in KINDS:
         raise CaseError(field, f"{attr} in {where} to carry one of {_DECORATORS}; it has none", name)
     source = Path(getattr(sys.modules.get(fn.__module__), "__file__", None) or path) if path else None
-    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn, bool(getattr(mark, "keras", False)))
+    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn, bool(getattr(mark, "keras", False)),
+                        bool(getattr(mark, "deterministic", True)))
 
 
 # ------------------------------------------------------------------ checking what was recorded
@@ -274,19 +279,24 @@ def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
     return None
 
 
-_RAISED = re.compile(r"PluginRaised: step (\d+): (.*)$")
+_RAISED = re.compile(r"PluginRaised: ((?:at|before|after) step \d+): (.*)$")
 _INPUT = re.compile(r"PluginInputError: (.*)$")
 
 
-def plugin_failure(impl: str, detail: str) -> tuple[str, str] | None:
-    """Read a worker's traceback text: ``("raised", one line)`` / ``("input", one line)``, or ``None``."""
-    last = next((line.strip() for line in reversed(detail.splitlines()) if line.strip()), "")
+def plugin_failure(impl: str, detail: str, rank: int | None = None) -> tuple[str, str, str] | None:
+    """Read a rank's report: ``("raised", one line, the user's frames)`` / ``("input", one line, "")``, or ``None``.
+
+    ``rank``: the rank whose report it is, named in the line (``raised at step 2 on rank 1: ...``).
+    """
+    lines = detail.rstrip().splitlines()
+    last = lines[-1].strip() if lines else ""
     m = _RAISED.search(last)
     if m:
-        return "raised", f"{impl} raised at step {m.group(1)}: {m.group(2)}"
+        frames = "\n".join(lines[:-1])
+        return "raised", raised_line(impl, m.group(1), m.group(2), rank), frames + ("\n" if frames else "")
     m = _INPUT.search(last)
     if m:
-        return "input", m.group(1)
+        return "input", m.group(1), ""
     return None
 
 
@@ -404,9 +414,59 @@ def _tf_devices(device: Mapping[str, Any] | None) -> list[Mapping[str, Any] | No
              for k in ("grads", "acts", "losses", "inputs", "leaves")} for r in range(n)]
 
 
+class PluginFailed(RunError):
+    """A plugin raised while it ran: the one line (``str``) and the user's own frames (:attr:`frames`).
+
+    A :class:`~parity_tests.running.harness.RunError` (exit 1); the command prints the line,
+    then the frames on stderr.
+    """
+
+    def __init__(self, line: str, frames: str = "") -> None:
+        super().__init__(line)
+        self.frames = frames
+
+
+def raised_line(impl: str, when: str, line: str, rank: int | None = None) -> str:
+    """``my.py:train raised at step 3: KeyError: 'lr'`` (``on rank 1`` where a DDP rank raised alone)."""
+    return f"{impl} raised {when}" + (f" on rank {rank}" if rank is not None else "") + f": {line}"
+
+
+def run_isolated(target: PluginTarget, case: Any, impl: str) -> dict[str, Any]:
+    """Run a TensorFlow plugin in a fresh process (``tf_worker``); its records.
+
+    Raises:
+        PluginFailed: the plugin raised (the line names when, and carries the user's frames).
+        CaseError: its module failed to import there (a module that imports differently the
+            second time), or the case asks for more devices than the process can make.
+        RunError: the process died without reporting.
+    """
+    import os
+
+    from parity_tests.contract.rows import spill_threshold
+    from parity_tests.running import harness
+    from parity_tests.running.tf_worker import WorkerDied, get_worker
+
+    payload, files = harness.by_file(case.payload())
+    job = {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
+           "spill_bytes": spill_threshold(), "devices": max(harness.tf_device_count(), case.devices),
+           "location": target.location, "payload": payload, "deterministic": target.deterministic}
+    try:
+        out = get_worker().run(job)
+    except WorkerDied as e:
+        raise harness.RunError(f"{impl} failed: {e}") from None
+    finally:
+        remove_files(files)
+    if "input" in out:
+        raise CaseError(impl, out["input"])
+    if "raised" in out:
+        r = out["raised"]
+        raise PluginFailed(raised_line(impl, r["when"], r["line"]), r["frames"])
+    return out["records"]
+
+
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
-    from parity_tests.running.harness import RunError, by_file, check_tf_devices, run_torch_job
+    from parity_tests.running.harness import by_file, check_tf_devices, run_torch_job
     from parity_tests.running.registry import Implementation
 
     impl = name or target.name
@@ -414,13 +474,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
     def run_tensorflow(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
         _refuse_unsupported(case, impl)
         check_tf_devices(case, impl)
-        from tfpar.plugin import PluginRaised, run_plugin
-
-        payload = case.payload()
-        try:
-            records = run_plugin(target.fn, payload)
-        except PluginRaised as e:
-            raise RunError(f"{impl} raised at step {e.step}: {e.line}") from e
+        records = run_isolated(target, case, impl)
         try:
             traj = assemble(records, case.spec, case.init, impl)
         finally:
@@ -440,15 +494,16 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         if n > MAX_SIZE:
             raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
 
-        def failure(detail: str) -> Exception | None:
-            found = plugin_failure(impl, detail)
+        def failure(detail: str, rank: int) -> Exception | None:
+            found = plugin_failure(impl, detail, rank if n > 1 else None)
             if found is None:
                 return None
-            return RunError(found[1]) if found[0] == "raised" else CaseError(impl, found[1])
+            return PluginFailed(found[1], found[2]) if found[0] == "raised" else CaseError(impl, found[1])
 
         # the parent's spill threshold travels with the job (the workers were started before it was set)
         payload, files = by_file({**case.payload(), "spill_bytes": spill_threshold()})
-        job = {"location": target.location, "kind": target.kind, "payload": payload}
+        job = {"location": target.location, "kind": target.kind, "payload": payload,
+               "deterministic": target.deterministic}
         try:
             ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
         finally:

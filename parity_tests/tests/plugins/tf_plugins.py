@@ -143,3 +143,13 @@ def keras_sgd_undeclared(run):
 
 def undecorated(run):
     _train(run)
+
+
+def _schedule(run):
+    return run.spec["optimizer"]["lr_schedule"]  # a key the case does not have: raises KeyError
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def raises_before_begin(run):
+    _schedule(run)  # before run.begin: the line says "before step 1"
+    _train(run)

@@ -77,3 +77,13 @@ def rank1_skips_step_2(run):
                 p.grad.zero_()
 
     _train(run, change=change)
+
+
+def _schedule(run):
+    return run.spec["optimizer"]["lr_schedule"]  # a key the case does not have: raises KeyError
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def raises_before_begin(run):
+    _schedule(run)  # before run.begin: the line says "before step 1"
+    _train(run)
