@@ -474,6 +474,24 @@ def _beside(work: Callable[[list], None], here: list, there: list) -> None:
         raise failed[0]
 
 
+def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,
+                   trajs: dict[str, dict[str, np.ndarray]], runner: Runner) -> Verdict:
+    """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
+    from parity_tests.judging.spread import judge_with_spread
+
+    d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else dtype
+    if f"{ref}@{d}" not in trajs or f"{impl}@{d}" not in trajs:
+        return verdict
+
+    def rerun(name: str, i: int) -> dict[str, np.ndarray]:
+        key = f"{name}@{d}+rerun{i}"
+        if key not in trajs:
+            trajs[key] = runner(variants[d], name)
+        return trajs[key]
+
+    return judge_with_spread(verdict, (ref, impl), (trajs[f"{ref}@{d}"], trajs[f"{impl}@{d}"]), rerun)
+
+
 def _inside_step(where: dict[str, Any], verdict: Verdict, ref: str, impl: str, case: Case,
                  mapped: tuple[bool, bool], runner: Runner, captured: dict) -> dict[str, Any]:
     """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture."""
@@ -636,6 +654,7 @@ def compare_case(
                 get(ref, "float32", False), get(impl, "float32", False),
                 a64=get(ref, "float64", ma), b64=get(impl, "float64", mb), **kw,
             )
+        verdict = _within_spread(verdict, ref, impl, variants, case.spec["dtype"], trajs, runner)
         verdict = _nonfinite_guard(verdict, get(ref, case.spec["dtype"], ma and case.spec["dtype"] == "float64"),
                                    get(impl, case.spec["dtype"], mb and case.spec["dtype"] == "float64"))
         verdict = _findings_guard(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
