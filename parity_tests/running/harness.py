@@ -219,10 +219,16 @@ def by_file(payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
-    """Refuse, before anything runs, an implementation that does not declare the case's dtype."""
+    """Refuse, before anything runs, an implementation that does not declare the case's dtype, and a built-in
+    asked to run an optimizer only plugins know (``contract.optimizer.builtin_refusal``)."""
+    from parity_tests.contract.optimizer import builtin_refusal
+
     dtype = case.spec["dtype"]
     for name in impls:
         found = registry.resolve(name, field)
+        refused = builtin_refusal(case.spec["optimizer"], name) if found.kind == "builtin" else None
+        if refused is not None:  # an optimizer only plugins know (kept as data for them)
+            raise refused
         if dtype not in found.dtypes:
             raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {name} (the dtypes it declares)", dtype)
 
