@@ -301,6 +301,7 @@ class Run:
         if self._y.dtype.kind == "f":
             self._y = self._y.astype(np_dtype)
         self._x = self._x.astype(np_dtype)
+        self._perm = payload.get("perm")
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
         # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
@@ -312,14 +313,42 @@ class Run:
 
     # ------------------------------------------------------------------ data
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``, ``steps`` of them."""
-        b = self.spec["data"]["global_batch"]
+        """``(x, y)`` of each step's global batch, ``steps`` of them, in the case's ``data.order``.
+
+        ``split``: rows ``[k B, (k+1) B)``. ``distributed_sampler``: what the N ranks' ``DataLoader``
+        over ``DistributedSampler(dataset, N, r, shuffle=False)`` read at their k-th batch, padding
+        included, interleaved (row m from rank ``m mod N``: a strided split gives each tower its
+        rank's rows), epoch after epoch (``tfpar.pipeline.step_rows``; docs/data-pipeline.md).
+        """
+        data = self.spec["data"]
+        b = data["global_batch"]
+        if data.get("order", "split") == "distributed_sampler":
+            from .pipeline import step_rows
+
+            n = self.spec["parallel"]["devices"]
+            for k in range(self.steps):
+                rows = step_rows(data["rows"], b, k, num_replicas=n, perms=self._perm)
+                yield self._x[rows], self._y[rows]
+            return
         for k in range(self.steps):
             yield self._x[k * b:(k + 1) * b], self._y[k * b:(k + 1) * b]
 
     def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """TensorFlow: the global batches (splitting them over ``devices`` is the plugin's job)."""
         return self.global_batches()
+
+    def dataset(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)``: the dataset the case reads, ``data.rows`` rows with ``distributed_sampler`` (else ``steps x B``)."""
+        d = self.spec["data"].get("rows", self.steps * self.spec["data"]["global_batch"])
+        return self._x[:d], self._y[:d]
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The row order of epoch ``epoch`` (0-based): the case's ``perm[epoch mod E]``, or ``0..rows-1``."""
+        d = len(self.dataset()[0])
+        if self._perm is None:
+            return np.arange(d)
+        p = np.asarray(self._perm, np.int64).reshape(-1, d)
+        return p[epoch % len(p)]
 
     # --------------------------------------------------------------- layouts
     to_torch = staticmethod(to_torch)

@@ -320,6 +320,7 @@ class Run:
         self._x = np.asarray(payload["x"]).astype(np_dtype)
         y = np.asarray(payload["y"])
         self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y
+        self._perm = payload.get("perm")
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
         # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
@@ -357,8 +358,41 @@ class Run:
 
         ddp.register_comm_hook(self.group, hook)
 
+    def _sampled(self) -> bool:
+        return self.spec["data"].get("order", "split") == "distributed_sampler"
+
+    def _loader(self, rank: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``distributed_sampler``: rank ``rank``'s ``DataLoader`` over ``DistributedSampler`` (``None``: one
+        process's ``DataLoader(batch_size=B)``), the real torch classes (``torchref.data``), ``steps`` batches."""
+        from .data import rank_batches, single_batches
+
+        x, y = (torch.as_tensor(a) for a in self.dataset())
+        b = self.spec["data"]["global_batch"]
+        it = (single_batches(x, y, global_batch=b, perms=self._perm) if rank is None else
+              rank_batches(x, y, num_replicas=self.world_size, rank=rank, global_batch=b, perms=self._perm))
+        for _ in range(self.steps):
+            xb, yb, _ = next(it)
+            yield xb.numpy(), yb.numpy()
+
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``."""
+        """``(x, y)`` of each step's global batch, in the case's ``data.order``.
+
+        ``split``: rows ``[k B, (k+1) B)``. ``distributed_sampler``: the N ranks' k-th batches of
+        their ``DistributedSampler`` loaders, padding included, interleaved (row m from rank ``m mod N``);
+        for a ``single`` plugin one process's ``DataLoader(batch_size=B)`` batches, no padding.
+        """
+        if self._sampled():
+            if self.group is None:
+                yield from self._loader(None)
+                return
+            for parts in zip(*(self._loader(r) for r in range(self.world_size)), strict=True):
+                n = self.world_size
+                x = np.empty((n * len(parts[0][0]), *parts[0][0].shape[1:]), parts[0][0].dtype)
+                y = np.empty((n * len(parts[0][1]), *parts[0][1].shape[1:]), parts[0][1].dtype)
+                for r, (xr, yr) in enumerate(parts):
+                    x[r::n], y[r::n] = xr, yr
+                yield x, y
+            return
         b = self.spec["data"]["global_batch"]
         for k in range(self.steps):
             yield self._x[k * b:(k + 1) * b], self._y[k * b:(k + 1) * b]
@@ -369,10 +403,37 @@ class Run:
         return shard_rows(self.spec["data"]["global_batch"], self.world_size, self.rank, par["shard"])
 
     def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """This rank's shard of each step's global batch (the whole batch for a ``single`` plugin)."""
+        """This rank's shard of each step's global batch (the whole batch for a ``single`` plugin).
+
+        ``distributed_sampler``: what this rank's ``DataLoader(dataset, batch_size=B/N,
+        sampler=DistributedSampler(dataset, N, rank, shuffle=False))`` yields, padding included
+        (the real classes); a program that builds its own loader from :meth:`dataset` reads the same rows.
+        """
+        if self._sampled():
+            yield from self._loader(None if self.group is None else self.rank)
+            return
         rows = self.shard()
         for x, y in self.global_batches():
             yield x[rows], y[rows]
+
+    def dataset(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)``: the dataset the case reads, ``data.rows`` rows with ``distributed_sampler`` (else ``steps x B``):
+        wrap it in a ``TensorDataset`` for your own ``DataLoader`` + ``DistributedSampler``."""
+        d = self.spec["data"].get("rows", self.steps * self.spec["data"]["global_batch"])
+        return self._x[:d], self._y[:d]
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The row order of epoch ``epoch`` (0-based): the case's ``perm[epoch mod E]``, or ``0..rows-1``.
+
+        A shuffled ``DistributedSampler`` draws its order from torch's generator, which the other side
+        cannot reproduce: a case gives the orders instead, and a program reads epoch e as
+        ``Subset(dataset, run.epoch_order(e))`` under an unshuffled sampler (docs/data-pipeline.md).
+        """
+        d = len(self.dataset()[0])
+        if self._perm is None:
+            return np.arange(d)
+        p = np.asarray(self._perm, np.int64).reshape(-1, d)
+        return p[epoch % len(p)]
 
     to_torch = staticmethod(to_torch)
     to_tf = staticmethod(to_tf)

@@ -303,12 +303,6 @@ def plugin_failure(impl: str, detail: str, rank: int | None = None) -> tuple[str
 # ------------------------------------------------------------------ running a plugin
 
 
-def _refuse_unsupported(case: Any, impl: str) -> None:
-    if case.spec["data"].get("order", "split") != "split":
-        raise CaseError("data.order", f"split for the plugin {impl} (run.batches() hands out global batches in order)",
-                        case.spec["data"]["order"])
-
-
 def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Leaf layers' outputs in call order, grouped into layers named ``"0"``, ``"1"``, ... (the forward stage's names).
 
@@ -472,7 +466,6 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
     impl = name or target.name
 
     def run_tensorflow(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
-        _refuse_unsupported(case, impl)
         check_tf_devices(case, impl)
         records = run_isolated(target, case, impl)
         try:
@@ -486,7 +479,6 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         return traj
 
     def run_torch(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
-        _refuse_unsupported(case, impl)
         from torchref.plugin import run_plugin_rank
         from torchref.pool import MAX_SIZE
 
