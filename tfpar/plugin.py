@@ -263,6 +263,37 @@ class KerasLayerHooks:
         return mine if all(m is not None for m in mine) else None
 
 
+#: the case's canonical slot names -> the Keras optimizer attribute holding them, by Keras class
+_KERAS_SLOT_ATTRS = {
+    "SGD": {"momentum": "momentums"},
+    "Adam": {"m": "_momentums", "v": "_velocities", "v_max": "_velocity_hats"},
+    "AdamW": {"m": "_momentums", "v": "_velocities", "v_max": "_velocity_hats"},
+    "RMSprop": {"square_avg": "_velocities", "grad_avg": "_average_gradients", "momentum": "_momentums"},
+    "Adagrad": {"accumulator": "_accumulators"},
+}
+
+
+def _keras_slots(optimizer: Any, spec: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``{canonical slot: [variable per trainable variable]}`` of a built Keras optimizer.
+
+    For a case optimizer the tool knows, its slots (``tfpar.optimizers.slot_names``) by
+    :data:`_KERAS_SLOT_ATTRS`; otherwise every list attribute of per-variable slots the
+    optimizer holds, named by the attribute without its leading underscore.
+    """
+    from parity_tests.contract.optimizer import plugins_only
+
+    from .optimizers import slot_names
+
+    n = len(optimizer._trainable_variables)
+    lists = {k: v for k, v in vars(optimizer).items() if k != "_trainable_variables" and isinstance(v, list)
+             and len(v) == n and n and all(hasattr(x, "assign") for x in v)}
+    table = _KERAS_SLOT_ATTRS.get(type(optimizer).__name__)
+    wanted = None if plugins_only(spec) else slot_names(spec)
+    if table is None or wanted is None or any(s not in table for s in wanted):
+        return {k.lstrip("_"): v for k, v in lists.items()}
+    return {s: lists[table[s]] for s in wanted if table[s] in lists}
+
+
 class Run:
     """What a plugin gets: the case, its data and weights, where to run, and where to report.
 
@@ -310,6 +341,12 @@ class Run:
         self._device: dict[str, Any] | None = None
         self.layer_hooks: bool = True
         self._layers = KerasLayerHooks()
+        #: ``--lockstep``: the reference's optimizer state to start from, ``{"step": t, "slots": {slot: {name:
+        #: array}}}`` (TF layouts), or ``None`` (a fresh optimizer); :meth:`use_optimizer` loads it
+        self.optimizer_state: dict[str, Any] | None = payload.get("opt_state")
+        self._export_optimizer = bool(payload.get("export_opt_state"))
+        self._optimizer: tuple[Any, dict[str, Any]] | None = None
+        self._opt_export: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ data
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -366,7 +403,7 @@ class Run:
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
                device_grads: Any = None, activations: Any = None, device_losses: Any = None,
-               device_inputs: Any = None) -> None:
+               device_inputs: Any = None, optimizer_state: Any = None) -> None:
         """Once per step, after the update.
 
         Args:
@@ -379,6 +416,8 @@ class Run:
             activations: optionally, per tower ``{layer name: output [n_r, ...]}`` (a list of N dicts).
             device_losses: optionally, the N towers' own losses ``l_r``.
             device_inputs: optionally, the N towers' input rows ``[n_r, ...]``.
+            optimizer_state: ``--lockstep`` without :meth:`use_optimizer`: the optimizer's state
+                after this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
 
         The four per-device values are kept only at :attr:`capture_step` (they localise a
         divergence to a stage and a tower, CONTRACT §6); pass them every step or only then.
@@ -388,6 +427,10 @@ class Run:
         self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
                             "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
                             "state": self._keep(_named(state, "record(state=...)"))})
+        if optimizer_state is not None:
+            self._opt_export = {"step": int(optimizer_state["step"]),
+                                "slots": {s: _named(v, "record(optimizer_state=...)")
+                                          for s, v in optimizer_state.get("slots", {}).items()}}
         if self.capture_step == len(self._steps):
             self._device = {
                 "grads": None if device_grads is None else [_named(g, "record(device_grads=[...])") for g in device_grads],
@@ -403,9 +446,50 @@ class Run:
     def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
         return {k: self._store.put(v) for k, v in values.items()}
 
+    # ------------------------------------------------------------- optimizer state (lockstep)
+    def use_optimizer(self, optimizer: Any, params: Mapping[str, Any]) -> None:
+        """Hand your Keras optimizer to the tool (once, before the first step); ``params``: ``{name: variable}``.
+
+        Under ``tfpar compare --lockstep`` every step runs alone from the reference's state of the
+        step before: this sets ``optimizer`` to that state (``iterations`` and its slot variables,
+        built over ``params`` if not built yet) and reads it back after the step. Without
+        ``--lockstep`` it does nothing but remember the optimizer. The slots, by the case's
+        optimizer: SGD with momentum ``momentum`` (Keras' ``momentums``), Adam/AdamW ``m``, ``v``
+        (``_momentums``, ``_velocities``; AMSGrad also ``v_max``), RMSprop ``square_avg``,
+        ``grad_avg``, ``momentum``, Adagrad ``accumulator``; any other optimizer (one only plugins
+        know) every list of per-variable slots it holds, by attribute (``accumulated_grads``).
+        A ``tf.compat.v1`` optimizer or hand-written rule: read :attr:`optimizer_state` yourself
+        and pass ``run.record(..., optimizer_state=...)`` after the last step.
+        """
+        params = dict(params)
+        if not getattr(optimizer, "built", True):
+            optimizer.build(list(params.values()))
+        self._optimizer = (optimizer, params)
+        state = self.optimizer_state
+        if state is None or not state.get("step"):
+            return
+        optimizer.iterations.assign(int(state["step"]))
+        slots = _keras_slots(optimizer, self.spec["optimizer"])
+        for slot, arrays in state["slots"].items():
+            if slot not in slots:
+                raise ValueError(f"run.use_optimizer: the start state has slot {slot!r}; {type(optimizer).__name__}"
+                                 f" holds {', '.join(sorted(slots)) or 'none'}")
+            for name, var in params.items():
+                slots[slot][optimizer._get_variable_index(var)].assign(np.asarray(arrays[name]))
+
+    def _export(self) -> dict[str, Any] | None:
+        if self._opt_export is not None or self._optimizer is None:
+            return self._opt_export
+        optimizer, params = self._optimizer
+        slots = _keras_slots(optimizer, self.spec["optimizer"])
+        return {"step": int(optimizer.iterations.numpy()),
+                "slots": {slot: {name: _numpy(vs[optimizer._get_variable_index(var)]) for name, var in params.items()}
+                          for slot, vs in slots.items()}}
+
     def records(self) -> dict[str, Any]:
         """What was reported, as plain data (the parity tool checks and assembles it, then removes ``spill``)."""
-        return {"begin": self._begun, "steps": self._steps, "device": self._device, "spill": self._store.close()}
+        return {"begin": self._begun, "steps": self._steps, "device": self._device, "spill": self._store.close(),
+                "opt_export": self._export() if self._export_optimizer else None}
 
 
 class PluginRaised(RuntimeError):

@@ -288,6 +288,16 @@ class LayerHooks:
         self._last, self._version = out, out._version
 
 
+def _torch_slot_keys(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any]) -> dict[str, str] | None:
+    """Canonical slot -> ``optimizer.state[p]`` key for an optimizer the case names, or ``None``: any other
+    (then each state tensor is its own slot, by key)."""
+    from parity_tests.contract.optimizer import plugins_only
+
+    from .optimizers import _state_keys
+
+    return None if plugins_only(spec) else _state_keys(optimizer, spec)
+
+
 class Run:
     """What a torch plugin gets (see the module docstring and CONTRACT §5).
 
@@ -331,6 +341,12 @@ class Run:
         self._hooked: dict[str, np.ndarray] = {}
         self.layer_hooks: bool = True
         self._layers = LayerHooks()
+        #: ``--lockstep``: the reference's optimizer state to start from, ``{"step": t, "slots": {slot: {name:
+        #: array}}}`` (TF layouts), or ``None`` (a fresh optimizer); :meth:`use_optimizer` loads it
+        self.optimizer_state: dict[str, Any] | None = payload.get("opt_state")
+        self._export_optimizer = bool(payload.get("export_opt_state"))
+        self._optimizer: tuple[Any, dict[str, Any]] | None = None
+        self._opt_export: dict[str, Any] | None = None
 
     def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
         """Record this rank's gradients before DDP's all-reduce, through a DDP communication hook.
@@ -448,7 +464,7 @@ class Run:
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
                device_grads: Any = None, activations: Any = None, device_loss: Any = None,
-               device_inputs: Any = None) -> None:
+               device_inputs: Any = None, optimizer_state: Any = None) -> None:
         """Once per step, after the update: the loss computed before it, every parameter after it (TF layouts).
 
         Optionally, this rank's own values of the step (kept only at :attr:`capture_step`, where
@@ -459,7 +475,13 @@ class Run:
         ``device_loss`` (``l_r``) and ``device_inputs`` (this rank's input rows). Without
         ``activations``, the leaf modules' outputs that :class:`LayerHooks` saw in the step's
         first training forward pass stand in for them (``"leaves"``; never over what was given).
+        ``optimizer_state``: ``--lockstep`` without :meth:`use_optimizer`, the optimizer's state after
+        this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
         """
+        if optimizer_state is not None:
+            self._opt_export = {"step": int(optimizer_state["step"]),
+                                "slots": {s: _named(v, "record(optimizer_state=...)")
+                                          for s, v in optimizer_state.get("slots", {}).items()}}
         self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
                             "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
                             "state": self._keep(_named(state, "record(state=...)"))})
@@ -476,6 +498,51 @@ class Run:
     def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
         return {k: self._store.put(v) for k, v in values.items()}
 
+    # ------------------------------------------------------------- optimizer state (lockstep)
+    @torch.no_grad()
+    def use_optimizer(self, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> None:
+        """Hand your ``torch.optim`` optimizer to the tool (once, before the first step); ``params``: ``{name: parameter}``.
+
+        Under ``tfpar compare --lockstep`` every step runs alone from the reference's state of the
+        step before: this fills ``optimizer.state[p]`` with that state (converted to torch layouts
+        with :meth:`to_torch`, in the parameter's dtype; ``step`` set to the updates so far) and
+        reads it back after the step. Without ``--lockstep`` it does nothing but remember the
+        optimizer. The slots, by the case's optimizer: ``momentum`` (``momentum_buffer``), ``m``,
+        ``v`` (``exp_avg``, ``exp_avg_sq``; AMSGrad also ``v_max``: ``max_exp_avg_sq``),
+        ``square_avg``, ``grad_avg``, ``accumulator`` (Adagrad's ``sum``); any other optimizer (one
+        only plugins know) every tensor of its state but ``step``, by its key (``acc_delta``). A
+        learning-rate scheduler of your own: move it to ``run.optimizer_state["step"]``. A
+        hand-written rule: read :attr:`optimizer_state` yourself and pass
+        ``run.record(..., optimizer_state=...)`` after the last step.
+        """
+        self._optimizer = (optimizer, dict(params))
+        state = self.optimizer_state
+        if state is None or not state.get("step"):
+            return
+        keys = _torch_slot_keys(optimizer, self.spec["optimizer"])
+        for name, p in params.items():
+            st = optimizer.state[p]
+            for slot, arrays in state["slots"].items():
+                key = keys.get(slot, slot) if keys is not None else slot
+                st[key] = torch.as_tensor(to_torch(np.asarray(arrays[name])), dtype=p.dtype).clone()
+            if not isinstance(optimizer, torch.optim.SGD):
+                st["step"] = torch.tensor(float(state["step"]), dtype=torch.get_default_dtype())
+
+    def _export(self) -> dict[str, Any] | None:
+        if self._opt_export is not None or self._optimizer is None:
+            return self._opt_export
+        optimizer, params = self._optimizer
+        keys = _torch_slot_keys(optimizer, self.spec["optimizer"])
+        slots: dict[str, dict[str, np.ndarray]] = {}
+        for name, p in params.items():
+            st = optimizer.state.get(p, {})
+            pairs = keys.items() if keys is not None else ((k, k) for k in st if k != "step")
+            for slot, key in pairs:
+                if isinstance(st.get(key), torch.Tensor):
+                    slots.setdefault(slot, {})[name] = _numpy(to_tf(st[key].detach()))
+        start = int((self.optimizer_state or {}).get("step", 0))
+        return {"step": start + len(self._steps), "slots": slots}
+
     def records(self, full: bool) -> dict[str, Any]:
         """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check).
 
@@ -487,7 +554,7 @@ class Run:
         spill = self._store.close()
         if full:
             return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device,
-                    "spill": spill}
+                    "spill": spill, "opt_export": self._export() if self._export_optimizer else None}
         remove_files(spill)
         return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
 

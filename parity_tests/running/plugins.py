@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.errors import CaseError
+from parity_tests.contract.optimizer import plugins_only
 from parity_tests.contract.rows import RowList, remove_files, spill_threshold
 from parity_tests.contract.specs import param_specs
 from parity_tests.contract.trajectory import Trajectory
@@ -458,6 +459,29 @@ def run_isolated(target: PluginTarget, case: Any, impl: str) -> dict[str, Any]:
     return out["records"]
 
 
+def optimizer_arrays(records: Mapping[str, Any], case: Any, impl: str) -> dict[str, np.ndarray]:
+    """``opt/step`` and ``opt/<slot>/<name>`` of a plugin's run, where ``--lockstep`` asked for its optimizer state.
+
+    The plugin hands its optimizer over with ``run.use_optimizer`` (or passes
+    ``run.record(..., optimizer_state=...)``); a case whose optimizer keeps state (anything but
+    ``sgd`` with a constant schedule) cannot go on without it: one line of bad input.
+    """
+    if not getattr(case, "extra", {}).get("export_opt_state"):
+        return {}
+    state = records.get("opt_export")
+    opt = case.spec["optimizer"]
+    if state is None:
+        if opt["name"] == "sgd" and opt.get("schedule", {"kind": "constant"})["kind"] == "constant" \
+                and not plugins_only(opt):
+            return {}
+        raise CaseError(impl, "a call to run.use_optimizer(optimizer, params) before the first step (or"
+                              " run.record(..., optimizer_state=...)): under --lockstep each step starts from the"
+                              f" reference's optimizer state, and {opt['name']!r} keeps one")
+    out = {"opt/step": np.asarray(int(state["step"]), np.int64)}
+    out.update({f"opt/{slot}/{name}": np.asarray(a) for slot, arrays in state["slots"].items() for name, a in arrays.items()})
+    return out
+
+
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
     from parity_tests.running.harness import by_file, check_tf_devices, run_torch_job
@@ -475,6 +499,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
+        traj.update(optimizer_arrays(records, case, impl))
         if progress:
             progress(case.spec["steps"])
         return traj
@@ -507,6 +532,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
             remove_files(ranks[0].get("spill", ()))  # assembled (or refused): rank 0's files go
         traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
+        traj.update(optimizer_arrays(ranks[0], case, impl))
         finding = replica_divergence(ranks, impl)
         if finding:
             traj.findings.append(finding)
