@@ -630,10 +630,10 @@ def compare_case(
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
     preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     bar = None
-    if progress is True:
-        from tqdm import tqdm
+    if progress is True:  # a bar on a terminal, one line per run in a log (reporting.progress)
+        from parity_tests.reporting.progress import run_bar
 
-        bar = tqdm(total=len(_plan(case, impls, rules)), desc=case.name, unit="run", leave=False)
+        bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     refused: dict[str, str] = {}
     mapped_cases: dict[str, Case] = {}  # "impl@variant+mapped" -> the case it ran
