@@ -21,10 +21,12 @@ class LineProgress:
 
     def __init__(self, total: int, desc: str, stream: TextIO) -> None:
         self.total, self.desc, self.n, self._stream, self.disable = total, desc, 0, stream, False
+        self._started = 0  # runs announced (two may run at once: a TensorFlow and a torch one)
 
     def set_postfix_str(self, text: str) -> None:
         if not self.disable:
-            print(f"{self.desc}: run {self.n + 1}/{self.total}: {text}", file=self._stream, flush=True)
+            self._started += 1
+            print(f"{self.desc}: run {self._started}/{self.total}: {text}", file=self._stream, flush=True)
 
     def update(self, n: int = 1) -> None:
         self.n += n

@@ -49,7 +49,7 @@ from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child"]
+__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "write_output", "quiet_stderr"]
 
 _JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
 
@@ -106,7 +106,7 @@ class TFWorker:
                     self._ready = True
                 self._conn.send_bytes(message)
                 self.child = self._expect("started")
-                status, data = self._expect("done")
+                status, data = self._expect("done", relay=True)
             except BaseException:
                 self._teardown()  # Ctrl-C, or the server died: nothing of it stays
                 raise
@@ -117,12 +117,17 @@ class TFWorker:
                 raise WorkerDied(f"its process died ({how}) without reporting")
             return pickle.loads(data)
 
-    def _expect(self, tag: str) -> Any:
-        try:
-            got = self._conn.recv()
-        except (EOFError, OSError):
-            code = self._proc.wait(_JOIN_S) if self._proc is not None else None
-            raise WorkerDied(f"the TensorFlow server died (exit status {code}) before it sent {tag!r}") from None
+    def _expect(self, tag: str, *, relay: bool = False) -> Any:
+        while True:
+            try:
+                got = self._conn.recv()
+            except (EOFError, OSError):
+                code = self._proc.wait(_JOIN_S) if self._proc is not None else None
+                raise WorkerDied(f"the TensorFlow server died (exit status {code}) before it sent {tag!r}") from None
+            if relay and got[0] == "out":  # the run's own output, whole lines (_relay_output)
+                write_output(got[1], got[2])
+                continue
+            break
         if got[0] == "failed":  # the server could not start (TensorFlow failed to import)
             raise WorkerDied(f"the TensorFlow server could not start: {got[1]}")
         if got[0] != tag:
@@ -240,6 +245,7 @@ def _serve(fd: int) -> None:
 def _fork_one(conn: Connection, job: dict[str, Any]) -> bool:
     """Fork a child for ``job``, forward its result; ``False`` when the parent left meanwhile."""
     r, w = os.pipe()
+    outs = [os.pipe(), os.pipe()]  # the child's stdout and stderr, relayed line by line (_relay_output)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -248,6 +254,11 @@ def _fork_one(conn: Connection, job: dict[str, Any]) -> bool:
         code = 0
         try:
             conn.close()  # the parent's socket is the server's: the child reports through its own pipe
+            for fd, (pr, pw) in zip((1, 2), outs, strict=True):
+                os.close(pr)
+                os.dup2(pw, fd)
+                os.close(pw)
+            sys.stdout.reconfigure(line_buffering=True)  # a pipe now: print() shows as it happens
             _die_with_parent()
             result = run_in_child(job)
             with Connection(w, readable=False) as out:
@@ -261,13 +272,18 @@ def _fork_one(conn: Connection, job: dict[str, Any]) -> bool:
                     stream.flush()
             os._exit(code)  # no interpreter shutdown: TensorFlow's teardown takes seconds and adds nothing
     os.close(w)
+    for _, pw in outs:
+        os.close(pw)
+    streams = {pr: (fd, b"") for fd, (pr, _) in zip((1, 2), outs, strict=True)}
     child = Connection(r, writable=False)
     conn.send(("started", pid))
     data: bytes | None = None
     parent_left = False
     try:
         while True:
-            ready = wait([child, conn])
+            ready = wait([child, conn, *streams])
+            for pr in [x for x in ready if x in streams]:
+                _relay_output(conn, streams, pr)
             if child in ready:
                 with contextlib.suppress(EOFError, OSError):
                     data = child.recv_bytes()
@@ -279,10 +295,70 @@ def _fork_one(conn: Connection, job: dict[str, Any]) -> bool:
     finally:
         child.close()
         _, status = os.waitpid(pid, 0)
+        if not parent_left:  # what the child wrote last (its pipes are at EOF now)
+            for pr in list(streams):
+                while pr in streams:
+                    _relay_output(conn, streams, pr)
+        for pr in streams:
+            os.close(pr)
     if parent_left:
         return False
     code = os.waitstatus_to_exitcode(status)
     conn.send(("done", code, data))
+    return True
+
+
+def _relay_output(conn: Connection, streams: dict[int, tuple[int, bytes]], pr: int) -> None:
+    """Read what the child wrote on one of its streams and send the parent its whole lines (the rest at EOF).
+
+    Whole lines only: the parent writes each between its progress bar's redraws
+    (:func:`write_output`), so a line is never cut by the bar.
+    """
+    fd, pending = streams[pr]
+    try:
+        chunk = os.read(pr, 65536)
+    except OSError:
+        chunk = b""
+    if not chunk:
+        if pending:  # an unfinished last line is ended here: what the tool prints next starts a line
+            conn.send(("out", fd, pending + b"\n"))
+        del streams[pr]
+        os.close(pr)
+        return
+    pending += chunk
+    head, sep, rest = pending.rpartition(b"\n")
+    if sep:
+        conn.send(("out", fd, head + sep))
+    streams[pr] = (fd, rest)
+
+
+def write_output(fd: int, data: bytes) -> None:
+    """Write a plugin run's output to this process's stdout (1) or stderr (2), around any progress bar.
+
+    ``tqdm.external_write_mode`` clears the bars drawn on that stream first and draws them
+    again after: the run's lines never share a line with a bar.
+    """
+    stream = sys.stdout if fd == 1 else sys.stderr
+    try:
+        from tqdm import tqdm
+
+        guard = tqdm.external_write_mode(file=stream)
+    except ImportError:
+        guard = contextlib.nullcontext()
+    with guard:
+        stream.flush()
+        if _has_fileno(stream):
+            os.write(stream.fileno(), data)
+        else:  # a captured stream (pytest's capsys): text
+            stream.write(data.decode(errors="replace"))
+        stream.flush()
+
+
+def _has_fileno(stream: Any) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
     return True
 
 

@@ -88,3 +88,16 @@ def test_line_progress_counts_runs_and_is_silent_once_closed():
     bar.close()
     bar.set_postfix_str("c@float64")
     assert out.getvalue() == "case: run 1/2: a@float64\ncase: run 2/3: b@float64\n"
+
+
+def test_a_tensorflow_plugins_own_output_comes_through_in_whole_lines(tmp_path, capsys, pool):
+    """The run's stdout and stderr are relayed line by line (``tf_worker.write_output``), an unfinished last
+    line at the run's end on a line of its own: never inside a progress line."""
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(dict(MLP, steps=2)))
+    assert main(["compare", str(case), "--impls", f"{HERE / 'tf_plugins.py'}:prints,torch.ddp"]) == 0
+    out, err = capsys.readouterr()
+    assert "a line from the plugin (float64)\n" in out
+    assert "\nan unfinished line" in "\n" + err and "\r" not in err
+    for line in err.splitlines():
+        assert line == "an unfinished line" or line.startswith("mlp: run "), line

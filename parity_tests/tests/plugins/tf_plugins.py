@@ -153,3 +153,13 @@ def _schedule(run):
 def raises_before_begin(run):
     _schedule(run)  # before run.begin: the line says "before step 1"
     _train(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def prints(run):
+    """``good``, printing as a user's program does: a line on stdout, an unfinished line on stderr."""
+    import sys
+
+    print(f"a line from the plugin ({run.dtype})")
+    print("an unfinished line", end="", file=sys.stderr)
+    _train(run)
