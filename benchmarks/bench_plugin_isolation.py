@@ -46,10 +46,14 @@ with quiet_stderr():
     import tensorflow, keras, tfpar
     tfpar.configure_devices({devices})
 from parity_tests.contract.case import load_case
-from parity_tests.running.plugins import resolve_plugin
 from tfpar.plugin import run_plugin
+import importlib.util
+path, _, attr = {plugin!r}.rpartition(":")
+spec = importlib.util.spec_from_file_location("bench_plugin_spawned", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
 case = load_case({case!r})
-run_plugin(resolve_plugin({plugin!r}).fn, case.payload())
+run_plugin(getattr(module, attr), case.payload())
 print(time.perf_counter() - t0)
 """
 
@@ -68,7 +72,6 @@ def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from parity_tests.contract.case import load_case
     from parity_tests.running import harness
-    from parity_tests.running.plugins import resolve_plugin
     from parity_tests.running.tf_worker import TFWorker
 
     case = load_case(args.case)
@@ -78,7 +81,6 @@ def main() -> int:
     worker = TFWorker()
     t0 = time.perf_counter()
     worker.start()
-    target = None
     job = None
     try:
         from parity_tests.contract.rows import spill_threshold
@@ -110,16 +112,21 @@ def main() -> int:
     print(f"spawn: each run (python start, TensorFlow import, run) {_median(spawned)}")
 
     harness.tf_module()
-    target = resolve_plugin(args.plugin)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_plugin_here", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # in this process: what the tool did before issue 26
+    fn = getattr(module, attr)
     from tfpar.plugin import run_plugin
 
     t = time.perf_counter()
-    run_plugin(target.fn, case.payload())
+    run_plugin(fn, case.payload())
     print(f"in-process: first run (this process's runtime start) {time.perf_counter() - t:.2f} s")
     inproc = []
     for _ in range(args.repeat):
         t = time.perf_counter()
-        run_plugin(target.fn, case.payload())
+        run_plugin(fn, case.payload())
         inproc.append(time.perf_counter() - t)
     print(f"in-process: each later run {_median(inproc)}")
 
@@ -140,13 +147,13 @@ def main() -> int:
         reset()
         resets.append(time.perf_counter() - t)
         t = time.perf_counter()
-        run_plugin(target.fn, case.payload())
+        run_plugin(fn, case.payload())
         runs.append(time.perf_counter() - t)
     print(f"in-process + reset: the reset {_median(resets)}; the run after it {_median(runs)}")
     other = case.replace(dtype="float32" if case.spec["dtype"] == "float64" else "float64")
     reset()
     try:
-        run_plugin(target.fn, other.payload())
+        run_plugin(fn, other.payload())
         print(f"in-process + reset: a {other.spec['dtype']} run after the {case.spec['dtype']} runs: ran")
     except Exception as e:  # noqa: BLE001
         print(f"in-process + reset: a {other.spec['dtype']} run after the {case.spec['dtype']} runs: FAILED"

@@ -24,7 +24,8 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.running import registry
 
 __all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout", "check_tf_devices", "prestart_torch",
-           "run_torch_job", "tf_module", "check_dtypes", "reserve_tf_devices", "check_torch_ranks", "RANK_MIB"]
+           "run_torch_job", "tf_module", "check_dtypes", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks",
+           "RANK_MIB"]
 
 #: the built-in implementations (the registry lists every name: :func:`registry.names`)
 IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
@@ -110,6 +111,11 @@ def reserve_tf_devices(n: int) -> None:
     """
     global _TF_DEVICES
     _TF_DEVICES = max(_TF_DEVICES, int(n))
+
+
+def reserved_tf_devices() -> int:
+    """The largest tower count asked for so far (:func:`reserve_tf_devices`; 0 when none)."""
+    return _TF_DEVICES
 
 
 def check_torch_ranks(n: int, field: str = "parallel.devices") -> None:

@@ -53,7 +53,8 @@ class PluginTarget:
         dtypes: the dtypes its decorator declares.
         location: how a worker process imports it: ``{"path", "module_name", "attr"}`` or ``{"module", "attr"}``.
         source: the file the function's module was loaded from (hashed into manifests).
-        fn: the function itself (this process).
+        fn: the function itself, where this process imported its module (``None`` for a TensorFlow
+            plugin: its module is imported only in the fresh process of each run).
     """
 
     name: str
@@ -61,7 +62,7 @@ class PluginTarget:
     dtypes: tuple[str, ...]
     location: dict[str, str]
     source: Path | None
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None
     keras: bool = False
     #: ``False``: the plugin cannot run deterministically (its decorator says so); the judge measures its spread
     deterministic: bool = True
@@ -84,27 +85,19 @@ def _module_name(path: Path) -> str:
 _TF_IMPORT = re.compile(r"^\s*(import|from)\s+(tensorflow|tfpar|keras)\b", re.MULTILINE)
 
 
-def _prepare_tensorflow(source: Path | None) -> None:
-    """Start TensorFlow the tool's way (logical devices, quiet logs) before a module that imports it.
-
-    Logical devices can only be configured before TensorFlow initialises its runtime, which a
-    user's module may do at import time (a ``tf.constant`` at top level).
-    """
+def _imports_tensorflow(source: Path | None) -> bool:
+    """Whether a module's source imports TensorFlow, Keras or ``tfpar`` at a line of its own."""
     try:
         text = source.read_text(errors="replace") if source else ""
     except OSError:
-        return
-    if _TF_IMPORT.search(text):
-        from parity_tests.running.harness import tf_module
-
-        tf_module()
+        return False
+    return bool(_TF_IMPORT.search(text))
 
 
 def _import_path(path: Path, field: str, name: str) -> Any:
     mod = _module_name(path)
     if mod in sys.modules:
         return sys.modules[mod]
-    _prepare_tensorflow(path)
     sys.path.insert(0, str(path.parent))  # the user's sibling modules, as ``python FILE`` would see them
     spec = importlib.util.spec_from_file_location(mod, path)
     module = importlib.util.module_from_spec(spec)
@@ -117,8 +110,41 @@ def _import_path(path: Path, field: str, name: str) -> Any:
     return module
 
 
+def describe(fn: Any) -> dict[str, Any]:
+    """What the parity tool needs to know of a module's attribute: is it there, callable, marked, and how."""
+    mark = getattr(fn, MARK, None)
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    return {"found": fn is not None, "callable": callable(fn), "type": type(fn).__name__,
+            "mark": None if getattr(mark, "kind", None) not in KINDS else
+            {"kind": mark.kind, "dtypes": tuple(mark.dtypes), "keras": bool(getattr(mark, "keras", False)),
+             "deterministic": bool(getattr(mark, "deterministic", True))},
+            "file": getattr(module, "__file__", None)}
+
+
+def _inspect_isolated(location: dict[str, str], field: str, name: str) -> dict[str, Any]:
+    """:func:`describe` of the plugin, its module imported in a fresh process of the TensorFlow server.
+
+    A TensorFlow program's top level may set process-wide state (``tf.compat.v1.disable_eager_execution()``,
+    ``keras.config.set_floatx``): imported here, it would change this process, where the built-in
+    TensorFlow implementations run. So this process never imports it; each run imports it afresh.
+    """
+    from parity_tests.running.harness import RunError
+    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
+
+    try:
+        out = get_worker().run({**job_context(), "location": location, "inspect": True})
+    except WorkerDied as e:
+        raise RunError(f"{name} could not be imported: {e}") from None
+    if "input" in out:
+        raise CaseError(field, out["input"].replace(" to import cleanly;", f" to import cleanly ({name});"))
+    return out["described"]
+
+
 def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
-    """Import the plugin ``name`` and read its decorator.
+    """Find the plugin ``name`` and read its decorator.
+
+    A module that imports TensorFlow (or Keras, or ``tfpar``) is imported in a fresh process of
+    the TensorFlow server (:func:`_inspect_isolated`), never in this one; any other module here.
 
     Raises:
         CaseError: (one line, naming ``field``) no such file or module, an import error
@@ -128,12 +154,17 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
     where, _, attr = name.rpartition(":")
     if not where or not attr.isidentifier():
         raise CaseError(field, "a plugin named FILE.py:FUNCTION or package.module:FUNCTION", name)
+    fn = None
     if where.endswith(".py") or "/" in where or "\\" in where:
         path = Path(where).expanduser().resolve()
         if not path.is_file():
             raise CaseError(field, f"an existing Python file; {where} does not exist", name)
-        module = _import_path(path, field, name)
-        location = {"path": str(path), "module_name": module.__name__, "attr": attr}
+        location = {"path": str(path), "module_name": _module_name(path), "attr": attr}
+        if _imports_tensorflow(path):
+            info = _inspect_isolated(location, field, name)
+        else:
+            fn = getattr(_import_path(path, field, name), attr, None)
+            info = describe(fn)
     else:
         try:
             found = importlib.util.find_spec(where)
@@ -141,24 +172,27 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
             found = None
         if found is None:
             raise CaseError(field, f"an importable module; no module named {where!r} (a file needs its .py)", name)
-        _prepare_tensorflow(Path(found.origin) if found.origin and found.origin.endswith(".py") else None)
-        try:
-            module = importlib.import_module(where)
-        except Exception as e:
-            raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
         location = {"module": where, "attr": attr}
-        path = Path(module.__file__) if getattr(module, "__file__", None) else None
-    fn = getattr(module, attr, None)
-    if fn is None:
+        path = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
+        if _imports_tensorflow(path):
+            info = _inspect_isolated(location, field, name)
+        else:
+            try:
+                module = importlib.import_module(where)
+            except Exception as e:
+                raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
+            fn = getattr(module, attr, None)
+            info = describe(fn)
+    if not info["found"]:
         raise CaseError(field, f"a function named {attr!r} in {where}", name)
-    if not callable(fn):
-        raise CaseError(field, f"{attr!r} in {where} to be a function", type(fn).__name__)
-    mark = getattr(fn, MARK, None)
-    if getattr(mark, "kind", None) not in KINDS:
+    if not info["callable"]:
+        raise CaseError(field, f"{attr!r} in {where} to be a function", info["type"])
+    mark = info["mark"]
+    if mark is None:
         raise CaseError(field, f"{attr} in {where} to carry one of {_DECORATORS}; it has none", name)
-    source = Path(getattr(sys.modules.get(fn.__module__), "__file__", None) or path) if path else None
-    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn, bool(getattr(mark, "keras", False)),
-                        bool(getattr(mark, "deterministic", True)))
+    source = Path(info["file"] or path) if path else None
+    return PluginTarget(name, mark["kind"], tuple(mark["dtypes"]), location, source, fn, mark["keras"],
+                        mark["deterministic"])
 
 
 # ------------------------------------------------------------------ checking what was recorded
@@ -435,16 +469,12 @@ def run_isolated(target: PluginTarget, case: Any, impl: str) -> dict[str, Any]:
             second time), or the case asks for more devices than the process can make.
         RunError: the process died without reporting.
     """
-    import os
-
-    from parity_tests.contract.rows import spill_threshold
     from parity_tests.running import harness
-    from parity_tests.running.tf_worker import WorkerDied, get_worker
+    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
 
     payload, files = harness.by_file(case.payload())
-    job = {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
-           "spill_bytes": spill_threshold(), "devices": max(harness.tf_device_count(), case.devices),
-           "location": target.location, "payload": payload, "deterministic": target.deterministic}
+    job = {**job_context(case.devices), "location": target.location, "payload": payload,
+           "deterministic": target.deterministic}
     try:
         out = get_worker().run(job)
     except WorkerDied as e:
@@ -484,14 +514,13 @@ def optimizer_arrays(records: Mapping[str, Any], case: Any, impl: str) -> dict[s
 
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
-    from parity_tests.running.harness import by_file, check_tf_devices, run_torch_job
+    from parity_tests.running.harness import by_file, run_torch_job
     from parity_tests.running.registry import Implementation
 
     impl = name or target.name
 
     def run_tensorflow(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
-        check_tf_devices(case, impl)
-        records = run_isolated(target, case, impl)
+        records = run_isolated(target, case, impl)  # its own process: this one needs no TensorFlow
         try:
             traj = assemble(records, case.spec, case.init, impl)
         finally:

@@ -49,7 +49,8 @@ from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "write_output", "quiet_stderr"]
+__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "write_output", "quiet_stderr",
+           "job_context"]
 
 _JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
 
@@ -187,6 +188,16 @@ def shutdown_worker() -> None:
         worker, _shared = _shared, None
     if worker is not None:
         worker.close()
+
+
+def job_context(devices: int = 1) -> dict[str, Any]:
+    """What every job carries of this process as it is now: working folder, environment, ``sys.path``,
+    spill threshold, and the tower devices to configure (the largest count reserved here, at least ``devices``)."""
+    from parity_tests.contract.rows import spill_threshold
+    from parity_tests.running import harness
+
+    return {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
+            "spill_bytes": spill_threshold(), "devices": max(harness.reserved_tf_devices(), int(devices))}
 
 
 # ---------------------------------------------------------------------------------------------- the server
@@ -384,6 +395,9 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     Python's and numpy's global generators are seeded with the case seed (a rerun draws
     the same numbers); TensorFlow's global seed is left unset, as in a fresh program.
 
+    With ``"inspect": True`` (and no payload) the module is only imported and the name looked
+    up: ``{"described": parity_tests.running.plugins.describe(fn)}`` (resolving a plugin name).
+
     Returns:
         ``{"records": ...}`` (``tfpar.plugin.Run.records``), ``{"raised": {"step", "when", "line",
         "frames"}}`` (the plugin raised: ``tfpar.plugin.PluginRaised``) or ``{"input": line}``
@@ -409,7 +423,7 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
         from tensorflow.python.framework import config as tf_config
 
         tf_config.disable_op_determinism()  # the plugin said it cannot run deterministically
-    seed = int(job["payload"]["spec"].get("seed", 0))
+    seed = int(job["payload"]["spec"].get("seed", 0)) if "payload" in job else 0
     random.seed(seed)
     np.random.seed(seed % 2**32)
     try:
@@ -418,6 +432,10 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
         from parity_tests.contract.frames import last_line
 
         return {"input": f"{_where(job['location'])} to import cleanly; it raised {last_line(e)}"}
+    if job.get("inspect"):  # resolving a name: what the module holds under it
+        from parity_tests.running.plugins import describe
+
+        return {"described": describe(fn)}
     try:
         return {"records": run_plugin(fn, job["payload"])}
     except PluginRaised as e:
@@ -442,7 +460,7 @@ def _import(location: Mapping[str, str]) -> Any:
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(location["module"])
-    return getattr(module, location["attr"])
+    return getattr(module, location["attr"], None)
 
 
 if __name__ == "__main__":  # the server: python -m parity_tests.running.tf_worker FD

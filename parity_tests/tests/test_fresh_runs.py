@@ -50,10 +50,12 @@ import json, sys
 from parity_tests.running.harness import tf_module
 tf_module()
 from parity_tests.contract.case import case_from_dict
-from parity_tests.running.plugins import resolve_plugin
 from tfpar.plugin import PluginRaised, run_plugin
 case = case_from_dict(json.loads(sys.argv[1]))
-fn = resolve_plugin(sys.argv[2]).fn
+path, _, attr = sys.argv[2].rpartition(":")
+sys.path.insert(0, path.rsplit("/", 1)[0])
+import fresh_state_tf  # in this process, as the tool did before each run got a process of its own
+fn = getattr(fresh_state_tf, attr)
 import numpy as np
 np.random.seed(case.spec["seed"])  # as the tool seeds it: the first run is clean
 run_plugin(fn, case.payload())
