@@ -28,8 +28,8 @@ the run.
 Lifetimes: the server leaves when this process closes its end of the socket
 (exit, a kill) or asks it to; a child is killed by the kernel when the server
 dies (``PR_SET_PDEATHSIG``), and by the server when this process stops waiting
-(Ctrl-C). Both ignore SIGINT: Ctrl-C belongs to this process, which tears them
-down.
+(Ctrl-C). The server runs in a session of its own and ignores SIGINT: Ctrl-C
+belongs to this process, which tears the server and its child down.
 """
 
 from __future__ import annotations
@@ -89,10 +89,11 @@ class TFWorker:
             mine, theirs = socket.socketpair()
             with mine, theirs:
                 # its environment is this process's now; each job also carries os.environ as it is then
+                # a session of its own: the terminal's Ctrl-C reaches this process only, which tears
+                # the server down (no preexec_fn: this process has threads)
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "parity_tests.running.tf_worker", str(theirs.fileno())],
-                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                    preexec_fn=_ignore_sigint)  # noqa: PLW1509  (signals only; no locks taken)
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
                 self._conn = Connection(os.dup(mine.fileno()))
             self._ready = False
 
@@ -159,10 +160,6 @@ class TFWorker:
             with contextlib.suppress(OSError):
                 self._conn.close()
         self._proc, self._conn, self._ready = None, None, False
-
-
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _shared: TFWorker | None = None

@@ -184,3 +184,16 @@ def prints(run):
     print(f"a line from the plugin ({run.dtype})")
     print("an unfinished line", end="", file=sys.stderr)
     _train(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def exits_at_step_2(run):
+    """Leaves without a word at step 2 (a crash inside a library looks like this to the tool)."""
+    import os
+
+    def change(k, loss, params):
+        if k == 2:
+            os._exit(3)
+        return loss, params
+
+    _train(run, change=change)
