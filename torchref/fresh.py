@@ -37,7 +37,7 @@ import torch
 
 from .determinism import configure
 
-__all__ = ["fresh_run", "PRISTINE"]
+__all__ = ["fresh_run", "job_world", "PRISTINE"]
 
 
 def _settings() -> dict[str, Any]:
@@ -102,3 +102,47 @@ def fresh_run(seed: int, *, deterministic: bool = True) -> Iterator[None]:
             if _user_module(sys.modules.get(name)):
                 del sys.modules[name]
         _reset(seed, True)
+
+
+@contextlib.contextmanager
+def job_world(group: Any) -> Iterator[None]:
+    """Make ``group`` (the job's ranks) the default process group for the body; ``None``: no process group.
+
+    A DDP program is written for a world of its own: ``DistributedDataParallel(model)``,
+    ``dist.all_reduce(t)``, ``dist.barrier()``, ``DistributedSampler(dataset)`` all use the default
+    group, and ``dist.get_world_size()`` / ``dist.get_rank()`` read it. The pool's default group
+    holds all its ranks, which may be more than the case's N (a pool of 8 serving a 2-device case),
+    so for the run the job's own group stands in for it (its ranks are 0..N-1, the same numbers as
+    in the pool). A ``single`` plugin runs as one process without a process group
+    (``dist.is_initialized()`` is false).
+
+    The program's own set-up and tear-down stay as written: ``dist.init_process_group`` does
+    nothing when a group is there (the tool's), and ``dist.destroy_process_group()`` of the
+    default group or of the job's does nothing (the tool owns them); a group the program made
+    itself is destroyed as asked.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    saved = c10d._world.default_pg  # noqa: SLF001
+    init, destroy = c10d.init_process_group, c10d.destroy_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            init(*args, **kwargs)
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None or group is c10d.GroupMember.WORLD or group is saved or group is current:
+            return
+        destroy(group)
+
+    current = group
+    c10d._update_default_pg(group)  # noqa: SLF001
+    dist.init_process_group = c10d.init_process_group = init_process_group
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group = c10d.init_process_group = init
+        dist.destroy_process_group = c10d.destroy_process_group = destroy
+        c10d._update_default_pg(saved)  # noqa: SLF001

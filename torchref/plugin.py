@@ -613,16 +613,19 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
     ``job``: ``{"location": ..., "kind": "distributed" | "single", "payload": case payload,
     "deterministic": bool}``. The run starts as in a fresh rank and leaves nothing set
     (:func:`torchref.fresh.fresh_run`: seeds, default dtype, determinism, the groups and
-    the user's modules it made). Rank 0 returns everything it recorded; the others return
-    parameter digests only.
+    the user's modules it made), with the job's group as the default one
+    (:func:`torchref.fresh.job_world`). Rank 0 returns everything it recorded; the others
+    return parameter digests only.
 
     Raises:
         PluginRaised: the plugin raised (its :attr:`~PluginRaised.report` is what the parent reads).
     """
-    from .fresh import fresh_run
+    from .fresh import fresh_run, job_world
 
     payload = job["payload"]
-    with fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))):
+    group = ctx.group if job["kind"] != "single" else None
+    with fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))), \
+            job_world(group):
         fn = _import(job["location"])
         if job["kind"] == "single":
             run = Run(payload)

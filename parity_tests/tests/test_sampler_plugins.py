@@ -96,3 +96,20 @@ def test_a_ddp_program_with_its_own_distributed_sampler_is_at_parity(devices):
     assert result.parity, result.summary()
     for pair in result.pairs:
         assert pair.verdict.gap <= 1e-12, result.summary()  # measured: 1.7e-16 at 3 devices; the bound is 1e-10
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_ddp_program_on_the_default_group_runs_as_written_in_a_larger_pool(pool):
+    """``DDP(model)``, ``DistributedSampler(dataset)``, ``dist.all_reduce(t)``, ``init_process_group`` and
+    ``destroy_process_group`` as a script writes them, 3 ranks of the session's 8-rank pool; the pool lives on."""
+    from parity_tests.running.harness import RunError, run_impl
+
+    assert pool.size > 3
+    here = ROOT / "parity_tests" / "tests" / "plugins" / "ddp_as_written.py"
+    case = load_case(SAMPLER / "case.json")
+    result = compare_case(case, [f"{SAMPLER / 'torch_ddp.py'}:ddp", f"{here}:train", "torch.ddp"])
+    assert result.parity, result.summary()
+    pids = pool.pids
+    with pytest.raises(RunError, match="sees_no_group raised before step 1: RuntimeError: checked"):
+        run_impl(case, f"{here}:sees_no_group")
+    assert compare_case(case, [f"{here}:train", "torch.ddp"]).parity and pool.pids == pids
