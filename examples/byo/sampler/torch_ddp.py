@@ -51,7 +51,7 @@ def ddp(run):
 
     x, y = run.dataset()
     dataset = TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
-    # num_replicas and rank say which job this is: the tool's warm pool may hold more ranks than the case uses
+    # num_replicas and rank may be left out: during the run the job's group is the default one
     sampler = DistributedSampler(dataset, num_replicas=run.world_size, rank=run.rank, shuffle=False)
     loader = DataLoader(dataset, batch_size=run.spec["data"]["global_batch"] // run.world_size, sampler=sampler)
 
