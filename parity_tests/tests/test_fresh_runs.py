@@ -88,3 +88,13 @@ def test_a_torch_rank_is_reset_before_and_after_each_run(pool):
     assert after == []
     [(_, again)] = pool.run(fresh_state_torch.premise, 7, 1)  # and the rank itself was left clean
     assert again == []
+
+
+def test_a_torch_plugin_declared_nondeterministic_runs_without_deterministic_algorithms_and_the_next_with():
+    from parity_tests.running.harness import run_impl
+    from parity_tests.tests.helpers import MLP, make
+
+    case = make(MLP, steps=1, parallel__devices=2)
+    nd = f"{HERE / 'nondeterministic_torch.py'}"
+    run_impl(case, f"{nd}:declared_off")
+    run_impl(case, f"{nd}:declared_on")  # the rank was put back
