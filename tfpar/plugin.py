@@ -1,7 +1,8 @@
 """Users' own TensorFlow training code as an implementation (CONTRACT §5).
 
 A plugin is a function marked with :func:`tensorflow`; the parity tool calls
-it once, in its own process, with one :class:`Run`::
+it with one :class:`Run`, once per run, each time in a fresh process forked from
+its warm TensorFlow server (``parity_tests.running.tf_worker``)::
 
     import tensorflow as tf
     import tfpar

@@ -2,8 +2,12 @@
 
 A plugin name is ``path/to/file.py:function`` (relative to the current folder,
 or absolute) or ``package.module:function``. :func:`resolve_plugin` imports it
-in this process (so that every mistake is one line of bad input before
-anything runs) and reads its decorator; :func:`assemble` turns what the
+(so that every mistake is one line of bad input before anything runs) and reads
+its decorator: a module that imports TensorFlow in a fresh process of the
+TensorFlow server (``tf_worker``, never in this one: its top level may set
+process-wide state), any other here. A TensorFlow plugin runs in a fresh process
+per run (:func:`run_isolated`), a torch plugin on the pool's ranks, reset before
+and after (``torchref.fresh``). :func:`assemble` turns what the
 plugin reported through ``run.begin``/``run.record`` into a trajectory,
 checking every name, shape, dtype and the number of steps;
 :func:`replica_divergence` compares the parameter digests every DDP rank
