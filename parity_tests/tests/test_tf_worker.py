@@ -42,3 +42,30 @@ def test_a_server_that_cannot_start_is_one_line(monkeypatch):
             worker.run({"inspect": True})
     finally:
         worker.close()
+
+
+NO_TF_IN_THE_PARENT = """
+import sys
+from parity_tests.contract.case import case_from_dict
+from parity_tests.judging.judge import compare_case
+from parity_tests.tests.helpers import MLP
+
+if __name__ == "__main__":
+    case = case_from_dict(dict(MLP, steps=1, parallel=dict(MLP["parallel"], devices=2)))
+    plugins = "parity_tests/tests/plugins/"
+    result = compare_case(case, [plugins + "tf_plugins.py:good", plugins + "torch_plugins.py:ddp"])
+    print(result.parity, "tensorflow" in sys.modules, "keras" in sys.modules)
+"""
+
+
+def test_a_tensorflow_plugin_is_never_imported_into_the_tools_process():
+    """Resolved and run in the server's children: the tool's process imports neither TensorFlow nor the
+    plugin's module (whose top level could change it), and pays no TensorFlow import of its own."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", NO_TF_IN_THE_PARENT], capture_output=True, text=True, timeout=600,
+                         cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["True", "False", "False"], out.stdout
