@@ -43,6 +43,9 @@ def stale_state(seed: int) -> list[str]:
         stale.append("op determinism off")
     if np.random.random() != np.random.RandomState(seed % 2**32).random_sample():
         stale.append("numpy's global generator")
+    ops = len(tf.compat.v1.get_default_graph().get_operations())
+    if ops:
+        stale.append(f"the default graph holds {ops} op(s)")
     return stale
 
 
@@ -55,6 +58,8 @@ def leave_state() -> None:
     tf.random.set_seed(1234)
     tf.config.run_functions_eagerly(True)
     np.random.random(5)
+    with tf.compat.v1.get_default_graph().as_default():
+        tf.constant(1.0, name="left_behind")  # an op in the process's default graph
     tf_config.disable_op_determinism()
     tf.compat.v1.disable_eager_execution()  # for good, in this process
 
