@@ -451,12 +451,14 @@ class PluginFailed(RunError):
     """A plugin raised while it ran: the one line (``str``) and the user's own frames (:attr:`frames`).
 
     A :class:`~parity_tests.running.harness.RunError` (exit 1); the command prints the line,
-    then the frames on stderr.
+    then the frames on stderr; a Python traceback of it shows them as its note.
     """
 
     def __init__(self, line: str, frames: str = "") -> None:
         super().__init__(line)
         self.frames = frames
+        if frames:  # shown under the line wherever Python prints the exception (a failing pytest test)
+            self.add_note(frames.rstrip("\n"))
 
 
 def raised_line(impl: str, when: str, line: str, rank: int | None = None) -> str:
