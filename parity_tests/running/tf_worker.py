@@ -124,7 +124,9 @@ class TFWorker:
             try:
                 got = self._conn.recv()
             except (EOFError, OSError):
-                code = self._proc.wait(_JOIN_S) if self._proc is not None else None
+                code = None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self._proc.wait(_JOIN_S) if self._proc is not None else None
                 raise WorkerDied(f"the TensorFlow server died (exit status {code}) before it sent {tag!r}") from None
             if relay and got[0] == "out":  # the run's own output, whole lines (_relay_output)
                 write_output(got[1], got[2])
@@ -302,11 +304,21 @@ def _fork_one(conn: Connection, job: dict[str, Any]) -> bool:
                 break
     finally:
         child.close()
-        _, status = os.waitpid(pid, 0)
-        if not parent_left:  # what the child wrote last (its pipes are at EOF now)
-            for pr in list(streams):
-                while pr in streams:
-                    _relay_output(conn, streams, pr)
+        status = None
+        # what the child writes last, up to its pipes' end: drained before it is waited for, so a
+        # child whose last flush fills a pipe is never left blocked (a process the child started
+        # that keeps the pipes open is not waited for: a second of silence after the child's exit)
+        while streams and not parent_left:
+            ready = wait(list(streams), timeout=1.0)
+            for pr in ready:
+                _relay_output(conn, streams, pr)
+            if not ready and status is None:
+                done, st = os.waitpid(pid, os.WNOHANG)
+                status = st if done else None
+            if not ready and status is not None:
+                break
+        if status is None:
+            _, status = os.waitpid(pid, 0)
         for pr in streams:
             os.close(pr)
     if parent_left:
