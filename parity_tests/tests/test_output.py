@@ -101,3 +101,21 @@ def test_a_tensorflow_plugins_own_output_comes_through_in_whole_lines(tmp_path, 
     assert "\nan unfinished line" in "\n" + err and "\r" not in err
     for line in err.splitlines():
         assert line == "an unfinished line" or line.startswith("mlp: run "), line
+
+
+def test_a_runs_output_on_a_terminal_clears_the_bar_first_and_redraws_it_after(monkeypatch):
+    from tqdm import tqdm
+
+    from parity_tests.running.tf_worker import write_output
+
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    bar = tqdm(total=3, desc="case", unit="run", leave=False, file=term)
+    bar.set_postfix_str("my.py:train@float64")
+    before = len(term.getvalue())
+    write_output(2, b"a line of the plugin's\n")
+    text = term.getvalue()
+    at = text.index("a line of the plugin's\n")
+    assert at > before and text[at - 1] == "\r"  # the line starts where the cleared bar was
+    assert "case" in text[at:]  # and the bar is drawn again below it
+    bar.close()
