@@ -563,7 +563,7 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
             fn(run)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the tool's
         remove_files(run._store.close())  # nothing of a failed run stays on disk
         raise raised(e, run._begun is not None, len(run._steps), run.steps) from e
     except BaseException:

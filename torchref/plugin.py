@@ -638,7 +638,7 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
             run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
         try:
             fn(run)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the rank's
             remove_files(run._store.close())  # nothing of a failed run stays on disk
             raise _raised(e, run) from None
         except BaseException:
