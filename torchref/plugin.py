@@ -624,7 +624,10 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
 
     payload = job["payload"]
     group = ctx.group if job["kind"] != "single" else None
-    with fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))), \
+    from parity_tests.contract.relay import captured_output
+
+    with captured_output(ctx.write), \
+            fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))), \
             job_world(group):
         fn = _import(job["location"])
         if job["kind"] == "single":

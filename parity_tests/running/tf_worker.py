@@ -49,8 +49,9 @@ from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "write_output", "quiet_stderr",
-           "job_context"]
+from parity_tests.contract.relay import BENIGN, without_chatter, write_output
+
+__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "quiet_stderr", "job_context"]
 
 _JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
 
@@ -202,8 +203,7 @@ def job_context(devices: int = 1) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- the server
 
 
-_BENIGN = ("All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
-           "This TensorFlow binary is optimized", "rebuild TensorFlow with the appropriate compiler flags")
+_BENIGN = tuple(b.decode() for b in BENIGN)
 
 
 @contextlib.contextmanager
@@ -332,7 +332,7 @@ def _relay_output(conn: Connection, streams: dict[int, tuple[int, bytes]], pr: i
     """Read what the child wrote on one of its streams and send the parent its whole lines (the rest at EOF).
 
     Whole lines only: the parent writes each between its progress bar's redraws
-    (:func:`write_output`), so a line is never cut by the bar.
+    (``parity_tests.contract.relay.write_output``), so a line is never cut by the bar.
     """
     fd, pending = streams[pr]
     try:
@@ -340,46 +340,16 @@ def _relay_output(conn: Connection, streams: dict[int, tuple[int, bytes]], pr: i
     except OSError:
         chunk = b""
     if not chunk:
-        if pending:  # an unfinished last line is ended here: what the tool prints next starts a line
-            conn.send(("out", fd, pending + b"\n"))
+        if pending and without_chatter(pending + b"\n"):  # an unfinished last line is ended here: what the
+            conn.send(("out", fd, without_chatter(pending + b"\n")))  # tool prints next starts a line
         del streams[pr]
         os.close(pr)
         return
     pending += chunk
     head, sep, rest = pending.rpartition(b"\n")
-    if sep:
-        conn.send(("out", fd, head + sep))
+    if sep and without_chatter(head + sep):
+        conn.send(("out", fd, without_chatter(head + sep)))
     streams[pr] = (fd, rest)
-
-
-def write_output(fd: int, data: bytes) -> None:
-    """Write a plugin run's output to this process's stdout (1) or stderr (2), around any progress bar.
-
-    ``tqdm.external_write_mode`` clears the bars drawn on that stream first and draws them
-    again after: the run's lines never share a line with a bar.
-    """
-    stream = sys.stdout if fd == 1 else sys.stderr
-    try:
-        from tqdm import tqdm
-
-        guard = tqdm.external_write_mode(file=stream)
-    except ImportError:
-        guard = contextlib.nullcontext()
-    with guard:
-        stream.flush()
-        if _has_fileno(stream):
-            os.write(stream.fileno(), data)
-        else:  # a captured stream (pytest's capsys): text
-            stream.write(data.decode(errors="replace"))
-        stream.flush()
-
-
-def _has_fileno(stream: Any) -> bool:
-    try:
-        stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    return True
 
 
 def _die_with_parent() -> None:

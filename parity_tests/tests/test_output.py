@@ -91,7 +91,7 @@ def test_line_progress_counts_runs_and_is_silent_once_closed():
 
 
 def test_a_tensorflow_plugins_own_output_comes_through_in_whole_lines(tmp_path, capsys, pool):
-    """The run's stdout and stderr are relayed line by line (``tf_worker.write_output``), an unfinished last
+    """The run's stdout and stderr are relayed line by line (``contract.relay``), an unfinished last
     line at the run's end on a line of its own: never inside a progress line."""
     case = tmp_path / "case.json"
     case.write_text(json.dumps(dict(MLP, steps=2)))
@@ -106,7 +106,7 @@ def test_a_tensorflow_plugins_own_output_comes_through_in_whole_lines(tmp_path, 
 def test_a_runs_output_on_a_terminal_clears_the_bar_first_and_redraws_it_after(monkeypatch):
     from tqdm import tqdm
 
-    from parity_tests.running.tf_worker import write_output
+    from parity_tests.contract.relay import write_output
 
     term = _Terminal()
     monkeypatch.setattr("sys.stderr", term)
@@ -119,3 +119,14 @@ def test_a_runs_output_on_a_terminal_clears_the_bar_first_and_redraws_it_after(m
     assert at > before and text[at - 1] == "\r"  # the line starts where the cleared bar was
     assert "case" in text[at:]  # and the bar is drawn again below it
     bar.close()
+
+
+def test_a_ddp_plugins_ranks_output_comes_through_in_whole_lines(tmp_path, capsys, pool):
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(dict(MLP, steps=2, parallel=dict(MLP["parallel"], devices=2))))
+    assert main(["compare", str(case), "--impls", f"torch.ddp,{HERE / 'torch_plugins.py'}:prints"]) == 0
+    out, err = capsys.readouterr()
+    assert "rank 0 says hello\n" in out and "rank 1 says hello\n" in out
+    for line in err.splitlines():
+        assert line in ("rank 0 unfinished", "rank 1 unfinished") or line.startswith("mlp: run "), line
+    assert "\nrank 1 unfinished\n" in "\n" + err

@@ -87,3 +87,13 @@ def _schedule(run):
 def raises_before_begin(run):
     _schedule(run)  # before run.begin: the line says "before step 1"
     _train(run)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def prints(run):
+    """``ddp``, printing from every rank as a user's program does: a line on stdout, an unfinished one on stderr."""
+    import sys
+
+    print(f"rank {run.rank} says hello")
+    print(f"rank {run.rank} unfinished", end="", file=sys.stderr)
+    _train(run)
