@@ -66,7 +66,7 @@ class Difference:
             otherwise its size depends on the values, and a run where it stays within the
             bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
         mapping: how a side the tool controls can be made to compute what the other side
-            computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``clip``,
+            computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
             ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``; ``None``: no
             field of the case can express it.
     """
@@ -76,6 +76,15 @@ class Difference:
     stage: str = "update"
     certain: bool = False
     mapping: str | None = None
+    #: the earliest stage where the *recorded* channels may show it, when that comes before ``stage``: a
+    #: combination of devices changes the logged (combined) loss of step 1, which a comparison without
+    #: per-device values localises at ``loss``; per-device clipping changes the combined gradient
+    earliest: str | None = None
+
+    @property
+    def first_visible(self) -> str:
+        """The earliest stage a run that parts because of this difference can be localised at."""
+        return self.earliest or self.stage
 
 
 @dataclass(frozen=True)
@@ -121,8 +130,20 @@ def stage_of(cause: str) -> str:
     return "update"
 
 
+#: where the recorded channels may show a difference before its stage (``Difference.earliest``)
+_EARLIEST = (
+    ("sum reduction", "loss"),
+    ("uneven shards with equal weighting", "loss"),
+    ("per-device weight sums", "loss"),
+    ("per-device sample-weight sums", "loss"),
+    ("clipping before vs after averaging", "combined_grads"),
+    ("per-device gradients under synchronized batch norm", "device_grads"),
+)
+
+
 def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: str | None = None) -> Difference:
-    return Difference(text, expected, stage_of(text), certain, mapping)
+    earliest = next((stage for words, stage in _EARLIEST if words in text), None)
+    return Difference(text, expected, stage_of(text), certain, mapping, earliest)
 
 
 def is_parallel(impl: str) -> bool:
@@ -225,9 +246,9 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     moves = any(r != 0 for r in _rates(spec))
     one_parallel = is_parallel(a) != is_parallel(b) and n > 1
     if one_parallel:
-        if spec["model"]["reduction"] == "sum":
+        if spec["model"]["reduction"] == "sum" and par["weighting"] != "sum":
             found.append(_diff(f"sum reduction: {n} devices average per-device sums, i.e. the full-batch sum / {n}",
-                               certain=True))
+                               certain=True, mapping="sum_weighting"))
         elif par["weighting"] == "equal" and uneven_shards(spec):
             found.append(_diff("uneven shards with equal weighting: the device mean weights rows of smaller shards more",
                                certain=True, mapping="weighting"))
@@ -610,6 +631,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         return {"optimizer.semantics": "tf", "optimizer.keras_rounding": rounding}
     if kind == "weighting" and parallel_side:
         return {"parallel.weighting": "by_size"}
+    if kind == "sum_weighting" and parallel_side:  # the devices' sums added, not averaged: the full-batch sum
+        return {"parallel.weighting": "sum"}
     if kind == "clip" and parallel_side:
         return {"parallel.clip": {**par["clip"], "where": "after_combine"}}
     if kind == "combine" and parallel_side:

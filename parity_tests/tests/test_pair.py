@@ -21,6 +21,7 @@ from parity_tests.judging.pair import RULE_VACUOUS, Side, judge_sides, resolve, 
 from parity_tests.judging.theory import Difference, Prediction
 from parity_tests.judging.tolerance import judge_float64
 from parity_tests.running import lockstep as ls
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, make
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -243,3 +244,37 @@ def test_keras_float32_hyperparameters_are_mapped_for_every_optimizer_and_schedu
     assert not p.prediction.expected, p.prediction
     assert p.verdict.status == "parity", p.verdict.detail
     assert p.unmapped_gap > 1e-10 and p.residual.gap < 1e-14
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_combination_difference_may_show_first_in_the_logged_loss():
+    """Sum reduction has no mapping: without per-device values (stages=False) the runs part at step 1's loss,
+    which the combination already changes; that is where theory says it may first be seen."""
+    case = make(MLP, parallel__devices=4, model__reduction="sum")
+    p = compare_case(case, ["torch.ddp", "torch.single"], stages=False).pairs[0]
+    assert p.localisation["stage"] == "loss" and p.verdict.status == "expected_difference", p.verdict.detail
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_stand_in_computes_as_the_plugin_it_stands_for():
+    """A TensorFlow plugin with its own exact SGD (no Keras optimizer): its stand-in tf.towers runs Keras' rule with
+    exact numbers too, so neither leg of the residual sees Keras' float32 learning rate (was a false divergence)."""
+    plugins = Path(__file__).parent / "plugins"
+    case = make(MLP, parallel__devices=4, data__global_batch=50)  # uneven shards, equal weighting: predicted
+    p = compare_case(case, [f"{plugins / 'torch_plugins.py'}:single", f"{plugins / 'tf_plugins.py'}:good"]).pairs[0]
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert "optimizer.keras_rounding none" in p.mapping and "parallel.weighting by_size" in p.mapping
+    assert p.residual.status == "parity" and p.residual.gap < 1e-13
+
+
+@pytest.mark.usefixtures("pool")
+def test_sum_weighting_is_the_full_batch_sum_on_every_engine():
+    """The mapping of a predicted sum reduction: each engine's devices' sums added equal one device's sum."""
+    case = make(MLP, model__reduction="sum", parallel__weighting="sum", parallel__devices=4, data__global_batch=50,
+                optimizer__semantics="torch")
+    one = run_impl(case, "tf.single")
+    for impl in ("tf.towers", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single"):
+        assert judge_float64(one, run_impl(case, impl)).gap < 1e-14, impl
+    summed = compare_case(case.replace(**{"parallel.weighting": "equal"}), ["torch.ddp", "torch.single"]).pairs[0]
+    assert summed.verdict.status == "expected_difference"
+    assert summed.mapping == "torch.ddp run with parallel.weighting sum" and summed.residual.gap < 1e-14
