@@ -25,6 +25,7 @@ bitwise-identical parameters after every step.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -626,7 +627,8 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
     group = ctx.group if job["kind"] != "single" else None
     from parity_tests.contract.relay import captured_output
 
-    with captured_output(ctx.write), \
+    relayed = captured_output(ctx.write) if ctx.write is not None else contextlib.nullcontext()
+    with relayed, \
             fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))), \
             job_world(group):
         fn = _import(job["location"])

@@ -81,7 +81,8 @@ class RankContext:
     beat: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
     #: ``write(fd, data)``: pass whole lines the job's code printed (fd 1 or 2) to the parent, which
     #: writes them around its progress bar (``parity_tests.contract.relay``); a plugin run uses it
-    write: Callable[[int, bytes], None] = field(default=lambda fd, data: None, compare=False, repr=False)
+    #: (``None`` outside the pool, e.g. under torchrun: the output goes where it goes)
+    write: Callable[[int, bytes], None] | None = field(default=None, compare=False, repr=False)
 
 
 class PoolError(RuntimeError):
