@@ -930,6 +930,10 @@ class _Judged:
         the detail says to judge it with ``--lockstep`` (every step from the same state).
         Returns the verdict and a line for the report.
         """
+        from parity_tests.judging.spread import nondeterministic
+
+        if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
+            return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
         runs, reruns = [], []
         for name, suffix in sides:
             key = f"{name}@float64{suffix}"

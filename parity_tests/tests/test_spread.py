@@ -66,22 +66,27 @@ def test_the_decorator_says_deterministic_false():
     assert resolve(f"{ND}:noisy_declared_deterministic").plugin.deterministic is True
 
 
-@pytest.mark.parametrize(("plugin", "status", "runs"), [
-    ("noisy", "parity", 1 + SPREAD_RERUNS),                     # only run-to-run noise: within its spread
-    ("noisy_and_wrong", "divergence", 1 + SPREAD_RERUNS),       # lr 0.1% off: far beyond it
-    ("noisy_declared_deterministic", "divergence", 1),          # the premise: without the spread, a divergence
+@pytest.mark.parametrize(("plugin", "statuses", "runs"), [
+    ("noisy", ("parity",), 1 + SPREAD_RERUNS),                   # only run-to-run noise: within its spread
+    ("noisy_and_wrong", ("divergence",), 1 + SPREAD_RERUNS),     # lr 1% off: far beyond it
+    # the premise: without the declaration, no spread is measured and the noise is not parity (the judge's
+    # float64 conditioning check reruns it and may call it inconclusive instead of a divergence)
+    ("noisy_declared_deterministic", ("divergence", "inconclusive"), None),
 ])
-def test_a_nondeterministic_plugin_is_judged_against_its_spread(tmp_path, monkeypatch, plugin, status, runs):
+def test_a_nondeterministic_plugin_is_judged_against_its_spread(tmp_path, monkeypatch, plugin, statuses, runs):
     counter = tmp_path / "runs"
     monkeypatch.setenv("TFPAR_TEST_RUN_COUNTER", str(counter))
     result = compare_case(make(MLP, steps=3), ["torch.ddp", f"{ND}:{plugin}"])  # float64
     [pair] = result.pairs
-    assert pair.verdict.status == status, pair.verdict.detail
-    assert len(counter.read_text()) == runs  # reruns only where the verdict without them is a divergence
+    assert pair.verdict.status in statuses, pair.verdict.detail
+    if runs is not None:
+        assert len(counter.read_text()) == runs  # two more runs, and no conditioning reruns (they would measure noise)
     if plugin == "noisy":
         assert pair.verdict.rule == RULE_SPREAD and "within the run-to-run spread" in pair.verdict.detail
         # runs moved by +EPS, -EPS, +EPS: the spread is twice the judged run's gap to the exact side
         spread = float(re.search(r"greatest spread ([0-9.e+-]+)", pair.verdict.detail).group(1))
         assert spread == pytest.approx(2 * pair.verdict.gap, rel=0.01), pair.verdict.detail
-    if plugin == "noisy_and_wrong":
+    elif plugin == "noisy_and_wrong":
         assert "beyond the run-to-run spread" in pair.verdict.detail
+    else:
+        assert "run-to-run spread" not in pair.verdict.detail
