@@ -758,10 +758,10 @@ def compare_case(
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
     preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     bar = None
-    if progress is True:
-        from tqdm import tqdm
+    if progress is True:  # a bar on a terminal, one line per run in a log
+        from parity_tests.reporting.progress import run_bar
 
-        bar = tqdm(total=len(_plan(case, impls, rules)), desc=case.name, unit="run", leave=False)
+        bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     refused: dict[str, str] = {}
     mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
@@ -903,6 +903,8 @@ class _Judged:
             bf16 = tuple(_bf16_side(self.case, n, self.trajs, x) for n, x in (a or (ref, ""), b or (impl, "")))
         v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
                         bfloat16=bf16)
+        if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
+            v = _within_spread(v, ref, impl, self.variants, dtype, self.trajs, self.runner)
         if loss_differs:
             v = _loss_reported(v, sa.run, sb.run)
         if mixed:
@@ -982,6 +984,10 @@ class _Judged:
         the detail says to judge it with ``--lockstep`` (every step from the same state).
         Returns the verdict and a line for the report.
         """
+        from parity_tests.judging.spread import nondeterministic
+
+        if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
+            return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
         runs, reruns = [], []
         for name, suffix in sides:
             key = f"{name}@float64{suffix}"
@@ -1012,6 +1018,24 @@ class _Judged:
             f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
             f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
             f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
+
+
+def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,
+                   trajs: dict[str, dict[str, np.ndarray]], runner: Runner) -> Verdict:
+    """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
+    from parity_tests.judging.spread import judge_with_spread
+
+    d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else dtype
+    if f"{ref}@{d}" not in trajs or f"{impl}@{d}" not in trajs:
+        return verdict
+
+    def rerun(name: str, i: int) -> dict[str, np.ndarray]:
+        key = f"{name}@{d}+rerun{i}"
+        if key not in trajs:
+            trajs[key] = runner(variants[d], name)
+        return trajs[key]
+
+    return judge_with_spread(verdict, (ref, impl), (trajs[f"{ref}@{d}"], trajs[f"{impl}@{d}"]), rerun)
 
 
 @dataclass(frozen=True)

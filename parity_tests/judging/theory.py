@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.optimizer import plugins_only
+
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "KERAS_IMPLS",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs"]
@@ -258,9 +260,13 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                 " reads every row once", certain=True))
     opt = spec["optimizer"]
     fa, fb = _framework(a), _framework(b)
-    if opt["semantics"] == "native" and fa != fb:
+    known_opt = not plugins_only(opt)  # else kept as data for plugins: nothing known to predict from
+    if not known_opt:
+        absent.append(f"the optimizer {opt['name']!r} as the case gives it: not one the tool knows, so theory"
+                      " predicts nothing about it")
+    if known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
-    if opt["semantics"] == "native" and spec["dtype"] == "float64":
+    if known_opt and opt["semantics"] == "native" and spec["dtype"] == "float64":
         ra, rb = (_keras_rounded(spec, _held(x, held)) for x in (a, b))
         if ra != rb and moves:
             held_by = a if ra else b
@@ -272,7 +278,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
             absent.append("Keras' float32 hyperparameters: " + ("no step moves the parameters" if not moves else
                           "every hyperparameter Keras rounds is exact in float32" if not (ra or rb) else
                           "both sides round the same ones"))
-    if (opt["semantics"] == "native" and opt["name"] == "adam" and spec["dtype"] == "float64"
+    if (known_opt and opt["semantics"] == "native" and opt["name"] == "adam" and spec["dtype"] == "float64"
             and ("tf.v1" in (a, b)) and fa == fb and a != b):
         # measured: v1 vs Keras 3 native Adam on the poly case 1.2e-6 relative; same formula
         if moves and not all(_f32_exact(opt[k]) for k in ("beta1", "beta2", "epsilon")):

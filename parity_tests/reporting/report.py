@@ -9,6 +9,7 @@ float64 bound, or the float32 noise floor), on a log scale.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -253,8 +254,24 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     return buf.getvalue()
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.+-]+)?")
+_MAX_NAME = 120  # characters of a file name before its suffix (file systems allow 255 bytes)
+
+
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    """A file name for ``name`` (an implementation or case name, ``impl@variant``): safe and unique.
+
+    A plain name (a built-in's ``torch.ddp@float64``) keeps its form (``torch.ddp_float64``). Any
+    other (a plugin's path ``../x/y.py:train``, ``recorded:...``) is cut to its last
+    :data:`_MAX_NAME` characters of letters, digits, ``_``, ``.``, ``-``, never starting with a
+    dot (no hidden files from ``../``), and followed by 8 hex digits of its SHA-256, so two
+    names that read alike (``a/b.py:f``, ``a_b.py:f``) never share a file.
+    """
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    if _PLAIN.fullmatch(name) and len(readable) <= _MAX_NAME:
+        return readable
+    readable = readable[-_MAX_NAME:].lstrip("._-") or "run"
+    return f"{readable}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def write_report(
