@@ -623,7 +623,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
     the reference, built-ins before stand-ins. ``rounding``: per TensorFlow plugin, what its Keras
     optimizer held (:func:`keras_rounding_of`).
     """
-    if spec["dtype"] == MIXED_BFLOAT16 or not any(d.mapping for d in pred.differences):
+    if not any(d.mapping for d in pred.differences):
         return None
     direct, through = [], []
     for side, other in ((impl, ref), (ref, impl)):
@@ -705,6 +705,24 @@ def _records_grads(traj: Any) -> bool:
     return bool(params) and all(f"grad/{k[len('param/'):]}" in traj for k in params)
 
 
+def _variants(case: Case) -> dict[str, Case]:
+    """Every run a case may need, by variant: its dtype, float64, the perturbed reruns, the mixed-precision extras."""
+    dtype = case.spec["dtype"]
+    variants = {dtype: case, "float64": case if dtype == "float64" else case.replace(dtype="float64")}
+    if dtype in ("float32", MIXED_BFLOAT16):
+        variants[PERTURBED] = perturbed_case(case)
+    if dtype == MIXED_BFLOAT16:
+        variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
+        variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
+        variants[BF16_ROUNDED64] = rounded_reference(case)
+        seed = case.spec.get("seed", 0)
+        variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
+                         for r, key in enumerate(BF16_RERUN_KEYS) if r})
+        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUN_KEYS, BF16_RERUN64_KEYS,
+                                                                                    strict=True)})
+    return variants
+
+
 def compare_case(
     case: Case,
     impls: list[str],
@@ -739,19 +757,8 @@ def compare_case(
     runner = runner or (lambda c, i: run_impl(c, i))
     t0 = time.perf_counter()
     dtype = case.spec["dtype"]
-    f64 = case if dtype == "float64" else case.replace(dtype="float64")
-    variants = {dtype: case, "float64": f64}
-    if dtype in ("float32", MIXED_BFLOAT16):
-        variants[PERTURBED] = perturbed_case(case)
-    if dtype == MIXED_BFLOAT16:
-        variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
-        variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
-        variants[BF16_ROUNDED64] = rounded_reference(case)
-        seed = case.spec.get("seed", 0)
-        variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
-                         for r, key in enumerate(BF16_RERUN_KEYS) if r})
-        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUN_KEYS, BF16_RERUN64_KEYS,
-                                                                                    strict=True)})
+    variants = _variants(case)
+    f64 = variants["float64"] if dtype != MIXED_BFLOAT16 else case.replace(dtype="float64")
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
@@ -767,12 +774,15 @@ def compare_case(
     mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
     unmappable: dict[tuple[str, str], str] = {}  # (runs_as, key) of a mapping whose runs could not be made -> why
 
+    mapped_variants: dict[str, dict[str, Case]] = {}
+
     def case_for(impl: str, d: str, mapping: SideMapping | None) -> Case:
         if mapping is None:
             c = variants[d]
         else:  # mapped first, then made the variant (a perturbed case is not re-validated)
-            c = mapping.apply(variants[dtype] if d in (PERTURBED, BF16_CHECK) else variants[d])
-            c = perturbed_case(c) if d == PERTURBED else c
+            if mapping.key not in mapped_variants:
+                mapped_variants[mapping.key] = _variants(mapping.apply(case))
+            c = mapped_variants[mapping.key][d]
         return _rerun_of(c, impl) if d.startswith(PERTURBED) else c
 
     def work(items: list[_Run]) -> None:
@@ -830,7 +840,9 @@ def compare_case(
         if m is None:
             continue
         needed = ["float64"] if dtype == "float64" else (
-            [dtype, "float64"] if rules[impl] == "float64" else [dtype, PERTURBED])
+            [dtype, "float64"] if rules[impl] == "float64" else
+            [dtype, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS] if dtype == MIXED_BFLOAT16
+            else [dtype, PERTURBED])
         second.extend(_Run(m.runs_as, d, m, serves=m) for d in needed)
         if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
             second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
