@@ -5,9 +5,11 @@
     tfpar matrix [--out DIR] [--resume] [--impls PLUGIN,...]
     tfpar replay MANIFEST
 
-Exit status: 0 ok / parity / every expected result held; 1 a divergence was
-found (compare), an expected result did not hold (matrix) or an
-implementation failed; 2 bad input (one line naming the field); 130 Ctrl-C.
+Exit status: 0 ok (compare: every pair at parity or an expected difference;
+matrix: every expected result held); 1 a divergence, an unexpected parity or an
+inconclusive comparison was found (compare), an expected result did not hold
+(matrix) or an implementation failed; 2 bad input (one line naming the field);
+130 Ctrl-C.
 
 This module's top level imports neither TensorFlow nor torch: spawned torch
 workers re-import the parent's main module, and must not pay for TensorFlow.
@@ -130,11 +132,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result, Path(args.tensorboard))} (tensorboard --logdir there)")
-    return 0 if result.parity else 1
+    return 0 if result.ok else 1
 
 
 def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
-    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 on lockstep parity."""
+    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 when every lockstep
+    verdict is parity or an expected difference."""
     from parity_tests.reporting.report import write_case_report
     from parity_tests.running.lockstep import check_lockstep, lockstep_compare
 
@@ -147,7 +150,7 @@ def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result.free, Path(args.tensorboard))} (tensorboard --logdir there)")
-    return 0 if result.parity else 1
+    return 0 if result.ok else 1
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:

@@ -402,6 +402,16 @@ def make_optimizer(spec: Mapping[str, Any]) -> Optimizer:
     name, sem, lr = spec["name"], spec["semantics"], spec["lr"]
     if sem == "native":
         return KerasOptimizer(_keras(spec))
+    rounding = spec.get("keras_rounding", "none")
+    if rounding != "none":
+        # Keras' rule with Keras' own float32 roundings: Keras' own class, made under that floatx
+        # (its learning-rate variable takes the floatx of its construction; contract.optimizer.keras_float32)
+        floatx = keras.config.floatx()
+        keras.config.set_floatx("float32" if rounding == "floatx_float32" else "float64")
+        try:
+            return KerasOptimizer(_keras(spec))
+        finally:
+            keras.config.set_floatx(floatx)
     kw = {"schedule": spec.get("schedule"), "weight_decay": spec.get("weight_decay", 0.0),
           "decoupled_torch": name == "adamw"}
     if name == "sgd":

@@ -385,10 +385,12 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the function raised (the step is the one it was on: recorded steps + 1).
     """
     from .devices import tower_devices
+    from .keras_seen import keras_optimizers_seen
 
     run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
     try:
-        fn(run)
+        with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
+            fn(run)
     except Exception as e:
         remove_files(run._store.close())  # nothing of a failed run stays on disk
         text = str(e).strip().splitlines()
@@ -398,4 +400,4 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         raise
     finally:
         run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
-    return run.records()
+    return {**run.records(), "keras_optimizers": seen}

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tests.contract.optimizer import keras_float32, keras_lr
+
 __all__ = ["make_optimizer", "make_scheduler", "lr_at", "KerasRule", "clip_grads", "slot_names", "export_state",
            "load_state", "exported"]
 
@@ -67,25 +69,31 @@ class KerasRule(torch.optim.Optimizer):
         super().__init__(params, {"lr": spec["lr"]})
         self.spec = dict(spec)
 
+    def _h(self, value: float, use: str) -> float:
+        """A hyperparameter as Keras holds it: rounded to float32 where ``keras_rounding`` says Keras does."""
+        return float(np.float32(value)) if keras_float32(self.spec, use) else value
+
     @torch.no_grad()
     def step(self, closure=None):
         s = self.spec
         name = s["name"]
         wd = s.get("weight_decay", 0.0)
+        wd = self._h(wd, "weight_decay")
         for group in self.param_groups:
-            lr = group["lr"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 g = p.grad
                 st = self.state[p]
                 t = st["t"] = st.get("t", 0) + 1
+                # as Keras holds it: float32 (the variable, or the schedule's float32 arithmetic)
+                lr = keras_lr(s["schedule"], s["lr"], t) if keras_float32(s, "lr") else group["lr"]
                 if wd:
                     p.sub_(p * wd * lr)  # Keras: variable.assign_sub(variable * wd * lr)
                 if name == "sgd":
                     p.sub_(g * lr)
                 elif name in ("momentum", "nesterov"):
-                    mu = s["momentum"]
+                    mu = self._h(s["momentum"], "momentum")
                     v = st.setdefault("v", torch.zeros_like(p))
                     v.copy_(v * mu - g * lr)
                     p.add_(v * mu - g * lr if name == "nesterov" else v)
@@ -99,8 +107,8 @@ class KerasRule(torch.optim.Optimizer):
                         torch.maximum(vh, v, out=vh)
                         v = vh
                     # computed as tensors of p's dtype, like tfpar's rule (pow in the case dtype)
-                    b1 = torch.tensor(s["beta1"], dtype=p.dtype)
-                    b2 = torch.tensor(s["beta2"], dtype=p.dtype)
+                    b1 = torch.tensor(self._h(s["beta1"], "beta_power"), dtype=p.dtype)
+                    b2 = torch.tensor(self._h(s["beta2"], "beta_power"), dtype=p.dtype)
                     tt = torch.tensor(float(t), dtype=p.dtype)
                     alpha = lr * torch.sqrt(1.0 - torch.pow(b2, tt)) / (1.0 - torch.pow(b1, tt))
                     p.sub_((m * alpha) / (torch.sqrt(v) + s["epsilon"]))
@@ -121,7 +129,8 @@ class KerasRule(torch.optim.Optimizer):
                     else:
                         p.sub_(inc)
                 elif name == "adagrad":
-                    acc = st.setdefault("accumulator", torch.full_like(p, s["initial_accumulator"]))
+                    acc = st.setdefault("accumulator", torch.full_like(p, self._h(s["initial_accumulator"],
+                                                                                  "initial_accumulator")))
                     acc.add_(g * g)
                     p.sub_(lr * g / torch.sqrt(acc + s["epsilon"]))
                 else:

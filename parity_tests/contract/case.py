@@ -80,14 +80,23 @@ _TOP_KEYS = {"schema", "name", "dtype", "model", "init", "data", "optimizer", "p
 
 
 def with_changes(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """A deep copy of a case dict with dotted fields set: ``with_changes(raw, **{"parallel.devices": 4})``."""
+    """A deep copy of a case dict with dotted fields set: ``with_changes(raw, **{"parallel.devices": 4})``.
+
+    A value of ``...`` (``Ellipsis``) removes the field; a numeric part indexes a list
+    (``"model.layers.1.semantics"``).
+    """
     out = copy.deepcopy(raw)
     for dotted, value in changes.items():
         node = out
         parts = dotted.split(".")
         for part in parts[:-1]:
-            node = node[part]
-        node[parts[-1]] = value
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if value is ...:
+            node.pop(parts[-1], None)
+        elif isinstance(node, list):
+            node[int(parts[-1])] = value
+        else:
+            node[parts[-1]] = value
     return out
 
 

@@ -61,11 +61,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, obj
 
 __all__ = ["OPTIMIZERS", "SEMANTICS", "SCHEDULES", "HYPERPARAMETERS", "DEFAULTS", "Check", "CHECKS",
-           "TORCH_CLASS", "KERAS_CLASS", "accepted_range", "validate_optimizer", "validate_schedule", "lr_at"]
+           "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING", "keras_float32", "keras_lr", "accepted_range", "validate_optimizer", "validate_schedule", "lr_at"]
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "rmsprop", "adagrad")
 SEMANTICS = ("native", "torch", "tf")
@@ -83,7 +85,11 @@ HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     "adagrad": ("initial_accumulator", "epsilon", "weight_decay"),
 }
 _ALL_HP = ("momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho", "centered", "initial_accumulator")
-_OPT_KEYS = {"name", "lr", "semantics", "schedule", *_ALL_HP}
+_OPT_KEYS = {"name", "lr", "semantics", "schedule", "keras_rounding", *_ALL_HP}
+#: ``keras_rounding`` (``semantics: tf`` only): which hyperparameters pass through float32 in a float64
+#: run, as a Keras optimizer made under that ``keras.config.floatx()`` rounds them (the judge's mapping
+#: of a Keras side: ``judging.theory.KERAS_ROUNDED``); ``none``: every hyperparameter exact
+KERAS_ROUNDING = ("none", "floatx_float32", "floatx_float64")
 
 _ADAM_TORCH = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 0.0}
 _ADAM_KERAS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7, "weight_decay": 0.0}
@@ -259,6 +265,42 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:
     return {"kind": "step", "boundaries": out_b, "values": out_v}
 
 
+def keras_float32(opt: dict, use: str) -> bool:
+    """Whether the hyperparameter use ``use`` is rounded to float32 under ``opt["keras_rounding"]``.
+
+    ``use``: ``lr`` (the learning rate, also where weight decay reads it), ``momentum`` (SGD's),
+    ``weight_decay``, ``beta_power`` (the betas inside Adam's bias correction only; ``1 - beta``
+    stays exact), ``initial_accumulator``. Measured against Keras 3.15 bit for bit
+    (``tests/test_keras_rounding.py``): ``lr`` lives in a variable of the floatx the optimizer was
+    made under; the others go through ``ops.cast(python_float, dtype)``, which passes float32.
+    RMSprop's ``rho``/``momentum``, every ``epsilon`` and ``1 - beta`` are never rounded.
+    """
+    rounding = opt.get("keras_rounding", "none")
+    if rounding == "none":
+        return False
+    if use == "lr":
+        return rounding == "floatx_float32"
+    if use == "momentum":
+        return opt["name"] in ("momentum", "nesterov", "sgd")
+    return use in ("weight_decay", "beta_power", "initial_accumulator")
+
+
+def keras_lr(schedule: dict, lr: float, t: int) -> float:
+    """The learning rate of step ``t`` as a Keras optimizer made under floatx float32 holds it: float32.
+
+    A constant rate is the float32 variable's value; a schedule computes in float32, as Keras'
+    built-in schedules do and as ``tfpar.optimizers.keras_schedule`` makes them
+    (``PiecewiseConstantDecay`` holds its values as float32 tensors; the warm-up is
+    ``float32(lr) * min(1, float32(t) / float32(k))`` in float32 arithmetic).
+    """
+    f = np.float32
+    if schedule["kind"] == "constant":
+        return float(f(lr))
+    if schedule["kind"] == "step":
+        return float(f(lr_at(schedule, lr, t)))
+    return float(f(lr) * np.minimum(f(1.0), f(t) / f(schedule["warmup_steps"])))
+
+
 def lr_at(schedule: dict, lr: float, t: int) -> float:
     """The learning rate of step ``t`` (``t = 1, 2, ...``) under a normalised schedule, in float64."""
     if schedule["kind"] == "constant":
@@ -298,4 +340,10 @@ def validate_optimizer(o: Any) -> dict:
     if name == "rmsprop":
         _rmsprop_divides_by_zero(out)
     out["schedule"] = schedule
+    rounding = choice(o.get("keras_rounding", "none"), "optimizer.keras_rounding", KERAS_ROUNDING)
+    if rounding != "none":  # carried only when it changes something, so other cases keep their spec
+        if semantics != "tf":
+            raise CaseError("optimizer.keras_rounding", "none unless semantics is tf (it says how a Keras optimizer"
+                            " rounds Keras' own rule)", rounding)
+        out["keras_rounding"] = rounding
     return out

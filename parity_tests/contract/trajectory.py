@@ -26,11 +26,14 @@ class Trajectory(dict):
     ``findings``: lines a person reads, each a divergence within one implementation that
     no comparison with another would show (e.g. DDP replicas that stopped being bitwise
     identical). The judge turns any finding into a divergence of every pair it is in.
+    ``meta``: what the run saw of itself that is not an array (``keras_optimizers``: every
+    Keras optimizer a TensorFlow plugin made, with its learning rate's dtype).
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.findings: list[str] = []
+        self.meta: dict = {}
 
 
 def check_trajectory(traj: dict[str, np.ndarray], steps: int | None = None) -> None:

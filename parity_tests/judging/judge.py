@@ -1,4 +1,4 @@
-"""Judge one case across implementations: run them, apply the tolerance model, explain.
+"""Judge one case across implementations: run them, apply the tolerance model and theory, explain.
 
 The first implementation is the reference; every other one is judged against
 it. A float64 case is judged by the float64 rule. A float32 case is also run
@@ -10,15 +10,17 @@ float32 with its initial weights, inputs and hyperparameters moved by one float3
 ulp and the rows of each device's shard reordered (:func:`perturbed_case`, seeded
 by the case seed), and no float64 run is
 asked of it. A side that cannot be re-run (a recorded run) takes the other
-side's floor.
+side's floor. Every pair goes through ``pair.judge_sides`` (the rule and every guard).
 
-Theory (``theory.predict``) says which pairs must differ (expected
-differences: the verdict must be a divergence) and which documented effects
-apply (known differences). One known difference is *mapped* rather than
-merely named: in a float64 run Keras 3 rounds ``learning_rate`` and
-``momentum`` to float32, so the other side of such a pair is run with those
-two hyperparameters rounded the same way, and the gap without that mapping is
-reported beside the verdict.
+Theory (``theory.predict``) says which pairs must differ at the case's values
+(expected differences) and which documented small effects apply (known
+differences). Where a built-in side of a pair can be run with the other side's
+semantics (``theory.mapping_changes``: the other framework's optimizer rule, with
+Keras' float32 hyperparameters where the other side is Keras; by-size weighting,
+clipping after the combine, synchronized batch norm, ...), it is run so, and the
+pair is judged again with the difference mapped away: ``pair.resolve`` calls a
+divergence an expected difference only when that residual is parity, and reports
+the gap without the mapping beside the verdict.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
-from parity_tests.judging.compare import compare_trajectories, first_nonfinite
+from parity_tests.judging.compare import first_nonfinite
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
+from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
 from parity_tests.judging.theory import (
     Prediction,
-    keras_rounds_hyperparameters,
+    mapping_changes,
     predict,
     reported_loss_differs,
     stage_of,
@@ -48,12 +51,9 @@ from parity_tests.judging.tolerance import (
     RULE_BF16_PERTURBATION,
     RULE_BF16_SIGNATURE,
     RULE_FLOAT64,
-    RULE_NONFINITE,
     Verdict,
+    _json,
     bfloat16_signature,
-    judge_float32,
-    judge_float64,
-    judge_perturbation,
     perturb_bf16_ulp,
     perturb_scalars,
     perturb_ulp,
@@ -62,9 +62,9 @@ from parity_tests.judging.tolerance import (
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
 
-__all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED"]
+__all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
+           "SideMapping", "choose_mapping", "keras_rounding_of", "MAPPED"]
 
-OK_STATUSES = ("parity", "expected_difference")
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
 #: how a float32 case's noise floor is measured: ``auto`` (float64 runs where both sides of a pair
@@ -73,6 +73,9 @@ FLOORS = ("auto", "float64", "perturbation")
 PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
 #: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
 BF16_CHECK = "float32-step1"
+MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
+#: the implementation whose float64 run bounds the loss's sensitivity when neither side records a gradient
+GRAD_SOURCE = "grads"
 
 
 @dataclass
@@ -83,10 +86,16 @@ class PairResult:
     impl: str
     verdict: Verdict
     prediction: Prediction
-    mapping: str | None = None  # what was mapped before judging, if anything
-    unmapped_gap: float | None = None  # the float64 gap without that mapping
+    mapping: str | None = None  # what was mapped before judging again, if anything
+    unmapped_gap: float | None = None  # the gap with nothing mapped (the pair as it ran)
     #: CONTRACT §6: where the two runs first part (``judging.localise``), for every verdict but parity
     localisation: dict[str, Any] | None = None
+    #: the pair judged with the predicted differences mapped away (``pair.resolve``), or ``None``
+    residual: Verdict | None = None
+    notes: tuple[str, ...] = ()  # what the report says beside the verdict (a prediction dropped, ...)
+    #: the side run with the mapping, and whether ``verdict`` judged the mapped runs (not the pair as it ran)
+    mapped_side: str | None = None
+    verdict_mapped: bool = False
 
     @property
     def as_expected(self) -> bool:
@@ -94,6 +103,7 @@ class PairResult:
         return self.verdict.status in OK_STATUSES or self.verdict.status == UNSUPPORTED
 
     def to_dict(self) -> dict[str, Any]:
+        r = self.residual
         return {
             "reference": self.reference,
             "impl": self.impl,
@@ -101,16 +111,27 @@ class PairResult:
                         **({"localisation": self.localisation} if self.localisation is not None else {})},
             "expected_differences": list(self.prediction.expected),
             "known_differences": list(self.prediction.known),
+            "absent_differences": list(self.prediction.absent),
             "mapping": self.mapping,
             "unmapped_gap": self.unmapped_gap,
+            "residual": None if r is None else {"status": r.status, "rule": r.rule, "gap": _json(r.gap),
+                                                "bound": _json(r.bound), "first_step": r.first_step, "key": r.key},
+            "notes": list(self.notes),
             "as_expected": self.as_expected,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PairResult:
-        pred = Prediction(tuple(d["expected_differences"]), tuple(d["known_differences"]))
+        pred = Prediction(tuple(d["expected_differences"]), tuple(d["known_differences"]),
+                          absent=tuple(d.get("absent_differences", ())))
         return cls(d["reference"], d["impl"], Verdict.from_dict(d["verdict"]), pred, d["mapping"], d["unmapped_gap"],
-                   d["verdict"].get("localisation"))
+                   d["verdict"].get("localisation"), notes=tuple(d.get("notes", ())))
+
+
+#: the final line of a summary, by the worst status among the pairs
+_HEADLINES = (("error", "ERROR"), ("divergence", "DIVERGENCE"), ("unexpected_parity", "DIVERGENCE (unexpected parity)"),
+              ("inconclusive", "INCONCLUSIVE"), ("unsupported", "DIVERGENCE"),
+              ("expected_difference", "EXPECTED DIFFERENCE (as theory predicts)"), ("parity", "PARITY"))
 
 
 @dataclass
@@ -125,8 +146,13 @@ class CaseResult:
 
     @property
     def parity(self) -> bool:
-        """True when every pair is at parity (``compare``'s exit status 0)."""
+        """True when every pair is at parity."""
         return all(p.verdict.status == "parity" for p in self.pairs)
+
+    @property
+    def ok(self) -> bool:
+        """Every pair at parity or an expected difference (``compare``'s exit status 0, CONTRACT section 8)."""
+        return all(p.verdict.status in OK_STATUSES for p in self.pairs)
 
     @property
     def as_expected(self) -> bool:
@@ -150,15 +176,23 @@ class CaseResult:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
                 notes.append(f"  {p.impl}: known difference: {k}")
+            for a in p.prediction.absent:
+                notes.append(f"  {p.impl}: not at these values: {a}")
             if p.mapping:
-                notes.append(f"  {p.impl}: mapped: {p.mapping}; gap without the mapping {p.unmapped_gap:.3g}")
-            if v.status not in ("parity", "expected_difference") or v.status == "expected_difference":
+                r = p.residual
+                with_it = "" if r is None else f"{r.status}, gap {r.gap:.3g} (bound {r.bound:.3g}); "
+                notes.append(f"  {p.impl}: with it mapped ({p.mapping}): {with_it}gap without the mapping"
+                             f" {p.unmapped_gap:.3g}")
+            notes.extend(f"  {p.impl}: {n}" for n in p.notes)
+            notes.extend(f"  {p.impl}: not judged: {u}" for u in v.unjudged)
+            if v.status not in ("parity",):
                 notes.extend("  " + line for line in v.detail.splitlines())
         for key, traj in self.trajectories.items():
             bad = first_nonfinite(traj, key)
             if bad:
                 notes.append(f"  non-finite: {bad}")
-        verdict = "PARITY" if self.parity else ("DIVERGENCE (as theory predicts)" if self.as_expected else "DIVERGENCE")
+        statuses = {p.verdict.status for p in self.pairs}
+        verdict = next((text for status, text in _HEADLINES if status in statuses), "PARITY")
         return "\n".join([*rows, *notes, f"verdict: {verdict} ({self.seconds:.1f} s)"])
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,6 +200,7 @@ class CaseResult:
             "case": self.case.spec,
             "impls": self.impls,
             "parity": self.parity,
+            "ok": self.ok,
             "as_expected": self.as_expected,
             "seconds": round(self.seconds, 3),
             "pairs": [p.to_dict() for p in self.pairs],
@@ -178,37 +213,6 @@ class CaseResult:
 
         return cls(case_from_dict(d["case"]), list(d["impls"]), [PairResult.from_dict(p) for p in d["pairs"]],
                    {}, float(d["seconds"]))
-
-
-def _nonfinite_guard(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
-    """Never let a NaN or Inf anywhere (loss and gradients included) pass as parity.
-
-    The tolerance model judges parameters; a run whose loss or gradients overflow
-    while its parameters are still finite has not trained as intended. One side
-    non-finite is a divergence; both, at the same place, is no verdict ("error")
-    and says where.
-    """
-    if verdict.status not in ("parity", "unexpected_parity"):
-        return verdict
-    fa, fb = first_nonfinite(a, "A"), first_nonfinite(b, "B")
-    if fa is None and fb is None:
-        return verdict
-    where = compare_trajectories(a, b, rtol=0.0, atol=0.0, equal_nan=True).first_nonfinite or (fa or fb)
-    status = "error" if fa and fb else "divergence"
-    return dataclasses.replace(verdict, status=status, rule=RULE_NONFINITE,
-                               detail=f"{where}; the values before that point: {verdict.detail}")
-
-
-RULE_REPLICAS = "replicas in sync"
-
-
-def _findings_guard(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
-    """A run that found a divergence within itself (DDP replicas out of sync) is never at parity."""
-    found = [*getattr(a, "findings", ()), *getattr(b, "findings", ())]
-    if not found:
-        return verdict
-    return dataclasses.replace(verdict, status="divergence", rule=RULE_REPLICAS,
-                               detail="; ".join(found) + f"; between the implementations: {verdict.detail}")
 
 
 def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
@@ -241,21 +245,6 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
             return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=BF16_SIGNATURE,
                                        detail=detail, key=key, step=1, first_step=1)
     return verdict
-
-
-def _f32(v: float) -> float:
-    return float(np.float32(v))
-
-
-def _keras_mapped(case: Case) -> tuple[Case, str]:
-    """``case`` with learning rate and momentum rounded to float32, as Keras rounds them."""
-    opt = case.spec["optimizer"]
-    changes: dict[str, Any] = {"optimizer.lr": _f32(opt["lr"])}
-    text = f"lr {opt['lr']!r} -> float32 {_f32(opt['lr'])!r}"
-    if "momentum" in opt:
-        changes["optimizer.momentum"] = _f32(opt["momentum"])
-        text += f", momentum {opt['momentum']!r} -> {_f32(opt['momentum'])!r}"
-    return case.replace(**changes), text
 
 
 def _declared(impl: str) -> registry.Implementation | None:
@@ -430,26 +419,26 @@ def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
     return {impl: "float64" if _runs_float64(ref) and _runs_float64(impl) else "perturbation" for impl in impls[1:]}
 
 
-def _plan(case: Case, impls: list[str], rules: dict[str, str],
-          mapped_needed: dict[str, str | None]) -> list[tuple[str, str, bool]]:
-    """The runs to make, ``(impl, variant, keras-mapped)``; variant ``float32``, ``float64`` or :data:`PERTURBED`."""
+def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, str]]:
+    """The runs to make, ``(impl, variant)``; variant ``float32``, ``float64``, ``mixed_bfloat16`` or :data:`PERTURBED`."""
     ref, dtype = impls[0], case.spec["dtype"]
-    plan: list[tuple[str, str, bool]] = [(impl, dtype, False) for impl in impls]
+    plan: list[tuple[str, str]] = [(impl, dtype) for impl in impls]
     for impl, rule in rules.items():
         for side in (ref, impl):
             if rule == "float64" and dtype == "float32":
-                plan.append((side, "float64", False))
+                plan.append((side, "float64"))
             elif rule == "perturbation" and _rerunnable(side):
-                plan.append((side, PERTURBED, False))
+                plan.append((side, PERTURBED))
     if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard)
-        plan.extend((impl, BF16_CHECK, False) for impl in impls if _rerunnable(impl))
-    for impl, side in mapped_needed.items():
-        if side is not None and rules[impl] == "float64":
-            plan.append((side, "float64", True))
-    # float64 runs first (a stable sort: the order within is kept): what a run leaves behind in the
-    # allocators (measured: 0.2-0.4 GB after a 25 M-parameter TensorFlow run) adds to the next run's
-    # peak, so the runs with twice the float32 working set go while the least is retained
-    return sorted(plan, key=lambda item: item[1] != "float64")
+        plan.extend((impl, BF16_CHECK) for impl in impls if _rerunnable(impl))
+    return _float64_first(plan)
+
+
+def _float64_first(plan: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """float64 runs first (a stable sort: the order within is kept): what a run leaves behind in the
+    allocators (measured: 0.2-0.4 GB after a 25 M-parameter TensorFlow run) adds to the next run's
+    peak, so the runs with twice the float32 working set go while the least is retained."""
+    return sorted(dict.fromkeys(plan), key=lambda item: item[1] != "float64")
 
 
 def _beside(work: Callable[[list], None], here: list, there: list) -> None:
@@ -474,24 +463,102 @@ def _beside(work: Callable[[list], None], here: list, there: list) -> None:
         raise failed[0]
 
 
-def _inside_step(where: dict[str, Any], verdict: Verdict, ref: str, impl: str, case: Case,
-                 mapped: tuple[bool, bool], runner: Runner, captured: dict) -> dict[str, Any]:
-    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture."""
+@dataclass(frozen=True)
+class SideMapping:
+    """Run ``side`` with ``changes`` (``theory.mapping_changes``) so it computes what ``other`` computes."""
+
+    side: str
+    other: str
+    changes: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        shown = ", ".join(f"{k} {'removed' if v is ... else v}" for k, v in self.changes.items()
+                          if not (v is ... and k.startswith("parallel.") and k != "parallel.clip"))
+        return f"{self.side} run with {shown}"
+
+    def apply(self, case: Case) -> Case:
+        return case.replace(**self.changes)
+
+
+def keras_rounding_of(impl: str, traj: Any) -> str | None:
+    """What a TensorFlow plugin's Keras optimizer held in float32, from what its run saw.
+
+    ``floatx_float32`` / ``floatx_float64``: every Keras optimizer it made was made under that
+    ``keras.config.floatx()`` (its learning-rate variable's dtype, ``tfpar.keras_seen``); ``none``: it
+    made no Keras optimizer (its own rule, hyperparameters exact); ``ambiguous``: optimizers of
+    both kinds. ``None`` for a built-in or an implementation that does not report it.
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "tf":
+        return None
+    seen = getattr(traj, "meta", {}).get("keras_optimizers")
+    if seen is None:
+        return None
+    dtypes = {o.get("lr_dtype") for o in seen}
+    if not dtypes:
+        return "none"
+    if len(dtypes) > 1:
+        return "ambiguous"
+    return {"float32": "floatx_float32", "float64": "floatx_float64"}.get(dtypes.pop(), "ambiguous")
+
+
+def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
+                   rounding: dict[str, str | None]) -> SideMapping | None:
+    """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
+
+    A side can be mapped when it is a built-in that can be run again and every *expected*
+    difference has a mapping onto it (``theory.mapping_changes``); known differences are
+    mapped where they can be. The judged implementation is tried first, then the reference.
+    ``rounding``: per TensorFlow plugin, what its Keras optimizer held (:func:`keras_rounding_of`).
+    """
+    if spec["dtype"] == MIXED_BFLOAT16 or not any(d.mapping for d in pred.differences):
+        return None
+    for side, other in ((impl, ref), (ref, impl)):
+        found = _declared(side)
+        if found is None or found.kind != "builtin" or not found.rerunnable:
+            continue
+        changes: dict[str, Any] = {}
+        fits = True
+        for d in pred.differences:
+            held = rounding.get(other)
+            c = (None if d.mapping is None or held == "ambiguous"
+                 else mapping_changes(d.mapping, spec, side, other, held))
+            if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
+                if d.expected:
+                    fits = False
+                    break
+                continue
+            changes.update(c)
+        if fits and changes:
+            return SideMapping(side, other, changes)
+    return None
+
+
+def _capture_key(name: str, case: Case) -> str:
+    return f"{name}|{case.spec['dtype']}|{sorted((k, str(v)) for k, v in case.spec['optimizer'].items())}" \
+           f"|{sorted((k, str(v)) for k, v in case.spec['parallel'].items())}|{case.spec['model'].get('loss_semantics')}"
+
+
+def _inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
+                 runner: Runner, captured: dict) -> dict[str, Any]:
+    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture.
+
+    ``sides``: ``(name, case)`` of the reference and the judged implementation, each the case
+    that side ran (the case dtype or float64, mapped where the verdict judged a mapped run).
+    """
     step = where["first_bad_step"]
-    missing = [i for i in (ref, impl) if not registry.resolve(i, "impls").captures]
+    missing = [name for name, _ in sides if not registry.resolve(name, "impls").captures]
     if missing:
         return {**where, "explanation": where["explanation"] + f" (per-device values: {', '.join(missing)} does not"
                                                                  " record them)"}
     trajs = []
-    for name, m in zip((ref, impl), mapped, strict=True):
-        key = (name, step, m, case.spec["dtype"])
+    for name, c in sides:
+        key = (step, _capture_key(name, c))
         if key not in captured:
-            c = case
-            if m:
-                c, _ = _keras_mapped(c)
             captured[key] = runner(dataclasses.replace(c, capture=step), name)
         trajs.append(captured[key])
-    chain = stage_chain(trajs[0], trajs[1], step, bound_at(verdict, step), case.spec)
+    chain = stage_chain(trajs[0], trajs[1], step, bound_at(verdict, step), sides[0][1].spec)
     if chain is None:
         return {**where, "explanation": where["explanation"] + " (per-device values: not recorded at this step)"}
     if chain["stage"] is None:  # every captured stage agrees: keep what the recorded channels said
@@ -502,13 +569,19 @@ def _inside_step(where: dict[str, Any], verdict: Verdict, ref: str, impl: str, c
 
 def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
     """Say whether a predicted difference appeared first at the stage theory names for it."""
-    stage = stage_of(pred.expected[0])
+    stages = [d.stage for d in pred.differences if d.expected]
+    stage = stages[0] if stages else stage_of(pred.expected[0])
     seen = where.get("stage")
     note = (f"; theory predicted it first at {stage}: " + ("it appeared there" if seen == stage else
                                                            "it did not appear" if seen is None else
                                                            f"it appeared first at {seen}"))
     return {**where, "predicted_stage": stage, "as_predicted": seen == stage,
             "explanation": where["explanation"] + note}
+
+
+def _records_grads(traj: Any) -> bool:
+    params = [k for k in traj if isinstance(k, str) and k.startswith("param/")]
+    return bool(params) and all(f"grad/{k[len('param/'):]}" in traj for k in params)
 
 
 def compare_case(
@@ -544,47 +617,58 @@ def compare_case(
     default_runner = runner is None
     runner = runner or (lambda c, i: run_impl(c, i))
     t0 = time.perf_counter()
-    f64 = case if case.spec["dtype"] == "float64" else case.replace(dtype="float64")
-    variants = {case.spec["dtype"]: case, "float64": f64}
-    if case.spec["dtype"] in ("float32", MIXED_BFLOAT16):
+    dtype = case.spec["dtype"]
+    f64 = case if dtype == "float64" else case.replace(dtype="float64")
+    variants = {dtype: case, "float64": f64}
+    if dtype in ("float32", MIXED_BFLOAT16):
         variants[PERTURBED] = perturbed_case(case)
-    if case.spec["dtype"] == MIXED_BFLOAT16:
+    if dtype == MIXED_BFLOAT16:
         variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
-    theory_spec = case.spec if case.spec["dtype"] == MIXED_BFLOAT16 else f64.spec
-    pairs_pred = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
-    mapped_needed = {impl: keras_rounds_hyperparameters(f64.spec, ref, impl) for impl in impls[1:]}
-    plan = _plan(case, impls, rules, mapped_needed)
+    theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
+    preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     bar = None
     if progress is True:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(plan), desc=case.name, unit="run", leave=False)
+        bar = tqdm(total=len(_plan(case, impls, rules)), desc=case.name, unit="run", leave=False)
     trajs: dict[str, dict[str, np.ndarray]] = {}
-    mapping_text: str | None = None
     refused: dict[str, str] = {}
-    def work(items: list[tuple[str, str, bool]]) -> None:
-        nonlocal mapping_text
-        for impl, d, mapped in items:
-            key = f"{impl}@{d}" + ("+keras-f32" if mapped else "")
+    mapped_cases: dict[str, Case] = {}  # "impl@variant+mapped" -> the case it ran
+    unmappable: dict[str, str] = {}  # impl -> why its mapping could not run
+
+    def case_for(impl: str, d: str, mapping: SideMapping | None) -> Case:
+        c = variants[d] if d not in (PERTURBED, BF16_CHECK) or mapping is None else variants[dtype]
+        if mapping is not None:
+            c = mapping.apply(variants[dtype] if d == PERTURBED else c)
+            if d == PERTURBED:
+                c = perturbed_case(c)
+        return _rerun_of(c, impl) if d == PERTURBED else c
+
+    def work(items: list[tuple[str, str, SideMapping | None]]) -> None:
+        for impl, d, mapping in items:
+            key = f"{impl}@{d}" + (MAPPED if mapping else "")
             if key in trajs or impl in refused:
                 continue
-            c = variants[d] if d != PERTURBED else _rerun_of(variants[d], impl)
-            if mapped:
-                c, mapping_text = _keras_mapped(c)
             if bar is not None:
                 bar.set_postfix_str(key)
             elif callable(progress):
                 progress(key)
             try:
                 try:
+                    c = case_for(impl, d, mapping)
                     trajs[key] = runner(c, impl)
+                    if mapping is not None:
+                        mapped_cases[key] = c
                 except CaseError as e:
-                    if not skip_unsupported or impl == ref:
+                    if mapping is not None:  # the side cannot run the mapped case: no residual for its pairs
+                        unmappable[mapping.side] = f"{mapping.text}: {e}"
+                    elif not skip_unsupported or impl == ref:
                         raise
-                    refused[impl] = str(e)
+                    else:
+                        refused[impl] = str(e)
             except BaseException:
                 if bar is not None:
                     bar.close()  # cleared, so the error line that follows starts a line of its own
@@ -592,68 +676,156 @@ def compare_case(
             if bar is not None:
                 bar.update(1)
 
-    torch_side = [item for item in plan if registry.resolve(item[0], "impls").framework == "torch"]
-    if default_runner and torch_side and len(torch_side) < len(plan):
-        # the torch runs wait on the worker pool (other processes): run them beside the TensorFlow
-        # runs of this process rather than after them; results and errors are the same
-        _beside(work, [item for item in plan if item not in torch_side], torch_side)
-    else:
-        work(plan)
+    def run_all(plan: list[tuple[str, str, SideMapping | None]]) -> None:
+        torch_side = [item for item in plan if registry.resolve(item[0], "impls").framework == "torch"]
+        if default_runner and torch_side and len(torch_side) < len(plan):
+            # the torch runs wait on the worker pool (other processes): run them beside the TensorFlow
+            # runs of this process rather than after them; results and errors are the same
+            _beside(work, [item for item in plan if item not in torch_side], torch_side)
+        else:
+            work(plan)
+
+    run_all([(impl, d, None) for impl, d in _plan(case, impls, rules)])
+    # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
+    # optimizer says what it held), and a gradient for the loss channel where no side records one
+    rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding) for impl in impls[1:]}
+    mappings: dict[str, SideMapping | None] = {}
+    second: list[tuple[str, str, SideMapping | None]] = []
+    for impl in impls[1:]:
+        if impl in refused:
+            continue
+        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding)
+        if m is None:
+            continue
+        if bar is not None:
+            bar.total += 2
+        needed = ["float64"] if dtype == "float64" else (
+            [dtype, "float64"] if rules[impl] == "float64" else [dtype, PERTURBED])
+        second.extend((m.side, d, m) for d in needed)
+    grads_from = _grads_source(case, impls, rules, trajs, refused)
+    if grads_from is not None:
+        second.append((grads_from, "float64", None))
+        if bar is not None:
+            bar.total += 1
+    try:
+        run_all(_float64_first_mapped(second))
+    except CaseError:
+        if grads_from is None:
+            raise
     if bar is not None:
         bar.close()
+    grads = [trajs[f"{grads_from}@float64"]] if grads_from is not None and f"{grads_from}@float64" in trajs else []
 
-    def get(impl: str, d: str, mapped: bool) -> dict[str, np.ndarray]:
-        return trajs[f"{impl}@{d}" + ("+keras-f32" if mapped else "")]
-
+    judged = _Judged(case, variants, rules, trajs, mapped_cases, grads, runner, stages)
     pairs = []
-    captured: dict[tuple[str, int, bool, str], dict[str, np.ndarray]] = {}
     for impl in impls[1:]:
-        pred = pairs_pred[impl]
         if impl in refused:
             nan = float("nan")
             verdict = Verdict(UNSUPPORTED, "not implemented", nan, nan, None, None, np.array([]), None,
                               f"{impl} does not run this case: {refused[impl]}")
-            pairs.append(PairResult(ref, impl, verdict, pred))
+            pairs.append(PairResult(ref, impl, verdict, preds[impl]))
             continue
-        side = mapped_needed[impl] if rules[impl] == "float64" else None
-        ma, mb = side == ref, side == impl
-        kw = {"expect_difference": pred.differ, "known_differences": pred.known + pred.expected}
-        if case.spec["dtype"] == "float64":
-            verdict = judge_float64(get(ref, "float64", ma), get(impl, "float64", mb), **kw)
-        elif rules[impl] == "perturbation":
-            verdict = judge_perturbation(
-                get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False),  # float32 or mixed
-                a32p=trajs.get(f"{ref}@{PERTURBED}"), b32p=trajs.get(f"{impl}@{PERTURBED}"), **kw,
-                **({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
-                    " hyperparameters by one float32 ulp", "loss": False if reported_loss_differs(case.spec, ref, impl)
-                    else None} if case.spec["dtype"] == MIXED_BFLOAT16 else
-                   {"perturbed": _perturbed_text(variants[PERTURBED], (ref, impl))}),
-            )
-            if reported_loss_differs(case.spec, ref, impl):
-                verdict = _loss_reported(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
-        else:
-            verdict = judge_float32(
-                get(ref, "float32", False), get(impl, "float32", False),
-                a64=get(ref, "float64", ma), b64=get(impl, "float64", mb), **kw,
-            )
-        verdict = _nonfinite_guard(verdict, get(ref, case.spec["dtype"], ma and case.spec["dtype"] == "float64"),
-                                   get(impl, case.spec["dtype"], mb and case.spec["dtype"] == "float64"))
-        verdict = _findings_guard(verdict, get(ref, case.spec["dtype"], False), get(impl, case.spec["dtype"], False))
-        if case.spec["dtype"] == MIXED_BFLOAT16:
-            verdict = _bf16_guard(verdict, ref, impl, trajs)
-        unmapped = None
-        if side is not None:
-            unmapped = judge_float64(get(ref, "float64", False), get(impl, "float64", False)).gap
-        where = None
-        if verdict.status != "parity":
-            # the arrays the deciding rule judged: float64 when the float64 rule decided (also in a
-            # float32 case, where 1e-10 would call float32 rounding a difference), mapped as judged
-            d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else case.spec["dtype"]
-            where = localise(get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64"), verdict)
-            if stages and refinable(where, get(ref, d, ma and d == "float64"), get(impl, d, mb and d == "float64")):
-                where = _inside_step(where, verdict, ref, impl, variants[d], (ma, mb) if d == "float64" else (False, False),
-                                     runner, captured)
-            if pred.expected:
-                where = _against_theory(where, pred)
-        pairs.append(PairResult(ref, impl, verdict, pred, mapping_text if side else None, unmapped, where))
+        m = mappings.get(impl)
+        note = ()
+        if m is not None and (m.side in unmappable or f"{m.side}@{dtype}{MAPPED}" not in trajs):
+            note = (f"could not map the predicted difference ({unmappable.get(m.side, m.text)})",)
+            m = None
+        pair = judged.pair(ref, impl, preds[impl], m)
+        pairs.append(dataclasses.replace(pair, notes=pair.notes + note))
     return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)
+
+
+@dataclass
+class _Judged:
+    """What :func:`compare_case` ran, and how to judge one pair from it."""
+
+    case: Case
+    variants: dict[str, Case]
+    rules: dict[str, str]
+    trajs: dict[str, dict[str, np.ndarray]]
+    mapped_cases: dict[str, Case]
+    grads: list[dict[str, np.ndarray]]
+    runner: Runner
+    stages: bool
+    captured: dict[Any, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def side(self, impl: str, mapped: bool = False) -> Side:
+        suffix, d = MAPPED if mapped else "", self.case.spec["dtype"]
+        return Side(self.trajs[f"{impl}@{d}{suffix}"], self.trajs.get(f"{impl}@float64{suffix}"),
+                    self.trajs.get(f"{impl}@{PERTURBED}{suffix}"))
+
+    def verdict(self, ref: str, impl: str, mapped_side: str | None = None) -> Verdict:
+        """``pair.judge_sides`` on the pair (``mapped_side``'s runs mapped), with the mixed-precision guards."""
+        dtype = self.case.spec["dtype"]
+        mixed = dtype == MIXED_BFLOAT16
+        loss_differs = reported_loss_differs(self.case.spec, ref, impl)
+        perturbation = ({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
+                         " hyperparameters by one float32 ulp", "loss": False if loss_differs else None} if mixed else
+                        {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}
+                        if PERTURBED in self.variants else None)
+        a, b = self.side(ref, mapped_side == ref), self.side(impl, mapped_side == impl)
+        v = judge_sides(dtype, a, b, rule=self.rules[impl], grads=self.grads, perturbation=perturbation)
+        if loss_differs:
+            v = _loss_reported(v, a.run, b.run)
+        if mixed:
+            v = _bf16_guard(v, ref, impl, self.trajs)
+        return v
+
+    def localised(self, ref: str, impl: str, verdict: Verdict, mapped_side: str | None) -> dict[str, Any]:
+        """CONTRACT section 6 localisation of ``verdict`` from the arrays its rule judged (refined by a capture)."""
+        # float64 when the float64 rule decided (also in a float32 case, where 1e-10 would call
+        # float32 rounding a difference), mapped as judged
+        d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in self.trajs else self.case.spec["dtype"]
+        names = (ref, impl)
+        runs = [self.trajs[f"{n}@{d}" + (MAPPED if n == mapped_side else "")] for n in names]
+        where = localise(runs[0], runs[1], verdict)
+        if self.stages and refinable(where, runs[0], runs[1]):
+            cases = [self.mapped_cases[f"{n}@{d}{MAPPED}"] if n == mapped_side else self.variants[d] for n in names]
+            where = _inside_step(where, verdict, ((ref, cases[0]), (impl, cases[1])), self.runner, self.captured)
+        return where
+
+    def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
+        """The pair judged as it ran and, with ``m``, with the predicted differences mapped away (``pair.resolve``)."""
+        v = self.verdict(ref, impl)
+        residual = self.verdict(ref, impl, m.side) if m is not None else None
+        where = self.localised(ref, impl, v, None) if v.status not in ("parity", "inconclusive") else None
+        res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=m.text if m else None)
+        final = res.verdict
+        if final.status in ("parity", "inconclusive"):
+            where = None
+        elif m is not None and res.from_residual and final.status != "unexpected_parity":
+            where = self.localised(ref, impl, residual, m.side)  # where what the mapping does not explain parts
+        elif where is None:
+            where = self.localised(ref, impl, v, None)
+        if where is not None and pred.expected:
+            where = _against_theory(where, pred)
+        return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
+                          res.notes, m.side if m else None, res.from_residual)
+
+
+def _float64_first_mapped(plan: list[tuple[str, str, SideMapping | None]]) -> list[tuple[str, str, SideMapping | None]]:
+    seen: dict[tuple[str, str, bool], tuple[str, str, SideMapping | None]] = {}
+    for item in plan:
+        seen.setdefault((item[0], item[1], item[2] is not None), item)
+    return sorted(seen.values(), key=lambda item: item[1] != "float64")
+
+
+def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: dict[str, Any],
+                  refused: dict[str, str]) -> str | None:
+    """A built-in whose float64 run gives the loss channel a gradient where neither side of a float64-rule pair records one.
+
+    ``tolerance.loss_sensitivity``: the loss of step ``k`` is judged against its bound only where a
+    gradient bounds how the parameters' rounding moves it (or where both sides start the step from
+    the same numbers). ``None`` when every such pair has a gradient, the model is external (no
+    built-in runs it), or the built-ins refuse the case.
+    """
+    ref = impls[0]
+    wanting = [impl for impl in impls[1:] if impl not in refused and rules[impl] == "float64"
+               and not any(_records_grads(trajs.get(f"{n}@float64", {})) for n in (ref, impl))]
+    if not wanting or "external" in case.spec["model"]:
+        return None
+    for name in ("tf.single", "torch.single"):
+        if f"{name}@float64" in trajs:
+            return name
+    return "tf.single"

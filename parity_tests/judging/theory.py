@@ -13,14 +13,22 @@ the verdict must name rather than hide.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "keras_rounds_hyperparameters", "KERAS_IMPLS",
-           "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS", "mixed_precision_differences", "reported_loss_differs"]
+import numpy as np
+
+__all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "KERAS_IMPLS",
+           "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
+           "mixed_precision_differences", "reported_loss_differs"]
 
 #: where each predicted cause must first show in a step (CONTRACT §6 stages), by the words that name it
 _STAGE_OF = (
+    ("per-device sample-weight sums", "combined_grads"),  # each device's loss is right for its shard
+    ("per-device weight sums", "combined_grads"),
+    ("sample-weight normalisation", "loss"),
+    ("probabilities", "loss"),
     ("DistributedSampler padding", "inputs"),
     ("mixed precision", "forward"),
     ("local batch-norm statistics", "forward"),
@@ -43,15 +51,57 @@ OWN_LOSS_GRADIENT = ("tf.towers",)
 
 
 @dataclass(frozen=True)
+class Difference:
+    """One difference theory predicts between two implementations, at a case's values.
+
+    Attributes:
+        text: its name and how it arises (what the report prints).
+        expected: ``True``: the two compute different updates in exact arithmetic (the judge
+            must find it); ``False``: a *known* small effect, named where it shows.
+        stage: the CONTRACT section 6 stage where it must appear first (:func:`stage_of`).
+        certain: present whenever its condition holds, and of a size no bound can hide
+            (it changes what is logged at step 1: the loss or the moving statistics);
+            otherwise its size depends on the values, and a run where it stays within the
+            bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
+        mapping: how a side the tool controls can be made to compute what the other side
+            computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``clip``,
+            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``; ``None``: no
+            field of the case can express it.
+    """
+
+    text: str
+    expected: bool = True
+    stage: str = "update"
+    certain: bool = False
+    mapping: str | None = None
+
+
+@dataclass(frozen=True)
 class Prediction:
-    """``expected``: causes of a predicted divergence; ``known``: documented small effects."""
+    """``expected``: causes of a predicted divergence; ``known``: documented small effects.
+
+    ``differences`` holds both as :class:`Difference` (stage, certainty, mapping);
+    ``absent`` names what the set-up would make differ but these values make zero
+    (``"Adam epsilon placement: epsilon is 0"``), so a report can say why it is not predicted.
+    """
 
     expected: tuple[str, ...]
     known: tuple[str, ...]
+    differences: tuple[Difference, ...] = ()
+    absent: tuple[str, ...] = ()
 
     @property
     def differ(self) -> bool:
         return bool(self.expected)
+
+    @classmethod
+    def of(cls, differences: list[Difference], absent: list[str]) -> Prediction:
+        return cls(tuple(d.text for d in differences if d.expected), tuple(d.text for d in differences if not d.expected),
+                   tuple(differences), tuple(absent))
+
+    def mapped_by(self, kinds: set[str]) -> bool:
+        """Whether every expected difference has a mapping among ``kinds``."""
+        return all(d.mapping in kinds for d in self.differences if d.expected)
 
 
 def stage_of(cause: str) -> str:
@@ -67,6 +117,10 @@ def stage_of(cause: str) -> str:
         if words in cause:
             return stage
     return "update"
+
+
+def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: str | None = None) -> Difference:
+    return Difference(text, expected, stage_of(text), certain, mapping)
 
 
 def is_parallel(impl: str) -> bool:
@@ -113,10 +167,20 @@ def sampler_padding(spec: dict[str, Any]) -> int:
     return (-rows) % n if reaches_epoch_end else 0
 
 
-def _keras(impl: str) -> bool:
-    """Whether ``impl``'s optimizers are Keras' (built-ins: the TensorFlow ones; plugins: unknown, so no)."""
+def _held(impl: str, held: Mapping[str, str | None]) -> str:
+    """What ``impl``'s optimizer holds in float32 in a float64 run (``contract.optimizer.KERAS_ROUNDING``).
+
+    Built-ins: Keras' classes made under floatx float32 on the TensorFlow side, exact numbers on
+    the torch side. A TensorFlow plugin says what it made once it has run (``held[impl]``,
+    ``judge.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
+    a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
+    """
     found = _registered(impl)
-    return found.keras if found else impl in KERAS_IMPLS
+    if found is None:
+        return "floatx_float32" if impl in KERAS_IMPLS else "none"
+    if found.framework != "tf":
+        return "none"
+    return held.get(impl) or "floatx_float32"
 
 
 def _framework(impl: str) -> str:
@@ -125,77 +189,112 @@ def _framework(impl: str) -> str:
     return found.framework if found else impl.split(".")[0]
 
 
-def predict(spec: dict[str, Any], a: str, b: str) -> Prediction:
-    """Predicted differences between implementations ``a`` and ``b`` on a validated case."""
-    expected: list[str] = []
-    known: list[str] = []
+def _f32_exact(v: float) -> bool:
+    return float(np.float32(v)) == float(v)
+
+
+def _rates(spec: dict[str, Any]) -> list[float]:
+    """The learning rate of every step of the case (``lr_at``)."""
+    from parity_tests.contract.optimizer import lr_at
+
+    opt = spec["optimizer"]
+    return [lr_at(opt["schedule"], opt["lr"], t) for t in range(1, spec["steps"] + 1)]
+
+
+def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None) -> Prediction:
+    """Predicted differences between implementations ``a`` and ``b`` on a validated case.
+
+    Each prediction holds at the case's values: a difference whose size these values
+    make exactly zero (epsilon 0, momentum 0, weight decay 0, a learning rate of 0 at
+    every step, even shards, a hyperparameter float32 stores exactly, ...) is not
+    predicted; it is named in :attr:`Prediction.absent` with the reason. What the
+    values cannot settle (a clipping threshold reached or not, a difference whose size
+    depends on the gradients) is predicted as not :attr:`Difference.certain`; the judge
+    settles it by measuring the mapped run (``docs/tolerance.md``, "Predictions").
+
+    ``held``: for TensorFlow plugins that have run, what their Keras optimizers held in float32
+    (``judge.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
+    """
+    held = held or {}
+    found: list[Difference] = []
+    absent: list[str] = []
     par = spec["parallel"]
     n = par["devices"]
+    moves = any(r != 0 for r in _rates(spec))
     one_parallel = is_parallel(a) != is_parallel(b) and n > 1
     if one_parallel:
         if spec["model"]["reduction"] == "sum":
-            expected.append(
-                f"sum reduction: {n} devices average per-device sums, i.e. the full-batch sum / {n}"
-            )
+            found.append(_diff(f"sum reduction: {n} devices average per-device sums, i.e. the full-batch sum / {n}",
+                               certain=True))
         elif par["weighting"] == "equal" and uneven_shards(spec):
-            expected.append(
-                "uneven shards with equal weighting: the device mean weights rows of smaller shards more"
-            )
+            found.append(_diff("uneven shards with equal weighting: the device mean weights rows of smaller shards more",
+                               certain=True, mapping="weighting"))
+        elif par["weighting"] == "equal":
+            absent.append("uneven shards with equal weighting: the shards are even")
         pad = sampler_padding(spec)
         if pad:
-            expected.append(
+            found.append(_diff(
                 f"DistributedSampler padding: the last step of an epoch also reads the epoch's first {pad} row(s)"
                 f" again, to give each of the {n} ranks ceil(rows/{n}) rows; DDP counts them as data, one device"
-                " reads every row once"
-            )
+                " reads every row once", certain=True))
     opt = spec["optimizer"]
     fa, fb = _framework(a), _framework(b)
     if opt["semantics"] == "native" and fa != fb:
-        expected.extend(_native_optimizer_differences(spec))
-        if spec["dtype"] == "float64" and (_keras(a) or _keras(b)):
-            known.append(
+        found.extend(_native_optimizer_differences(spec, moves, absent))
+    if opt["semantics"] == "native" and spec["dtype"] == "float64":
+        ra, rb = (_keras_rounded(spec, _held(x, held)) for x in (a, b))
+        if ra != rb and moves:
+            held_by = a if ra else b
+            found.append(_diff(
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
-                " (and its schedules' rates, weight_decay and Adagrad's initial accumulator)"
-            )
+                f" (and its schedules' rates, weight_decay and Adagrad's initial accumulator): here {ra or rb}"
+                f" ({held_by})" + (f", against {rb} ({b})" if ra and rb else ""), expected=False, mapping="optimizer"))
+        elif fa != fb or ra != rb:
+            absent.append("Keras' float32 hyperparameters: " + ("no step moves the parameters" if not moves else
+                          "every hyperparameter Keras rounds is exact in float32" if not (ra or rb) else
+                          "both sides round the same ones"))
     if (opt["semantics"] == "native" and opt["name"] == "adam" and spec["dtype"] == "float64"
             and ("tf.v1" in (a, b)) and fa == fb and a != b):
         # measured: v1 vs Keras 3 native Adam on the poly case 1.2e-6 relative; same formula
-        expected.append(
-            "tf.compat.v1 AdamOptimizer rounds beta1, beta2 and epsilon to float32 and keeps beta^t in float32"
-            " variables; Keras 3 computes the bias correction in the case dtype with epsilon exact"
-        )
+        if moves and not all(_f32_exact(opt[k]) for k in ("beta1", "beta2", "epsilon")):
+            found.append(_diff(
+                "tf.compat.v1 AdamOptimizer rounds beta1, beta2 and epsilon to float32 and keeps beta^t in float32"
+                " variables; Keras 3 computes the bias correction in the case dtype with epsilon exact"))
+        else:
+            absent.append("tf.compat.v1 AdamOptimizer's float32 betas and epsilon: "
+                          + ("no step moves the parameters" if not moves else "they are exact in float32"))
     clip = par.get("clip")
     if clip is not None:
         # a single device has nothing to average: per_device == after_combine there
         if clip["where"] == "per_device" and one_parallel:
-            expected.append(
-                "clipping before vs after averaging: each device's gradient is clipped, then averaged,"
-                " which is not the clipped full-batch gradient (when a device's norm exceeds the threshold)"
-            )
+            if moves:
+                found.append(_diff(
+                    "clipping before vs after averaging: each device's gradient is clipped, then averaged,"
+                    " which is not the clipped full-batch gradient (when a device's norm exceeds the threshold)",
+                    mapping="clip"))
+            else:
+                absent.append("clipping before vs after averaging: no step moves the parameters")
         has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
         if (clip["where"] == "per_device" and n > 1 and has_bn and par.get("batch_norm", "local") == "sync"
-                and is_parallel(a) and is_parallel(b) and (a in OWN_LOSS_GRADIENT) != (b in OWN_LOSS_GRADIENT)):
-            expected.append(
+                and is_parallel(a) and is_parallel(b) and (a in OWN_LOSS_GRADIENT) != (b in OWN_LOSS_GRADIENT)
+                and moves):
+            found.append(_diff(
                 "per-device gradients under synchronized batch norm: a tf.towers tower differentiates its own"
                 " loss (through the shared statistics); torch SyncBatchNorm and tf.mirrored's all-reduce of the"
                 " statistics are differentiated as all-reduces, so each rank or replica holds its share of the"
-                " whole batch's gradient. The sums agree, the per-device norms (and so the clipping) do not"
-            )
-        if opt["semantics"] == "native" and fa != fb:
+                " whole batch's gradient. The sums agree, the per-device norms (and so the clipping) do not"))
+        if opt["semantics"] == "native" and fa != fb and moves:
             # known, not expected: it shows only on steps where the threshold is reached
-            known.append(
+            found.append(_diff(
                 "torch clip_grad_norm_ adds 1e-6 to the norm: scale c/(norm+1e-6) vs TensorFlow's c/norm,"
-                " about 1e-6/norm relative on clipped steps"
-            )
+                " about 1e-6/norm relative on clipped steps", expected=False, mapping="optimizer"))
     if one_parallel:
-        expected.extend(_combine_differences(spec))
-    layer_expected, layer_known = _model_differences(spec, a, b, one_parallel)
-    expected.extend(layer_expected)
-    known.extend(layer_known)
+        found.extend(_combine_differences(spec, moves, absent))
+    found.extend(_model_differences(spec, a, b, one_parallel, absent))
     mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)
-    expected.extend(mixed_expected)
-    known.extend(mixed_known)
-    return Prediction(tuple(expected), tuple(known))
+    found.extend(_diff(t) for t in mixed_expected)
+    found.extend(_diff(t, expected=False) for t in mixed_known)
+    return Prediction.of(found, absent)
 
 
 #: Which ops each framework runs in bfloat16 under dtype ``mixed_bfloat16`` (docs/mixed-precision.md).
@@ -292,32 +391,37 @@ def mixed_precision_differences(spec: dict[str, Any], a: str, b: str) -> tuple[l
 LINEAR_OPTIMIZERS = ("sgd", "momentum", "nesterov")
 
 
-def _combine_differences(spec: dict[str, Any]) -> list[str]:
+def _combine_differences(spec: dict[str, Any], moves: bool, absent: list[str]) -> list[Difference]:
     """param_mean and async against one device on the full batch (docs/combine-rules.md).
 
     param_mean with period 1 and a linear optimizer equals grad_mean (so only the causes
     above apply); a nonlinear optimizer or period > 1 (with a second step) makes it differ.
-    async with N > 1 always applies N separate updates per step.
+    async with N > 1 always applies N separate updates per step. None of them moves a
+    parameter when no step's learning rate is non-zero. Mapped by running the parallel
+    side with ``combine: grad_mean``.
     """
     par, opt = spec["parallel"], spec["optimizer"]
     n, combine = par["devices"], par["combine"]
-    out: list[str] = []
+    out: list[Difference] = []
+    if combine not in ("param_mean", "async"):
+        return out
+    if not moves:
+        absent.append(f"{combine}: no step moves the parameters")
+        return out
     if combine == "param_mean":
         if opt["name"] not in LINEAR_OPTIMIZERS:
-            out.append(
+            out.append(_diff(
                 f"param_mean with {opt['name']}: each of the {n} devices applies its own nonlinear update"
-                " (and keeps its own optimizer state); the mean of those is not one update by the mean gradient"
-            )
+                " (and keeps its own optimizer state); the mean of those is not one update by the mean gradient",
+                mapping="combine"))
         if par["period"] > 1 and spec["steps"] > 1:
-            out.append(
+            out.append(_diff(
                 f"param_mean with period {par['period']}: between averages the {n} copies drift apart, so later"
-                " gradients are taken at different parameters"
-            )
-    elif combine == "async":
-        out.append(
+                " gradients are taken at different parameters", mapping="combine"))
+    else:
+        out.append(_diff(
             f"async: {n} separate updates per step, in a seeded order with staleness {par['staleness']},"
-            " not one update by the combined gradient"
-        )
+            " not one update by the combined gradient", mapping="combine"))
     return out
 
 
@@ -327,90 +431,148 @@ def _loss_rule(spec: dict[str, Any], impl: str) -> str:
     return _framework(impl) if sem == "native" else sem
 
 
-def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool) -> tuple[list[str], list[str]]:
+def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
+                       absent: list[str]) -> list[Difference]:
     """Batch norm and loss options (see ``docs/layers.md``)."""
-    expected: list[str] = []
-    known: list[str] = []
+    out: list[Difference] = []
     model, par = spec["model"], spec["parallel"]
     n = par["devices"]
-    bns = [layer for layer in model["layers"] if layer["type"] == "batch_norm"]
+    bns = [(i, layer) for i, layer in enumerate(model["layers"]) if layer["type"] == "batch_norm"]
     if bns and one_parallel and par.get("batch_norm", "local") == "local":
-        expected.append(
+        out.append(_diff(
             f"local batch-norm statistics: each of the {n} devices normalises with its own shard's mean and"
-            " variance (and the moving statistics kept are device 0's), not the full batch's"
-        )
-    if any(layer["semantics"] == "native" for layer in bns) and _framework(a) != _framework(b):
-        expected.append(
-            "moving variance: unbiased vs biased (torch's running_var takes the batch variance times n/(n-1),"
-            " Keras' moving_variance the batch variance itself)"
-        )
+            " variance (and the moving statistics kept are device 0's), not the full batch's",
+            certain=True, mapping="batch_norm"))
+    native_bn = [layer for _, layer in bns if layer["semantics"] == "native"]
+    if native_bn and _framework(a) != _framework(b):
+        if any(layer["momentum"] != 1.0 for layer in native_bn):
+            out.append(_diff(
+                "moving variance: unbiased vs biased (torch's running_var takes the batch variance times n/(n-1),"
+                " Keras' moving_variance the batch variance itself)", certain=True, mapping="bn_semantics"))
+        else:
+            absent.append("moving variance unbiased vs biased: momentum 1 never updates the moving statistics")
     ra, rb = _loss_rule(spec, a), _loss_rule(spec, b)
     weights = model.get("class_weights")
     if weights is not None and any(w != 1.0 for w in weights):
         if model["reduction"] == "mean" and ra != rb:
-            expected.append(
+            out.append(_diff(
                 "class-weight normalisation: Keras divides the weighted sum by the number of examples,"
-                " torch by the sum of the targets' class weights"
-            )
+                " torch by the sum of the targets' class weights", certain=True, mapping="loss_semantics"))
         if model["reduction"] == "mean" and ra == rb == "torch" and one_parallel and len(set(weights)) > 1:
-            expected.append(
+            out.append(_diff(
                 "per-device weight sums: each device divides by its own shard's sum of class weights,"
-                " so the mean over devices is not the full-batch weighted mean"
-            )
+                " so the mean over devices is not the full-batch weighted mean"))
         if model.get("label_smoothing", 0.0) and ra != rb and len(set(weights)) > 1:
-            expected.append(
+            out.append(_diff(
                 "label smoothing with class weights: torch weights each class's smoothing term by that class's"
-                " weight, Keras the whole smoothed example by its target's weight"
-            )
+                " weight, Keras the whole smoothed example by its target's weight", certain=True,
+                mapping="loss_semantics"))
     if spec["data"].get("sample_weights") is not None and model["reduction"] == "mean":
         if ra != rb:
-            expected.append(
+            out.append(_diff(
                 "sample-weight normalisation: Keras divides the weighted sum by the number of examples,"
-                " the torch idiom (v * l).sum() / v.sum() by the sum of the weights"
-            )
+                " the torch idiom (v * l).sum() / v.sum() by the sum of the weights", mapping="loss_semantics"))
         elif ra == "torch" and one_parallel:
-            expected.append(
+            out.append(_diff(
                 "per-device sample-weight sums: each device divides by its own shard's sum of weights,"
-                " so the mean over devices is not the full-batch weighted mean"
-            )
+                " so the mean over devices is not the full-batch weighted mean"))
     if not model.get("from_logits", True) and ra != rb:
         # exact for moderate logits; it grows as the sigmoid saturates (see docs/layers.md)
-        known.append(
+        out.append(_diff(
             "probabilities: Keras recovers the logits from the final sigmoid, torch's BCELoss uses the"
-            " rounded probabilities and clamps its logs at -100 (visible once |logit| is large)"
-        )
-    return expected, known
+            " rounded probabilities and clamps its logs at -100 (visible once |logit| is large)",
+            expected=False, mapping="loss_semantics"))
+    return out
 
 
-def _native_optimizer_differences(spec: dict[str, Any]) -> list[str]:
+def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: list[str]) -> list[Difference]:
     """What Keras' and torch's own optimizer classes do differently with the same nominal hyperparameters.
 
-    See ``docs/optimizers.md`` for the formulas and measured gaps.
-    """
-    from parity_tests.contract.optimizer import lr_at
+    Each is predicted only where these values make it non-zero (``docs/optimizers.md``
+    has the formulas and the measured gaps):
 
+    * Adam/AMSGrad/AdamW epsilon placement: Keras' rule is torch's with
+      ``eps_torch = eps sqrt(1 - beta2^t)``; equal when ``eps = 0`` or ``beta2 = 0``;
+    * RMSprop and Adagrad epsilon: ``sqrt(v + eps)`` vs ``sqrt(v) + eps``; equal when ``eps = 0``;
+    * weight decay: decoupled (Keras) vs L2 in the gradient (torch): equal when ``wd = 0``,
+      for plain SGD, for momentum/Nesterov with ``momentum = 0`` (plain SGD), and for AdamW;
+    * momentum holding lr: equal unless ``momentum > 0`` and the schedule changes the rate;
+    * none of them when no step's learning rate is non-zero.
+
+    All are mapped by running a side the tool controls with the other framework's rule
+    (``mapping="optimizer"``: :func:`mapping_changes`).
+    """
     opt = spec["optimizer"]
     name = opt["name"]
-    out: list[str] = []
+    out: list[Difference] = []
+    if not moves:
+        absent.append(f"{name}: every step's learning rate is 0, so no optimizer rule moves the parameters")
+        return out
+    label = {"adam": "Adam", "amsgrad": "AMSGrad", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}.get(name)
     if name in ("adam", "amsgrad", "adamw"):
-        label = {"adam": "Adam", "amsgrad": "AMSGrad", "adamw": "AdamW"}[name]
-        out.append(f"{label} epsilon placement: Keras adds eps to sqrt(v), torch to sqrt(v)/sqrt(1-beta2^t)")
-    if name == "rmsprop":
-        out.append("RMSprop epsilon placement: Keras sqrt(v + eps), torch sqrt(v) + eps")
-    if name == "adagrad":
-        out.append("Adagrad epsilon placement: Keras sqrt(s + eps), torch sqrt(s) + eps")
-    if opt.get("weight_decay", 0.0) > 0 and name not in ("sgd", "adamw"):
+        if opt["epsilon"] > 0 and opt["beta2"] != 0:
+            out.append(_diff(f"{label} epsilon placement: Keras adds eps to sqrt(v), torch to sqrt(v)/sqrt(1-beta2^t)",
+                             mapping="optimizer"))
+        else:
+            absent.append(f"{label} epsilon placement: " + ("epsilon is 0" if opt["epsilon"] == 0 else
+                                                            "beta2 is 0, so sqrt(1-beta2^t) is 1"))
+    if name in ("rmsprop", "adagrad"):
+        inside = "Keras sqrt(v + eps), torch sqrt(v) + eps" if name == "rmsprop" else "Keras sqrt(s + eps), torch sqrt(s) + eps"
+        if opt["epsilon"] > 0:
+            out.append(_diff(f"{label} epsilon placement: {inside}", mapping="optimizer"))
+        else:
+            absent.append(f"{label} epsilon placement: epsilon is 0")
+    wd = opt.get("weight_decay", 0.0)
+    plain = name == "sgd" or (name in ("momentum", "nesterov") and opt["momentum"] == 0) or name == "adamw"
+    if wd > 0 and not plain:
         # plain SGD: p - lr(g + wd p) == p - lr wd p - lr g; AdamW is decoupled on both sides
-        out.append(
-            "weight decay: Keras decouples it (p -= p wd lr before the update), torch adds wd p to the gradient (L2)"
-        )
-    holds_lr = name in ("momentum", "nesterov") or (name == "rmsprop" and opt["momentum"] > 0)
-    if holds_lr and len({lr_at(opt["schedule"], opt["lr"], t) for t in range(1, spec["steps"] + 1)}) > 1:
-        out.append(
+        out.append(_diff(
+            "weight decay: Keras decouples it (p -= p wd lr before the update), torch adds wd p to the gradient (L2)",
+            mapping="optimizer"))
+    elif wd > 0:
+        absent.append("weight decay decoupled vs L2: the same update for "
+                      + ("AdamW (decoupled on both sides)" if name == "adamw" else "plain SGD"))
+    mu = opt.get("momentum", 0.0) if name in ("momentum", "nesterov", "rmsprop") else 0.0
+    changing = len(set(_rates(spec))) > 1
+    if mu > 0 and changing:
+        out.append(_diff(
             "momentum holds lr: Keras' velocity includes the learning rate, torch's buffer does not,"
-            " so they differ once the schedule changes the rate"
-        )
+            " so they differ once the schedule changes the rate", mapping="optimizer"))
+    elif mu > 0:
+        absent.append("momentum holding lr: the learning rate is the same at every step")
     return out
+
+
+#: Keras 3.15 in a float64 run, measured bit for bit (``tests/test_keras_rounding.py``): which
+#: hyperparameters pass through float32. ``learning_rate`` (and its use in weight decay) lives in
+#: a variable of ``keras.config.floatx()`` at the optimizer's construction; ``ops.cast(python_float,
+#: float64)`` goes through float32 for SGD's momentum, ``weight_decay``, Adagrad's initial
+#: accumulator and the betas inside Adam's bias correction; ``1 - beta``, ``epsilon`` and RMSprop's
+#: ``rho`` and ``momentum`` are weakly typed Python floats and stay exact; a schedule computes its
+#: rate in float32.
+KERAS_ROUNDED = {
+    "sgd": ("momentum", "weight_decay"), "momentum": ("momentum", "weight_decay"),
+    "nesterov": ("momentum", "weight_decay"), "adam": ("beta1", "beta2", "weight_decay"),
+    "amsgrad": ("beta1", "beta2", "weight_decay"), "adamw": ("beta1", "beta2", "weight_decay"),
+    "rmsprop": ("weight_decay",), "adagrad": ("initial_accumulator", "weight_decay"),
+}
+#: the values of ``optimizer.keras_rounding`` (contract.optimizer): what a Keras optimizer held in float32
+KERAS_ROUNDING = ("none", "floatx_float32", "floatx_float64")
+
+
+def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> str:
+    """Which of the case's hyperparameters a Keras optimizer holding ``rounding`` changes by storing them in float32.
+
+    ``""`` when none changes (``rounding`` ``none``, or every such value exact in float32).
+    """
+    if rounding not in ("floatx_float32", "floatx_float64"):
+        return ""
+    opt = spec["optimizer"]
+    moved = [k for k in KERAS_ROUNDED.get(opt["name"], ())
+             if k in opt and isinstance(opt[k], float) and opt[k] != 0 and not _f32_exact(opt[k])]
+    if rounding == "floatx_float32" and not all(_f32_exact(r) for r in _rates(spec)):
+        moved.insert(0, "learning_rate")
+    return ", ".join(moved)
 
 
 # tf.v1's GradientDescentOptimizer / MomentumOptimizer round lr and momentum to
@@ -418,29 +580,42 @@ def _native_optimizer_differences(spec: dict[str, Any]) -> list[str]:
 KERAS_IMPLS = ("tf.towers", "tf.single", "tf.mirrored", "tf.v1")
 
 
-def keras_rounds_hyperparameters(spec: dict[str, Any], a: str, b: str) -> str | None:
-    """The implementation to run with Keras' float32-rounded hyperparameters, or ``None``.
+def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
+                    keras_rounding: str | None = None) -> dict[str, Any] | None:
+    """Case changes that make ``side`` compute what ``other`` computes for one :class:`Difference`.
 
-    In a float64 ``native`` run, Keras 3 rounds ``learning_rate`` and ``momentum``
-    to float32 (measured: that rounding reproduces Keras' SGD to the last bit).
-    For SGD and momentum this is the whole difference from the other framework's
-    rule, so it can be mapped exactly: the non-Keras side runs with the same
-    rounded values. (Adam's betas are rounded only inside Keras' bias
-    correction, which no hyperparameter of torch's rule can reproduce; native
-    Adam differs by its epsilon placement anyway.)
+    ``None`` when ``side`` cannot: the change is a field of the case only the tool's own
+    implementations read (a plugin is never asked to read a mapped value), and the
+    structural mappings (weighting, clipping, combine, batch norm) apply to the side that
+    splits the batch. ``keras_rounding``: what ``other``'s Keras optimizer held in float32
+    when ``side`` is mapped onto a TensorFlow side (``contract.optimizer``'s
+    ``keras_rounding``; ``None``: ``other`` is a built-in, whose Keras optimizers are made with
+    floatx float32).
     """
-    opt = spec["optimizer"]
-    if spec["dtype"] != "float64" or opt["semantics"] != "native" or opt["name"] not in ("sgd", "momentum"):
-        return None
-    if opt.get("weight_decay", 0.0) or opt.get("schedule", {"kind": "constant"})["kind"] != "constant":
-        # Keras also rounds weight_decay and a schedule's rates, which rounding lr and momentum
-        # does not map (and a step schedule's lr must equal its first value)
-        return None
-    ka, kb = _keras(a), _keras(b)
-    if ka == kb:
-        return None
-    side = b if ka else a
-    found = _registered(side)
-    if found is not None and not found.rerunnable:  # a recorded run cannot be run again with rounded values
-        return None
-    return side
+    par = spec["parallel"]
+    parallel_side = is_parallel(side) and not is_parallel(other)
+    if kind == "optimizer":
+        fs, fo = _framework(side), _framework(other)
+        if fo == "torch":
+            return None if fs == "torch" else {"optimizer.semantics": "torch"}
+        if other == "tf.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):
+            return None  # tf.compat.v1's Adam, RMSprop, Adagrad are not Keras' rules
+        # Keras' rule, holding in float32 what the other side's Keras optimizer holds (a TensorFlow
+        # side without one: Keras' rule with exact numbers, as the case's "native" says)
+        rounding = keras_rounding or ("floatx_float32" if other in KERAS_IMPLS else "none")
+        return {"optimizer.semantics": "tf", "optimizer.keras_rounding": rounding}
+    if kind == "weighting" and parallel_side:
+        return {"parallel.weighting": "by_size"}
+    if kind == "clip" and parallel_side:
+        return {"parallel.clip": {**par["clip"], "where": "after_combine"}}
+    if kind == "combine" and parallel_side:
+        return {"parallel.combine": "grad_mean", "parallel.period": ..., "parallel.staleness": ...,
+                "parallel.order_seed": ...}
+    if kind == "batch_norm" and parallel_side:
+        return {"parallel.batch_norm": "sync"}
+    if kind == "bn_semantics" and _framework(side) != _framework(other):
+        return {f"model.layers.{i}.semantics": _framework(other) for i, layer in enumerate(spec["model"]["layers"])
+                if layer["type"] == "batch_norm" and layer["semantics"] == "native"}
+    if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):
+        return {"model.loss_semantics": _loss_rule(spec, other)}
+    return None

@@ -232,7 +232,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import array_dtype, iter_pairs, nonfinite_rows, row_norms
+from parity_tests.contract.rows import array_dtype, iter_pairs, iter_rows, nonfinite_rows, row_norms
 from parity_tests.judging.compare import (
     compare_arrays,
     compare_trajectories,
@@ -282,7 +282,8 @@ FLOAT32_FACTOR: float = 2.0
 #: Float32 absolute floor of the bound: four float32 unit roundoffs, relative.
 FLOAT32_ABS_FLOOR: float = 4 * 2.0**-24
 
-STATUSES = ("parity", "divergence", "expected_difference", "unexpected_parity", "error")
+#: CONTRACT section 8. ``inconclusive``: nothing was really compared (``judging.pair.vacuity``)
+STATUSES = ("parity", "divergence", "expected_difference", "unexpected_parity", "inconclusive", "error")
 RULE_FLOAT64 = "float64 bound"
 RULE_FLOAT32 = "float32 noise floor"
 RULE_PERTURBATION = "float32 perturbation floor"
@@ -346,7 +347,9 @@ class Verdict:
             that step's update), so ``key == "loss"`` says the loss curve broke first.
         per_step_loss_gap, per_step_loss_bound: ``[steps]`` the loss channel's gap and
             bound at every step (row ``r`` is step ``r + 1``), or ``None`` where the loss
-            was not judged.
+            was not judged (a bound of ``inf`` at a step: that step's loss was not judged).
+        unjudged: what this verdict did not judge (a channel, some steps, a stage), one
+            line each; printed with every status, parity included.
         detail: a line with the figures; for a divergence, followed by the comparator's
             mismatch message at the first failing step.
         known_differences: documented differences the caller attached; they explain,
@@ -369,6 +372,7 @@ class Verdict:
     first_step: int | None = None
     per_step_loss_gap: np.ndarray | None = None
     per_step_loss_bound: np.ndarray | None = None
+    unjudged: tuple[str, ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -392,6 +396,7 @@ class Verdict:
             known_differences=tuple(d["known_differences"]), per_step_bound=arr(d["per_step_bound"]),
             step=d["step"], key=d["key"], first_step=d["first_step"],
             per_step_loss_gap=arr(d.get("per_step_loss_gap")), per_step_loss_bound=arr(d.get("per_step_loss_bound")),
+            unjudged=tuple(d.get("unjudged", ())),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -413,6 +418,7 @@ class Verdict:
             "per_step_loss_bound": None if self.per_step_loss_bound is None else _json(self.per_step_loss_bound),
             "detail": self.detail,
             "known_differences": list(self.known_differences),
+            "unjudged": list(self.unjudged),
         }
 
 
@@ -700,6 +706,8 @@ class _Channel:
     label: str
     how: str  # how the bound was formed, for the detail
     mismatch: tuple[Mapping[str, Any], Mapping[str, Any], np.ndarray]  # (x, y, scale) for the message
+    #: why a step whose bound is ``inf`` was not judged (the verdict's ``unjudged`` line)
+    why: str = "no recorded gradient bounds its sensitivity to the parameters' rounding"
 
 
 def _judges_loss(trajs: Iterable[Mapping[str, Any]], keys: Iterable[str] | None, loss: bool | None) -> bool:
@@ -726,61 +734,92 @@ def _loss_structure(trajs: Iterable[Mapping[str, Any]]) -> str | None:
 
 
 def loss_sensitivity(
-    a: Mapping[str, Any], b: Mapping[str, Any], param_keys: list[str], scales: Mapping[str, np.ndarray]
+    a: Mapping[str, Any], b: Mapping[str, Any], param_keys: list[str], scales: Mapping[str, np.ndarray],
+    *, grads: Iterable[Mapping[str, Any]] = (),
 ) -> np.ndarray | None:
     """The loss's normwise relative condition number with respect to the parameters, per step.
 
     ``S[r] = sum_p ||g_p[r]||_1 * max(d_p[r], SCALE_FLOOR) / max(d_L[r], SCALE_FLOOR)``
 
-    with ``g_p[r]`` the recorded combined gradient of step ``r + 1`` (elementwise the larger
-    of the two sides'), taken at the parameters of row ``r`` from which that step's loss is
-    computed. To first order ``|L(theta_A) - L(theta_B)| <= sum_p ||g_p||_1 ||dtheta_p||_inf``
-    and ``||dtheta_p[r]||_inf = gap_p[r] * max(d_p[r], SCALE_FLOOR)``, so a parameter gap
-    ``pgap[r]`` moves the loss's relative gap by at most ``S[r] * pgap[r]``. ``None`` when
-    either side recorded no gradient (``param_mean``, ``async``: no single gradient applies).
+    with ``g_p[r]`` a combined gradient of step ``r + 1`` (elementwise the largest of those
+    recorded), taken at the parameters of row ``r`` from which that step's loss is computed.
+    To first order ``|L(theta_A) - L(theta_B)| <= sum_p ||g_p||_1 ||dtheta_p||_inf`` and
+    ``||dtheta_p[r]||_inf = gap_p[r] * max(d_p[r], SCALE_FLOOR)``, so a parameter gap ``pgap[r]``
+    moves the loss's relative gap by at most ``S[r] * pgap[r]``.
+
+    The gradient comes from whichever of ``a``, ``b`` and ``grads`` recorded it: one side's
+    gradient is enough (to first order the two sides' gradients agree where their parameters
+    do, and where they do not the parameter channel has already found it), and ``grads`` holds
+    a built-in's run of the same case for pairs in which neither side records one (the judge's
+    choice: ``judging.pair``). ``None`` when no run holds every gradient (``param_mean``,
+    ``async``: no single gradient applies).
     """
     if not param_keys:
         return None
     names = [f"grad/{k.partition('/')[2]}" for k in param_keys]
-    if any(n not in t for n in names for t in (a, b)):
-        return None
     steps = np.asarray(a[LOSS_KEY]).shape[0]
+    sources = [t for t in (a, b, *grads)
+               if all(n in t and np.shape(t[n])[:1] == (steps,) for n in names)]
+    if not sources:
+        return None
     total = np.zeros(steps)
     for key, name in zip(param_keys, names, strict=True):
-        if np.shape(a[name]) != np.shape(b[name]) or np.shape(a[name])[0] != steps:
+        if len({np.shape(t[name]) for t in sources}) > 1:
             return None
         g1 = np.zeros(steps)
-        for start, xa, ya in iter_pairs(a[name], b[name]):  # row by row: a large model's gradients stay on disk
-            ga, gb = np.abs(np.asarray(xa, dtype=np.float64)), np.abs(np.asarray(ya, dtype=np.float64))
-            g1[start:start + len(xa)] = np.maximum(ga, gb).reshape(len(xa), -1).sum(axis=1)
+        for t in sources:
+            for start, xa in iter_rows(t[name]):  # row by row: a large model's gradients stay on disk
+                ga = np.abs(np.asarray(xa, dtype=np.float64)).reshape(len(xa), -1).sum(axis=1)
+                g1[start:start + len(xa)] = np.maximum(g1[start:start + len(xa)], ga)
         total += g1 * np.maximum(scales[key][:steps], SCALE_FLOOR)
     return total / np.maximum(_loss_scale(a, b), SCALE_FLOOR)
 
 
+def _steps_text(steps: Iterable[int]) -> str:
+    """``[3, 4, 5, 7]`` -> ``"3-5, 7"``."""
+    runs: list[list[int]] = []
+    for k in sorted(steps):
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def _loss_channel64(
-    a64: Mapping[str, Any], b64: Mapping[str, Any], judged: list[str], label: str
+    a64: Mapping[str, Any], b64: Mapping[str, Any], judged: list[str], label: str,
+    grads: Iterable[Mapping[str, Any]] = (),
 ) -> _Channel:
     """The float64 loss bound, ``bound_L[r] = FLOAT64_RTOL + S[r] * pgap[r]``.
 
     ``pgap[r]`` is the measured float64 gap of the ``param/*`` arrays at row ``r`` (the
     parameters the loss of step ``r + 1`` is computed from) and ``S`` is
     :func:`loss_sensitivity`; ``FLOAT64_RTOL`` bounds the two sides' own evaluation of
-    the loss (module docstring, "The loss"). Without gradients the loss is not judged
-    by this rule (bound ``inf``), and the detail says so.
+    the loss (module docstring, "The loss"). Where ``pgap[r]`` is exactly 0 (both sides
+    hold the same numbers: always before step 1, when they start from the same weights)
+    the carried term is exactly 0 and no gradient is needed: the bound is ``FLOAT64_RTOL``.
+    At other steps without any recorded gradient the bound is ``inf`` (that step's loss is
+    not judged by this rule) and the verdict's ``unjudged`` says which steps.
     """
     scale = _loss_scale(a64, b64)
     gap = _loss_gap(a64, b64, scale)
+    steps = gap.shape[0]
     pkeys = [k for k in judged if k.startswith("param/")]
     scales = _scales(a64, b64, pkeys)
-    sens = loss_sensitivity(a64, b64, pkeys, scales)
-    if sens is None:
-        bound = np.full(gap.shape, math.inf)
-        how = "not judged by the float64 rule: no recorded gradient bounds its sensitivity to the parameters"
-    else:
-        pgap, _ = _row_max(_gaps(a64, b64, pkeys, scales)) if pkeys else (np.zeros(gap.shape[0] + 1), None)
-        with np.errstate(invalid="ignore"):
-            bound = FLOAT64_RTOL + sens * np.fmax(pgap[: gap.shape[0]], 0.0)
-        how = f"bound {FLOAT64_RTOL:.2g} + S x (parameter gap of the step before), S up to {np.nanmax(sens):.2g}"
+    sens = loss_sensitivity(a64, b64, pkeys, scales, grads=grads)
+    pgap = _row_max(_gaps(a64, b64, pkeys, scales))[0][:steps] if pkeys else np.zeros(steps)
+    same = pgap == 0.0
+    with np.errstate(invalid="ignore"):
+        if sens is None:
+            bound = np.where(same, FLOAT64_RTOL, math.inf)
+            unjudged = [r + 1 for r in range(steps) if not same[r]]
+            how = (f"bound {FLOAT64_RTOL:.2g} where both sides start the step from the same parameters"
+                   + (f"; not judged at step(s) {_steps_text(unjudged)}: the parameters the loss is computed from"
+                      " differ by rounding there, and no recorded gradient bounds its sensitivity to them"
+                      if unjudged else ""))
+        else:
+            bound = FLOAT64_RTOL + sens * np.fmax(pgap, 0.0)
+            how = f"bound {FLOAT64_RTOL:.2g} + S x (parameter gap of the step before), S up to {np.nanmax(sens):.2g}"
     return _Channel(gap, bound, RULE_FLOAT64, label, how, (a64, b64, scale))
 
 
@@ -821,6 +860,9 @@ def _with_loss(v: Verdict, ch: _Channel | None) -> Verdict:
     if ch is None or (v.status == "error" and v.rule == RULE_STRUCTURE):
         return v
     figures: dict[str, Any] = {"per_step_loss_gap": ch.gap, "per_step_loss_bound": ch.bound}
+    skipped = [r + 1 for r in np.flatnonzero(~np.isfinite(ch.bound))]
+    if skipped:
+        figures["unjudged"] = (*v.unjudged, f"the loss at step(s) {_steps_text(skipped)} ({ch.why})")
     with np.errstate(invalid="ignore", divide="ignore"):
         over = np.flatnonzero(ch.gap > ch.bound)
         ratio = np.where(np.isnan(ch.gap), -1.0, ch.gap / ch.bound)
@@ -878,6 +920,7 @@ def judge_float64(
     known_differences: Iterable[str] = (),
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
+    grads: Iterable[Mapping[str, Any]] = (),
 ) -> Verdict:
     """Judge two float64 trajectories of one case by the float64 rule.
 
@@ -893,6 +936,8 @@ def judge_float64(
         keys: arrays to judge; by default every ``param/*`` and ``state/*`` key.
         loss: judge the ``loss`` channel too; by default when ``keys`` is not given
             and both runs hold a loss.
+        grads: other runs of the same case whose recorded ``grad/*`` may bound the loss's
+            sensitivity where neither side records one (:func:`loss_sensitivity`).
 
     Returns:
         A :class:`Verdict`. Missing arrays or different shapes give status ``"error"``
@@ -914,7 +959,7 @@ def judge_float64(
     _check_dtype(b64, judged, np.float64, "B")
     v = _judge64(a64, b64, judged)
     if with_loss:
-        v = _with_loss(v, _loss_channel64(a64, b64, judged, "float64"))
+        v = _with_loss(v, _loss_channel64(a64, b64, judged, "float64", tuple(grads)))
     return _finished(v, expect_difference, known)
 
 
@@ -1003,6 +1048,7 @@ def judge_float32(
     known_differences: Iterable[str] = (),
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
+    grads: Iterable[Mapping[str, Any]] = (),
 ) -> Verdict:
     """Judge two float32 trajectories against each side's own float32 noise floor.
 
@@ -1021,7 +1067,7 @@ def judge_float32(
         a64, b64: the same case run in float64 by the same implementations.
         factor: multiple of the larger floor; ``FLOAT32_FACTOR`` (2) is the smallest
             value for which rounding can never be reported as a divergence.
-        expect_difference, known_differences, keys, loss: as in :func:`judge_float64`.
+        expect_difference, known_differences, keys, loss, grads: as in :func:`judge_float64`.
 
     Returns:
         A :class:`Verdict`; for the float32 rule ``floor_a``/``floor_b`` are each
@@ -1061,7 +1107,7 @@ def judge_float32(
     fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
     v64 = _judge64(a64, b64, judged, label="float64 runs")
     if with_loss:
-        v64 = _with_loss(v64, _loss_channel64(a64, b64, judged, "float64 runs"))
+        v64 = _with_loss(v64, _loss_channel64(a64, b64, judged, "float64 runs", tuple(grads)))
     if v64.status != "parity":
         if v64.status == "divergence" and v64.rule == RULE_FLOAT64:
             v64 = replace(v64, detail=_visibility_note(v64, a32, b32, judged, scales, fa_rows, fb_rows, factor))

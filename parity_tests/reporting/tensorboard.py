@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.judging.judge import MAPPED
 from parity_tests.judging.localise import row_gaps
-from parity_tests.judging.theory import keras_rounds_hyperparameters
 
 __all__ = ["write_tensorboard", "run_folder"]
 
@@ -69,9 +69,9 @@ def write_tensorboard(result: Any, out: str | Path) -> Path:
                 _scalars("loss", traj["loss"], 1)
             writer.close()
         for pair in result.pairs:
-            # what the verdict judged: a side run with Keras' float32-rounded hyperparameters, if mapped
-            mapped = keras_rounds_hyperparameters(result.case.spec, pair.reference, pair.impl) if pair.mapping else None
-            a, b = (result.trajectories.get(f"{side}@{d}" + ("+keras-f32" if side == mapped else ""))
+            # what the verdict judged: a side run with a predicted difference mapped away, where it did
+            mapped = pair.mapped_side if pair.verdict_mapped else None
+            a, b = (result.trajectories.get(f"{side}@{d}" + (MAPPED if side == mapped else ""))
                     for side in (pair.reference, pair.impl))
             if a is None or b is None:
                 continue

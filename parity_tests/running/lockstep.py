@@ -66,9 +66,18 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.judge import CaseResult, _inside_step, _keras_mapped, compare_case
+from parity_tests.judging.judge import (
+    MAPPED,
+    CaseResult,
+    SideMapping,
+    _inside_step,
+    choose_mapping,
+    compare_case,
+    keras_rounding_of,
+)
 from parity_tests.judging.localise import localise, refinable
-from parity_tests.judging.theory import keras_rounds_hyperparameters, predict
+from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
+from parity_tests.judging.theory import Prediction, predict
 from parity_tests.judging.tolerance import (
     FLOAT32_ABS_FLOOR,
     FLOAT32_FACTOR,
@@ -76,8 +85,6 @@ from parity_tests.judging.tolerance import (
     RULE_FLOAT32,
     RULE_FLOAT64,
     SCALE_FLOOR,
-    judge_float32,
-    judge_float64,
 )
 from parity_tests.running import registry
 from parity_tests.running.harness import check_dtypes, run_impl
@@ -163,8 +170,11 @@ def _start(traj: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
 
 def _judged(traj: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A one-step trajectory without the optimizer-state entries (not judged: parameters carry their effect)."""
-    return {k: v for k, v in traj.items() if not k.startswith("opt/")}
+    """A one-step trajectory without the optimizer-state entries (not judged: parameters carry their effect).
+
+    What the run found of itself (DDP replicas out of sync) stays with it (``pair.with_findings``).
+    """
+    return with_findings(traj, {k: v for k, v in traj.items() if not k.startswith("opt/")})
 
 
 def _one_step(case: Case, k: int, start: Mapping[str, Any], masks: Mapping[str, np.ndarray]) -> _Lockstep:
@@ -293,6 +303,11 @@ class LockstepResult:
     def as_expected(self) -> bool:
         return all(p.status in ("parity", "expected_difference") for p in self.pairs)
 
+    @property
+    def ok(self) -> bool:
+        """Every lockstep verdict parity or an expected difference (``tfpar compare --lockstep``'s exit status 0)."""
+        return self.as_expected
+
     def summary(self) -> str:
         """The free comparison's table, then one lockstep line per pair."""
         w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])
@@ -312,7 +327,9 @@ class LockstepResult:
                 device = "" if where.get("device") is None else f", device {where['device']}"
                 rows.append(f"  {p.impl}: where: {where['stage']}{device}"
                             + (f" ({where['name']})" if where.get("name") else ""))
-        verdict = "PARITY" if self.parity else ("DIVERGENCE (as theory predicts)" if self.as_expected else "DIVERGENCE")
+        statuses = {p.status for p in self.pairs}
+        verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
+                   "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
         rows.append(f"lockstep verdict: {verdict} (free {self.seconds_free:.1f} s, lockstep {self.seconds_lockstep:.1f} s)")
         return "\n".join(rows)
 
@@ -391,7 +408,7 @@ def _free_curves(free: CaseResult, ref: str, impl: str, side: str | None, steps:
     t = free.trajectories
 
     def run(name: str, variant: str) -> Mapping[str, np.ndarray] | None:
-        mapped = t.get(f"{name}@{variant}+keras-f32") if side == name and variant == "float64" else None
+        mapped = t.get(f"{name}@{variant}{MAPPED}") if side == name else None
         return mapped if mapped is not None else t.get(f"{name}@{variant}")
 
     dtype = free.case.spec["dtype"]
@@ -415,32 +432,52 @@ def _renumber(text: str, step: int) -> str:
     return re.sub(r"\bstep 1\b", f"step {step}", text)
 
 
-def _judge_steps(ref: str, impl: str, dtype: str, a: list, b: list, a64: list | None, b64: list | None,
-                 differ: bool, known: tuple[str, ...], free: CaseResult, side: str | None) -> LockstepPair:
-    steps = len(b)
+#: a pair's per-step statuses, worst first: the status of the whole pair is the first one found
+_WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
+
+
+def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
+                 mapping: SideMapping | None, free: CaseResult) -> LockstepPair:
+    """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
+
+    ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64, float32 cases), and with a
+    mapping the mapped side's ``am``/``bm`` (case dtype) and ``am64``/``bm64``.
+    """
+    steps = len(runs["b"])
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
+    rule = "float64"
+
+    def side(name: str, k: int, mapped: bool) -> Side:
+        pre = name + ("m" if mapped else "")
+        run, f64 = runs.get(pre), runs.get(pre + "64")
+        return Side(_judged(run[k]), None if f64 is None else _judged(f64[k]))
+
     for k in range(steps):
-        if dtype == "float64":
-            v = judge_float64(_judged(a[k]), _judged(b[k]), known_differences=known)
-        else:
-            v = judge_float32(_judged(a[k]), _judged(b[k]), a64=_judged(a64[k]), b64=_judged(b64[k]),
-                              known_differences=known)
+        v = judge_sides(dtype, side("a", k, False), side("b", k, False), rule=rule)
+        residual = None
+        if mapping is not None:
+            residual = judge_sides(dtype, side("a", k, mapping.side == ref), side("b", k, mapping.side == impl),
+                                   rule=rule)
+        v = resolve(v, pred, residual=residual, mapping=mapping.text if mapping else None).verdict
         gaps[k], bounds[k] = v.gap, v.bound
         status.append(v.status)
         verdicts.append(v)
-    bad = [k for k, s in enumerate(status) if s in BAD]
-    overall = status[bad[0]] if bad else "parity"
-    if differ:
-        overall = "expected_difference" if overall == "divergence" else ("unexpected_parity" if not bad else overall)
-    free_gap, free_bound = _free_curves(free, ref, impl, side, steps)
+    bad = [k for k, st in enumerate(status) if st in ("divergence", "error", "unexpected_parity")]
+    found = next((st for st in _WORST if st in status), None)
+    overall = found or ("inconclusive" if status and all(st == "inconclusive" for st in status) else "parity")
+    free_pair = next((p for p in free.pairs if p.impl == impl), None)
+    judged_side = free_pair.mapped_side if free_pair is not None and free_pair.verdict_mapped else None
+    free_gap, free_bound = _free_curves(free, ref, impl, judged_side, steps)
     pair = LockstepPair(ref, impl, overall, RULE_FLOAT64 if dtype == "float64" else RULE_FLOAT32, gaps, bounds,
                         status, free_gap, free_bound)
-    if bad:
-        k = bad[0]
+    first = bad[0] if bad else next((k for k, st in enumerate(status) if st == "expected_difference"), None)
+    if first is not None:
+        k = first
         pair.first_bad_step, pair.key, pair.detail = k + 1, verdicts[k].key, _renumber(verdicts[k].detail, k + 1)
         # the arrays the deciding rule judged (as compare_case localises): float64 where the float64 rule decided
         f64 = dtype != "float64" and verdicts[k].rule == RULE_FLOAT64
-        pair.first_runs = (a64[k], b64[k], verdicts[k]) if f64 else (a[k], b[k], verdicts[k])
+        a, b = (runs["a64"], runs["b64"]) if f64 else (runs["a"], runs["b"])
+        pair.first_runs = (a[k], b[k], verdicts[k])
     return pair
 
 
@@ -507,48 +544,59 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     note(f"{ref}@{dtype} lockstep chain")
     chain = one_step_runs(case, ref, None, runner=runner)
     starts = [{"init": case.init, "opt": None}] + [_start(t) for t in chain[:-1]]
-    runs64: dict[tuple[str, bool], list] = {}
+    runs64: dict[tuple[str, str], list] = {}
 
-    def float64_runs(impl: str, mapped: bool) -> list:
+    def float64_runs(impl: str, mapping: SideMapping | None) -> list:
         """``impl``'s float64 one-step runs from the reference's starts (float32 starts: exact in float64)."""
-        if (impl, mapped) not in runs64:
-            c = _keras_mapped(f64)[0] if mapped else f64
-            if dtype == "float64" and impl == ref and not mapped:
-                runs64[(impl, mapped)] = chain
+        key = (impl, "" if mapping is None else str(mapping.changes))
+        if key not in runs64:
+            c = mapping.apply(f64) if mapping is not None else f64
+            if dtype == "float64" and impl == ref and mapping is None:
+                runs64[key] = chain
             else:
-                note(f"{impl}@float64" + (" keras-mapped" if mapped else "") + " one-step runs")
-                runs64[(impl, mapped)] = one_step_runs(c, impl, starts, runner=runner)
-        return runs64[(impl, mapped)]
+                note(f"{impl}@float64" + (" mapped" if mapping else "") + " one-step runs")
+                runs64[key] = one_step_runs(c, impl, starts, runner=runner)
+        return runs64[key]
 
     captured: dict[int, dict] = {}  # first bad step -> judge._inside_step's cache of capture runs
 
-    def chain_at(step: int, impl: str, side: str | None) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    def chain_at(step: int, impl: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
         """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured."""
         def refine(where: dict[str, Any], verdict: Any) -> dict[str, Any]:
-            # the dtype the deciding rule judged, Keras-mapped as judged (compare_case does the same)
+            # the dtype the deciding rule judged (compare_case does the same)
             d64 = dtype == "float64" or verdict.rule == RULE_FLOAT64
-            mapped = (side == ref, side == impl) if d64 else (False, False)
+            c = f64 if d64 else case
             note(f"{ref} and {impl}: step {step} captured")
-            return _inside_step(where, verdict, ref, impl, f64 if d64 else case, mapped,
-                                lambda c, name: captured_step(c, name, step - 1, starts[step - 1], runner=runner),
+            return _inside_step(where, verdict, ((ref, c), (impl, c)),
+                                lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner),
                                 captured.setdefault(step, {}))
 
         return refine
 
+    held = {i: keras_rounding_of(i, free_result.trajectories.get(f"{i}@{dtype}", {})) for i in impls}
     pairs = []
     for impl in impls[1:]:
-        pred = predict(f64.spec, ref, impl)
-        side = keras_rounds_hyperparameters(f64.spec, ref, impl)
-        known = pred.known + pred.expected
-        a64, b64 = float64_runs(ref, side == ref), float64_runs(impl, side == impl)
+        pred = predict(f64.spec, ref, impl, held=held)
+        mapping = choose_mapping(f64.spec, ref, impl, pred, held)
+        runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":
-            pair = _judge_steps(ref, impl, dtype, a64, b64, None, None, pred.differ, known, free_result, side)
+            runs["a"], runs["b"] = runs["a64"], runs["b64"]
         else:
             note(f"{impl}@float32 one-step runs")
-            b32 = one_step_runs(case, impl, starts, runner=runner)
-            pair = _judge_steps(ref, impl, dtype, chain, b32, a64, b64, pred.differ, known, free_result, side)
+            runs["a"], runs["b"] = chain, one_step_runs(case, impl, starts, runner=runner)
+        if mapping is not None:
+            try:
+                mine = "a" if mapping.side == ref else "b"
+                runs[mine + "m64"] = float64_runs(mapping.side, mapping)
+                runs[mine + "m"] = runs[mine + "m64"] if dtype == "float64" else one_step_runs(
+                    mapping.apply(case), mapping.side, starts, runner=runner)
+                other = "b" if mine == "a" else "a"
+                runs[other + "m"], runs[other + "m64"] = runs[other], runs[other + "64"]
+            except CaseError:
+                mapping = None  # the side cannot run the mapped case: judged without a residual
+        pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result)
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
-        refine = chain_at(pair.first_bad_step, impl, side) if stages and pair.first_bad_step else None
+        refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
         _localise(pair, free_pair, refine)
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)

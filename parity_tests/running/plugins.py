@@ -240,7 +240,7 @@ def assemble(records: Mapping[str, Any], spec: Mapping[str, Any], initial: Mappi
             raise CaseError(impl, f"{where}: grads=... at every step or at none (step 1 {'did' if with_grads else 'did not'})")
         if with_grads:
             _check_named(r["grads"], pnames, initial, dtype, impl, where, "gradient")
-    traj: dict[str, Any] = {"loss": np.array([np.asarray(r["loss"]).reshape(()) for r in rows], dtype)}
+    traj = Trajectory({"loss": np.array([np.asarray(r["loss"]).reshape(()) for r in rows], dtype)})
 
     # row by row (RowList reads each RowRef as it appends): a large model's rows go to a RowArray file
     for n in pnames:
@@ -427,6 +427,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
             remove_files(records.get("spill", ()))  # assembled (or refused): the run's own files go
         traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
+        traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
         if progress:
             progress(case.spec["steps"])
         return traj

@@ -146,7 +146,7 @@ def row_id(row: Row) -> str:
 
 def channel(verdict) -> str | None:
     """The channel the verdict names: the group of ``verdict.key`` (``replicas`` for the DDP sync finding)."""
-    from parity_tests.judging.judge import RULE_REPLICAS
+    from parity_tests.judging.pair import RULE_REPLICAS
 
     if verdict.rule == RULE_REPLICAS:
         return "replicas"
