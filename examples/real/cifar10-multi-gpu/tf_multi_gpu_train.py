@@ -211,6 +211,9 @@ def build_train(run, *, float64_lr: bool, ema_after_update: bool, lrn_in_ops: bo
 # --------------------------------------------------------------------------------------------
 def _train(run, *, mean_loss: bool, float64_lr: bool, ema_after_update: bool, lrn_in_ops: bool = False) -> None:
     with tf.Graph().as_default() as graph:
+        # the truncated-normal initialisers draw, and tfpar runs with op determinism on, which
+        # refuses an unseeded random op; the draws are overwritten with the case's weights below
+        v1.set_random_seed(run.seed)
         g = build_train(run, float64_lr=float64_lr, ema_after_update=ema_after_update, lrn_in_ops=lrn_in_ops)
         variables = {v.op.name: v for v in v1.trainable_variables()}
         params = {f"{layer}.{kind}": variables[f"{layer}/{kind}"] for layer in LAYERS for kind in ("weights", "biases")}

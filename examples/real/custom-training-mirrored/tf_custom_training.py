@@ -121,7 +121,7 @@ def _weights(model):
             for kind in ("kernel", "bias")}
 
 
-@tfpar.plugin.tensorflow(dtypes=("float32", "float64"), keras=True)
+@tfpar.plugin.tensorflow(dtypes=("float32", "float64"))
 def custom_training(run):
     # Keras 3 layers without dtype= take the global dtype policy, which set_floatx alone does not
     # change once Keras has made it (any earlier layer in the process did): set both for the whole

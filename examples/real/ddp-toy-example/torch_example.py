@@ -23,8 +23,6 @@ What differs from the original, and why:
   normal like ``torch.randn``, instead of rows drawn on each rank; the global batch is 20
   rows whatever the rank count, and the step body runs once per step of the case (the
   original runs it once);
-* the learning rate is read from the case (0.001, the same number): in a float64 run the
-  tool runs this side with Keras' float32-rounded rate, which a literal cannot follow;
 * the loss is recorded as the mean over ranks (the program prints nothing of it).
 
 No TensorFlow import here: every rank imports this file.
@@ -77,9 +75,7 @@ def demo_basic(run):
     model.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
     ddp_model = DDP(model, process_group=run.group)  # tfpar: changed (device_ids=[rank])
     loss_fn = nn.MSELoss()
-    # tfpar: changed (lr=0.001 -> the case's lr, 0.001: against Keras in float64 the tool runs this
-    # side with Keras' float32 0.0010000000474974513; a literal 0.001 would not see that mapping)
-    optimizer = optim.SGD(ddp_model.parameters(), lr=run.spec["optimizer"]["lr"])
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
     named = dict(model.named_parameters())
 
     def params():

@@ -170,6 +170,9 @@ def _build(run, *, float64_adam: bool):
 def _train(run, *, displayed_loss: bool, float64_adam: bool) -> None:
     steps_rows = run.spec["data"]["global_batch"]
     with tf.Graph().as_default() as graph:
+        # the initialisers draw (tf.layers' Glorot), and tfpar runs with op determinism on, which
+        # refuses an unseeded random op; the draws are overwritten with the case's weights below
+        v1.set_random_seed(run.seed)
         g = _build(run, float64_adam=float64_adam)
         variables = {v.op.name: v for v in v1.trainable_variables()}
         names = {f"{i}.{kind}": variables[f"ConvNet/{scope}/{kind}"] for i, scope in NAMES.items()
