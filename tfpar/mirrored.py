@@ -384,7 +384,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         out = []
         for k, v in items:
             copies = [c.numpy() for c in strategy.experimental_local_results(v)]
-            if any(not np.array_equal(copies[0], c) for c in copies[1:]):
+            # equal_nan: copies that all hold the same NaN agree (the judge reports the NaN itself)
+            if any(not np.array_equal(copies[0], c, equal_nan=True) for c in copies[1:]):
                 raise RuntimeError(f"the replicas' copies of {k} differ")
             out.append(copies[0])
         return out

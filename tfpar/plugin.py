@@ -261,6 +261,9 @@ class Run:
         spec: the validated case (a plain dict, every default filled in).
         dtype: ``"float32"`` or ``"float64"``.
         steps: the number of optimizer steps to take.
+        first_step: the case's number of the first of them: 1, or ``k`` when ``tfpar compare --lockstep``
+            runs step ``k`` alone from the reference's state (``for t, (x, y) in enumerate(run.batches(),
+            run.first_step)`` numbers steps as the case does).
         seed: the case seed.
         initial: ``{name: array}``, the initial parameters and state in TensorFlow layouts, ``dtype``.
         devices: the N tower device names, for ``tf.device`` (TensorFlow plugins).
@@ -280,6 +283,9 @@ class Run:
         self.spec: dict[str, Any] = spec
         self.dtype: str = spec["dtype"]
         self.steps: int = spec["steps"]
+        # the case's number of the first step this run takes: 1, or k when lockstep runs step k alone
+        # from the reference's state (count steps from it: code tied to a step number fires there too)
+        self.first_step: int = int(payload.get("first_step", 1))
         self.seed: int = spec.get("seed", 0)
         np_dtype = np.dtype(self.dtype)
         self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}

@@ -265,7 +265,7 @@ class Run:
     """What a torch plugin gets (see the module docstring and CONTRACT §5).
 
     Attributes:
-        spec, dtype, steps, seed, initial, dropout_masks, sample_weights: as in ``tfpar.plugin.Run``
+        spec, dtype, steps, first_step, seed, initial, dropout_masks, sample_weights: as in ``tfpar.plugin.Run``
             (``initial`` in TensorFlow layouts: convert with :meth:`to_torch`).
         rank, world_size: this rank and N (``0`` and ``1`` for a ``single`` plugin).
         group: the job's process group (``None`` for a ``single`` plugin); pass it to
@@ -283,6 +283,9 @@ class Run:
         self.dtype: str = spec["dtype"]
         self.torch_dtype = torch.float64 if self.dtype == "float64" else torch.float32
         self.steps: int = spec["steps"]
+        # the case's number of the first step this run takes: 1, or k when lockstep runs step k alone
+        # from the reference's state (count steps from it: code tied to a step number fires there too)
+        self.first_step: int = int(payload.get("first_step", 1))
         self.seed: int = spec.get("seed", 0)
         np_dtype = np.dtype(self.dtype)
         self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}

@@ -26,6 +26,7 @@ the gap without the mapping beside the verdict.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -63,7 +64,7 @@ from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
-           "SideMapping", "choose_mapping", "keras_rounding_of", "MAPPED"]
+           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
@@ -93,9 +94,9 @@ class PairResult:
     #: the pair judged with the predicted differences mapped away (``pair.resolve``), or ``None``
     residual: Verdict | None = None
     notes: tuple[str, ...] = ()  # what the report says beside the verdict (a prediction dropped, ...)
-    #: the side run with the mapping, and whether ``verdict`` judged the mapped runs (not the pair as it ran)
-    mapped_side: str | None = None
-    verdict_mapped: bool = False
+    #: the runs ``verdict`` judged, ``(name, key suffix)`` per side: ``None`` for the pair as it ran; a
+    #: built-in's mapped runs (suffix ``SideMapping.key``) where the verdict is the residual's
+    judged: tuple[tuple[str, str], tuple[str, str]] | None = None
 
     @property
     def as_expected(self) -> bool:
@@ -107,6 +108,7 @@ class PairResult:
         return {
             "reference": self.reference,
             "impl": self.impl,
+            "status": self.verdict.status,  # CONTRACT section 8
             "verdict": {**self.verdict.to_dict(),
                         **({"localisation": self.localisation} if self.localisation is not None else {})},
             "expected_differences": list(self.prediction.expected),
@@ -302,7 +304,7 @@ def perturbed_case(case: Case) -> Case:
         if "lr" in opt:
             moved["lr"] = steps_lr[0]
     if moved:
-        case = case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
+        case = _moved_within_range(case, opt, moved)
     move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
     case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
     if not _reorderable(case):
@@ -323,6 +325,24 @@ def perturbed_case(case: Case) -> Case:
     # length does. (Fewer devices only relax validation: a valid case is valid on one.)
     one = case.replace(**{"parallel.devices": 1})
     return _reordered(one, idx, across=True, run_devices=par["devices"])
+
+
+def _moved_within_range(case: Case, opt: dict[str, Any], moved: dict[str, Any]) -> Case:
+    """``case`` with the optimizer's numbers ``moved``; one that leaves its accepted range moves the other way.
+
+    A value at the end of its range (momentum 1, which both frameworks accept) moved one ulp
+    outward is refused by validation; the ulp on the other side samples the same rounding.
+    """
+    for _ in range(len(moved) + 1):
+        try:
+            return case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
+        except CaseError as e:
+            key = e.field.rpartition(".")[2]
+            if key not in moved or not isinstance(opt.get(key), (int, float)):
+                raise
+            nominal, was = np.float32(opt[key]), moved[key]
+            moved[key] = float(np.nextafter(nominal, np.float32(-np.inf) if was > nominal else np.float32(np.inf)))
+    return case.replace(**{f"optimizer.{k}": v for k, v in moved.items()})
 
 
 def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, run_devices: int | None = None) -> Case:
@@ -463,19 +483,47 @@ def _beside(work: Callable[[list], None], here: list, there: list) -> None:
         raise failed[0]
 
 
+#: the built-in that computes what a plugin of each kind computes (framework, splits the batch)
+STAND_INS = {("tf", True): "tf.towers", ("tf", False): "tf.single", ("torch", True): "torch.ddp",
+             ("torch", False): "torch.single"}
+
+
 @dataclass(frozen=True)
 class SideMapping:
-    """Run ``side`` with ``changes`` (``theory.mapping_changes``) so it computes what ``other`` computes."""
+    """Make ``side`` compute what ``other`` computes: run ``runs_as`` with ``changes`` (``theory.mapping_changes``).
+
+    ``runs_as`` is ``side`` itself when it is a built-in. When ``side`` is a plugin (the tool
+    never asks a plugin to read a mapped value), it is the built-in of the same kind
+    (:data:`STAND_INS`), and the residual is judged through it: ``side`` against the built-in
+    as it runs, and ``other`` against the built-in mapped. Both at parity means the pair's gap
+    is the predicted one (the triangle inequality through the built-in's two runs).
+    """
 
     side: str
     other: str
     changes: dict[str, Any]
+    runs_as: str
+
+    @property
+    def stand_in(self) -> bool:
+        return self.runs_as != self.side
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        return self.runs_as, self.key
+
+    @property
+    def key(self) -> str:
+        """The trajectory key suffix of the mapped runs (one per mapping: pairs may map the same side differently)."""
+        digest = hashlib.sha256(repr(sorted((k, repr(v)) for k, v in self.changes.items())).encode()).hexdigest()[:8]
+        return f"{MAPPED}:{digest}"
 
     @property
     def text(self) -> str:
         shown = ", ".join(f"{k} {'removed' if v is ... else v}" for k, v in self.changes.items()
                           if not (v is ... and k.startswith("parallel.") and k != "parallel.clip"))
-        return f"{self.side} run with {shown}"
+        through = f" (standing in for {self.side})" if self.stand_in else ""
+        return f"{self.runs_as}{through} run with {shown}"
 
     def apply(self, case: Case) -> Case:
         return case.replace(**self.changes)
@@ -507,23 +555,31 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                    rounding: dict[str, str | None]) -> SideMapping | None:
     """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
 
-    A side can be mapped when it is a built-in that can be run again and every *expected*
-    difference has a mapping onto it (``theory.mapping_changes``); known differences are
-    mapped where they can be. The judged implementation is tried first, then the reference.
-    ``rounding``: per TensorFlow plugin, what its Keras optimizer held (:func:`keras_rounding_of`).
+    A side can be mapped when every *expected* difference has a mapping onto it
+    (``theory.mapping_changes``); known differences are mapped where they can be. A built-in
+    side runs mapped itself; a plugin side through its stand-in (:class:`SideMapping`), unless
+    the model is external (no built-in runs it). The judged implementation is tried first, then
+    the reference, built-ins before stand-ins. ``rounding``: per TensorFlow plugin, what its Keras
+    optimizer held (:func:`keras_rounding_of`).
     """
     if spec["dtype"] == MIXED_BFLOAT16 or not any(d.mapping for d in pred.differences):
         return None
+    direct, through = [], []
     for side, other in ((impl, ref), (ref, impl)):
         found = _declared(side)
-        if found is None or found.kind != "builtin" or not found.rerunnable:
+        if found is None:
             continue
+        if found.kind == "builtin":
+            direct.append((side, other, side))
+        elif "external" not in spec["model"]:  # a plugin or a recorded run: through a built-in of its kind
+            through.append((side, other, STAND_INS[(found.framework, found.parallel)]))
+    for side, other, runs_as in direct + through:
         changes: dict[str, Any] = {}
         fits = True
         for d in pred.differences:
             held = rounding.get(other)
             c = (None if d.mapping is None or held == "ambiguous"
-                 else mapping_changes(d.mapping, spec, side, other, held))
+                 else mapping_changes(d.mapping, spec, runs_as, other, held))
             if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
                 if d.expected:
                     fits = False
@@ -531,7 +587,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 continue
             changes.update(c)
         if fits and changes:
-            return SideMapping(side, other, changes)
+            return SideMapping(side, other, changes, runs_as)
     return None
 
 
@@ -636,21 +692,22 @@ def compare_case(
         bar = tqdm(total=len(_plan(case, impls, rules)), desc=case.name, unit="run", leave=False)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     refused: dict[str, str] = {}
-    mapped_cases: dict[str, Case] = {}  # "impl@variant+mapped" -> the case it ran
-    unmappable: dict[str, str] = {}  # impl -> why its mapping could not run
+    mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
+    unmappable: dict[tuple[str, str], str] = {}  # (runs_as, key) of a mapping whose runs could not be made -> why
 
     def case_for(impl: str, d: str, mapping: SideMapping | None) -> Case:
-        c = variants[d] if d not in (PERTURBED, BF16_CHECK) or mapping is None else variants[dtype]
-        if mapping is not None:
-            c = mapping.apply(variants[dtype] if d == PERTURBED else c)
-            if d == PERTURBED:
-                c = perturbed_case(c)
+        if mapping is None:
+            c = variants[d]
+        else:  # mapped first, then made the variant (a perturbed case is not re-validated)
+            c = mapping.apply(variants[dtype] if d in (PERTURBED, BF16_CHECK) else variants[d])
+            c = perturbed_case(c) if d == PERTURBED else c
         return _rerun_of(c, impl) if d == PERTURBED else c
 
-    def work(items: list[tuple[str, str, SideMapping | None]]) -> None:
-        for impl, d, mapping in items:
-            key = f"{impl}@{d}" + (MAPPED if mapping else "")
-            if key in trajs or impl in refused:
+    def work(items: list[_Run]) -> None:
+        for item in items:
+            impl, d, mapping = item.impl, item.variant, item.mapping
+            key = f"{impl}@{d}" + (mapping.key if mapping else "")
+            if key in trajs or impl in refused or (item.serves is not None and item.serves.ident in unmappable):
                 continue
             if bar is not None:
                 bar.set_postfix_str(key)
@@ -663,8 +720,10 @@ def compare_case(
                     if mapping is not None:
                         mapped_cases[key] = c
                 except CaseError as e:
-                    if mapping is not None:  # the side cannot run the mapped case: no residual for its pairs
-                        unmappable[mapping.side] = f"{mapping.text}: {e}"
+                    if item.serves is not None:  # the mapping cannot be run: its pairs get no residual
+                        unmappable[item.serves.ident] = f"{item.serves.text}: {e}"
+                    elif not item.required:
+                        pass
                     elif not skip_unsupported or impl == ref:
                         raise
                     else:
@@ -676,8 +735,8 @@ def compare_case(
             if bar is not None:
                 bar.update(1)
 
-    def run_all(plan: list[tuple[str, str, SideMapping | None]]) -> None:
-        torch_side = [item for item in plan if registry.resolve(item[0], "impls").framework == "torch"]
+    def run_all(plan: list[_Run]) -> None:
+        torch_side = [item for item in plan if registry.resolve(item.impl, "impls").framework == "torch"]
         if default_runner and torch_side and len(torch_side) < len(plan):
             # the torch runs wait on the worker pool (other processes): run them beside the TensorFlow
             # runs of this process rather than after them; results and errors are the same
@@ -685,34 +744,31 @@ def compare_case(
         else:
             work(plan)
 
-    run_all([(impl, d, None) for impl, d in _plan(case, impls, rules)])
+    run_all([_Run(impl, d) for impl, d in _plan(case, impls, rules)])
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
     preds = {impl: predict(theory_spec, ref, impl, held=rounding) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
-    second: list[tuple[str, str, SideMapping | None]] = []
+    second: list[_Run] = []
     for impl in impls[1:]:
         if impl in refused:
             continue
         m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding)
         if m is None:
             continue
-        if bar is not None:
-            bar.total += 2
         needed = ["float64"] if dtype == "float64" else (
             [dtype, "float64"] if rules[impl] == "float64" else [dtype, PERTURBED])
-        second.extend((m.side, d, m) for d in needed)
+        second.extend(_Run(m.runs_as, d, m, serves=m) for d in needed)
+        if m.stand_in:  # the built-in as it runs, against the plugin it stands in for
+            second.extend(_Run(m.runs_as, d, serves=m) for d in needed)
     grads_from = _grads_source(case, impls, rules, trajs, refused)
     if grads_from is not None:
-        second.append((grads_from, "float64", None))
-        if bar is not None:
-            bar.total += 1
-    try:
-        run_all(_float64_first_mapped(second))
-    except CaseError:
-        if grads_from is None:
-            raise
+        second.append(_Run(grads_from, "float64", required=False))
+    second = _float64_first_runs(second)
+    if bar is not None:
+        bar.total += len(second)
+    run_all(second)
     if bar is not None:
         bar.close()
     grads = [trajs[f"{grads_from}@float64"]] if grads_from is not None and f"{grads_from}@float64" in trajs else []
@@ -728,8 +784,8 @@ def compare_case(
             continue
         m = mappings.get(impl)
         note = ()
-        if m is not None and (m.side in unmappable or f"{m.side}@{dtype}{MAPPED}" not in trajs):
-            note = (f"could not map the predicted difference ({unmappable.get(m.side, m.text)})",)
+        if m is not None and (m.ident in unmappable or f"{m.runs_as}@{dtype}{m.key}" not in trajs):
+            note = (f"could not map the predicted difference ({unmappable.get(m.ident, m.text)})",)
             m = None
         pair = judged.pair(ref, impl, preds[impl], m)
         pairs.append(dataclasses.replace(pair, notes=pair.notes + note))
@@ -750,13 +806,18 @@ class _Judged:
     stages: bool
     captured: dict[Any, dict[str, np.ndarray]] = field(default_factory=dict)
 
-    def side(self, impl: str, mapped: bool = False) -> Side:
-        suffix, d = MAPPED if mapped else "", self.case.spec["dtype"]
-        return Side(self.trajs[f"{impl}@{d}{suffix}"], self.trajs.get(f"{impl}@float64{suffix}"),
-                    self.trajs.get(f"{impl}@{PERTURBED}{suffix}"))
+    def side(self, name: str, suffix: str = "") -> Side:
+        """``name``'s runs (``suffix``: a mapping's key for its mapped runs)."""
+        d = self.case.spec["dtype"]
+        return Side(self.trajs[f"{name}@{d}{suffix}"], self.trajs.get(f"{name}@float64{suffix}"),
+                    self.trajs.get(f"{name}@{PERTURBED}{suffix}"))
 
-    def verdict(self, ref: str, impl: str, mapped_side: str | None = None) -> Verdict:
-        """``pair.judge_sides`` on the pair (``mapped_side``'s runs mapped), with the mixed-precision guards."""
+    def verdict(self, ref: str, impl: str, a: tuple[str, str] | None = None, b: tuple[str, str] | None = None) -> Verdict:
+        """``pair.judge_sides`` on the pair ``(ref, impl)`` by its rule, with the mixed-precision guards.
+
+        ``a``, ``b``: ``(name, suffix)`` of the runs that stand for each side (default: the side's own
+        runs as it ran), e.g. a built-in's mapped runs.
+        """
         dtype = self.case.spec["dtype"]
         mixed = dtype == MIXED_BFLOAT16
         loss_differs = reported_loss_differs(self.case.spec, ref, impl)
@@ -764,51 +825,87 @@ class _Judged:
                          " hyperparameters by one float32 ulp", "loss": False if loss_differs else None} if mixed else
                         {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}
                         if PERTURBED in self.variants else None)
-        a, b = self.side(ref, mapped_side == ref), self.side(impl, mapped_side == impl)
-        v = judge_sides(dtype, a, b, rule=self.rules[impl], grads=self.grads, perturbation=perturbation)
+        sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
+        v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation)
         if loss_differs:
-            v = _loss_reported(v, a.run, b.run)
+            v = _loss_reported(v, sa.run, sb.run)
         if mixed:
             v = _bf16_guard(v, ref, impl, self.trajs)
         return v
 
-    def localised(self, ref: str, impl: str, verdict: Verdict, mapped_side: str | None) -> dict[str, Any]:
+    def residual(self, ref: str, impl: str, m: SideMapping) -> tuple[Verdict, tuple[tuple[str, str], tuple[str, str]]]:
+        """The pair judged with ``m``'s differences mapped away, and the runs that decided it.
+
+        A built-in side: the pair with that side's mapped runs. A plugin side, through its stand-in
+        ``S``: the other side against ``S`` mapped, and the plugin against ``S`` as it runs; the
+        residual is parity only when both are (the first that is not decides).
+        """
+        mapped = (m.runs_as, m.key)
+        a, b = ((ref, ""), mapped) if m.side == impl else (mapped, (impl, ""))
+        leg = self.verdict(ref, impl, a, b)
+        if not m.stand_in:
+            return leg, (a, b)
+        own = (m.side, "")
+        plain = self.verdict(ref, impl, (m.runs_as, ""), own)
+        if plain.status == "parity" or leg.status != "parity":
+            return leg, (a, b)
+        return dataclasses.replace(plain, detail=f"{m.side} against {m.runs_as}, the built-in of its kind it must"
+                                                 f" compute as: {plain.detail}"), ((m.runs_as, ""), own)
+
+    def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
         """CONTRACT section 6 localisation of ``verdict`` from the arrays its rule judged (refined by a capture)."""
         # float64 when the float64 rule decided (also in a float32 case, where 1e-10 would call
         # float32 rounding a difference), mapped as judged
-        d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in self.trajs else self.case.spec["dtype"]
-        names = (ref, impl)
-        runs = [self.trajs[f"{n}@{d}" + (MAPPED if n == mapped_side else "")] for n in names]
+        d = "float64" if verdict.rule == RULE_FLOAT64 and f"{a[0]}@float64{a[1]}" in self.trajs else self.case.spec["dtype"]
+        runs = [self.trajs[f"{n}@{d}{suffix}"] for n, suffix in (a, b)]
         where = localise(runs[0], runs[1], verdict)
         if self.stages and refinable(where, runs[0], runs[1]):
-            cases = [self.mapped_cases[f"{n}@{d}{MAPPED}"] if n == mapped_side else self.variants[d] for n in names]
-            where = _inside_step(where, verdict, ((ref, cases[0]), (impl, cases[1])), self.runner, self.captured)
+            cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
+            where = _inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured)
         return where
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
         """The pair judged as it ran and, with ``m``, with the predicted differences mapped away (``pair.resolve``)."""
+        as_ran = ((ref, ""), (impl, ""))
         v = self.verdict(ref, impl)
-        residual = self.verdict(ref, impl, m.side) if m is not None else None
-        where = self.localised(ref, impl, v, None) if v.status not in ("parity", "inconclusive") else None
+        residual, decided = self.residual(ref, impl, m) if m is not None else (None, as_ran)
+        where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
         res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=m.text if m else None)
         final = res.verdict
         if final.status in ("parity", "inconclusive"):
             where = None
-        elif m is not None and res.from_residual and final.status != "unexpected_parity":
-            where = self.localised(ref, impl, residual, m.side)  # where what the mapping does not explain parts
+        elif residual is not None and res.from_residual and residual.status != "parity":
+            where = self.localised(residual, *decided)  # where what the mapping does not explain parts
         elif where is None:
-            where = self.localised(ref, impl, v, None)
+            where = self.localised(v, *as_ran)
         if where is not None and pred.expected:
             where = _against_theory(where, pred)
         return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
-                          res.notes, m.side if m else None, res.from_residual)
+                          res.notes, decided if res.from_residual else None)
 
 
-def _float64_first_mapped(plan: list[tuple[str, str, SideMapping | None]]) -> list[tuple[str, str, SideMapping | None]]:
-    seen: dict[tuple[str, str, bool], tuple[str, str, SideMapping | None]] = {}
+@dataclass(frozen=True)
+class _Run:
+    """One run :func:`compare_case` makes: ``impl`` in ``variant``, mapped by ``mapping`` if given.
+
+    ``serves``: the mapping this run is made for (a mapped run, or a stand-in's own run): if it
+    cannot be made, that mapping's pairs are judged without a residual. ``required``: a run whose
+    refusal is an error of the comparison (not for the loss channel's extra gradient).
+    """
+
+    impl: str
+    variant: str
+    mapping: SideMapping | None = None
+    serves: SideMapping | None = None
+    required: bool = True
+
+
+def _float64_first_runs(plan: list[_Run]) -> list[_Run]:
+    """Each run once (by what it computes), float64 first (:func:`_float64_first`)."""
+    seen: dict[tuple[str, str, str], _Run] = {}
     for item in plan:
-        seen.setdefault((item[0], item[1], item[2] is not None), item)
-    return sorted(seen.values(), key=lambda item: item[1] != "float64")
+        seen.setdefault((item.impl, item.variant, item.mapping.key if item.mapping else ""), item)
+    return sorted(seen.values(), key=lambda item: item.variant != "float64")
 
 
 def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: dict[str, Any],

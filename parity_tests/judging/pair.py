@@ -96,6 +96,10 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
         perturbation: keyword arguments of ``tolerance.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
     """
     known = tuple(known)
+    if any(np.size(s.run.get("loss", ())) == 0 for s in (a, b)):
+        nan = float("nan")
+        return Verdict("inconclusive", RULE_VACUOUS, nan, nan, None, None, np.zeros(0), None,
+                       "inconclusive: no steps were run", known)
     if dtype == "float64":
         v = judge_float64(a.f64 if a.f64 is not None else a.run, b.f64 if b.f64 is not None else b.run,
                           known_differences=known, grads=grads)
@@ -271,7 +275,10 @@ def resolve(v: Verdict, pred: Prediction, *, residual: Verdict | None = None, st
         return Resolution(v)
     earliest = _earliest(pred)
     if v.status == "parity":
-        if all(d.certain for d in expected):
+        # a certain difference shows in the logged loss (or, for the moving statistics, the state): only
+        # where the verdict judged the loss is its absence a finding
+        loss_judged = v.per_step_loss_bound is not None and bool(np.isfinite(v.per_step_loss_bound).any())
+        if all(d.certain and (loss_judged or d.stage == "state") for d in expected):
             return Resolution(dataclasses.replace(v, status="unexpected_parity", detail=(
                 f"a difference was predicted ({_named(pred)}) but none was found. {v.detail}")))
         return Resolution(v, notes=(

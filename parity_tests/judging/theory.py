@@ -229,8 +229,6 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
         elif par["weighting"] == "equal" and uneven_shards(spec):
             found.append(_diff("uneven shards with equal weighting: the device mean weights rows of smaller shards more",
                                certain=True, mapping="weighting"))
-        elif par["weighting"] == "equal":
-            absent.append("uneven shards with equal weighting: the shards are even")
         pad = sampler_padding(spec)
         if pad:
             found.append(_diff(

@@ -69,6 +69,10 @@ def _rows(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
                 "known": "; ".join(p.prediction.known),
                 "mapping": p.mapping,
                 "unmapped_gap": p.unmapped_gap,
+                "residual": None if p.residual is None else f"{p.residual.status}, gap {_fmt(p.residual.gap)}"
+                                                            f" (bound {_fmt(p.residual.bound)})",
+                "notes": list(p.notes),
+                "unjudged": list(v.unjudged),
                 "localisation": p.localisation,
             })
     return rows
@@ -82,7 +86,9 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
     lines.append(f"**{held} / {len(rows)} verdicts as theory predicts.** "
                  "A verdict is *parity* when the gap stays within the bound at every step, "
                  "*divergence* when it does not; *expected_difference* is a divergence that theory "
-                 "predicts (the tool must find it), *unexpected_parity* a predicted difference it did not find.")
+                 "predicts and that explains the whole gap (with it mapped away the rest is parity), "
+                 "*unexpected_parity* a predicted difference it did not find, *inconclusive* a pair in which "
+                 "nothing was really compared (CONTRACT section 8).")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
     if meta.get("trajectories"):
         lines += [f"Trajectories: {meta['trajectories']}.", ""]
@@ -122,6 +128,13 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
             lines += [f"![{label}]({name})", ""]
     plots = {k: v for k, v in plots.items() if not k.startswith("stages: ")}
     lines += _grouped_findings([r for r in rows if r["why"] or r["known"] or r["mapping"]])
+    told = [r for r in rows if r["residual"] or r["notes"] or r["unjudged"]]
+    if told:
+        lines += ["", "## Residuals, notes and what was not judged", ""]
+        for r in told:
+            said = ([f"with the predicted difference mapped away ({r['mapping']}): {r['residual']}"] if r["residual"]
+                    else []) + r["notes"] + [f"not judged: {u}" for u in r["unjudged"]]
+            lines.append(f"- **{r['case']}**, {r['pair']} ({r['status']}): " + "; ".join(said))
     if plots:
         lines += ["", "## Per-step gaps", ""]
         for scenario, name in plots.items():

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.judging.judge import MAPPED
 from parity_tests.judging.localise import row_gaps
 
 __all__ = ["write_tensorboard", "run_folder"]
@@ -69,10 +68,9 @@ def write_tensorboard(result: Any, out: str | Path) -> Path:
                 _scalars("loss", traj["loss"], 1)
             writer.close()
         for pair in result.pairs:
-            # what the verdict judged: a side run with a predicted difference mapped away, where it did
-            mapped = pair.mapped_side if pair.verdict_mapped else None
-            a, b = (result.trajectories.get(f"{side}@{d}" + (MAPPED if side == mapped else ""))
-                    for side in (pair.reference, pair.impl))
+            # what the verdict judged: a built-in's runs with a predicted difference mapped away, where it did
+            judged = pair.judged or ((pair.reference, ""), (pair.impl, ""))
+            a, b = (result.trajectories.get(f"{name}@{d}{suffix}") for name, suffix in judged)
             if a is None or b is None:
                 continue
             writer = tf.summary.create_file_writer(str(tmp / run_folder(f"{pair.reference} vs {pair.impl}")))

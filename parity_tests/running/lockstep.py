@@ -67,7 +67,6 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.judge import (
-    MAPPED,
     CaseResult,
     SideMapping,
     _inside_step,
@@ -186,7 +185,7 @@ def _one_step(case: Case, k: int, start: Mapping[str, Any], masks: Mapping[str, 
     init = {n: np.asarray(start["init"][n], np.float64) for n in case.init}
     return _Lockstep(spec=spec, x=case.x[rows], y=case.y[rows], init=init,
                      w=None if case.w is None else case.w[rows], masks={i: m[rows] for i, m in masks.items()},
-                     extra={"opt_state": start["opt"], "export_opt_state": True})
+                     extra={"opt_state": start["opt"], "export_opt_state": True, "first_step": k + 1})
 
 
 def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
@@ -218,7 +217,8 @@ def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
     for k in range(steps):
         if starts is not None:
             start = starts[k]
-        traj = dict(runner(_one_step(case, k, start, masks), impl))
+        out = runner(_one_step(case, k, start, masks), impl)
+        traj = with_findings(out, dict(out))  # what the run found of itself (replicas out of sync) stays
         runs.append(traj)
         if starts is None:
             start = _start(traj)
@@ -236,7 +236,8 @@ def captured_step(case: Case, impl: str, k: int, start: Mapping[str, Any], *,
     runner = runner or run_impl
     one = dataclasses.replace(_one_step(case, k, start, dropout_masks(case.spec)), capture=1)
     if impl not in STEPWISE:
-        return dict(runner(one, impl))
+        out = runner(one, impl)
+        return with_findings(out, dict(out))
     one.extra = {**one.extra, "lockstep": {"starts": [{"init": start["init"], "opt": start["opt"]}]}}
     out = runner(one, impl)
     traj = {key[len("lockstep/"):]: v[0] for key, v in out.items() if key.startswith("lockstep/")}
@@ -392,7 +393,7 @@ def _row_gap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], scales: M
     return np.max([relative_gap(a[k], b[k], scale=d, scale_floor=SCALE_FLOOR) for k, d in scales.items()], axis=0)
 
 
-def _free_curves(free: CaseResult, ref: str, impl: str, side: str | None, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _free_curves(free: CaseResult, ref: str, impl: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """The free run's accumulated gap after steps 1..T and its bound.
 
     float32 case: the float32 rule's gap between the two float32 runs and its bound
@@ -407,12 +408,10 @@ def _free_curves(free: CaseResult, ref: str, impl: str, side: str | None, steps:
         return nan, nan
     t = free.trajectories
 
-    def run(name: str, variant: str) -> Mapping[str, np.ndarray] | None:
-        mapped = t.get(f"{name}@{variant}{MAPPED}") if side == name else None
-        return mapped if mapped is not None else t.get(f"{name}@{variant}")
-
+    (na, sa), (nb, sb) = pair.judged or ((ref, ""), (impl, ""))  # the runs the free verdict judged
     dtype = free.case.spec["dtype"]
-    a, b, a64, b64 = run(ref, dtype), run(impl, dtype), run(ref, "float64"), run(impl, "float64")
+    a, b, a64, b64 = (t.get(f"{n}@{variant}{suffix}") for n, suffix, variant in
+                      ((na, sa, dtype), (nb, sb, dtype), (na, sa, "float64"), (nb, sb, "float64")))
     if any(r is None for r in (a, b, a64, b64)):
         return nan, nan
     keys = sorted(k for k in a if k.startswith(("param/", "state/")) and k in b)
@@ -440,24 +439,27 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
                  mapping: SideMapping | None, free: CaseResult) -> LockstepPair:
     """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
 
-    ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64, float32 cases), and with a
-    mapping the mapped side's ``am``/``bm`` (case dtype) and ``am64``/``bm64``.
+    ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64), and with a mapping the
+    mapped built-in's ``sm``/``sm64`` and, when it stands in for a plugin, its own ``s``/``s64``.
     """
     steps = len(runs["b"])
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
     rule = "float64"
 
-    def side(name: str, k: int, mapped: bool) -> Side:
-        pre = name + ("m" if mapped else "")
-        run, f64 = runs.get(pre), runs.get(pre + "64")
+    def side(name: str, k: int) -> Side:
+        run, f64 = runs.get(name), runs.get(name + "64")
         return Side(_judged(run[k]), None if f64 is None else _judged(f64[k]))
 
     for k in range(steps):
-        v = judge_sides(dtype, side("a", k, False), side("b", k, False), rule=rule)
+        a, b = side("a", k), side("b", k)
+        v = judge_sides(dtype, a, b, rule=rule)
         residual = None
-        if mapping is not None:
-            residual = judge_sides(dtype, side("a", k, mapping.side == ref), side("b", k, mapping.side == impl),
-                                   rule=rule)
+        if mapping is not None:  # as the free compare judges it (judge._Judged.residual)
+            residual = judge_sides(dtype, a, side("sm", k), rule=rule) if mapping.side == impl else \
+                judge_sides(dtype, side("sm", k), b, rule=rule)
+            if mapping.stand_in and residual.status == "parity":
+                plain = judge_sides(dtype, side("s", k), b if mapping.side == impl else a, rule=rule)
+                residual = residual if plain.status == "parity" else plain
         v = resolve(v, pred, residual=residual, mapping=mapping.text if mapping else None).verdict
         gaps[k], bounds[k] = v.gap, v.bound
         status.append(v.status)
@@ -465,9 +467,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     bad = [k for k, st in enumerate(status) if st in ("divergence", "error", "unexpected_parity")]
     found = next((st for st in _WORST if st in status), None)
     overall = found or ("inconclusive" if status and all(st == "inconclusive" for st in status) else "parity")
-    free_pair = next((p for p in free.pairs if p.impl == impl), None)
-    judged_side = free_pair.mapped_side if free_pair is not None and free_pair.verdict_mapped else None
-    free_gap, free_bound = _free_curves(free, ref, impl, judged_side, steps)
+    free_gap, free_bound = _free_curves(free, ref, impl, steps)
     pair = LockstepPair(ref, impl, overall, RULE_FLOAT64 if dtype == "float64" else RULE_FLOAT32, gaps, bounds,
                         status, free_gap, free_bound)
     first = bad[0] if bad else next((k for k, st in enumerate(status) if st == "expected_difference"), None)
@@ -586,12 +586,13 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             runs["a"], runs["b"] = chain, one_step_runs(case, impl, starts, runner=runner)
         if mapping is not None:
             try:
-                mine = "a" if mapping.side == ref else "b"
-                runs[mine + "m64"] = float64_runs(mapping.side, mapping)
-                runs[mine + "m"] = runs[mine + "m64"] if dtype == "float64" else one_step_runs(
-                    mapping.apply(case), mapping.side, starts, runner=runner)
-                other = "b" if mine == "a" else "a"
-                runs[other + "m"], runs[other + "m64"] = runs[other], runs[other + "64"]
+                runs["sm64"] = float64_runs(mapping.runs_as, mapping)
+                runs["sm"] = runs["sm64"] if dtype == "float64" else one_step_runs(
+                    mapping.apply(case), mapping.runs_as, starts, runner=runner)
+                if mapping.stand_in:
+                    runs["s64"] = float64_runs(mapping.runs_as, None)
+                    runs["s"] = runs["s64"] if dtype == "float64" else one_step_runs(
+                        case, mapping.runs_as, starts, runner=runner)
             except CaseError:
                 mapping = None  # the side cannot run the mapped case: judged without a residual
         pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result)

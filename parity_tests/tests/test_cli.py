@@ -49,12 +49,17 @@ def test_compare_parity_exit_0_and_divergence_exit_1(tmp_path, capsys):
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "case" / "case.json").is_file()
     # status 1 through main(): the console script exits with what main returns, which the
     # subprocess above (0) and test_timeout_flag_bounds_a_job_and_names_the_rank (1) prove
-    bad = set_path(set_path(MLP, "parallel.devices", 2), "model.reduction", "sum")
+    # an expected difference (the residual is parity) exits 0 as well (CONTRACT section 8); a divergence 1
+    summed = set_path(set_path(MLP, "parallel.devices", 2), "model.reduction", "sum")
     capsys.readouterr()
-    assert main(["compare", str(_write(tmp_path, bad, "sum.json")), "--impls", "torch.ddp,torch.single"]) == 1
+    assert main(["compare", str(_write(tmp_path, summed, "sum.json")), "--impls", "torch.ddp,torch.single"]) == 0
     out = capsys.readouterr().out
-    assert "expected_difference" in out and "sum reduction" in out
-    assert "step 1" in out  # the mismatch message names the step
+    assert "expected_difference" in out and "sum reduction" in out and "verdict: EXPECTED DIFFERENCE" in out
+    buggy = f"{Path(__file__).parent / 'plugins' / 'tf_plugins.py'}:lr_doubled_from_step_3"
+    assert main(["compare", str(good), "--impls", f"torch.ddp,{buggy}"]) == 1
+    out = capsys.readouterr().out
+    assert "divergence" in out and "verdict: DIVERGENCE" in out
+    assert "step 3" in out  # the mismatch message names the step
 
 
 BAD_ARGS = [

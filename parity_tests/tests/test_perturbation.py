@@ -344,3 +344,11 @@ def test_a_plugins_rerun_keeps_its_row_order_so_a_position_bug_still_shows(posit
     assert (v.status, v.rule) == ("divergence", RULE_PERTURBATION), r.summary()
     assert f"in a built-in's rerun only (kept in order: {POSITION_BUG})" in v.detail, v.detail
     assert v.floor_b is not None and v.floor_b < 1e-5  # rounding, not the bug
+
+
+def test_a_hyperparameter_at_the_end_of_its_range_is_moved_inward():
+    """momentum 1.0 (both frameworks accept it) moved one ulp up would be refused as bad input: it moves down."""
+    case = make(MLP, dtype="float32", optimizer={"name": "momentum", "lr": 0.01, "momentum": 1.0})
+    for seed in range(4):  # both coins of the perturbation: never out of range
+        moved = perturbed_case(case.replace(seed=seed)).spec["optimizer"]["momentum"]
+        assert moved == float(np.nextafter(np.float32(1.0), np.float32(0.0)))

@@ -89,8 +89,8 @@ def _towers(run, bug: str | None = None) -> None:
     if bug == "unshared_towers":  # every tower builds its own variables (no reuse): tower 0's are recorded
         copies = [w] + [{k: tf.Variable(v) for k, v in run.initial.items() if k not in is_state} for _ in range(n - 1)]
     run.begin(w, state)
-    global_step = 0
-    for t, (x, y) in enumerate(run.batches(), start=1):
+    global_step = run.first_step - 1  # the case's count of updates before this run (lockstep: k - 1)
+    for t, (x, y) in enumerate(run.batches(), start=run.first_step):
         lr = _lr(spec, global_step + 1)
         xs, ys = np.array_split(x, n), np.array_split(y, n)
         if par["weighting"] == "by_size" and bug != "equal_weights_uneven":

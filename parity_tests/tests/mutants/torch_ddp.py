@@ -89,7 +89,7 @@ def _ddp(run, bug: str | None = None) -> None:
     if bug != "manual_allreduce":  # each rank's own gradient before the all-reduce, for localisation
         run.hook_gradients(model, {k: named[v] for k, v in pnames.items()},
                            scale=n * share if par["weighting"] == "by_size" else 1.0)
-    for t, (x, y) in enumerate(run.batches(), start=1):
+    for t, (x, y) in enumerate(run.batches(), start=run.first_step):
         for group in opt.param_groups:
             group["lr"] = _lr(spec, t)
         opt.zero_grad()

@@ -21,7 +21,7 @@ def _train(run, *, begin=True, steps=None, change=None, lr_scale=lambda k: 1.0):
     n = len(run.devices)
     if begin:
         run.begin(w)
-    for k, (x, y) in enumerate(run.batches(), start=1):
+    for k, (x, y) in enumerate(run.batches(), start=run.first_step):
         if steps is not None and k > steps:
             break
         grads, losses = [], []
@@ -110,12 +110,20 @@ def raises_at_step_3(run):
     _train(run, change=change)
 
 
-def _keras_sgd(run):
-    """The towers of ``_train`` with the update applied by Keras' own SGD (learning rate kept in float32)."""
+def _keras_opt(spec):
+    """Keras' own class for the case's optimizer, with its nominal hyperparameters (what a user writes)."""
     import keras
 
+    o = spec["optimizer"]
+    if o["name"] == "adam":
+        return keras.optimizers.Adam(o["lr"], beta_1=o["beta1"], beta_2=o["beta2"], epsilon=o["epsilon"])
+    return keras.optimizers.SGD(o["lr"], momentum=o.get("momentum", 0.0))
+
+
+def _keras_sgd(run):
+    """The towers of ``_train`` with the update applied by Keras' own optimizer class (SGD, momentum or Adam)."""
     w = {k: tf.Variable(v) for k, v in run.initial.items()}
-    opt = keras.optimizers.SGD(learning_rate=run.spec["optimizer"]["lr"])
+    opt = _keras_opt(run.spec)
     n = len(run.devices)
     run.begin(w)
     for x, y in run.batches():
@@ -139,6 +147,19 @@ def keras_sgd(run):
 @tfpar.plugin.tensorflow(dtypes=BOTH)
 def keras_sgd_undeclared(run):
     _keras_sgd(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_floatx64(run):
+    """Keras code that sets ``floatx`` float64 first (as float64 Keras programs do): its rate stays exact."""
+    import keras
+
+    before = keras.config.floatx()
+    keras.config.set_floatx("float64" if run.dtype == "float64" else "float32")
+    try:
+        _keras_sgd(run)
+    finally:
+        keras.config.set_floatx(before)
 
 
 def undecorated(run):

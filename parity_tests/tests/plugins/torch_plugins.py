@@ -36,7 +36,7 @@ def _train(run, *, change=None):
         return {k: run.to_tf(named[v]) for k, v in NAMES.items()}
 
     run.begin(params())
-    for k, (x, y) in enumerate(run.batches(), start=1):
+    for k, (x, y) in enumerate(run.batches(), start=run.first_step):
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(torch.as_tensor(x)), torch.as_tensor(y))
         loss.backward()
