@@ -18,7 +18,9 @@ import numpy as np
 from parity_tests.contract.generators import generate_data
 
 HERE = Path(__file__).resolve().parent
-SIZE, CONV, LOCAL3, LOCAL4, CLASSES = 8, 4, 8, 8, 10  # the program's: 24, 64, 384, 192, 10
+SIZES = {"size": 8, "conv": 4, "local3": 8, "local4": 8}  # image side and widths
+FULL = {"size": 24, "conv": 64, "local3": 384, "local4": 192}  # the program's
+CLASSES = 10
 
 
 def truncated_normal(rng: np.random.Generator, shape: tuple[int, ...], stddev: float) -> np.ndarray:
@@ -29,15 +31,16 @@ def truncated_normal(rng: np.random.Generator, shape: tuple[int, ...], stddev: f
     return out
 
 
-def main() -> None:
+def write(folder: Path, size: int, conv: int, local3: int, local4: int, rows: int = 16) -> None:
+    """``init.npz`` and ``data.npz`` (``rows`` images of ``size`` x ``size``) in ``folder``."""
     rng = np.random.default_rng(10)
-    flat = (SIZE // 4) ** 2 * CONV  # two stride-2 SAME pools
+    flat = (-(-size // 4)) ** 2 * conv  # two stride-2 SAME pools: ceil(ceil(size / 2) / 2)
     layers = {  # name: (kernel shape, stddev, bias)
-        "conv1": ((5, 5, 3, CONV), 5e-2, 0.0),
-        "conv2": ((5, 5, CONV, CONV), 5e-2, 0.1),
-        "local3": ((flat, LOCAL3), 0.04, 0.1),
-        "local4": ((LOCAL3, LOCAL4), 0.04, 0.1),
-        "softmax_linear": ((LOCAL4, CLASSES), 1 / 192.0, 0.0),
+        "conv1": ((5, 5, 3, conv), 5e-2, 0.0),
+        "conv2": ((5, 5, conv, conv), 5e-2, 0.1),
+        "local3": ((flat, local3), 0.04, 0.1),
+        "local4": ((local3, local4), 0.04, 0.1),
+        "softmax_linear": ((local4, CLASSES), 1 / 192.0, 0.0),
     }
     init = {}
     for name, (shape, stddev, bias) in layers.items():
@@ -45,10 +48,10 @@ def main() -> None:
         init[f"{name}.biases"] = np.full(shape[-1], bias)
     # the moving averages' shadows (state), which start at the variables' initial values
     init.update({f"ema.{name}": value.copy() for name, value in init.items()})
-    np.savez_compressed(HERE / "init.npz", **init)
-    x, y = generate_data("images", 4, 16, (SIZE, SIZE, 3), (CLASSES,), "softmax_ce")
-    np.savez_compressed(HERE / "data.npz", x=x, y=y)
+    np.savez_compressed(folder / "init.npz", **init)
+    x, y = generate_data("images", 4, rows, (size, size, 3), (CLASSES,), "softmax_ce")
+    np.savez_compressed(folder / "data.npz", x=x, y=y)
 
 
 if __name__ == "__main__":
-    main()
+    write(HERE, **SIZES)

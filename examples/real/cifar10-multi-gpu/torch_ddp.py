@@ -101,7 +101,7 @@ def ddp(run):
 
     shadows = {f"ema.{k}": torch.as_tensor(run.initial[f"ema.{k}"]).clone() for k in params()}
     run.begin(params(), shadows)
-    for t, (x, y) in enumerate(run.batches(), start=1):
+    for t, (x, y) in enumerate(run.batches(), start=run.first_step):
         optimizer.zero_grad()
         logits = model(torch.as_tensor(x))
         decay_terms = (net.local3.weight ** 2).sum() / 2 + (net.local4.weight ** 2).sum() / 2

@@ -70,7 +70,7 @@ def _train(run, *, keras_float64: bool) -> None:
     opt = run.spec["optimizer"]
     if keras_float64:
         optimizer = KerasAdam(model.parameters(), lr=opt["lr"], beta1=opt["beta1"], beta2=opt["beta2"],
-                              epsilon=opt["epsilon"])
+                              epsilon=opt["epsilon"], steps_done=run.first_step - 1)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]),
                                      eps=opt["epsilon"])
@@ -79,7 +79,7 @@ def _train(run, *, keras_float64: bool) -> None:
         return {k: run.to_tf(named[v].detach()) for k, v in names.items()}
 
     run.begin(params())
-    for t, (x, y) in enumerate(run.batches(), start=1):
+    for t, (x, y) in enumerate(run.batches(), start=run.first_step):
         optimizer.zero_grad()
         logits = model(torch.as_tensor(x))
         # Keras' L2 casts its factor with ops.cast(l2, x.dtype): tf.cast of a Python float, via float32
@@ -110,12 +110,12 @@ class KerasAdam:
     In float32 every value is float32 anyway.
     """
 
-    def __init__(self, params, *, lr: float, beta1: float, beta2: float, epsilon: float) -> None:
+    def __init__(self, params, *, lr: float, beta1: float, beta2: float, epsilon: float, steps_done: int = 0) -> None:
         self.params = [p for p in params]
         self.lr, self.b1, self.b2, self.eps = lr, beta1, beta2, epsilon
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
-        self.t = 0
+        self.t = steps_done
 
     def zero_grad(self) -> None:
         for p in self.params:

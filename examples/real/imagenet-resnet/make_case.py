@@ -25,12 +25,15 @@ from resnet_torch import ResNet  # noqa: E402
 from parity_tests.contract.generators import generate_data  # noqa: E402
 from torchref.plugin import to_tf  # noqa: E402
 
-WIDTHS, BLOCKS, CLASSES = (4, 8, 8, 8), (1, 1, 1, 1), 10
+WIDTHS, BLOCKS, SIZE, CLASSES = (4, 8, 8, 8), (1, 1, 1, 1), 16, 10
+FULL = {"widths": (64, 128, 256, 512), "blocks": (2, 2, 2, 2), "size": 32}  # resnet18 (on 32x32 images)
 
 
-def main() -> None:
+def write(folder: Path, widths: tuple[int, ...] = WIDTHS, blocks: tuple[int, ...] = BLOCKS, size: int = SIZE,
+          rows: int = 16) -> None:
+    """``init.npz`` (the ResNet at ``widths``, ``blocks``) and ``data.npz`` (``rows`` images) in ``folder``."""
     torch.manual_seed(0)
-    model = ResNet(WIDTHS, BLOCKS, CLASSES, torch.float64)
+    model = ResNet(widths, blocks, CLASSES, torch.float64)
     for m in model.modules():  # torchvision's ResNet.__init__
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -43,10 +46,10 @@ def main() -> None:
         name = case_name(key, key.rsplit(".", 1)[0] in bn)
         if name is not None:
             init[name] = to_tf(value.numpy())
-    np.savez_compressed(HERE / "init.npz", **init)
-    x, y = generate_data("images", 3, 16, (16, 16, 3), (CLASSES,), "softmax_ce")
-    np.savez_compressed(HERE / "data.npz", x=x, y=y)
+    np.savez_compressed(folder / "init.npz", **init)
+    x, y = generate_data("images", 3, rows, (size, size, 3), (CLASSES,), "softmax_ce")
+    np.savez_compressed(folder / "data.npz", x=x, y=y)
 
 
 if __name__ == "__main__":
-    main()
+    write(HERE)

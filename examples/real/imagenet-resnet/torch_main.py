@@ -66,7 +66,7 @@ from resnet_torch import ResNet  # noqa: E402
 # --------------------------------------------------------------------------------------------
 def build(run, *, use_ddp: bool):
     """Lines 158-207: the model (DDP-wrapped on an accelerator only), criterion, optimizer, scheduler."""
-    model = _tiny_resnet18(run)                                      # tfpar: changed (resnet18())
+    model = _case_resnet18(run)                                      # tfpar: changed (resnet18(): the case's size)
     if use_ddp:                                                      # tfpar: the accelerator path's
         model = torch.nn.parallel.DistributedDataParallel(model, process_group=run.group)
     # else: line 167, "using CPU, this will be slow": the bare model
@@ -92,10 +92,11 @@ def train_batch(model, criterion, optimizer, images, target):
 # --------------------------------------------------------------------------------------------
 # Glue: the case's weights in, the case's batches through, every step recorded.
 # --------------------------------------------------------------------------------------------
-def _tiny_resnet18(run) -> ResNet:
+def _case_resnet18(run) -> ResNet:
     widths = tuple(run.initial[k].shape[-1] for k in ("layer1.0.conv1.kernel", "layer2.0.conv1.kernel",
                                                       "layer3.0.conv1.kernel", "layer4.0.conv1.kernel"))
-    model = ResNet(widths, (1, 1, 1, 1), run.initial["fc.bias"].shape[0], run.torch_dtype)
+    blocks = tuple(len({k.split(".")[1] for k in run.initial if k.startswith(f"layer{s}.")}) for s in range(1, 5))
+    model = ResNet(widths, blocks, run.initial["fc.bias"].shape[0], run.torch_dtype)
     with torch.no_grad():
         for key, value in model.state_dict().items():
             name = case_name(key, _is_bn(model, key))
