@@ -4,23 +4,22 @@ A port of the TensorFlow CIFAR-10 multi-GPU tutorial, tensorflow/models
 ``tutorials/image/cifar10/cifar10_multi_gpu_train.py`` (https://github.com/tensorflow/models,
 commit 00e6186d761188f26b30637d06da680d64d50166) with the model and loss of
 ``tutorials/image/cifar10/cifar10.py`` (commit 05a434d67506f31dc8a83399ae3291b4aef75c34), as a
-tfpar TensorFlow plugin. Line numbers are those of those commits. The originals are not
-copied here; each part below is written anew and names the lines it follows.
+tfpar TensorFlow plugin. The originals are not copied here; each part below is written anew
+and names the function of the original it follows.
 
-The program: ``train`` (multi_gpu_train.py lines 139-263) builds, in one ``tf.Graph`` on
+The program: ``train`` (cifar10_multi_gpu_train.py) builds, in one ``tf.Graph`` on
 ``/cpu:0``: ``global_step``; ``lr = exponential_decay(0.1, global_step, decay_steps, 0.1,
 staircase=True)``; ``GradientDescentOptimizer(lr)``; per GPU i, under ``name_scope('tower_i')``
-and a reused variable scope, ``tower_loss`` (lines 62-92): ``cifar10.inference`` (cifar10.py
-lines 187-268: conv1 5x5x3x64 SAME + bias + ReLU, max pool 3x3/2 SAME, LRN(4, 1, 0.001/9,
+and a reused variable scope, ``tower_loss``: ``cifar10.inference`` (conv1 5x5x3x64 SAME + bias + ReLU, max pool 3x3/2 SAME, LRN(4, 1, 0.001/9,
 0.75), conv2 5x5x64x64, ReLU, LRN, max pool, local3 (384, ReLU), local4 (192, ReLU),
-softmax_linear (10)), ``cifar10.loss`` (lines 271-292: the mean sparse softmax cross-entropy
-added to the collection ``losses``, where ``_variable_with_weight_decay`` (lines 123-147) put
+softmax_linear (10)), ``cifar10.loss`` (the mean sparse softmax cross-entropy added to
+the collection ``losses``, where ``cifar10._variable_with_weight_decay`` put
 ``wd * l2_loss(W)`` for local3 and local4, wd 0.004, and 0 x l2_loss for the others), and
 the tower's ``add_n`` of its own ``losses``; ``compute_gradients`` per tower;
-``average_gradients`` (lines 95-132); ``apply_gradients(grads, global_step)``; an
+``average_gradients``; ``apply_gradients(grads, global_step)``; an
 ``ExponentialMovingAverage(0.9999, global_step)`` of every trainable variable;
-``train_op = tf.group(apply_gradient_op, variables_averages_op)`` (line 221); every step
-``sess.run([train_op, loss])`` (line 244), where ``loss`` is the variable the tower loop
+``train_op = tf.group(apply_gradient_op, variables_averages_op)``; every step
+``sess.run([train_op, loss])``, where ``loss`` is the variable the tower loop
 assigned last: the LAST tower's total loss.
 
 What differs from the original, and why (marked ``tfpar:`` in the code):
@@ -69,7 +68,7 @@ LAYERS = ("conv1", "conv2", "local3", "local4", "softmax_linear")
 
 
 # --------------------------------------------------------------------------------------------
-# cifar10.py, written anew from lines 100-292; changed parts marked "tfpar:".
+# cifar10.py, written anew (_variable_on_cpu to loss); changed parts marked "tfpar:".
 # --------------------------------------------------------------------------------------------
 def _variable_on_cpu(name, shape, initializer, dtype):
     with tf.device("/cpu:0"):
@@ -95,7 +94,7 @@ def lrn_formula(x, depth_radius, bias, alpha, beta, name=None):
 
 
 def inference(images, *, batch_size, widths, dtype, lrn=tf.nn.lrn):
-    """cifar10.py lines 187-268. tfpar: changed: ``widths`` (conv, local3, local4) for 64, 384, 192;
+    """cifar10.py ``inference``. tfpar: changed: ``widths`` (conv, local3, local4) for 64, 384, 192;
     ``lrn``: ``tf.nn.lrn``, or :func:`lrn_formula` for a float64 run."""
     conv_w, w3, w4 = widths
     with v1.variable_scope("conv1") as scope:
@@ -130,7 +129,7 @@ def inference(images, *, batch_size, widths, dtype, lrn=tf.nn.lrn):
 
 
 def loss(logits, labels):
-    """cifar10.py lines 271-292: the mean cross-entropy joins the ``losses`` collection."""
+    """cifar10.py ``loss``: the mean cross-entropy joins the ``losses`` collection."""
     labels = tf.cast(labels, tf.int64)
     cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     v1.add_to_collection("losses", tf.reduce_mean(cross_entropy, name="cross_entropy"))
@@ -138,10 +137,10 @@ def loss(logits, labels):
 
 
 # --------------------------------------------------------------------------------------------
-# cifar10_multi_gpu_train.py, written anew from lines 62-244; changed parts marked "tfpar:".
+# cifar10_multi_gpu_train.py, written anew (tower_loss to the step loop); changed parts marked "tfpar:".
 # --------------------------------------------------------------------------------------------
 def tower_loss(scope, images, labels, **model):
-    """Lines 62-92: this tower's own ``losses`` (its cross-entropy and its weight-decay terms), summed."""
+    """``tower_loss``: this tower's own ``losses`` (its cross-entropy and its weight-decay terms), summed."""
     logits = inference(images, **model)
     _ = loss(logits, labels)
     losses = v1.get_collection("losses", scope)
@@ -149,7 +148,7 @@ def tower_loss(scope, images, labels, **model):
 
 
 def average_gradients(tower_grads):
-    """Lines 95-132: ``[towers][vars]`` (grad, var) -> ``[vars]``, the mean over the tower axis."""
+    """``average_gradients``: ``[towers][vars]`` (grad, var) -> ``[vars]``, the mean over the tower axis."""
     averaged = []
     for grad_and_vars in zip(*tower_grads, strict=True):
         stacked = tf.concat(axis=0, values=[tf.expand_dims(g, 0) for g, _ in grad_and_vars])
@@ -158,7 +157,7 @@ def average_gradients(tower_grads):
 
 
 def build_train(run, *, float64_lr: bool, ema_after_update: bool, lrn_in_ops: bool):
-    """Lines 139-221 (and the feed that stands for the input queue)."""
+    """``train`` up to ``train_op`` (and the feed that stands for the input queue)."""
     dt = tf.float64 if run.dtype == "float64" else tf.float32        # tfpar: changed (float32)
     num_gpus = len(run.devices)                                      # tfpar: changed (FLAGS.num_gpus)
     batch_size = run.spec["data"]["global_batch"] // num_gpus        # tfpar: changed (FLAGS.batch_size)
@@ -200,7 +199,7 @@ def build_train(run, *, float64_lr: bool, ema_after_update: bool, lrn_in_ops: bo
         else:
             variables_averages_op = variable_averages.apply(v1.trainable_variables())
         g["train_op"] = tf.group(apply_gradient_op, variables_averages_op)
-        g["loss"] = loss_                                            # line 244 reads the last tower's
+        g["loss"] = loss_                                            # the step loop's sess.run reads the last tower's
         g["mean_loss"] = tf.add_n(tower_losses) / num_gpus
         g["averages"] = variable_averages
     return g

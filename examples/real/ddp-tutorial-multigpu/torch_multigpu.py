@@ -7,7 +7,7 @@ as a tfpar torch plugin. Original line numbers are those of that commit.
 
 The program (lines 24-88): ``load_train_objs`` builds ``torch.nn.Linear(20, 1)`` and
 ``torch.optim.SGD(model.parameters(), lr=1e-3)``; ``Trainer`` wraps the model in
-``DDP(model, device_ids=[gpu_id])``; ``_run_batch`` (lines 41-46) is ``zero_grad``,
+``DDP(model, device_ids=[gpu_id])``; ``_run_batch`` (lines 40-45) is ``zero_grad``,
 forward, ``F.cross_entropy(output, targets)``, ``backward``, ``step``; ``_run_epoch``
 feeds the batches of a ``DataLoader`` over ``DistributedSampler(dataset)`` (shuffled,
 seed 0, ``set_epoch(epoch)``), ``batch_size`` rows per rank.
@@ -41,7 +41,7 @@ import torchref
 
 
 # --------------------------------------------------------------------------------------------
-# The program (multigpu.py lines 24-46 and 71-75), rewritten; changed lines marked "tfpar:".
+# The program (multigpu.py lines 24-45 and 69-73), rewritten; changed lines marked "tfpar:".
 # --------------------------------------------------------------------------------------------
 class Trainer:
     """The original's ``Trainer``: the DDP model and its optimizer; one batch per ``_run_batch``."""

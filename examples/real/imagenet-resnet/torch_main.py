@@ -139,7 +139,7 @@ def _main_worker(run, *, use_ddp: bool, mean_loss: bool) -> None:
             logged = (total / run.world_size).item()
         params, state = _snapshot(run, net)
         run.record(torch.tensor(logged, dtype=run.torch_dtype), params, grads=_grads(run, net), state=state)
-    # scheduler.step() runs at the end of an epoch (line 289): after the case's steps
+    # scheduler.step() runs at the end of an epoch (line 291): after the case's steps
 
 
 @torchref.plugin.distributed(dtypes=("float32", "float64"))

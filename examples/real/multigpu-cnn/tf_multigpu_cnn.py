@@ -8,18 +8,18 @@ built-in ``torch.ddp`` (the model is one the case's layer list expresses). Line 
 those of that commit. The original is not copied here; each part below is written anew and
 names the lines it follows.
 
-The program: a ``tf.compat.v1`` graph on ``num_gpus`` towers. ``conv_net`` (lines 39-80):
+The program: a ``tf.compat.v1`` graph on ``num_gpus`` towers. ``conv_net`` (lines 39-78):
 ``conv2d(64, 5, relu)``, ``max_pooling2d(2, 2)``, ``conv2d(256, 3, relu)``,
 ``conv2d(512, 3, relu)``, ``max_pooling2d(2, 2)``, ``flatten``, ``dense(2048)`` (no
 activation), ``dropout(rate=dropout)``, ``dense(1024)``, ``dropout``, ``dense(10)``, all in
 ``variable_scope('ConvNet', reuse=reuse)``; ``dropout = 0.75`` is commented as the
-probability to KEEP a unit (line 36) but passed as ``rate``, the probability to DROP one.
-Per tower (lines 129-162): rows ``[i * batch_size, (i + 1) * batch_size)`` of the fed batch,
+probability to KEEP a unit (line 35) but passed as ``rate``, the probability to DROP one.
+Per tower (lines 133-163): rows ``[i * batch_size, (i + 1) * batch_size)`` of the fed batch,
 the training logits, a second evaluation graph on the same weights, the tower's mean
 ``softmax_cross_entropy_with_logits``, an ``AdamOptimizer(learning_rate=0.001)`` and its
-``compute_gradients``; then the classic ``average_gradients`` (lines 83-106) and one
-``apply_gradients`` (line 165). Each step runs ``train_op`` (line 178), then, to display,
-``sess.run([loss_op, accuracy])`` on the same batch (lines 181-182).
+``compute_gradients``; then the classic ``average_gradients`` (lines 81-104) and one
+``apply_gradients`` (line 166). Each step runs ``train_op`` (line 183), then, to display,
+``sess.run([loss_op, accuracy])`` on the same batch (lines 187-188).
 
 What differs from the original, and why (marked ``tfpar:`` in the code):
 
@@ -34,7 +34,10 @@ What differs from the original, and why (marked ``tfpar:`` in the code):
   original, the second (display) run draws new masks;
 * the weights are the case's (``tf.layers``' default initialisers, Glorot uniform kernels
   and zero biases, are the case's ``glorot_uniform`` kind), assigned after the initialiser;
-* towers run on ``run.devices[i]`` instead of ``/gpu:i``; the batches are the case's
+* towers run on ``run.devices[i]`` instead of ``/gpu:i``, without ``assign_to_device``
+  (lines 110-120), which put variables on ``/cpu:0`` by op type: its list
+  (``Variable``, ``VariableV2``, ``AutoReloadVariable``) no longer matches TensorFlow 2's
+  resource variables (``VarHandleOp``), so it places nothing today; the batches are the case's
   (real 8x8 digits enlarged to 28x28), not ``mnist.train.next_batch``; one-hot labels are
   made from the case's integer labels; the placeholders have the case dtype
   (``tf.float32`` in the original);
@@ -69,7 +72,7 @@ NAMES = {"0": "conv2d", "2": "conv2d_1", "3": "conv2d_2", "6": "dense", "8": "de
 
 
 # --------------------------------------------------------------------------------------------
-# The program (multigpu_cnn.py), written anew from lines 39-183; changed parts marked "tfpar:".
+# The program (multigpu_cnn.py), written anew from lines 39-188; changed parts marked "tfpar:".
 # --------------------------------------------------------------------------------------------
 def _layer_vars(scope, kernel_shape, dtype):
     with v1.variable_scope(scope):
@@ -79,7 +82,7 @@ def _layer_vars(scope, kernel_shape, dtype):
 
 
 def conv_net(x, n_classes, dropout, reuse, is_training, *, widths, keep=None, dtype=tf.float32):
-    """Lines 39-80. ``x [n, 784]`` -> logits ``[n, n_classes]`` (softmax'd when not training).
+    """Lines 39-78. ``x [n, 784]`` -> logits ``[n, n_classes]`` (softmax'd when not training).
 
     tfpar: changed: ``widths`` (conv, conv, conv, dense, dense) instead of 64, 256, 512, 2048,
     1024; ``tf.layers`` written out with ``tf.nn``; ``keep`` (two keep-masks ``[n, width]``)
@@ -112,7 +115,7 @@ def conv_net(x, n_classes, dropout, reuse, is_training, *, widths, keep=None, dt
 
 
 def average_gradients(tower_grads):
-    """Lines 83-106: ``[towers][vars]`` (grad, var) -> ``[vars]``, the mean over the tower axis."""
+    """Lines 81-104: ``[towers][vars]`` (grad, var) -> ``[vars]``, the mean over the tower axis."""
     averaged = []
     for grad_and_vars in zip(*tower_grads, strict=True):
         stacked = tf.concat([tf.expand_dims(g, 0) for g, _ in grad_and_vars], 0)
@@ -121,7 +124,7 @@ def average_gradients(tower_grads):
 
 
 def _build(run, *, float64_adam: bool):
-    """Lines 123-166: the towers, the averaged gradients, one Adam update."""
+    """Lines 124-166: the towers, the averaged gradients, one Adam update."""
     dt = tf.float64 if run.dtype == "float64" else tf.float32        # tfpar: changed (tf.float32)
     num_gpus = len(run.devices)                                      # tfpar: changed (2)
     batch_size = run.spec["data"]["global_batch"] // num_gpus        # tfpar: changed (1024 per GPU)
@@ -159,7 +162,7 @@ def _build(run, *, float64_adam: bool):
                 tower_losses.append(loss_op)                         # tfpar: added (for the mean-loss variant)
         g["grads_and_vars"] = average_gradients(tower_grads)
         g["train_op"] = optimizer.apply_gradients(g["grads_and_vars"])
-        g["loss_op"] = loss_op                                       # the LAST tower's loss, as line 181 reads it
+        g["loss_op"] = loss_op                                       # the LAST tower's loss, as line 187 reads it
         g["mean_loss"] = tf.add_n(tower_losses) / num_gpus
     return g
 
@@ -194,7 +197,7 @@ def _train(run, *, displayed_loss: bool, float64_adam: bool) -> None:
                         g["K"][0]: run.dropout_masks[7][rows], g["K"][1]: run.dropout_masks[9][rows]}
                 mean_loss, grads, _ = sess.run([g["mean_loss"], applied, g["train_op"]], feed)
                 if displayed_loss:
-                    loss = sess.run(g["loss_op"], feed)              # lines 181-182: after the update
+                    loss = sess.run(g["loss_op"], feed)              # lines 187-188: after the update
                 else:
                     loss = mean_loss                                 # tfpar: the fixed line
                 run.record(loss, params(), grads=grads)
