@@ -163,7 +163,12 @@ def test_imagenet_on_a_cpu_trains_without_ddp(devices, dtype):
 @pytest.mark.parametrize("devices", DEVICES)
 def test_cifar10_float32_moving_averages_read_the_weights_before_the_update(devices):
     """float32 (the program's own dtype: ``tf.nn.lrn`` has no float64 kernel): the moving averages
-    race the update and lose, the shown loss is the last tower's; fixed, parity."""
+    race the update and lose, the shown loss is the last tower's; fixed, parity.
+
+    The race is not decided by the graph: TensorFlow's executor has run the averages first in
+    every run seen (README.md). Parity of the as-written program here would mean it ran them
+    after the update this time, not that the tool missed something.
+    """
     pairs, result = _compare("cifar10-multi-gpu",
                              ["torch_ddp.py:ddp", "tf_multi_gpu_train.py:multi_gpu_train",
                               "tf_multi_gpu_train.py:multi_gpu_train_fixed"], devices, "float32")
@@ -179,14 +184,14 @@ def test_cifar10_as_written_refuses_float64():
 
 
 @pytest.mark.usefixtures("pool")
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("devices", DEVICES)
-def test_cifar10_with_lrn_in_ops_finds_the_float32_learning_rate(devices, dtype):
+def test_cifar10_with_lrn_in_ops_finds_the_float32_learning_rate(devices):
     """``tf.nn.lrn`` written out, so float64 runs: the schedule's float32 lr is found at step 1
-    (stage ``update``), besides the loss and the averages; all three fixed, parity."""
+    (stage ``update``), besides the loss and the averages; all three fixed, parity. (In float32
+    this version is judged by the same float64 runs; the program's own float32 is the test above.)"""
     pairs, result = _compare("cifar10-multi-gpu",
                              ["torch_ddp.py:ddp", "tf_multi_gpu_train.py:multi_gpu_train_f64",
-                              "tf_multi_gpu_train.py:multi_gpu_train_f64_fixed"], devices, dtype)
+                              "tf_multi_gpu_train.py:multi_gpu_train_f64_fixed"], devices, "float64")
     _assert_divergence(pairs["multi_gpu_train_f64"], result.summary(), step=1, stage="update")
     assert pairs["multi_gpu_train_f64_fixed"].verdict.status == "parity", result.summary()
 
