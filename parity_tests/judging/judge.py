@@ -49,12 +49,15 @@ from parity_tests.judging.theory import (
 )
 from parity_tests.judging.tolerance import (
     BF16_SIGNATURE,
+    FLOAT64_RTOL,
     RULE_BF16_PERTURBATION,
     RULE_BF16_SIGNATURE,
+    RULE_CONDITIONING,
     RULE_FLOAT64,
     Verdict,
     _json,
     bfloat16_signature,
+    judge_perturbation,
     perturb_bf16_ulp,
     perturb_scalars,
     perturb_ulp,
@@ -74,6 +77,9 @@ FLOORS = ("auto", "float64", "perturbation")
 PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
 #: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
 BF16_CHECK = "float32-step1"
+#: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``tolerance``): how far one rounding
+#: of every input, measured, can grow in a step (``_Judged.conditioned``)
+CONDITIONING_ROUNDINGS = 20 * 100
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
 #: the implementation whose float64 run bounds the loss's sensitivity when neither side records a gradient
 GRAD_SOURCE = "grads"
@@ -309,22 +315,15 @@ def perturbed_case(case: Case) -> Case:
     case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
     if not _reorderable(case):
         return case
-    data, par = case.spec["data"], case.spec["parallel"]
     # the rows may also change device (each device then adds up other examples: another blocking
     # of every cross-device sum) exactly when theory says the N-device update is the full-batch
-    # one, which no order of the batch changes; only built-ins' reruns are reordered (_rerun_of)
-    across = par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers", "tf.single").differ
-    idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"], seed,
-                            across=across)
-    if not across:
-        return _reordered(case, idx)
-    # and then a built-in's rerun computes that full batch on one device: every reduction over
+    # one, which no order of the batch changes; only built-ins' reruns are reordered (_rerun_of).
+    # And then a built-in's rerun computes that full batch on one device: every reduction over
     # examples (the batch-norm statistics above all) has another length and blocking. A sum
     # whose terms repeat (the conv bias at every blank 3x3 window of a digit) rounds the same
     # way at each of them, in any order: reordering cannot sample that rounding, another
     # length does. (Fewer devices only relax validation: a valid case is valid on one.)
-    one = case.replace(**{"parallel.devices": 1})
-    return _reordered(one, idx, across=True, run_devices=par["devices"])
+    return _resummed(case)
 
 
 def _moved_within_range(case: Case, opt: dict[str, Any], moved: dict[str, Any]) -> Case:
@@ -354,6 +353,22 @@ def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, run_devices
     fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
     return _Reordered(**{**fields, "x": case.x[idx], "y": case.y[idx], "w": None if case.w is None else case.w[idx]},
                       rows=idx, across=across, run_devices=run_devices)
+
+
+def _resummed(case: Case) -> Case:
+    """``case`` adding its sums in another order, as :func:`perturbed_case` makes a built-in's rerun do.
+
+    The rows of each device's shard reordered and, where theory says the N-device update is the
+    full-batch one, the whole batch permuted and computed on one device: every reduction over
+    examples then has other partial sums (and another length), the rounding another kernel leaves.
+    """
+    data, par = case.spec["data"], case.spec["parallel"]
+    across = par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers", "tf.single").differ
+    idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"],
+                            case.spec.get("seed", 0), across=across)
+    if not across:
+        return _reordered(case, idx)
+    return _reordered(case.replace(**{"parallel.devices": 1}), idx, across=True, run_devices=par["devices"])
 
 
 def _reorders(impl: str) -> bool:
@@ -503,6 +518,9 @@ class SideMapping:
     other: str
     changes: dict[str, Any]
     runs_as: str
+    #: a stand-in's own changes, so that as it runs it computes what the plugin computes (a TensorFlow
+    #: plugin's Keras optimizer holds its own float32 hyperparameters, or none): ``None`` for none
+    plain: SideMapping | None = None
 
     @property
     def stand_in(self) -> bool:
@@ -587,7 +605,11 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 continue
             changes.update(c)
         if fits and changes:
-            return SideMapping(side, other, changes, runs_as)
+            # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
+            own = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side))
+                   if runs_as != side and spec["optimizer"]["semantics"] == "native" else None)
+            return SideMapping(side, other, {**(own or {}), **changes}, runs_as,
+                               SideMapping(side, side, own, runs_as) if own else None)
     return None
 
 
@@ -760,8 +782,8 @@ def compare_case(
         needed = ["float64"] if dtype == "float64" else (
             [dtype, "float64"] if rules[impl] == "float64" else [dtype, PERTURBED])
         second.extend(_Run(m.runs_as, d, m, serves=m) for d in needed)
-        if m.stand_in:  # the built-in as it runs, against the plugin it stands in for
-            second.extend(_Run(m.runs_as, d, serves=m) for d in needed)
+        if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
+            second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
     grads_from = _grads_source(case, impls, rules, trajs, refused)
     if grads_from is not None:
         second.append(_Run(grads_from, "float64", required=False))
@@ -845,12 +867,12 @@ class _Judged:
         leg = self.verdict(ref, impl, a, b)
         if not m.stand_in:
             return leg, (a, b)
-        own = (m.side, "")
-        plain = self.verdict(ref, impl, (m.runs_as, ""), own)
-        if plain.status == "parity" or leg.status != "parity":
+        own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
+        plain = self.verdict(ref, impl, stand, own)
+        if plain.status in ("parity", "inconclusive") or leg.status != "parity":
             return leg, (a, b)
         return dataclasses.replace(plain, detail=f"{m.side} against {m.runs_as}, the built-in of its kind it must"
-                                                 f" compute as: {plain.detail}"), ((m.runs_as, ""), own)
+                                                 f" compute as: {plain.detail}"), (stand, own)
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
         """CONTRACT section 6 localisation of ``verdict`` from the arrays its rule judged (refined by a capture)."""
@@ -880,8 +902,61 @@ class _Judged:
             where = self.localised(v, *as_ran)
         if where is not None and pred.expected:
             where = _against_theory(where, pred)
+        notes = res.notes
+        if final.status == "divergence" and final.rule == RULE_FLOAT64:
+            final, note = self.conditioned(final, decided if res.from_residual else as_ran)
+            notes += (note,) if note else ()
+            where = None if final.status == "inconclusive" else where
         return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
-                          res.notes, decided if res.from_residual else None)
+                          notes, decided if res.from_residual else None)
+
+    def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
+        """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).
+
+        The float64 bound assumes a stable run: rounding carried from step to step without
+        growing (``tolerance``: ``gap <= 2 u D sqrt(n) T``). An ill-conditioned run (Adam with
+        ``beta2 = 0`` dividing by a gradient element that cancels to ``1e-10``, a chaotic learning
+        rate) amplifies the last bit of a sum into the leading digits, and two correct
+        implementations part by as much. Each side that can run again does so in float64 from
+        initial weights and inputs moved by one float64 ulp (a built-in also adding its sums in
+        another order, :func:`_resummed`): its spread ``s`` is what one rounding of every input
+        becomes, so the run's own ``D sqrt(n)`` roundings a step over ``T`` steps can become
+        ``2 D sqrt(n) T s`` (the float64 bound's envelope, ``D = 20``, ``n = 1e4``, with ``u``
+        replaced by the measured ``s``). A stable run spreads by about ``1e-16`` and the bound
+        stays far below any divergence, which then stands. Where the gap is within it the float64
+        runs cannot tell a difference from amplified rounding: the pair is ``inconclusive``, and
+        the detail says to judge it with ``--lockstep`` (every step from the same state).
+        Returns the verdict and a line for the report.
+        """
+        runs, reruns = [], []
+        for name, suffix in sides:
+            key = f"{name}@float64{suffix}"
+            found = _declared(name)
+            if key not in self.trajs or (found is not None and not found.rerunnable):
+                return verdict, ""
+            c = self.mapped_cases.get(key) or self.variants["float64"]
+            seed = c.spec.get("seed", 0)
+            moved = dataclasses.replace(c, init=perturb_ulp(c.init, seed, np.float64),
+                                        x=c.x if np.asarray(c.x).dtype.kind != "f"
+                                        else perturb_ulp({"x": c.x}, seed, np.float64)["x"])
+            if _reorders(name) and _reorderable(c.replace(dtype="float32")):
+                moved = _resummed(moved)
+            runs.append(self.trajs[key])
+            reruns.append(self.runner(moved, name))
+        factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
+        checked = judge_perturbation(runs[0], runs[1], a32p=reruns[0], b32p=reruns[1], rule=RULE_CONDITIONING,
+                                     perturbed="float64 reruns from weights and inputs moved by one float64 ulp",
+                                     dtype=np.float64, abs_floor=FLOAT64_RTOL, factor=factor,
+                                     known_differences=verdict.known_differences)
+        spread = max(checked.floor_a or 0.0, checked.floor_b or 0.0)
+        if checked.status != "parity":
+            return verdict, (f"the float64 runs are well conditioned here: one float64 ulp of the inputs moves them"
+                             f" by at most {spread:.2g}, which rounding cannot amplify to the gap")
+        return dataclasses.replace(checked, status="inconclusive", detail=(
+            f"inconclusive: ill-conditioned float64 runs: one float64 ulp of the weights and inputs moves each run by"
+            f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
+            f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
+            f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,7 @@ class Resolution:
 
 
 def _earliest(pred: Prediction) -> str | None:
-    stages = [d.stage for d in pred.differences if d.expected]
+    stages = [d.first_visible for d in pred.differences if d.expected]
     return min(stages, key=STAGES.index) if stages else None
 
 
@@ -249,7 +249,9 @@ def resolve(v: Verdict, pred: Prediction, *, residual: Verdict | None = None, st
     mapped = f" ({mapping})" if mapping else ""
     if residual is not None:
         residual = dataclasses.replace(residual, known_differences=known)
-        if residual.status == "parity":
+        # nothing left to compare once the difference is mapped away (e.g. a learning rate of 0 where only the
+        # logged loss differed): nothing is left unexplained either
+        if residual.status in ("parity", "inconclusive"):
             if not expected:  # known differences only: the mapped verdict is the verdict (the unmapped gap beside it)
                 return Resolution(residual, residual, explained=v.status != "parity", from_residual=True)
             if v.status == "divergence":

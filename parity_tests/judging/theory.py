@@ -74,6 +74,15 @@ class Difference:
     stage: str = "update"
     certain: bool = False
     mapping: str | None = None
+    #: the earliest stage where the *recorded* channels may show it, when that comes before ``stage``: a
+    #: combination of devices changes the logged (combined) loss of step 1, which a comparison without
+    #: per-device values localises at ``loss``; per-device clipping changes the combined gradient
+    earliest: str | None = None
+
+    @property
+    def first_visible(self) -> str:
+        """The earliest stage a run that parts because of this difference can be localised at."""
+        return self.earliest or self.stage
 
 
 @dataclass(frozen=True)
@@ -119,8 +128,20 @@ def stage_of(cause: str) -> str:
     return "update"
 
 
+#: where the recorded channels may show a difference before its stage (``Difference.earliest``)
+_EARLIEST = (
+    ("sum reduction", "loss"),
+    ("uneven shards with equal weighting", "loss"),
+    ("per-device weight sums", "loss"),
+    ("per-device sample-weight sums", "loss"),
+    ("clipping before vs after averaging", "combined_grads"),
+    ("per-device gradients under synchronized batch norm", "device_grads"),
+)
+
+
 def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: str | None = None) -> Difference:
-    return Difference(text, expected, stage_of(text), certain, mapping)
+    earliest = next((stage for words, stage in _EARLIEST if words in text), None)
+    return Difference(text, expected, stage_of(text), certain, mapping, earliest)
 
 
 def is_parallel(impl: str) -> bool:

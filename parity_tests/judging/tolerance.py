@@ -263,6 +263,7 @@ __all__ = [
     "PERTURB_STREAM",
     "RULE_NONFINITE",
     "RULE_STRUCTURE",
+    "RULE_CONDITIONING",
     "Verdict",
     "judge_float64",
     "judge_float32",
@@ -299,6 +300,8 @@ LOSS_KEY = "loss"
 PERTURB_STREAM = 0x5E7B
 RULE_NONFINITE = "non-finite values"
 RULE_STRUCTURE = "structure"
+#: a float64 divergence that a one-ulp move of the inputs reproduces: an ill-conditioned run (``judge``)
+RULE_CONDITIONING = "float64 conditioning floor"
 
 
 def _json(value: Any) -> Any:
@@ -825,11 +828,11 @@ def _loss_channel64(
 
 def _loss_channel_floor(
     x: Mapping[str, Any], y: Mapping[str, Any], floor_x: np.ndarray, floor_y: np.ndarray,
-    scale: np.ndarray, factor: float, rule: str, label: str,
+    scale: np.ndarray, factor: float, rule: str, label: str, abs_floor: float = FLOAT32_ABS_FLOOR,
 ) -> _Channel:
-    """A floor rule's loss bound: ``factor * max(floor_A[r], floor_B[r]) + FLOAT32_ABS_FLOOR``."""
+    """A floor rule's loss bound: ``factor * max(floor_A[r], floor_B[r]) + abs_floor``."""
     with np.errstate(invalid="ignore"):
-        bound = factor * np.fmax(floor_x, floor_y) + FLOAT32_ABS_FLOOR
+        bound = factor * np.fmax(floor_x, floor_y) + abs_floor
     how = (f"loss floors A up to {np.nanmax(floor_x, initial=0.0):.2e}, "
            f"B up to {np.nanmax(floor_y, initial=0.0):.2e}")
     return _Channel(_loss_gap(x, y, scale), bound, rule, label, how, (x, y, scale))
@@ -973,22 +976,24 @@ def _judge_floor(
     factor: float,
     rule: str,
     context: str,
+    abs_floor: float = FLOAT32_ABS_FLOOR,
+    label: str = "float32",
 ) -> Verdict:
     """A floor rule on the parameter channel: divergence when ``gap_k(A32, B32) > bound[k]``,
 
-    ``bound[k] = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR``; ``context``
+    ``bound[k] = factor * max(floor_A[k], floor_B[k]) + abs_floor``; ``context``
     is appended to the detail (what was established before, e.g. the float64 runs agree).
     """
     per_step, arg = _row_max(_gaps(a32, b32, judged, scales))
     rows = per_step.shape[0]
     with np.errstate(invalid="ignore"):
         floor_rows = np.fmax(fa_rows, fb_rows)
-        bound_rows = factor * floor_rows + FLOAT32_ABS_FLOOR
+        bound_rows = factor * floor_rows + abs_floor
 
     def figures(row: int) -> str:
         return (
             f"{factor:g} x max(floor A {fa_rows[row]:.2e}, floor B {fb_rows[row]:.2e}) "
-            f"+ {FLOAT32_ABS_FLOOR:.2e}"
+            f"+ {abs_floor:.2e}"
         )
 
     def step_at(row: int) -> int:
@@ -1001,7 +1006,7 @@ def _judge_floor(
     floor_a = float(np.max(fa_rows[:stop])) if stop else 0.0
     floor_b = float(np.max(fb_rows[:stop])) if stop else 0.0
     gap, bound = (
-        (float(per_step[worst]), float(bound_rows[worst])) if stop else (0.0, FLOAT32_ABS_FLOOR)
+        (float(per_step[worst]), float(bound_rows[worst])) if stop else (0.0, abs_floor)
     )
     worst_key = judged[int(arg[worst])]
     common: dict[str, Any] = {
@@ -1017,7 +1022,7 @@ def _judge_floor(
         first_key = judged[int(arg[first])]
         allowed = float(bound_rows[first]) * max(float(scales[first_key][first]), SCALE_FLOOR)
         detail = (
-            f"float32: relative gap {per_step[first]:.2e} > noise bound {bound_rows[first]:.2e} = "
+            f"{label}: relative gap {per_step[first]:.2e} > noise bound {bound_rows[first]:.2e} = "
             f"{figures(first)} first at {describe_step(first_key, step_at(first))} "
             f"({describe_key(first_key)}); greatest gap/bound {gap:.2e} / {bound:.2e} at step "
             f"{step_at(worst)}; {context}" + _mismatch_text(a32, b32, first_key, first, allowed)
@@ -1025,12 +1030,12 @@ def _judge_floor(
         return Verdict("divergence", rule, gap, bound, detail=detail, step=step_at(worst), key=worst_key,
                        first_step=step_at(first), **common)
     if stop < rows:
-        status, nrule, g, detail, step = _nonfinite_verdict(a32, b32, judged, "float32", stop, gap, bound)
+        status, nrule, g, detail, step = _nonfinite_verdict(a32, b32, judged, label, stop, gap, bound)
         detail = _first_line_plus(detail, f"; {context}")
         first_step = step if g == math.inf else None
         return Verdict(status, nrule, g, bound, detail=detail, step=step, first_step=first_step, **common)
     detail = (
-        f"float32: relative gap {gap:.2e} <= noise bound {bound:.2e} = {figures(worst)} "
+        f"{label}: relative gap {gap:.2e} <= noise bound {bound:.2e} = {figures(worst)} "
         f"(tightest at {describe_step(worst_key, step_at(worst))}, {describe_key(worst_key)}); "
         f"{context}; greatest floors A {floor_a:.2e}, B {floor_b:.2e}"
     )
@@ -1149,7 +1154,7 @@ def _visibility_note(
 # ---------------------------------------------------------------- the perturbation floor
 
 
-def perturb_ulp(arrays: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
+def perturb_ulp(arrays: Mapping[str, Any], seed: int, dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Every non-zero element moved by one float32 ulp, up or down by a seeded coin per element.
 
     ``x' = nextafter(float32(x), +inf)`` or ``nextafter(float32(x), -inf)``; an exact zero
@@ -1165,8 +1170,8 @@ def perturb_ulp(arrays: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
         a = np.asarray(arrays[name])
         rng = np.random.default_rng([int(seed), PERTURB_STREAM, *name.encode()])
         up = rng.random(a.shape) < 0.5
-        a32 = a.astype(np.float32)
-        moved = np.where(up, np.nextafter(a32, np.float32(np.inf)), np.nextafter(a32, np.float32(-np.inf)))
+        a32 = a.astype(dtype)  # (``dtype`` float64: one float64 ulp, for RULE_CONDITIONING)
+        moved = np.where(up, np.nextafter(a32, dtype(np.inf)), np.nextafter(a32, dtype(-np.inf)))
         # an exact zero is stored without rounding; moving it to a subnormal would instead break the
         # ties it makes (ReLU outputs, max-pool windows, padding), which is no rounding at all
         moved = np.where(a32 == 0, a32, moved)
@@ -1313,6 +1318,8 @@ def judge_perturbation(
     loss: bool | None = None,
     rule: str = RULE_PERTURBATION,
     perturbed: str = "a one-ulp perturbation of the initial weights",
+    dtype: type = np.float32,
+    abs_floor: float = FLOAT32_ABS_FLOOR,
 ) -> Verdict:
     """Judge two float32 trajectories without float64 runs: the perturbation floor.
 
@@ -1335,6 +1342,9 @@ def judge_perturbation(
         rule: the rule's name in the verdict (:data:`RULE_BF16_PERTURBATION` for ``mixed_bfloat16``
             cases, whose inputs are moved by a bfloat16 ulp: module docstring).
         perturbed: what the re-runs moved, for the detail ("floors measured by ...").
+        dtype, abs_floor: the runs' dtype and the bound's absolute floor; ``numpy.float64`` and
+            ``FLOAT64_RTOL`` sample an ill-conditioned float64 run's own spread
+            (:data:`RULE_CONDITIONING`).
 
     Raises:
         ValueError: both perturbed runs are missing, ``factor`` is not finite and ``> 0``,
@@ -1361,7 +1371,7 @@ def judge_perturbation(
     if problem:
         return _error(RULE_STRUCTURE, problem, known)
     for side, traj in (("A32", a32), ("B32", b32), ("A32 perturbed", pa), ("B32 perturbed", pb)):
-        _check_dtype(traj, judged, np.float32, side)
+        _check_dtype(traj, judged, dtype, side)
 
     scales = _scales(a32, b32, judged)
     fa_rows = _spread(_row_max(_gaps(a32, pa, judged, scales))[0]) if own["A"] else None
@@ -1372,12 +1382,14 @@ def judge_perturbation(
     context = f"floors measured by {perturbed}" + (
         f" (side {borrowed[0]} cannot be re-run: it takes the other side's floor)" if borrowed else ""
     )
-    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context)
+    label = np.dtype(dtype).name
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context, abs_floor, label)
     if with_loss:
         scale = _loss_scale(a32, b32)
         la = _spread(_loss_gap(a32, pa, scale) if own["A"] else _loss_gap(b32, pb, scale))
         lb = _spread(_loss_gap(b32, pb, scale)) if own["B"] else la
-        ch = _carried(_loss_channel_floor(a32, b32, la, lb, scale, factor, rule, "float32"), a32, b32, judged, scales)
+        ch = _carried(_loss_channel_floor(a32, b32, la, lb, scale, factor, rule, label, abs_floor),
+                      a32, b32, judged, scales)
         v = _with_loss(v, ch)
     return _finished(v, expect_difference, known)
 

@@ -459,7 +459,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
                 judge_sides(dtype, side("sm", k), b, rule=rule)
             if mapping.stand_in and residual.status == "parity":
                 plain = judge_sides(dtype, side("s", k), b if mapping.side == impl else a, rule=rule)
-                residual = residual if plain.status == "parity" else plain
+                residual = residual if plain.status in ("parity", "inconclusive") else plain
         v = resolve(v, pred, residual=residual, mapping=mapping.text if mapping else None).verdict
         gaps[k], bounds[k] = v.gap, v.bound
         status.append(v.status)
@@ -589,10 +589,10 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                 runs["sm64"] = float64_runs(mapping.runs_as, mapping)
                 runs["sm"] = runs["sm64"] if dtype == "float64" else one_step_runs(
                     mapping.apply(case), mapping.runs_as, starts, runner=runner)
-                if mapping.stand_in:
-                    runs["s64"] = float64_runs(mapping.runs_as, None)
+                if mapping.stand_in:  # as the plugin runs (its own Keras roundings, mapping.plain)
+                    runs["s64"] = float64_runs(mapping.runs_as, mapping.plain)
                     runs["s"] = runs["s64"] if dtype == "float64" else one_step_runs(
-                        case, mapping.runs_as, starts, runner=runner)
+                        mapping.plain.apply(case) if mapping.plain else case, mapping.runs_as, starts, runner=runner)
             except CaseError:
                 mapping = None  # the side cannot run the mapped case: judged without a residual
         pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result)

@@ -62,7 +62,7 @@ def _no_trace_reuse_under_monkeypatch(request):
 HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_pool", "test_v1", "test_real_examples", "test_properties", "test_cli",
                   "test_capture_builtins", "test_interrupt", "test_param_mean", "test_pipeline", "test_async",
                   "test_lockstep", "test_multiworker", "test_layers", "test_placement", "test_pytest_plugin",
-                  "test_plugins", "test_matrix", "test_towers", "test_reuse", "test_mutants", "test_byo_examples",
+                  "test_plugins", "test_matrix", "test_towers", "test_reuse", "test_mutants", "test_error_rates", "test_byo_examples",
                   "test_layering", "test_optimizers", "test_sample_weights", "test_rows", "test_clipping", "test_ddp",
                   "test_losses", "test_mixed_precision", "test_layer_hooks", "test_capture", "test_perturbation",
                   "test_docs", "test_optimizer_ranges", "test_large_world")

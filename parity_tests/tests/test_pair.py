@@ -226,3 +226,41 @@ def test_cli_exit_status_follows_contract_section_8(tmp_path, capsys):
     pair = json.loads((tmp_path / "r2" / "report.json").read_text())["cases"][0]["pairs"][0]
     assert pair["status"] == "inconclusive" and "no parameter moves" in pair["verdict"]["detail"]
     assert "INCONCLUSIVE" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("opt", [
+    {"name": "rmsprop", "lr": 0.01, "epsilon": 0.0},
+    {"name": "adagrad", "lr": 0.01, "epsilon": 0.0, "initial_accumulator": 0.1},
+    {"name": "momentum", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.01,
+     "schedule": {"kind": "warmup_linear", "warmup_steps": 3}},
+], ids=["rmsprop-eps0", "adagrad-eps0", "sgd-decay-warmup"])
+def test_keras_float32_hyperparameters_are_mapped_for_every_optimizer_and_schedule(opt):
+    """No formula differs at these values: what is left is Keras' float32 learning rate, accumulator, decay and
+    schedule, mapped onto torch.ddp; parity, with the unmapped gap (above the float64 bound) beside it."""
+    case = make(MLP, parallel__devices=2, optimizer=opt, model__layers__0__activation="tanh")
+    p = compare_case(case, ["tf.towers", "torch.ddp"]).pairs[0]
+    assert not p.prediction.expected, p.prediction
+    assert p.verdict.status == "parity", p.verdict.detail
+    assert p.unmapped_gap > 1e-10 and p.residual.gap < 1e-14
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_combination_difference_may_show_first_in_the_logged_loss():
+    """Sum reduction has no mapping: without per-device values (stages=False) the runs part at step 1's loss,
+    which the combination already changes; that is where theory says it may first be seen."""
+    case = make(MLP, parallel__devices=4, model__reduction="sum")
+    p = compare_case(case, ["torch.ddp", "torch.single"], stages=False).pairs[0]
+    assert p.localisation["stage"] == "loss" and p.verdict.status == "expected_difference", p.verdict.detail
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_stand_in_computes_as_the_plugin_it_stands_for():
+    """A TensorFlow plugin with its own exact SGD (no Keras optimizer): its stand-in tf.towers runs Keras' rule with
+    exact numbers too, so neither leg of the residual sees Keras' float32 learning rate (was a false divergence)."""
+    plugins = Path(__file__).parent / "plugins"
+    case = make(MLP, parallel__devices=4, data__global_batch=50)  # uneven shards, equal weighting: predicted
+    p = compare_case(case, [f"{plugins / 'torch_plugins.py'}:single", f"{plugins / 'tf_plugins.py'}:good"]).pairs[0]
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert "optimizer.keras_rounding none" in p.mapping and "parallel.weighting by_size" in p.mapping
+    assert p.residual.status == "parity" and p.residual.gap < 1e-13

@@ -1,0 +1,633 @@
+"""The hunt's corpus: which implementations and bugs run which cases, how cases are drawn, and the ground truth.
+
+An *equivalent pair* is two correct implementations (built-ins or the rewrites of
+``tf_side.py`` / ``torch_side.py``) of a drawn case; a *bug pair* is a correct
+implementation (the reference) and one with a seeded bug (a bug plugin, or a
+built-in run on a mutated case: :data:`MUTATIONS`). :func:`pairs` draws both with
+hypothesis, with hyperparameters that include edge values (0, 1, tiny, huge).
+
+The ground truth (:func:`truth`) is written down from the construction, never
+from the judge's theory (``docs/error-rates.md``, "The ground truth"):
+
+* an equivalent pair whose learning rate is 0 compares nothing (no parameter
+  moves): the right verdict is ``inconclusive`` (CONTRACT §8); where the
+  parameters barely move (:func:`update_scale` times the steps below what the
+  dtype resolves, :data:`STILL`) ``inconclusive`` is right too;
+* otherwise the right verdict is ``parity``, or ``expected_difference`` where
+  the two compute different updates in exact arithmetic (:func:`differences`:
+  the frameworks' native Adam epsilon placement, clip_grad_norm_'s 1e-6, Keras'
+  float32 hyperparameters in a float64 run, N devices against one with a sum
+  reduction, uneven shards under equal weighting or a per-device clip that is
+  reached, mixed-precision rounding of different ops). Where the construction
+  says the two compute the same numbers, ``expected_difference`` is wrong too
+  (theory named a difference that does not exist, and a real one hides behind
+  it). Where both runs overflow the right verdict is ``error`` or ``inconclusive``;
+  where every recorded gradient is exactly zero (a dead ReLU network), ``inconclusive``;
+* a bug pair is missed when its verdict is ``parity`` or ``expected_difference``
+  (a bug hidden behind a predicted difference is a miss). Each bug is drawn only
+  on cases where it changes what is computed, by an amount the float64 bound
+  resolves (:attr:`Bug.applies`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from parity_tests.contract.case import MIXED_BFLOAT16, Case, case_from_dict
+from parity_tests.contract.errors import CaseError
+from parity_tests.testing.strategies import (
+    dense_layer_lists,
+    init_specs,
+    input_shapes,
+)
+
+__all__ = ["HERE", "TF", "TORCH", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
+           "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
+           "mutated_runner", "specs", "pairs", "bug_weights", "behind", "shard_sizes", "update_scale", "differences",
+           "truth", "judgement"]
+
+HERE = Path(__file__).resolve().parent
+TF = HERE / "tf_side.py"
+TORCH = HERE / "torch_side.py"
+OK = ("parity", "expected_difference")
+
+# ---------------------------------------------------------------- drawn values (edges included)
+
+# the first value of each is a usual one: hypothesis draws the first element of sampled_from most often
+LRS = (1e-3, 0.0, 1e-7, 0.05, 1.0, 10.0)  # usual, 0, tiny, larger, 1, huge
+MOMENTA = (0.9, 0.0, 0.5, 1.0)
+BETA1S = (0.9, 0.0, 0.999999)
+BETA2S = (0.999, 0.0, 0.9, 0.999999)
+EPSILONS = (1e-8, 0.0, 1e-12, 1e-3, 1.0)
+CLIP_NORMS = (0.5, 1e-6, 1e6)  # sometimes reached, always, never
+ALWAYS, NEVER = CLIP_NORMS[1], CLIP_NORMS[2]
+
+
+def shard_sizes(spec: dict) -> list[int]:
+    """Rows per device (``np.array_split`` sizes, or strided ``r, r+N, ...``)."""
+    b, n = spec["data"]["global_batch"], spec["parallel"]["devices"]
+    if spec["parallel"]["shard"] == "strided":
+        return [len(range(r, b, n)) for r in range(n)]
+    return [len(a) for a in np.array_split(np.arange(b), n)]
+
+
+def _uneven(spec: dict) -> bool:
+    return len(set(shard_sizes(spec))) > 1
+
+
+def _clip(spec: dict) -> dict | None:
+    return spec["parallel"].get("clip")
+
+
+@st.composite
+def specs(draw, dtypes: tuple[str, ...] = ("float32", "float64", MIXED_BFLOAT16)) -> dict:
+    """A raw, valid case dict: a dense model, edge-valued hyperparameters, 1-8 devices, uneven shards."""
+    n = draw(st.sampled_from((4, 2, 3, 1, 5, 6, 7, 8)))  # device_counts(1, 8) would draw 1 most often
+    loss = draw(st.sampled_from(("sigmoid_ce", "mse", "softmax_ce")))
+    outputs = draw(st.integers(2, 4)) if loss == "softmax_ce" else draw(st.integers(1, 3))
+    name = draw(st.sampled_from(("sgd", "momentum", "adam")))
+    opt: dict[str, Any] = {"name": name, "semantics": draw(st.sampled_from(("native", "tf", "torch"))),
+                           "lr": draw(st.sampled_from(LRS))}
+    if name == "momentum":
+        opt["momentum"] = draw(st.sampled_from(MOMENTA))
+    if name == "adam":
+        opt.update(beta1=draw(st.sampled_from(BETA1S)), beta2=draw(st.sampled_from(BETA2S)),
+                   epsilon=draw(st.sampled_from(EPSILONS)))
+    par: dict[str, Any] = {"devices": n, "combine": draw(st.sampled_from(("grad_mean", "loss_mean"))),
+                           "shard": draw(st.sampled_from(("contiguous", "strided"))),
+                           "weighting": draw(st.sampled_from(("equal", "by_size")))}
+    if draw(st.integers(0, 2)) == 0:  # a third of the cases clip
+        where = draw(st.sampled_from(("after_combine", "per_device")))
+        par["clip"] = {"global_norm": draw(st.sampled_from(CLIP_NORMS)), "where": where}
+        if where == "per_device":
+            par["combine"] = "grad_mean"
+    raw = {
+        "schema": "parity-case/1",
+        "name": "hunt",
+        "dtype": draw(st.sampled_from(dtypes)),
+        "seed": draw(st.integers(0, 2**16)),
+        "model": {"input_shape": draw(input_shapes(1, 6)),
+                  "layers": draw(dense_layer_lists(max_layers=3, max_width=8, outputs=outputs)),
+                  "loss": loss, "reduction": draw(st.sampled_from(("mean", "sum")))},
+        "init": draw(init_specs()),
+        "data": {"generator": "gaussian", "seed": draw(st.integers(0, 2**16)),
+                 "global_batch": draw(st.integers(n, max(3 * n, 12)))},
+        "optimizer": opt,
+        "parallel": par,
+        "steps": draw(st.integers(1, 4)),
+    }
+    return raw
+
+
+# ---------------------------------------------------------------- implementations
+
+
+def tf(fn: str) -> str:
+    return f"{TF}:{fn}"
+
+
+def torch(fn: str) -> str:
+    return f"{TORCH}:{fn}"
+
+
+def _plain(spec: dict) -> bool:
+    return spec["dtype"] != MIXED_BFLOAT16
+
+
+@dataclass(frozen=True)
+class Impl:
+    """A correct implementation and what it runs.
+
+    Attributes:
+        name: the implementation name (a built-in, or ``path:function``).
+        label: short, for tables (``tf:add_n``).
+        framework: ``tf`` or ``torch``.
+        parallel: splits the global batch over devices.
+        keras: rounds lr, momentum and Adam's bias-correction betas to float32 in a float64 ``native`` run.
+        runs: ``runs(spec)``: whether it honours every field of that (validated) case.
+    """
+
+    name: str
+    label: str
+    framework: str
+    parallel: bool
+    keras: bool
+    runs: Callable[[dict], bool]
+
+    def rounds(self, spec: dict) -> bool:
+        """Whether this run keeps hyperparameters in float32 although the case is float64."""
+        return self.keras and spec["dtype"] == "float64" and spec["optimizer"]["semantics"] == "native"
+
+
+def _any(spec: dict) -> bool:
+    return True
+
+
+IMPLS: list[Impl] = [
+    Impl("tf.towers", "tf.towers", "tf", True, True, _any),
+    Impl("tf.single", "tf.single", "tf", False, True, _any),
+    Impl("torch.ddp", "torch.ddp", "torch", True, False, _any),
+    Impl("torch.single", "torch.single", "torch", False, False, _any),
+    Impl("tf.mirrored", "tf.mirrored", "tf", True, True, _plain),
+    Impl(tf("add_n"), "tf:add_n", "tf", True, False, _plain),
+    Impl(tf("stack_mean"), "tf:stack_mean", "tf", True, False, _plain),
+    Impl(tf("concat_loss"), "tf:concat_loss", "tf", True, False,
+         lambda s: _plain(s) and (_clip(s) is None or _clip(s)["where"] != "per_device")),
+    Impl(tf("add_n_nograds"), "tf:add_n_nograds", "tf", True, False, _plain),
+    Impl(tf("add_n_f32"), "tf:add_n_f32", "tf", True, False, lambda s: s["dtype"] == "float32"),
+    Impl(tf("keras_model"), "tf:keras_model", "tf", True, True,
+         lambda s: _plain(s) and s["optimizer"]["semantics"] == "native"),
+    Impl(torch("ddp"), "torch:ddp", "torch", True, False, _plain),
+    Impl(torch("hand_allreduce"), "torch:hand_allreduce", "torch", True, False, _plain),
+    Impl(torch("single"), "torch:single", "torch", False, False, _plain),
+    Impl(torch("ddp_f32"), "torch:ddp_f32", "torch", True, False, lambda s: s["dtype"] == "float32"),
+]
+BY_NAME = {i.name: i for i in IMPLS}
+
+
+# ---------------------------------------------------------------- bugs
+
+
+def _n(spec: dict) -> int:
+    return spec["parallel"]["devices"]
+
+
+def _lr(spec: dict) -> float:
+    return spec["optimizer"]["lr"]
+
+
+def _scale_matters(spec: dict) -> bool:
+    """Whether multiplying every gradient by a constant changes the update.
+
+    Adam is invariant to it but for epsilon (so only a large epsilon makes it show), and a
+    clip after the combine that is always reached normalises it away.
+    """
+    o, c = spec["optimizer"], _clip(spec)
+    if o["name"] == "adam" and o["epsilon"] < 1e-3:
+        return False
+    return not (c is not None and c["where"] == "after_combine" and c["global_norm"] != NEVER)
+
+
+def update_scale(spec: dict) -> float:
+    """A rough size of one step's change of a parameter element, relative to the parameters (about 0.1 to 1).
+
+    SGD and momentum move by ``lr |g|``: ``|g|`` taken as 1e-2 (a mean loss of these
+    models), 1e-6 where a clip after the combine or per device is always reached. Adam
+    moves by about ``lr`` whatever the gradient's size, ``lr |g| / eps`` once epsilon
+    dominates.
+    """
+    o, c = spec["optimizer"], _clip(spec)
+    g = 1e-6 if c is not None and c["global_norm"] == ALWAYS else 1e-2
+    if o["name"] == "adam":
+        return o["lr"] * min(1.0, g / o["epsilon"]) if o["epsilon"] > 0 else o["lr"]
+    return o["lr"] * g
+
+
+def _moves(spec: dict) -> bool:
+    """The update is large enough that a bug in it shows above the float64 bound (1e-10) by orders of magnitude."""
+    return update_scale(spec) >= 1e-6
+
+
+def _n_gt1(spec: dict) -> bool:
+    return _n(spec) > 1
+
+
+@dataclass(frozen=True)
+class Bug:
+    """One seeded bug.
+
+    Attributes:
+        name: the bug's name (the plugin's function, or the mutation's).
+        impl: the implementation that carries it (a bug plugin, or a built-in run on a mutated case).
+        base: the correct implementation it is a change of (its support applies).
+        applies: ``applies(spec)``: the bug changes what is computed on that case, materially.
+        why: one line.
+        mutate: for a case-level bug, ``mutate(case) -> case`` (what the built-in ``base`` is run on, as
+            the implementation ``impl``: :func:`register_mutants`).
+        logs: the bug is in the logged loss only.
+    """
+
+    name: str
+    impl: str
+    base: str
+    applies: Callable[[dict], bool]
+    why: str
+    mutate: Callable[[Case], Case] | None = None
+    logs: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.name if self.mutate is None else f"{self.name}@{self.base}"
+
+
+def _tfbug(name: str, applies: Callable[[dict], bool], why: str, logs: bool = False) -> Bug:
+    return Bug(name, tf(name), tf("add_n"), applies, why, logs=logs)
+
+
+def _torchbug(name: str, applies: Callable[[dict], bool], why: str, base: str = "ddp", logs: bool = False) -> Bug:
+    return Bug(name, torch(name), torch(base), applies, why, logs=logs)
+
+
+def _adam_steps(spec: dict) -> bool:
+    """Adam normalises the step: at step 1 with a small epsilon it is lr sign(g), so a changed gradient may not show."""
+    o = spec["optimizer"]
+    return o["name"] != "adam" or o["epsilon"] >= 1e-3 or spec["steps"] >= 2
+
+
+def _clip_always_after(spec: dict) -> bool:
+    c = _clip(spec)
+    return c is not None and c["where"] == "after_combine" and c["global_norm"] == ALWAYS
+
+
+def _layers(spec: dict) -> list:
+    return spec["model"]["layers"]
+
+
+def _elements_per_device(spec: dict) -> list[int]:
+    k = 1 if spec["model"]["loss"] == "softmax_ce" else _layers(spec)[-1]["units"]
+    return [s * k for s in shard_sizes(spec)]
+
+
+BUG_PLUGINS: list[Bug] = [
+    _tfbug("grads_summed", lambda s: _n_gt1(s) and _moves(s) and _scale_matters(s), "gradients summed, not averaged"),
+    _tfbug("extra_one_over_n", lambda s: _n_gt1(s) and _moves(s) and _scale_matters(s), "the average divided by N again"),
+    _tfbug("unshared_towers", lambda s: _n_gt1(s) and _moves(s) and _adam_steps(s),
+           "each tower updates its own copy; tower 0's is reported"),
+    _tfbug("same_shard", _n_gt1, "every tower reads tower 0's rows"),
+    _tfbug("equal_weights_uneven", lambda s: _n_gt1(s) and _uneven(s) and s["parallel"]["weighting"] == "by_size",
+           "a plain mean over towers where by_size is asked"),
+    _tfbug("clip_per_tower", lambda s: _n_gt1(s) and _moves(s) and _clip_always_after(s),
+           "each tower clipped before the combine, where the case clips after"),
+    _tfbug("unscoped_loss_collection", _n_gt1, "tower k's loss also sums towers 0..k-1's"),
+    _tfbug("extra_update_on_log_steps", lambda s: s["steps"] >= 3 and _moves(s), "every third step applies its update twice"),
+    _tfbug("adam_no_bias_correction", lambda s: s["optimizer"]["name"] == "adam" and _moves(s)
+           and (s["optimizer"]["beta1"] > 0 or s["optimizer"]["beta2"] > 0), "Adam without bias correction"),
+    _tfbug("bias_frozen", lambda s: _moves(s) and any(la["use_bias"] for la in _layers(s)), "biases left out of var_list"),
+    _tfbug("half_mse", lambda s: s["model"]["loss"] == "mse", "the 1/2 (y - f)^2 convention"),
+    _tfbug("missing_activation", lambda s: len(_layers(s)) >= 2 and _layers(s)[0]["activation"] != "none",
+           "the first layer's activation forgotten"),
+    _tfbug("last_tower_loss", _n_gt1, "the last tower's loss logged (no grads=)", logs=True),
+    _tfbug("tower0_loss", _n_gt1, "tower 0's loss logged (no grads=)", logs=True),
+    _tfbug("towers_sum_loss", _n_gt1, "the towers' losses summed in the log (no grads=)", logs=True),
+    _tfbug("loss_after_update", _moves, "the loss logged after the update (no grads=)", logs=True),
+    _torchbug("loss_times_world_size", lambda s: _n_gt1(s) and _moves(s) and _scale_matters(s)
+              and (_clip(s) is None or _clip(s)["where"] != "per_device"), "loss times N before backward"),
+    _torchbug("replica_skips_update", lambda s: _n_gt1(s) and _moves(s) and s["steps"] >= 2,
+              "the last rank skips step 2's optimizer step"),
+    _torchbug("same_shard", _n_gt1, "every rank reads rank 0's rows"),
+    _torchbug("by_size_ignored", lambda s: _n_gt1(s) and _uneven(s) and s["parallel"]["weighting"] == "by_size",
+              "a plain mean over ranks where by_size is asked"),
+    _torchbug("allreduce_no_divide", lambda s: _n_gt1(s) and _moves(s) and _scale_matters(s),
+              "the hand all-reduce's / N forgotten", base="hand_allreduce"),
+    _torchbug("no_allreduce", lambda s: _n_gt1(s) and _moves(s), "no all-reduce: each rank applies its own gradient",
+              base="hand_allreduce"),
+    _torchbug("rank0_loss", _n_gt1, "rank 0's own loss logged (no grads=)", logs=True),
+    _torchbug("last_rank_loss", _n_gt1, "the last rank's loss logged (no grads=)", logs=True),
+    _torchbug("ranks_sum_loss", _n_gt1, "the ranks' losses summed in the log (no grads=)", logs=True),
+    _torchbug("loss_after_update_torch", _moves, "the loss logged after the update (no grads=)", logs=True),
+]
+
+
+# ---------------------------------------------------------------- case-level bugs of the built-ins
+
+
+def _with_spec(case: Case, change: Callable[[dict], None]) -> Case:
+    """``case`` (any subclass: a perturbed rerun keeps its row order) with its spec changed in place of a copy."""
+    spec = copy.deepcopy(case.spec)
+    change(spec)
+    return dataclasses.replace(case, spec=spec)
+
+
+def _set_opt(key: str, fn: Callable[[dict], Any]) -> Callable[[Case], Case]:
+    def mutate(case: Case) -> Case:
+        def change(s: dict) -> None:
+            # a perturbed rerun of a built-in may compute on one device (``run_devices``: the case's own N)
+            n = getattr(case, "run_devices", None) or s["parallel"]["devices"]
+            s["optimizer"][key] = fn({**s, "parallel": {**s["parallel"], "devices": n}})
+
+        return _with_spec(case, change)
+
+    return mutate
+
+
+def _next_batch(case: Case) -> Case:
+    """Every step reads the next step's global batch (an extra ``next()`` on the iterator); the last wraps."""
+    b = case.spec["data"]["global_batch"]
+    used = b * case.spec["steps"]
+    order = np.r_[np.arange(b, used), np.arange(0, b), np.arange(used, len(case.x))]
+    return dataclasses.replace(case, x=case.x[order], y=case.y[order])
+
+
+def _flip(path: tuple[str, str], values: tuple[str, str]) -> Callable[[Case], Case]:
+    def mutate(case: Case) -> Case:
+        def change(s: dict) -> None:
+            s[path[0]][path[1]] = values[1] if s[path[0]][path[1]] == values[0] else values[0]
+
+        return _with_spec(case, change)
+
+    return mutate
+
+
+def _gross(spec: dict) -> bool:
+    """A mixed_bfloat16 case resolves only changes far above bfloat16 rounding: a rate that moves the weights."""
+    return spec["dtype"] != MIXED_BFLOAT16 or _lr(spec) >= 0.05
+
+
+def mutant(name: str, builtin: str) -> str:
+    """The implementation name of ``builtin`` with the case-level bug ``name`` (:func:`register_mutants`)."""
+    return f"mutant:{name}@{builtin}"
+
+
+MUTATIONS: list[Bug] = []
+for _impl in ("tf.towers", "torch.ddp", "tf.single", "torch.single"):
+    _par = BY_NAME[_impl].parallel
+    MUTATIONS += [
+        Bug("lr_times_n", mutant("lr_times_n", _impl), _impl,
+            lambda s, p=_par: p and _n_gt1(s) and _moves(s) and _gross(s),
+            "the learning rate multiplied by N (the linear scaling rule applied on top of summed gradients)",
+            _set_opt("lr", lambda s: s["optimizer"]["lr"] * s["parallel"]["devices"])),  # the case's own N
+        Bug("momentum_dropped", mutant("momentum_dropped", _impl), _impl,
+            lambda s: s["optimizer"]["name"] == "momentum" and s["optimizer"]["momentum"] > 0 and s["steps"] >= 2
+            and _moves(s) and _gross(s), "momentum left at the other framework's default 0",
+            _set_opt("momentum", lambda s: 0.0)),
+        Bug("next_batch", mutant("next_batch", _impl), _impl, lambda s: s["steps"] >= 2 and _gross(s),
+            "every step reads the next step's batch (an extra next() on the iterator)", _next_batch),
+        Bug("weighting_flipped", mutant("weighting_flipped", _impl), _impl,
+            lambda s, p=_par: p and _n_gt1(s) and _uneven(s) and _gross(s) and s["model"]["reduction"] == "mean",
+            "equal and by_size weighting swapped on uneven shards", _flip(("parallel", "weighting"), ("equal", "by_size"))),
+        Bug("reduction_flipped", mutant("reduction_flipped", _impl), _impl,
+            lambda s: max(_elements_per_device(s)) > 1 and _gross(s),
+            "a shard's loss summed where the case means it (or the reverse)",
+            _flip(("model", "reduction"), ("mean", "sum"))),
+    ]
+BUGS: list[Bug] = BUG_PLUGINS + MUTATIONS
+
+
+def register_mutants() -> None:
+    """Register every case-level bug as an implementation of its own (``mutant:<bug>@<built-in>``).
+
+    It is the built-in run on the mutated case, registered as a *plugin* of the built-in's
+    framework and kind: the judge treats it as code under test (its perturbed rerun keeps its
+    device count and row order; a predicted difference is mapped through the clean built-in as
+    its stand-in), which is what a seeded bug models. Registered in this process only: replay
+    such a pair with ``bench_error_rates.py --replay``.
+    """
+    from parity_tests.running import registry
+
+    for bug in MUTATIONS:
+        if registry.lookup(bug.impl) is not None:
+            continue
+        base = registry.resolve(bug.base)
+
+        def run(case: Case, progress: Callable | None = None, base=base, mutate=bug.mutate) -> dict:
+            return base.run(mutate(case), progress)
+
+        registry.register(dataclasses.replace(base, name=bug.impl, kind="plugin", run=run,
+                                              description=f"{bug.base} with the seeded bug {bug.name}"))
+
+
+def mutated_runner(bug: Bug | None = None) -> Callable[[Case, str], dict]:
+    """``runner(case, impl)`` for ``compare_case``: every implementation as registered, the mutants registered first."""
+    from parity_tests.running.harness import run_impl
+
+    register_mutants()
+
+    def run(case: Case, impl: str) -> dict:
+        return run_impl(case, impl)
+
+    return run
+
+
+# ---------------------------------------------------------------- the ground truth
+
+
+def _f32_exact(v: float) -> bool:
+    return float(np.float32(v)) == v
+
+
+def differences(spec: dict, a: Impl, b: Impl) -> tuple[list[str], list[str]]:
+    """``(certain, possible)``: where ``a`` and ``b`` compute different updates in exact arithmetic on ``spec``.
+
+    ``certain`` differences show on this case; ``possible`` ones may or may not (a clip
+    threshold of 0.5 that some steps reach, bfloat16 rounding of different ops). Written
+    from the construction of the two implementations (module docstring).
+    """
+    certain: list[str] = []
+    possible: list[str] = []
+    o, par, n = spec["optimizer"], spec["parallel"], spec["parallel"]["devices"]
+    if a.parallel != b.parallel and n > 1:
+        if spec["model"]["reduction"] == "sum":
+            certain.append("sum reduction over N devices vs one")
+        elif par["weighting"] == "equal" and _uneven(spec):
+            certain.append("equal weighting of uneven shards vs one device")
+        c = _clip(spec)
+        if c is not None and c["where"] == "per_device":
+            (certain if c["global_norm"] == ALWAYS else possible if c["global_norm"] != NEVER else []).append(
+                "per-device clip vs one device")
+
+    def rule(i: Impl) -> str:
+        return i.framework if o["semantics"] == "native" else o["semantics"]
+
+    if rule(a) != rule(b):
+        if o["name"] == "adam" and o["epsilon"] > 0:
+            certain.append("Adam epsilon placement")
+        c = _clip(spec)
+        if c is not None and c["global_norm"] != NEVER:
+            possible.append("clip_grad_norm_'s 1e-6")
+    if a.rounds(spec) != b.rounds(spec):
+        hp = [o["lr"]] + ([o["momentum"]] if o["name"] == "momentum" else []) + (
+            [o["beta1"], o["beta2"]] if o["name"] == "adam" else [])
+        if not all(_f32_exact(v) for v in hp):
+            certain.append("Keras' float32 hyperparameters in a float64 run")
+    if spec["dtype"] == MIXED_BFLOAT16 and a.framework != b.framework:
+        possible.append("bfloat16 rounding of different ops")
+    return certain, possible
+
+
+#: ``update_scale x steps`` below which a run's parameters may count as unmoved: (float32 or bfloat16, float64).
+#: The judge calls a parameter unmoved within 1e-10 relative in float64; in float32 one ulp is 6e-8. The
+#: estimate is rough (its gradient size is a guess), hence a decade of margin above each.
+STILL = (1e-5, 1e-8)
+
+
+def _still(traj: dict | None) -> bool:
+    """Every recorded gradient exactly zero at every step (a dead network: nothing to compare)."""
+    grads = [k for k in (traj or {}) if k.startswith("grad/")]
+    return bool(grads) and all(not np.any(np.asarray(traj[k])) for k in grads)
+
+
+def _nonfinite(traj: dict | None) -> bool:
+    if traj is None:
+        return False
+    return any(k == "loss" or k.startswith(("param/", "grad/")) for k in traj
+               if np.asarray(traj[k]).size and not np.all(np.isfinite(np.asarray(traj[k], np.float64))))
+
+
+def truth(spec: dict, a: Impl, b: Impl) -> tuple[tuple[str, ...], str]:
+    """The right verdicts of the equivalent pair ``(a, b)`` on ``spec`` and why (before looking at any run)."""
+    if _lr(spec) == 0:
+        return ("inconclusive",), "lr 0: no parameter moves"
+    certain, possible = differences(spec, a, b)
+    # parameters that move by less than the dtype resolves may be called unmoved (CONTRACT §8: inconclusive)
+    still = ("inconclusive",) if update_scale(spec) * spec["steps"] < STILL[spec["dtype"] == "float64"] else ()
+    why = " (the parameters barely move: inconclusive allowed)" if still else ""
+    if certain or possible:
+        return OK + still, "; ".join(certain + [p + " (possibly)" for p in possible]) + why
+    return ("parity", *still), "the same updates in exact arithmetic" + why
+
+
+@dataclass
+class Pair:
+    """One drawn pair: its case, reference and other implementation, and for a bug pair the bug."""
+
+    raw: dict
+    reference: str
+    impl: str
+    bug: Bug | None = None
+
+    @property
+    def kind(self) -> str:
+        return "bug" if self.bug else "equivalent"
+
+    def case(self) -> Case:
+        return case_from_dict(copy.deepcopy(self.raw))
+
+    def describe(self) -> str:
+        s = self.raw
+        o, par = s["optimizer"], s["parallel"]
+        hp = ", ".join(f"{k} {o[k]:g}" for k in ("lr", "momentum", "beta1", "beta2", "epsilon") if k in o)
+        clip = par.get("clip")
+        cl = f", clip {clip['global_norm']:g} {clip['where']}" if clip else ""
+        sizes = shard_sizes(s)
+        return (f"{s['dtype']}, {par['devices']} dev (shards {min(sizes)}-{max(sizes)}), {par['combine']}, "
+                f"{par['weighting']}, {s['model']['loss']}/{s['model']['reduction']}, {o['name']} {o['semantics']} "
+                f"({hp}){cl}, {s['steps']} steps")
+
+
+def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: dict | None = None) -> tuple[bool, str]:
+    """``(right, why)`` for ``status``, the verdict of ``pair`` (the trajectories: for the overflow rule)."""
+    if pair.bug is not None:
+        if status in OK:
+            return False, f"missed: {pair.bug.why}"
+        return True, pair.bug.why
+    a, b = BY_NAME[pair.reference], BY_NAME[pair.impl]
+    allowed, why = truth(pair.raw, a, b)
+    if _nonfinite(ref_traj) and _nonfinite(impl_traj):
+        allowed, why = ("error", "inconclusive"), "both runs overflow"
+    elif _still(ref_traj) or _still(impl_traj):
+        allowed, why = ("inconclusive",), "every gradient is exactly zero (a dead network)"
+    return status in allowed, f"{why}; right: {' or '.join(allowed)}"
+
+
+# ---------------------------------------------------------------- drawing pairs
+
+
+def _valid(raw: dict) -> dict | None:
+    try:
+        return case_from_dict(copy.deepcopy(raw)).spec
+    except CaseError:
+        return None
+
+
+def bug_weights(raws: list[dict]) -> dict[str, float]:
+    """``{bug name: 1 / (the share of raws it applies to)}``: weights that even out how often each bug is drawn."""
+    valid = [s for s in (_valid(r) for r in raws) if s is not None]
+    out = {}
+    for name in {bg.name for bg in BUGS}:
+        hits = sum(any(bg.applies(s) and BY_NAME[bg.base].runs(s) for bg in BUGS if bg.name == name) for s in valid)
+        out[name] = len(valid) / max(hits, 1)
+    return out
+
+
+@st.composite
+def pairs(draw, kind: str, weights: dict[str, float] | None = None,
+          dtypes: tuple[str, ...] = ("float32", "float64", MIXED_BFLOAT16)) -> Pair:
+    """An equivalent pair (``kind="equivalent"``) or a bug pair (``"bug"``, bugs weighted by ``weights``) on a drawn case."""
+    raw = draw(specs(dtypes))
+    spec = _valid(raw)
+    if spec is None:
+        from hypothesis import reject
+
+        reject()
+    able = [i for i in IMPLS if i.runs(spec)]
+    # the implementations and the bug are picked uniformly (hypothesis' own choices favour a list's first items)
+    rnd = draw(st.randoms(use_true_random=True))
+    if kind == "equivalent":
+        ref = rnd.choice(able)
+        other = rnd.choice([i for i in able if i is not ref])
+        return Pair(raw, ref.name, other.name)
+    bugs = [bg for bg in BUGS if bg.applies(spec) and BY_NAME[bg.base].runs(spec)]
+    if not bugs:
+        from hypothesis import reject
+
+        reject()
+    # a bug that applies to few cases weighs more (``weights``: :func:`bug_weights`), so every bug is drawn about
+    # as often as the others; picking among the applicable ones needs no rejection (which hypothesis answers by
+    # mutating the one accepted example over and over)
+    bug = rnd.choices(bugs, [weights.get(bg.name, 1.0) for bg in bugs])[0] if weights else rnd.choice(bugs)
+    # a built-in's perturbed rerun (against a float32-only reference) may compute the full batch on one
+    # device, where a case-level mutation means something else: such references are left out
+    refs = [i for i in able if i.name != bug.impl and not (bug.mutate is not None and i.label.endswith("_f32"))]
+    if not refs:
+        from hypothesis import reject
+
+        reject()
+    ref = rnd.choice(refs)
+    return Pair(raw, ref.name, bug.impl, bug)
+
+
+def behind(pair: Pair) -> list[str]:
+    """For a bug pair: the differences the reference has with the bug's correct base (a bug may hide behind them)."""
+    if pair.bug is None:
+        return []
+    spec = pair.case().spec
+    certain, possible = differences(spec, BY_NAME[pair.reference], BY_NAME[pair.bug.base])
+    return certain + possible
