@@ -184,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if _signalled:  # a run that failed because the signal broke into it (TensorFlow's own
                 raise _signalled[-1]() from e  # bookkeeping asserts): reported as the signal
             print(f"tfpar: run failed: {e}", file=sys.stderr)
+            frames = getattr(e, "frames", "")
+            if frames:  # a plugin raised: the user's own frames, after the one line
+                print(frames, end="" if frames.endswith("\n") else "\n", file=sys.stderr)
             return 1
     except CaseError as e:
         print(f"tfpar: error: {e}", file=sys.stderr)
@@ -197,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "torchref.pool" in sys.modules:
             sys.modules["torchref.pool"].shutdown_pool()
+        if "parity_tests.running.tf_worker" in sys.modules:  # the server TensorFlow plugins run from
+            sys.modules["parity_tests.running.tf_worker"].shutdown_worker()
         if "parity_tests.contract.rows" in sys.modules:  # the runs' spilled rows (docs/memory.md): gigabytes
             sys.modules["parity_tests.contract.rows"].remove_spill_root()
         if previous is not None:

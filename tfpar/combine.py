@@ -2,7 +2,8 @@
 
 Weights: ``equal`` gives every tower 1/N (a plain mean, as the seeds and DDP
 do); ``by_size`` gives tower r the weight n_r/B, which makes the combined
-gradient equal the full-batch gradient of a mean loss even for uneven shards.
+gradient equal the full-batch gradient of a mean loss even for uneven shards;
+``sum`` gives every tower 1 (with a sum reduction: the full-batch sum).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ def tower_weights(sizes: Sequence[int], weighting: str) -> list[float] | None:
 
     Args:
         sizes: rows per tower, ``[N]``.
-        weighting: ``equal`` or ``by_size``.
+        weighting: ``equal``, ``by_size`` or ``sum`` (every weight 1).
     """
     if weighting == "equal":
         return None
     if weighting == "by_size":
         total = float(sum(sizes))
         return [n / total for n in sizes]
+    if weighting == "sum":  # the devices' losses summed (a sum reduction across devices, not averaged)
+        return [1.0] * len(sizes)
     raise ValueError(f"unknown weighting {weighting!r}")
 
 

@@ -272,7 +272,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         optimizer.build(var_list)
     native = isinstance(optimizer, KerasOptimizer)
     sizes = shard_sizes(batch, n, par["shard"])
-    weights = [1.0 / n] * n if par["weighting"] == "equal" else [s / batch for s in sizes]
+    weights = ([1.0 / n] * n if par["weighting"] == "equal" else [1.0] * n if par["weighting"] == "sum"
+               else [s / batch for s in sizes])
     clip = make_clip(spec)
     per_device = clip is not None and clip.where == "per_device"
     # Keras applies (and all-reduces) inside the replica unless the combined gradient must be clipped first

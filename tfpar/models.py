@@ -134,12 +134,16 @@ def _param(params: Mapping[str, tf.Tensor], name: str, compute: tf.DType | None)
 
 
 def _mixed_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
-    """A conv's bias under mixed precision: ``h + bias`` in bfloat16, as Keras adds it (``ops.add``, base_conv.py 263).
+    """A dense or conv bias under mixed precision: ``h + bias`` in bfloat16, as Keras adds it
+    (``ops.add``: dense.py 224, base_conv.py 263).
 
-    Not ``tf.nn.bias_add``: its gradient (``BiasAddGrad``) sums the bfloat16 output
-    gradient over batch and positions *in bfloat16* (measured: 20% off over 3136 terms),
-    while ``add``'s gradient (``Sum``) accumulates in float32 and rounds once, as torch's
-    conv backward does. ``tests/test_mixed_precision.py`` seeds exactly that bug.
+    Not ``tf.nn.bias_add``: where TensorFlow runs Eigen's kernels for bfloat16 (a CPU
+    without AVX512F, or ``TF_ENABLE_ONEDNN_OPTS=0``) its gradient ``BiasAddGrad`` sums the
+    bfloat16 output gradient over batch and positions *in bfloat16* (the kernel probe's
+    ``rho`` 235 over 4096 terms), while ``add``'s gradient (``Sum``) accumulates in float32
+    and rounds once, as torch's backward does; with oneDNN both round once
+    (``parity_tests.running.kernels``). ``tests/test_mixed_precision.py`` seeds a bias
+    gradient summed in bfloat16 here.
     """
     return h + bias
 
@@ -156,8 +160,10 @@ def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor
         return tf.pow(h[:, None], powers)  # [batch, d+1]: x^d ... x^1, x^0 = 1
     if kind == "dense":
         h = tf.matmul(h, _param(params, f"{i}.kernel", compute))
-        if layer["use_bias"]:
-            h = h + _param(params, f"{i}.bias", compute)
+        if layer["use_bias"] and compute is not None:
+            h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
+        elif layer["use_bias"]:
+            h = h + params[f"{i}.bias"]
         return _ACT[layer["activation"]](h)
     if kind == "conv2d":
         (sh, sw) = layer["strides"]

@@ -1,7 +1,8 @@
 """Users' own TensorFlow training code as an implementation (CONTRACT §5).
 
 A plugin is a function marked with :func:`tensorflow`; the parity tool calls
-it once, in its own process, with one :class:`Run`::
+it with one :class:`Run`, once per run, each time in a fresh process forked from
+its warm TensorFlow server (``parity_tests.running.tf_worker``)::
 
     import tensorflow as tf
     import tfpar
@@ -36,7 +37,7 @@ import numpy as np
 from parity_tests.contract.rows import RowStore, remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
-           "to_torch", "to_tf", "run_plugin"]
+           "to_torch", "to_tf", "run_plugin", "explain", "raised", "UNSEEDED"]
 
 DTYPES = ("float32", "float64")
 MARK = "__tfpar_plugin__"
@@ -53,6 +54,9 @@ class PluginMark:
     kind: str
     dtypes: tuple[str, ...]
     keras: bool = False  #: its optimizers are Keras' (the tool then maps Keras' float32 hyperparameters)
+    #: ``False``: it cannot run deterministically (op determinism is then off for its runs, and the
+    #: judge measures its run-to-run spread: docs/plugins.md "Determinism")
+    deterministic: bool = True
 
 
 def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
@@ -71,7 +75,8 @@ def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
     return out
 
 
-def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False) -> Callable:
+def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False,
+               deterministic: bool = True) -> Callable:
     """Mark ``fn(run)`` as a TensorFlow plugin: called once, in the main process, with the N tower devices.
 
     Args:
@@ -83,13 +88,18 @@ def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras:
             In a float64 run Keras keeps ``learning_rate`` and ``momentum`` in float32;
             saying so lets the tool run the other side with the same rounded values and
             name the difference, as it does for its built-in TensorFlow implementations.
+        deterministic: ``False`` when the function cannot compute the same numbers twice (an op
+            without a deterministic kernel, a nondeterministic input pipeline): its runs are made
+            with TensorFlow's op determinism off, and the judge reruns it and judges against its
+            measured run-to-run spread (docs/plugins.md "Determinism").
     """
     checked = check_dtypes(dtypes, "tfpar.plugin.tensorflow")
-    if not isinstance(keras, bool):
-        raise PluginDeclarationError(f"tfpar.plugin.tensorflow(keras=...) takes True or False, got {keras!r}")
+    for name, value in (("keras", keras), ("deterministic", deterministic)):
+        if not isinstance(value, bool):
+            raise PluginDeclarationError(f"tfpar.plugin.tensorflow({name}=...) takes True or False, got {value!r}")
 
     def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark("tensorflow", checked, keras))
+        setattr(f, MARK, PluginMark("tensorflow", checked, keras, deterministic))
         return f
 
     return mark(fn) if fn is not None else mark
@@ -254,6 +264,37 @@ class KerasLayerHooks:
         return mine if all(m is not None for m in mine) else None
 
 
+#: the case's canonical slot names -> the Keras optimizer attribute holding them, by Keras class
+_KERAS_SLOT_ATTRS = {
+    "SGD": {"momentum": "momentums"},
+    "Adam": {"m": "_momentums", "v": "_velocities", "v_max": "_velocity_hats"},
+    "AdamW": {"m": "_momentums", "v": "_velocities", "v_max": "_velocity_hats"},
+    "RMSprop": {"square_avg": "_velocities", "grad_avg": "_average_gradients", "momentum": "_momentums"},
+    "Adagrad": {"accumulator": "_accumulators"},
+}
+
+
+def _keras_slots(optimizer: Any, spec: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``{canonical slot: [variable per trainable variable]}`` of a built Keras optimizer.
+
+    For a case optimizer the tool knows, its slots (``tfpar.optimizers.slot_names``) by
+    :data:`_KERAS_SLOT_ATTRS`; otherwise every list attribute of per-variable slots the
+    optimizer holds, named by the attribute without its leading underscore.
+    """
+    from parity_tests.contract.optimizer import plugins_only
+
+    from .optimizers import slot_names
+
+    n = len(optimizer._trainable_variables)
+    lists = {k: v for k, v in vars(optimizer).items() if k != "_trainable_variables" and isinstance(v, list)
+             and len(v) == n and n and all(hasattr(x, "assign") for x in v)}
+    table = _KERAS_SLOT_ATTRS.get(type(optimizer).__name__)
+    wanted = None if plugins_only(spec) else slot_names(spec)
+    if table is None or wanted is None or any(s not in table for s in wanted):
+        return {k.lstrip("_"): v for k, v in lists.items()}
+    return {s: lists[table[s]] for s in wanted if table[s] in lists}
+
+
 class Run:
     """What a plugin gets: the case, its data and weights, where to run, and where to report.
 
@@ -298,6 +339,7 @@ class Run:
         if self._y.dtype.kind == "f":
             self._y = self._y.astype(np_dtype)
         self._x = self._x.astype(np_dtype)
+        self._perm = payload.get("perm")
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
         # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
@@ -306,17 +348,51 @@ class Run:
         self._device: dict[str, Any] | None = None
         self.layer_hooks: bool = True
         self._layers = KerasLayerHooks()
+        #: ``--lockstep``: the reference's optimizer state to start from, ``{"step": t, "slots": {slot: {name:
+        #: array}}}`` (TF layouts), or ``None`` (a fresh optimizer); :meth:`use_optimizer` loads it
+        self.optimizer_state: dict[str, Any] | None = payload.get("opt_state")
+        self._export_optimizer = bool(payload.get("export_opt_state"))
+        self._optimizer: tuple[Any, dict[str, Any]] | None = None
+        self._opt_export: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ data
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``, ``steps`` of them."""
-        b = self.spec["data"]["global_batch"]
+        """``(x, y)`` of each step's global batch, ``steps`` of them, in the case's ``data.order``.
+
+        ``split``: rows ``[k B, (k+1) B)``. ``distributed_sampler``: what the N ranks' ``DataLoader``
+        over ``DistributedSampler(dataset, N, r, shuffle=False)`` read at their k-th batch, padding
+        included, interleaved (row m from rank ``m mod N``: a strided split gives each tower its
+        rank's rows), epoch after epoch (``tfpar.pipeline.step_rows``; docs/data-pipeline.md).
+        """
+        data = self.spec["data"]
+        b = data["global_batch"]
+        if data.get("order", "split") == "distributed_sampler":
+            from .pipeline import step_rows
+
+            n = self.spec["parallel"]["devices"]
+            for k in range(self.steps):
+                rows = step_rows(data["rows"], b, k, num_replicas=n, perms=self._perm)
+                yield self._x[rows], self._y[rows]
+            return
         for k in range(self.steps):
             yield self._x[k * b:(k + 1) * b], self._y[k * b:(k + 1) * b]
 
     def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """TensorFlow: the global batches (splitting them over ``devices`` is the plugin's job)."""
         return self.global_batches()
+
+    def dataset(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)``: the dataset the case reads, ``data.rows`` rows with ``distributed_sampler`` (else ``steps x B``)."""
+        d = self.spec["data"].get("rows", self.steps * self.spec["data"]["global_batch"])
+        return self._x[:d], self._y[:d]
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The row order of epoch ``epoch`` (0-based): the case's ``perm[epoch mod E]``, or ``0..rows-1``."""
+        d = len(self.dataset()[0])
+        if self._perm is None:
+            return np.arange(d)
+        p = np.asarray(self._perm, np.int64).reshape(-1, d)
+        return p[epoch % len(p)]
 
     # --------------------------------------------------------------- layouts
     to_torch = staticmethod(to_torch)
@@ -334,7 +410,7 @@ class Run:
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
                device_grads: Any = None, activations: Any = None, device_losses: Any = None,
-               device_inputs: Any = None) -> None:
+               device_inputs: Any = None, optimizer_state: Any = None) -> None:
         """Once per step, after the update.
 
         Args:
@@ -347,6 +423,8 @@ class Run:
             activations: optionally, per tower ``{layer name: output [n_r, ...]}`` (a list of N dicts).
             device_losses: optionally, the N towers' own losses ``l_r``.
             device_inputs: optionally, the N towers' input rows ``[n_r, ...]``.
+            optimizer_state: ``--lockstep`` without :meth:`use_optimizer`: the optimizer's state
+                after this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
 
         The four per-device values are kept only at :attr:`capture_step` (they localise a
         divergence to a stage and a tower, CONTRACT §6); pass them every step or only then.
@@ -356,6 +434,10 @@ class Run:
         self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
                             "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
                             "state": self._keep(_named(state, "record(state=...)"))})
+        if optimizer_state is not None:
+            self._opt_export = {"step": int(optimizer_state["step"]),
+                                "slots": {s: _named(v, "record(optimizer_state=...)")
+                                          for s, v in optimizer_state.get("slots", {}).items()}}
         if self.capture_step == len(self._steps):
             self._device = {
                 "grads": None if device_grads is None else [_named(g, "record(device_grads=[...])") for g in device_grads],
@@ -371,24 +453,108 @@ class Run:
     def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
         return {k: self._store.put(v) for k, v in values.items()}
 
+    # ------------------------------------------------------------- optimizer state (lockstep)
+    def use_optimizer(self, optimizer: Any, params: Mapping[str, Any]) -> None:
+        """Hand your Keras optimizer to the tool (once, before the first step); ``params``: ``{name: variable}``.
+
+        Under ``tfpar compare --lockstep`` every step runs alone from the reference's state of the
+        step before: this sets ``optimizer`` to that state (``iterations`` and its slot variables,
+        built over ``params`` if not built yet) and reads it back after the step. Without
+        ``--lockstep`` it does nothing but remember the optimizer. The slots, by the case's
+        optimizer: SGD with momentum ``momentum`` (Keras' ``momentums``), Adam/AdamW ``m``, ``v``
+        (``_momentums``, ``_velocities``; AMSGrad also ``v_max``), RMSprop ``square_avg``,
+        ``grad_avg``, ``momentum``, Adagrad ``accumulator``; any other optimizer (one only plugins
+        know) every list of per-variable slots it holds, by attribute (``accumulated_grads``).
+        A ``tf.compat.v1`` optimizer or hand-written rule: read :attr:`optimizer_state` yourself
+        and pass ``run.record(..., optimizer_state=...)`` after the last step.
+        """
+        params = dict(params)
+        if not getattr(optimizer, "built", True):
+            optimizer.build(list(params.values()))
+        self._optimizer = (optimizer, params)
+        state = self.optimizer_state
+        if state is None or not state.get("step"):
+            return
+        optimizer.iterations.assign(int(state["step"]))
+        slots = _keras_slots(optimizer, self.spec["optimizer"])
+        for slot, arrays in state["slots"].items():
+            if slot not in slots:
+                raise ValueError(f"run.use_optimizer: the start state has slot {slot!r}; {type(optimizer).__name__}"
+                                 f" holds {', '.join(sorted(slots)) or 'none'}")
+            for name, var in params.items():
+                slots[slot][optimizer._get_variable_index(var)].assign(np.asarray(arrays[name]))
+
+    def _export(self) -> dict[str, Any] | None:
+        if self._opt_export is not None or self._optimizer is None:
+            return self._opt_export
+        optimizer, params = self._optimizer
+        slots = _keras_slots(optimizer, self.spec["optimizer"])
+        return {"step": int(optimizer.iterations.numpy()),
+                "slots": {slot: {name: _numpy(vs[optimizer._get_variable_index(var)]) for name, var in params.items()}
+                          for slot, vs in slots.items()}}
+
     def records(self) -> dict[str, Any]:
         """What was reported, as plain data (the parity tool checks and assembles it, then removes ``spill``)."""
-        return {"begin": self._begun, "steps": self._steps, "device": self._device, "spill": self._store.close()}
+        return {"begin": self._begun, "steps": self._steps, "device": self._device, "spill": self._store.close(),
+                "opt_export": self._export() if self._export_optimizer else None}
 
 
 class PluginRaised(RuntimeError):
-    """The plugin raised while training; carries the step it was on and the exception's last line."""
+    """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
-    def __init__(self, step: int, line: str) -> None:
-        self.step, self.line = step, line
-        super().__init__(f"step {step}: {line}")
+    Attributes:
+        step: the step it was on (recorded steps + 1; 0 before ``run.begin``).
+        when: ``"before step 1"`` (before ``run.begin``), ``"at step k"``, or ``"after step N"``
+            (every step recorded).
+        line: ``"KeyError: 'lr'"``, or for an unseeded random op under op determinism a line
+            saying what to do (:func:`explain`).
+        frames: the traceback of the user's own frames (``parity_tests.contract.frames.user_traceback``).
+    """
+
+    def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
+        self.step, self.line, self.when, self.frames = step, line, when or f"at step {step}", frames
+        super().__init__(f"{self.when}: {line}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.step, self.line, self.when, self.frames))
+
+
+UNSEEDED = "Random ops require a seed to be set when determinism is enabled"
+
+
+def explain(e: BaseException) -> str:
+    """The one line for an exception a plugin raised: its last line, or what to do about a known cause.
+
+    TensorFlow refuses an unseeded random op while op determinism is on (``RuntimeError: Random
+    ops require a seed ...``): a classic script's ``glorot_uniform_initializer()`` without a
+    seed, ``tf.random.normal`` in eager code. Its own line says ``tf.random.set_seed(1)``, which
+    does not reach a ``tf.Graph`` built later (a graph takes its seed inside ``as_default()``).
+    """
+    from parity_tests.contract.frames import last_line
+
+    if UNSEEDED in str(e):
+        return ("an unseeded random op: tfpar runs TensorFlow with op determinism on, so that a run repeats"
+                " bit for bit; seed it (tf.random.set_seed(run.seed), inside `with graph.as_default():` for a"
+                " tf.compat.v1 graph) or declare @tfpar.plugin.tensorflow(deterministic=False)")
+    return last_line(e)
+
+
+def raised(e: BaseException, begun: bool, recorded: int, steps: int) -> PluginRaised:
+    """A :class:`PluginRaised` for ``e``, raised after ``run.begin`` (``begun``) and ``recorded`` steps."""
+    from parity_tests.contract.frames import user_traceback
+
+    when = "before step 1" if not begun else (f"after step {steps}" if recorded >= steps else f"at step {recorded + 1}")
+    return PluginRaised(recorded + 1 if begun else 0, explain(e), when, user_traceback(e))
 
 
 def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     """Call a TensorFlow plugin on the case's N tower devices; returns its records.
 
+    Called in the fresh process of the run (``parity_tests.running.tf_worker``), where the
+    devices are configured and op determinism is set.
+
     Raises:
-        PluginRaised: the function raised (the step is the one it was on: recorded steps + 1).
+        PluginRaised: the function raised (when, its line, the user's frames).
     """
     from .devices import tower_devices
     from .keras_seen import keras_optimizers_seen
@@ -397,10 +563,9 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
             fn(run)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the tool's
         remove_files(run._store.close())  # nothing of a failed run stays on disk
-        text = str(e).strip().splitlines()
-        raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
+        raise raised(e, run._begun is not None, len(run._steps), run.steps) from e
     except BaseException:
         remove_files(run._store.close())
         raise

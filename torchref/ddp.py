@@ -192,7 +192,8 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     batch = spec["data"]["global_batch"]
     rows = [shard_rows(batch, n, q, par["shard"]) for q in range(n)]
     sizes = [len(ix) for ix in rows]
-    w = [1.0 / n] * n if par["weighting"] == "equal" else [s / batch for s in sizes]
+    w = ([1.0 / n] * n if par["weighting"] == "equal" else [1.0] * n if par["weighting"] == "sum"
+         else [s / batch for s in sizes])
     # distributed_sampler: every rank's batch has the same size (N | B, strided), so w_r = 1/N
     feed = _feed(payload, x, y, rows[r], ranks=n, rank=r)
     # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)

@@ -25,6 +25,7 @@ bitwise-identical parameters after every step.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -59,14 +60,32 @@ class PluginInputError(RuntimeError):
 
 
 class PluginRaised(RuntimeError):
-    """The plugin raised while training: the step it was on and the exception's last line."""
+    """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
-    def __init__(self, step: int, line: str) -> None:
-        self.step, self.line = step, line
-        super().__init__(f"step {step}: {line}")
+    ``str(e)`` is ``"at step 3: KeyError: 'lr'"``; :attr:`report` is what the rank sends the
+    parent instead of its own traceback: the user's frames (``parity_tests.contract.frames``),
+    then ``torchref.plugin.PluginRaised: at step 3: KeyError: 'lr'`` as the last line.
+    """
+
+    def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
+        self.step, self.line, self.when, self.frames = step, line, when or f"at step {step}", frames
+        super().__init__(f"{self.when}: {line}")
+
+    @property
+    def report(self) -> str:
+        return self.frames + f"torchref.plugin.PluginRaised: {self}"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.line))
+        return (type(self), (self.step, self.line, self.when, self.frames))
+
+
+def _raised(e: BaseException, run: Run) -> PluginRaised:
+    from parity_tests.contract.frames import last_line, user_traceback
+
+    begun, recorded = run._begun is not None, len(run._steps)
+    when = "before step 1" if not begun else (f"after step {run.steps}" if recorded >= run.steps
+                                                else f"at step {recorded + 1}")
+    return PluginRaised(recorded + 1 if begun else 0, last_line(e), when, user_traceback(e))
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,9 @@ class PluginMark:
 
     kind: str
     dtypes: tuple[str, ...]
+    #: ``False``: it cannot run deterministically (``use_deterministic_algorithms`` is then off for
+    #: its runs, and the judge measures its run-to-run spread: docs/plugins.md "Determinism")
+    deterministic: bool = True
 
 
 def _check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
@@ -92,24 +114,30 @@ def _check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
     return out
 
 
-def _decorator(kind: str, fn: Callable | None, dtypes: Any) -> Callable:
+def _decorator(kind: str, fn: Callable | None, dtypes: Any, deterministic: Any) -> Callable:
     checked = _check_dtypes(dtypes, f"torchref.plugin.{kind}")
+    if not isinstance(deterministic, bool):
+        raise PluginDeclarationError(f"torchref.plugin.{kind}(deterministic=...) takes True or False, got {deterministic!r}")
 
     def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark(kind, checked))
+        setattr(f, MARK, PluginMark(kind, checked, deterministic))
         return f
 
     return mark(fn) if fn is not None else mark
 
 
-def distributed(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
-    """Mark ``fn(run)`` to run on each of the case's N ranks, process group initialised (``run.group``)."""
-    return _decorator("distributed", fn, dtypes)
+def distributed(fn: Callable | None = None, *, dtypes: Any = ("float32",), deterministic: bool = True) -> Callable:
+    """Mark ``fn(run)`` to run on each of the case's N ranks, process group initialised (``run.group``).
+
+    ``deterministic=False``: the function cannot compute the same numbers twice; its runs are made
+    with ``torch.use_deterministic_algorithms(False)`` and the judge measures its run-to-run spread.
+    """
+    return _decorator("distributed", fn, dtypes, deterministic)
 
 
-def single(fn: Callable | None = None, *, dtypes: Any = ("float32",)) -> Callable:
+def single(fn: Callable | None = None, *, dtypes: Any = ("float32",), deterministic: bool = True) -> Callable:
     """Mark ``fn(run)`` to run on one rank without a process group, on the whole global batch."""
-    return _decorator("single", fn, dtypes)
+    return _decorator("single", fn, dtypes, deterministic)
 
 
 def to_torch(a: Any) -> Any:
@@ -261,6 +289,16 @@ class LayerHooks:
         self._last, self._version = out, out._version
 
 
+def _torch_slot_keys(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any]) -> dict[str, str] | None:
+    """Canonical slot -> ``optimizer.state[p]`` key for an optimizer the case names, or ``None``: any other
+    (then each state tensor is its own slot, by key)."""
+    from parity_tests.contract.optimizer import plugins_only
+
+    from .optimizers import _state_keys
+
+    return None if plugins_only(spec) else _state_keys(optimizer, spec)
+
+
 class Run:
     """What a torch plugin gets (see the module docstring and CONTRACT §5).
 
@@ -296,6 +334,7 @@ class Run:
         self._x = np.asarray(payload["x"]).astype(np_dtype)
         y = np.asarray(payload["y"])
         self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y
+        self._perm = payload.get("perm")
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
         # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
@@ -306,6 +345,12 @@ class Run:
         self._hooked: dict[str, np.ndarray] = {}
         self.layer_hooks: bool = True
         self._layers = LayerHooks()
+        #: ``--lockstep``: the reference's optimizer state to start from, ``{"step": t, "slots": {slot: {name:
+        #: array}}}`` (TF layouts), or ``None`` (a fresh optimizer); :meth:`use_optimizer` loads it
+        self.optimizer_state: dict[str, Any] | None = payload.get("opt_state")
+        self._export_optimizer = bool(payload.get("export_opt_state"))
+        self._optimizer: tuple[Any, dict[str, Any]] | None = None
+        self._opt_export: dict[str, Any] | None = None
 
     def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
         """Record this rank's gradients before DDP's all-reduce, through a DDP communication hook.
@@ -333,8 +378,41 @@ class Run:
 
         ddp.register_comm_hook(self.group, hook)
 
+    def _sampled(self) -> bool:
+        return self.spec["data"].get("order", "split") == "distributed_sampler"
+
+    def _loader(self, rank: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``distributed_sampler``: rank ``rank``'s ``DataLoader`` over ``DistributedSampler`` (``None``: one
+        process's ``DataLoader(batch_size=B)``), the real torch classes (``torchref.data``), ``steps`` batches."""
+        from .data import rank_batches, single_batches
+
+        x, y = (torch.as_tensor(a) for a in self.dataset())
+        b = self.spec["data"]["global_batch"]
+        it = (single_batches(x, y, global_batch=b, perms=self._perm) if rank is None else
+              rank_batches(x, y, num_replicas=self.world_size, rank=rank, global_batch=b, perms=self._perm))
+        for _ in range(self.steps):
+            xb, yb, _ = next(it)
+            yield xb.numpy(), yb.numpy()
+
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(x, y)`` of each step's global batch: rows ``[k B, (k+1) B)``."""
+        """``(x, y)`` of each step's global batch, in the case's ``data.order``.
+
+        ``split``: rows ``[k B, (k+1) B)``. ``distributed_sampler``: the N ranks' k-th batches of
+        their ``DistributedSampler`` loaders, padding included, interleaved (row m from rank ``m mod N``);
+        for a ``single`` plugin one process's ``DataLoader(batch_size=B)`` batches, no padding.
+        """
+        if self._sampled():
+            if self.group is None:
+                yield from self._loader(None)
+                return
+            for parts in zip(*(self._loader(r) for r in range(self.world_size)), strict=True):
+                n = self.world_size
+                x = np.empty((n * len(parts[0][0]), *parts[0][0].shape[1:]), parts[0][0].dtype)
+                y = np.empty((n * len(parts[0][1]), *parts[0][1].shape[1:]), parts[0][1].dtype)
+                for r, (xr, yr) in enumerate(parts):
+                    x[r::n], y[r::n] = xr, yr
+                yield x, y
+            return
         b = self.spec["data"]["global_batch"]
         for k in range(self.steps):
             yield self._x[k * b:(k + 1) * b], self._y[k * b:(k + 1) * b]
@@ -345,10 +423,37 @@ class Run:
         return shard_rows(self.spec["data"]["global_batch"], self.world_size, self.rank, par["shard"])
 
     def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """This rank's shard of each step's global batch (the whole batch for a ``single`` plugin)."""
+        """This rank's shard of each step's global batch (the whole batch for a ``single`` plugin).
+
+        ``distributed_sampler``: what this rank's ``DataLoader(dataset, batch_size=B/N,
+        sampler=DistributedSampler(dataset, N, rank, shuffle=False))`` yields, padding included
+        (the real classes); a program that builds its own loader from :meth:`dataset` reads the same rows.
+        """
+        if self._sampled():
+            yield from self._loader(None if self.group is None else self.rank)
+            return
         rows = self.shard()
         for x, y in self.global_batches():
             yield x[rows], y[rows]
+
+    def dataset(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)``: the dataset the case reads, ``data.rows`` rows with ``distributed_sampler`` (else ``steps x B``):
+        wrap it in a ``TensorDataset`` for your own ``DataLoader`` + ``DistributedSampler``."""
+        d = self.spec["data"].get("rows", self.steps * self.spec["data"]["global_batch"])
+        return self._x[:d], self._y[:d]
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The row order of epoch ``epoch`` (0-based): the case's ``perm[epoch mod E]``, or ``0..rows-1``.
+
+        A shuffled ``DistributedSampler`` draws its order from torch's generator, which the other side
+        cannot reproduce: a case gives the orders instead, and a program reads epoch e as
+        ``Subset(dataset, run.epoch_order(e))`` under an unshuffled sampler (docs/data-pipeline.md).
+        """
+        d = len(self.dataset()[0])
+        if self._perm is None:
+            return np.arange(d)
+        p = np.asarray(self._perm, np.int64).reshape(-1, d)
+        return p[epoch % len(p)]
 
     to_torch = staticmethod(to_torch)
     to_tf = staticmethod(to_tf)
@@ -363,7 +468,7 @@ class Run:
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
                device_grads: Any = None, activations: Any = None, device_loss: Any = None,
-               device_inputs: Any = None) -> None:
+               device_inputs: Any = None, optimizer_state: Any = None) -> None:
         """Once per step, after the update: the loss computed before it, every parameter after it (TF layouts).
 
         Optionally, this rank's own values of the step (kept only at :attr:`capture_step`, where
@@ -374,7 +479,13 @@ class Run:
         ``device_loss`` (``l_r``) and ``device_inputs`` (this rank's input rows). Without
         ``activations``, the leaf modules' outputs that :class:`LayerHooks` saw in the step's
         first training forward pass stand in for them (``"leaves"``; never over what was given).
+        ``optimizer_state``: ``--lockstep`` without :meth:`use_optimizer`, the optimizer's state after
+        this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
         """
+        if optimizer_state is not None:
+            self._opt_export = {"step": int(optimizer_state["step"]),
+                                "slots": {s: _named(v, "record(optimizer_state=...)")
+                                          for s, v in optimizer_state.get("slots", {}).items()}}
         self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
                             "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
                             "state": self._keep(_named(state, "record(state=...)"))})
@@ -391,6 +502,51 @@ class Run:
     def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
         return {k: self._store.put(v) for k, v in values.items()}
 
+    # ------------------------------------------------------------- optimizer state (lockstep)
+    @torch.no_grad()
+    def use_optimizer(self, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> None:
+        """Hand your ``torch.optim`` optimizer to the tool (once, before the first step); ``params``: ``{name: parameter}``.
+
+        Under ``tfpar compare --lockstep`` every step runs alone from the reference's state of the
+        step before: this fills ``optimizer.state[p]`` with that state (converted to torch layouts
+        with :meth:`to_torch`, in the parameter's dtype; ``step`` set to the updates so far) and
+        reads it back after the step. Without ``--lockstep`` it does nothing but remember the
+        optimizer. The slots, by the case's optimizer: ``momentum`` (``momentum_buffer``), ``m``,
+        ``v`` (``exp_avg``, ``exp_avg_sq``; AMSGrad also ``v_max``: ``max_exp_avg_sq``),
+        ``square_avg``, ``grad_avg``, ``accumulator`` (Adagrad's ``sum``); any other optimizer (one
+        only plugins know) every tensor of its state but ``step``, by its key (``acc_delta``). A
+        learning-rate scheduler of your own: move it to ``run.optimizer_state["step"]``. A
+        hand-written rule: read :attr:`optimizer_state` yourself and pass
+        ``run.record(..., optimizer_state=...)`` after the last step.
+        """
+        self._optimizer = (optimizer, dict(params))
+        state = self.optimizer_state
+        if state is None or not state.get("step"):
+            return
+        keys = _torch_slot_keys(optimizer, self.spec["optimizer"])
+        for name, p in params.items():
+            st = optimizer.state[p]
+            for slot, arrays in state["slots"].items():
+                key = keys.get(slot, slot) if keys is not None else slot
+                st[key] = torch.as_tensor(to_torch(np.asarray(arrays[name])), dtype=p.dtype).clone()
+            if not isinstance(optimizer, torch.optim.SGD):
+                st["step"] = torch.tensor(float(state["step"]), dtype=torch.get_default_dtype())
+
+    def _export(self) -> dict[str, Any] | None:
+        if self._opt_export is not None or self._optimizer is None:
+            return self._opt_export
+        optimizer, params = self._optimizer
+        keys = _torch_slot_keys(optimizer, self.spec["optimizer"])
+        slots: dict[str, dict[str, np.ndarray]] = {}
+        for name, p in params.items():
+            st = optimizer.state.get(p, {})
+            pairs = keys.items() if keys is not None else ((k, k) for k in st if k != "step")
+            for slot, key in pairs:
+                if isinstance(st.get(key), torch.Tensor):
+                    slots.setdefault(slot, {})[name] = _numpy(to_tf(st[key].detach()))
+        start = int((self.optimizer_state or {}).get("step", 0))
+        return {"step": start + len(self._steps), "slots": slots}
+
     def records(self, full: bool) -> dict[str, Any]:
         """What was reported: everything (``full``, rank 0), else only parameter digests per row (the sync check).
 
@@ -402,7 +558,7 @@ class Run:
         spill = self._store.close()
         if full:
             return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device,
-                    "spill": spill}
+                    "spill": spill, "opt_export": self._export() if self._export_optimizer else None}
         remove_files(spill)
         return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
 
@@ -431,7 +587,8 @@ def _import(location: Mapping[str, str]) -> Callable:
         path = Path(location["path"])
         name = location["module_name"]
         if name not in sys.modules:
-            sys.path.insert(0, str(path.parent))  # the user's sibling modules, as python FILE would see them
+            if str(path.parent) not in sys.path:  # the user's sibling modules, as python FILE would see them
+                sys.path.insert(0, str(path.parent))
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
@@ -454,30 +611,44 @@ def _import(location: Mapping[str, str]) -> Callable:
 def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
     """Pool job: import the plugin, run it on this rank, return its records.
 
-    ``job``: ``{"location": ..., "kind": "distributed" | "single", "payload": case payload}``.
-    Rank 0 returns everything it recorded; the others return parameter digests only.
+    ``job``: ``{"location": ..., "kind": "distributed" | "single", "payload": case payload,
+    "deterministic": bool}``. The run starts as in a fresh rank and leaves nothing set
+    (:func:`torchref.fresh.fresh_run`: seeds, default dtype, determinism, the groups and
+    the user's modules it made), with the job's group as the default one
+    (:func:`torchref.fresh.job_world`). Rank 0 returns everything it recorded; the others
+    return parameter digests only.
+
+    Raises:
+        PluginRaised: the plugin raised (its :attr:`~PluginRaised.report` is what the parent reads).
     """
-    fn = _import(job["location"])
+    from .fresh import fresh_run, job_world
+
     payload = job["payload"]
-    torch.manual_seed(payload["spec"].get("seed", 0))
-    if job["kind"] == "single":
-        run = Run(payload)
-    else:
-        run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
-    if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
-        run._layers.install()
-    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
-    if ctx is not None:
-        run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
-    try:
-        fn(run)
-    except Exception as e:
-        remove_files(run._store.close())  # nothing of a failed run stays on disk
-        text = str(e).strip().splitlines()
-        raise PluginRaised(len(run._steps) + 1, f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")) from e
-    except BaseException:
-        remove_files(run._store.close())
-        raise
-    finally:
-        run._layers.remove()
-    return run.records(full=ctx.rank == 0)
+    group = ctx.group if job["kind"] != "single" else None
+    from parity_tests.contract.relay import captured_output
+
+    relayed = captured_output(ctx.write) if ctx.write is not None else contextlib.nullcontext()
+    with relayed, \
+            fresh_run(int(payload["spec"].get("seed", 0)), deterministic=bool(job.get("deterministic", True))), \
+            job_world(group):
+        fn = _import(job["location"])
+        if job["kind"] == "single":
+            run = Run(payload)
+        else:
+            run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
+        if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
+            run._layers.install()
+        set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+        if ctx is not None:
+            run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
+        try:
+            fn(run)
+        except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the rank's
+            remove_files(run._store.close())  # nothing of a failed run stays on disk
+            raise _raised(e, run) from None
+        except BaseException:
+            remove_files(run._store.close())
+            raise
+        finally:
+            run._layers.remove()
+        return run.records(full=ctx.rank == 0)

@@ -79,6 +79,10 @@ class RankContext:
     #: bounds the time between two beats, not the whole job, so a large model's long run is not
     #: taken for a hang (rank 0's beats are enough: the ranks meet in every step's collectives)
     beat: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
+    #: ``write(fd, data)``: pass whole lines the job's code printed (fd 1 or 2) to the parent, which
+    #: writes them around its progress bar (``parity_tests.contract.relay``); a plugin run uses it
+    #: (``None`` outside the pool, e.g. under torchrun: the output goes where it goes)
+    write: Callable[[int, bytes], None] | None = field(default=None, compare=False, repr=False)
 
 
 class PoolError(RuntimeError):
@@ -112,7 +116,7 @@ def _margin(timeout: float) -> float:
     return 2.0 + 0.25 * timeout
 
 
-def _beater(conn: Connection) -> Callable[[], None]:
+def _beater(conn: Connection, lock: threading.Lock) -> Callable[[], None]:
     """``beat()`` sending ``("beat", None)`` to the parent, at most once a second."""
     last = [0.0]
 
@@ -120,9 +124,20 @@ def _beater(conn: Connection) -> Callable[[], None]:
         now = time.monotonic()
         if now - last[0] >= 1.0:
             last[0] = now
-            conn.send(("beat", None))
+            with lock:
+                conn.send(("beat", None))
 
     return beat
+
+
+def _writer(conn: Connection, lock: threading.Lock) -> Callable[[int, bytes], None]:
+    """``write(fd, data)`` sending ``("out", (fd, data))`` to the parent (from the job's output thread)."""
+
+    def write(fd: int, data: bytes) -> None:
+        with lock:
+            conn.send(("out", (fd, data)))
+
+    return write
 
 
 # what multiprocessing adds to its temporary folder for the forkserver's socket:
@@ -190,6 +205,7 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
         conn.send(("raised", traceback.format_exc()))
         return
     stopped = False
+    sending = threading.Lock()  # the job's output thread sends too (RankContext.write)
     try:
         while not stopped:
             if not conn.poll(_PARENT_CHECK_S):
@@ -211,10 +227,15 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                     conn.send(("ok", None))
                     continue
                 _, fn, payload, n = message
-                beat = {"beat": _beater(conn)} if rank == 0 else {}  # rank 0 reports the job's progress
-                conn.send(("ok", fn(RankContext(rank, n, groups[n], timeout, **beat), payload)))
-            except Exception:
-                conn.send(("raised", traceback.format_exc()))
+                beat = {"beat": _beater(conn, sending)} if rank == 0 else {}  # rank 0 reports the job's progress
+                result = fn(RankContext(rank, n, groups[n], timeout, write=_writer(conn, sending), **beat), payload)
+                with sending:
+                    conn.send(("ok", result))
+            except Exception as e:
+                # a user's plugin that raised reports its own frames (torchref.plugin.PluginRaised.report)
+                report = getattr(e, "report", None)
+                with sending:
+                    conn.send(("raised", report if isinstance(report, str) else traceback.format_exc()))
     except (EOFError, OSError):
         pass  # the parent is gone
     if stopped:
@@ -411,6 +432,11 @@ class DDPPool:
                 if kind is None and not self._procs[rank].is_alive():
                     kind = "died"
                 if kind is None:
+                    continue
+                if kind == "out":  # what the job's code printed, whole lines: around the progress bar
+                    from parity_tests.contract.relay import write_output
+
+                    write_output(*value)
                     continue
                 if kind == "beat":  # the job moves on: the limit counts from its last beat
                     if not failures:

@@ -500,6 +500,9 @@ def case_from_dict(
     model, in_shape, out_shape = validate_model(need(raw, "model", ""))
     parallel = validate_parallel(need(raw, "parallel", ""))
     check_combine_model(parallel, model["layers"], raw.get("data"))
+    if parallel["weighting"] == "sum" and model["reduction"] != "sum":
+        raise CaseError("parallel.weighting", "equal or by_size with model.reduction mean (sum adds the devices' losses:"
+                        " with a mean reduction that is N times the mean)", "sum")
     if dtype == MIXED_BFLOAT16 and parallel["combine"] not in MIXED_COMBINES:
         raise CaseError("parallel.combine", f"{' or '.join(MIXED_COMBINES)} with dtype {MIXED_BFLOAT16}"
                                             " (mixed precision runs on the synchronous paths)", parallel["combine"])

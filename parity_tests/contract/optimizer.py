@@ -58,6 +58,7 @@ value'), got -1.0``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,8 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, obj
 
 __all__ = ["OPTIMIZERS", "SEMANTICS", "SCHEDULES", "HYPERPARAMETERS", "DEFAULTS", "Check", "CHECKS",
-           "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING", "keras_float32", "keras_lr", "accepted_range", "validate_optimizer", "validate_schedule", "lr_at"]
+           "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING", "keras_float32", "keras_lr", "accepted_range", "validate_optimizer",
+           "validate_schedule", "lr_at", "plugins_only", "builtin_refusal"]
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "rmsprop", "adagrad")
 SEMANTICS = ("native", "torch", "tf")
@@ -232,7 +234,7 @@ def _rmsprop_divides_by_zero(out: dict) -> None:
                     " by zero for every gradient; torch.optim.RMSprop and keras.optimizers.RMSprop accept it)", 0.0)
 
 
-def validate_schedule(s: Any, name: str = "sgd") -> dict:
+def validate_schedule(s: Any, name: str = "sgd") -> dict:  # noqa: C901
     """Validate ``optimizer.schedule`` of optimizer ``name`` and return it normalised (see the module docstring).
 
     Every value of a ``step`` schedule is a learning rate: the checks on ``lr`` apply to each.
@@ -261,7 +263,8 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:
     if not isinstance(values, list) or len(values) != len(out_b) + 1:
         raise CaseError("optimizer.schedule.values", f"a list of {len(out_b) + 1} learning rates (one more than boundaries)",
                         values)
-    out_v = [_checked(v, f"optimizer.schedule.values[{i}]", CHECKS[name]["lr"]) for i, v in enumerate(values)]
+    lr_checks = CHECKS[name]["lr"] if name in CHECKS else _PLUGIN_LR
+    out_v = [_checked(v, f"optimizer.schedule.values[{i}]", lr_checks) for i, v in enumerate(values)]
     return {"kind": "step", "boundaries": out_b, "values": out_v}
 
 
@@ -311,8 +314,20 @@ def lr_at(schedule: dict, lr: float, t: int) -> float:
 
 
 def validate_optimizer(o: Any) -> dict:
-    """Validate the ``optimizer`` section and fill in every default (see the module docstring)."""
+    """Validate the ``optimizer`` section and fill in every default (see the module docstring).
+
+    An optimizer the built-ins do not know (a name outside :data:`OPTIMIZERS`, or a
+    hyperparameter its name does not take) is kept as data for plugins
+    (:func:`plugins_only`); the built-ins refuse it when they are asked to run it
+    (:func:`builtin_refusal`), with the line this function would have given.
+    """
     o = obj(o, "optimizer")
+    if _unknown_to_builtins(o):
+        return _as_data(o)
+    return _strict(o)
+
+
+def _strict(o: dict) -> dict:
     no_extra(o, _OPT_KEYS, "optimizer")
     name = choice(need(o, "name", "optimizer"), "optimizer.name", OPTIMIZERS)
     semantics = choice(o.get("semantics", "native"), "optimizer.semantics", SEMANTICS)
@@ -347,3 +362,70 @@ def validate_optimizer(o: Any) -> dict:
                             " rounds Keras' own rule)", rounding)
         out["keras_rounding"] = rounding
     return out
+
+
+# ------------------------------------------------------ optimizers only plugins know
+
+#: the one check on a plugins-only optimizer's learning rate (no framework class to quote)
+_PLUGIN_LR = (Check("tfpar", "lr", "<", 0.0, "a learning rate is a number >= 0"),)
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+def _unknown_to_builtins(o: dict) -> bool:
+    """A well-formed name or hyperparameter the built-ins do not know (a typo among known names stays an error
+    where a built-in runs: :func:`builtin_refusal`)."""
+    name = o.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        return False  # not even a name: the strict path says what is expected
+    if name not in OPTIMIZERS:
+        return True
+    allowed = {"name", "lr", "semantics", "schedule", "keras_rounding", *HYPERPARAMETERS[name]}
+    return any(k not in allowed for k in o)
+
+
+def _as_data(o: dict) -> dict:
+    """A plugins-only optimizer: ``name``, ``semantics``, ``lr``, ``schedule`` checked, every other key kept as given.
+
+    Other hyperparameters must be named like identifiers and hold a finite number, ``true``/``false``
+    or a short string; the plugins read them from ``run.spec["optimizer"]``.
+    """
+    name = o["name"]
+    semantics = choice(o.get("semantics", "native"), "optimizer.semantics", SEMANTICS)
+    schedule = validate_schedule(o.get("schedule", {"kind": "constant"}), name)
+    lr_default = schedule["values"][0] if schedule["kind"] == "step" else None
+    lr = _checked(o["lr"] if "lr" in o else (lr_default if lr_default is not None else need(o, "lr", "optimizer")),
+                  "optimizer.lr", _PLUGIN_LR)
+    out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
+    for key in sorted(set(o) - {"name", "semantics", "lr", "schedule"}):
+        v, path = o[key], f"optimizer.{key}"
+        if not isinstance(key, str) or not key.isidentifier():
+            raise CaseError("optimizer", "hyperparameter names like identifiers", key)
+        if isinstance(v, bool) or (isinstance(v, str) and len(v) <= 200):
+            out[key] = v
+        elif isinstance(v, (int, float)) and math.isfinite(v):
+            out[key] = v
+        else:
+            raise CaseError(path, "a finite number, true/false or a short string (kept as data for the plugins)", v)
+    out["schedule"] = schedule
+    return out
+
+
+def plugins_only(optimizer: dict) -> bool:
+    """Whether a validated ``optimizer`` section names an optimizer or hyperparameter the built-ins do not know."""
+    return _unknown_to_builtins(optimizer)
+
+
+def builtin_refusal(optimizer: dict, impl: str) -> CaseError | None:
+    """The one-line error a built-in ``impl`` gives for a plugins-only ``optimizer`` (``None`` when it can run it)."""
+    if not plugins_only(optimizer):
+        return None
+    try:
+        _strict(dict(optimizer))
+    except CaseError as e:
+        out = CaseError(e.field, f"{e.expected} for the built-in {impl} (a case whose implementations are all"
+                                 " plugins may name any optimizer and hyperparameter: they are kept as data)")
+        text = str(e)
+        if ", got " in text:
+            out.args = (f"{out}, got {text.split(', got ', 1)[1]}",)
+        return out
+    return None

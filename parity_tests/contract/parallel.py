@@ -22,7 +22,9 @@ COMBINES = ("grad_mean", "loss_mean")
 LOCAL_COMBINES = ("param_mean", "async")
 ALL_COMBINES = COMBINES + LOCAL_COMBINES
 SHARDS = ("contiguous", "strided")
-WEIGHTINGS = ("equal", "by_size")
+#: ``sum``: every device's loss weighted 1 (with a ``sum`` reduction, the full-batch sum: what one
+#: device computes); grad_mean and loss_mean only. The judge maps a predicted sum reduction with it.
+WEIGHTINGS = ("equal", "by_size", "sum")
 BATCH_NORMS = ("local", "sync")
 CLIP_PLACES = ("after_combine", "per_device")
 MAX_DEVICES = 64
@@ -112,6 +114,9 @@ def validate_parallel(p: Any) -> dict:
         if out["batch_norm"] == "sync" and out["combine"] in LOCAL_COMBINES:
             raise CaseError("parallel.batch_norm", f"local with combine {out['combine']} (devices do not run in"
                             " lockstep, so there are no shared statistics)", "sync")
+    if out["weighting"] == "sum" and out["combine"] in LOCAL_COMBINES:
+        raise CaseError("parallel.weighting", f"equal or by_size with combine {out['combine']} (each device applies"
+                        " its own update: weights average the copies and sum to 1)", "sum")
     out.update(_local_fields(p, out["combine"]))
     # absent (or null) means no clipping; only a clipping case carries the key
     if p.get("clip") is not None:

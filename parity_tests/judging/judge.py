@@ -37,6 +37,14 @@ import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.contract.errors import CaseError
+from parity_tests.judging.bfloat16 import (
+    BF16_RERUNS,
+    RERUN_SEED_STRIDE,
+    float64_reference,
+    rounded_reference,
+    signature_bound,
+)
+from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.compare import first_nonfinite
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
@@ -48,7 +56,6 @@ from parity_tests.judging.theory import (
     stage_of,
 )
 from parity_tests.judging.tolerance import (
-    BF16_SIGNATURE,
     FLOAT64_RTOL,
     RULE_BF16_PERTURBATION,
     RULE_BF16_SIGNATURE,
@@ -77,6 +84,12 @@ FLOORS = ("auto", "float64", "perturbation")
 PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
 #: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
 BF16_CHECK = "float32-step1"
+#: a mixed_bfloat16 case's perturbed reruns (judging.bfloat16: ``BF16_RERUNS`` of them, each with its own coins)
+BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RERUNS)))
+#: the float64 run of each of those reruns' moved case (judging.bfloat16: the spread is of errors)
+BF16_RERUN64_KEYS = tuple(f"float64+{key}" for key in BF16_RERUN_KEYS)
+#: the float64 run from the inputs and initial weights rounded to bfloat16 (judging.bfloat16: the storage term)
+BF16_ROUNDED64 = "float64+bfloat16-rounded"
 #: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``tolerance``): how far one rounding
 #: of every input, measured, can grow in a step (``_Judged.conditioned``)
 CONDITIONING_ROUNDINGS = 20 * 100
@@ -236,8 +249,10 @@ def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.n
 def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Verdict:
     """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
 
-    ``tolerance.bfloat16_signature``: by the triangle inequality such a side is within the
-    bfloat16 noise of a correct one, so the floors cannot find it; this check does.
+    ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
+    arithmetic, so the bfloat16 rule cannot find it; this check does. Its mixed run must part
+    from its float32 run at step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32
+    run's own distance from float64 (``tolerance.BF16_SIGNATURE`` where no float64 run was made).
     """
     if verdict.status in ("error", UNSUPPORTED):
         return verdict
@@ -246,13 +261,32 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
         if mixed is None or f32 is None:
             continue
         gap, key = bfloat16_signature(mixed, f32)
-        if gap < BF16_SIGNATURE:
+        bound, how = signature_bound(f32, trajs.get(f"{side}@float64"))
+        if gap <= bound:
             detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
-                      f" (greatest relative gap {gap:.2e} at {key}, expected >= {BF16_SIGNATURE:.2e}: bfloat16 rounds"
-                      f" every matmul operand by up to 2^-9); between the implementations: {verdict.detail}")
-            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=BF16_SIGNATURE,
+                      f" (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between the"
+                      f" implementations: {verdict.detail}")
+            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=bound,
                                        detail=detail, key=key, step=1, first_step=1)
     return verdict
+
+
+def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
+    """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
+    return all(f"{impl}@{key}{suffix}" in trajs
+               for key in (MIXED_BFLOAT16, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
+
+
+def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "") -> BF16Side:
+    """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``)."""
+    from parity_tests.running import kernels
+
+    framework = registry.resolve(impl, "impls").framework
+    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework)
+    return BF16Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}{suffix}"], trajs[f"{impl}@float64{suffix}"],
+                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN_KEYS],
+                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why,
+                    trajs[f"{impl}@{BF16_ROUNDED64}{suffix}"])
 
 
 def _declared(impl: str) -> registry.Implementation | None:
@@ -273,7 +307,7 @@ def _rerunnable(impl: str) -> bool:
     return found is None or found.rerunnable
 
 
-def perturbed_case(case: Case) -> Case:
+def perturbed_case(case: Case, seed: int | None = None) -> Case:
     """``case`` with every number a float32 run stores moved by one float32 ulp (seeded by the case seed).
 
     The initial weights, the inputs ``x`` and the optimizer's real hyperparameters
@@ -283,8 +317,11 @@ def perturbed_case(case: Case) -> Case:
     rounded measurements, and the inputs already make every forward pass round anew.
 
     A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
-    round them to bfloat16; the weights and hyperparameters stay float32 storage):
-    ``tolerance.perturb_bf16_ulp``, derived in ``tolerance``'s "Mixed precision".
+    round them to bfloat16; the weights and hyperparameters stay float32 storage, moved by
+    a float32 ulp): ``tolerance.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
+    in float64 too and says why the weights' rounding is measured apart. ``seed``
+    (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
+    ``seed + 2**32`` (``judging.bfloat16``).
 
     A float32 case in ``split`` order also reads the rows of each device's shard in another
     seeded order (``tolerance.shard_permutation``; the dropout masks follow their rows): the
@@ -299,7 +336,7 @@ def perturbed_case(case: Case) -> Case:
     terms repeat is the same in any order, not at another length. Only a built-in's rerun
     reads this case as it is (:func:`_rerun_of`).
     """
-    seed = case.spec.get("seed", 0)
+    seed = case.spec.get("seed", 0) if seed is None else seed
     opt = case.spec["optimizer"]
     moved = perturb_scalars({k: v for k, v in opt.items() if k not in ("name", "semantics", "schedule")}, seed)
     schedule = opt.get("schedule") or {}
@@ -311,8 +348,9 @@ def perturbed_case(case: Case) -> Case:
             moved["lr"] = steps_lr[0]
     if moved:
         case = _moved_within_range(case, opt, moved)
-    move_x = perturb_bf16_ulp if case.spec["dtype"] == MIXED_BFLOAT16 else perturb_ulp
-    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=move_x({"x": case.x}, seed)["x"])
+    if case.spec["dtype"] == MIXED_BFLOAT16:  # x is rounded to bfloat16 by the layers: move it by a bfloat16 ulp
+        return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_bf16_ulp({"x": case.x}, seed)["x"])
+    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_ulp({"x": case.x}, seed)["x"])
     if not _reorderable(case):
         return case
     # the rows may also change device (each device then adds up other examples: another blocking
@@ -355,15 +393,17 @@ def _reordered(case: Case, idx: np.ndarray, *, across: bool = False, run_devices
                       rows=idx, across=across, run_devices=run_devices)
 
 
-def _resummed(case: Case) -> Case:
+def _resummed(case: Case, *, one_device: bool = True) -> Case:
     """``case`` adding its sums in another order, as :func:`perturbed_case` makes a built-in's rerun do.
 
     The rows of each device's shard reordered and, where theory says the N-device update is the
-    full-batch one, the whole batch permuted and computed on one device: every reduction over
-    examples then has other partial sums (and another length), the rounding another kernel leaves.
+    full-batch one (and ``one_device``), the whole batch permuted and computed on one device:
+    every reduction over examples then has other partial sums (and another length), the rounding
+    another kernel leaves.
     """
     data, par = case.spec["data"], case.spec["parallel"]
-    across = par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers", "tf.single").differ
+    across = one_device and par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers",
+                                                                 "tf.single").differ
     idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"],
                             case.spec.get("seed", 0), across=across)
     if not across:
@@ -464,8 +504,11 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str
                 plan.append((side, "float64"))
             elif rule == "perturbation" and _rerunnable(side):
                 plan.append((side, PERTURBED))
-    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard)
+    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard), float64 run and further reruns
         plan.extend((impl, BF16_CHECK) for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key) for key in ("float64", BF16_ROUNDED64) for impl in impls if _runs_float64(impl))
+        plan.extend((impl, key) for key in BF16_RERUN_KEYS[1:] for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key) for key in BF16_RERUN64_KEYS for impl in impls if _rerunnable(impl) and _runs_float64(impl))
     return _float64_first(plan)
 
 
@@ -702,16 +745,23 @@ def compare_case(
         variants[PERTURBED] = perturbed_case(case)
     if dtype == MIXED_BFLOAT16:
         variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
+        variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
+        variants[BF16_ROUNDED64] = rounded_reference(case)
+        seed = case.spec.get("seed", 0)
+        variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
+                         for r, key in enumerate(BF16_RERUN_KEYS) if r})
+        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUN_KEYS, BF16_RERUN64_KEYS,
+                                                                                    strict=True)})
     ref = impls[0]
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
     preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     bar = None
-    if progress is True:
-        from tqdm import tqdm
+    if progress is True:  # a bar on a terminal, one line per run in a log
+        from parity_tests.reporting.progress import run_bar
 
-        bar = tqdm(total=len(_plan(case, impls, rules)), desc=case.name, unit="run", leave=False)
+        bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     refused: dict[str, str] = {}
     mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
@@ -723,7 +773,7 @@ def compare_case(
         else:  # mapped first, then made the variant (a perturbed case is not re-validated)
             c = mapping.apply(variants[dtype] if d in (PERTURBED, BF16_CHECK) else variants[d])
             c = perturbed_case(c) if d == PERTURBED else c
-        return _rerun_of(c, impl) if d == PERTURBED else c
+        return _rerun_of(c, impl) if d.startswith(PERTURBED) else c
 
     def work(items: list[_Run]) -> None:
         for item in items:
@@ -848,7 +898,13 @@ class _Judged:
                         {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}
                         if PERTURBED in self.variants else None)
         sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
-        v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation)
+        bf16 = None  # a mixed pair whose sides ran float64 and their reruns: held against float64 (judging.bfloat16)
+        if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
+            bf16 = tuple(_bf16_side(self.case, n, self.trajs, x) for n, x in (a or (ref, ""), b or (impl, "")))
+        v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
+                        bfloat16=bf16)
+        if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
+            v = _within_spread(v, ref, impl, self.variants, dtype, self.trajs, self.runner)
         if loss_differs:
             v = _loss_reported(v, sa.run, sb.run)
         if mixed:
@@ -928,6 +984,10 @@ class _Judged:
         the detail says to judge it with ``--lockstep`` (every step from the same state).
         Returns the verdict and a line for the report.
         """
+        from parity_tests.judging.spread import nondeterministic
+
+        if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
+            return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
         runs, reruns = [], []
         for name, suffix in sides:
             key = f"{name}@float64{suffix}"
@@ -940,7 +1000,8 @@ class _Judged:
                                         x=c.x if np.asarray(c.x).dtype.kind != "f"
                                         else perturb_ulp({"x": c.x}, seed, np.float64)["x"])
             if _reorders(name) and _reorderable(c.replace(dtype="float32")):
-                moved = _resummed(moved)
+                # on its own devices: the spread of this computation, not of the full batch's
+                moved = _resummed(moved, one_device=False)
             runs.append(self.trajs[key])
             reruns.append(self.runner(moved, name))
         factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
@@ -957,6 +1018,24 @@ class _Judged:
             f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
             f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
             f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
+
+
+def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,
+                   trajs: dict[str, dict[str, np.ndarray]], runner: Runner) -> Verdict:
+    """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
+    from parity_tests.judging.spread import judge_with_spread
+
+    d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else dtype
+    if f"{ref}@{d}" not in trajs or f"{impl}@{d}" not in trajs:
+        return verdict
+
+    def rerun(name: str, i: int) -> dict[str, np.ndarray]:
+        key = f"{name}@{d}+rerun{i}"
+        if key not in trajs:
+            trajs[key] = runner(variants[d], name)
+        return trajs[key]
+
+    return judge_with_spread(verdict, (ref, impl), (trajs[f"{ref}@{d}"], trajs[f"{impl}@{d}"]), rerun)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.rows import iter_rows
+from parity_tests.judging.bfloat16 import judge_bfloat16
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import STAGES, bound_at
 from parity_tests.judging.theory import Prediction
@@ -82,7 +83,8 @@ def with_findings(src: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]
 
 
 def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str] = (),
-                grads: Iterable[Mapping[str, Any]] = (), perturbation: Mapping[str, Any] | None = None) -> Verdict:
+                grads: Iterable[Mapping[str, Any]] = (), perturbation: Mapping[str, Any] | None = None,
+                bfloat16: tuple[Any, Any] | None = None) -> Verdict:
     """The verdict on ``b`` against ``a`` by ``rule``, with every guard (module docstring); no expectation.
 
     Args:
@@ -94,6 +96,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
         grads: other runs of the case whose gradients may bound the loss's sensitivity
             (``tolerance.loss_sensitivity``).
         perturbation: keyword arguments of ``tolerance.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
+        bfloat16: for a mixed_bfloat16 pair whose sides ran float64 and their reruns, the two
+            ``judging.bfloat16.Side``: judged by ``judge_bfloat16`` (``perturbation``'s ``loss`` applies).
     """
     known = tuple(known)
     if any(np.size(s.run.get("loss", ())) == 0 for s in (a, b)):
@@ -103,12 +107,15 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
     if dtype == "float64":
         v = judge_float64(a.f64 if a.f64 is not None else a.run, b.f64 if b.f64 is not None else b.run,
                           known_differences=known, grads=grads)
+    elif bfloat16 is not None:
+        v = judge_bfloat16(*bfloat16, known_differences=known, loss=(perturbation or {}).get("loss"))
     elif rule == "perturbation":
         v = judge_perturbation(a.run, b.run, a32p=a.perturbed, b32p=b.perturbed, known_differences=known,
                                **(perturbation or {}))
     else:
         v = judge_float32(a.run, b.run, a64=a.f64, b64=b.f64, known_differences=known, grads=grads)
     v = _nonfinite_guard(v, a.run, b.run)
+    v = _both_nonfinite(v, a.run, b.run)
     v = _findings_guard(v, a.run, b.run)
     why = vacuity(a.run, b.run, v)
     if why is not None:
@@ -133,6 +140,24 @@ def _nonfinite_guard(verdict: Verdict, a: Mapping[str, Any], b: Mapping[str, Any
     status = "error" if fa and fb else "divergence"
     return dataclasses.replace(verdict, status=status, rule=RULE_NONFINITE,
                                detail=f"{where}; the values before that point: {verdict.detail}")
+
+
+def _both_nonfinite(verdict: Verdict, a: Mapping[str, Any], b: Mapping[str, Any]) -> Verdict:
+    """Both runs non-finite, not alike: no verdict (``error``), not a divergence.
+
+    A rule calls a NaN on one side where the other is still finite a divergence. When the other
+    side turns non-finite too, later or elsewhere (Adam with ``epsilon = 0`` divides ``0 / 0``
+    wherever a gradient element is exactly zero, and which elements round to exactly zero is
+    rounding), the runs have both left the numbers: which one left first is not a verdict on
+    the update rule.
+    """
+    if verdict.rule != RULE_NONFINITE or verdict.status != "divergence":
+        return verdict
+    fa, fb = first_nonfinite(a, "A"), first_nonfinite(b, "B")
+    if fa is None or fb is None:
+        return verdict
+    return dataclasses.replace(verdict, status="error", detail=f"both runs become non-finite ({fa}; {fb}): no verdict"
+                                                              f" on non-finite values; {verdict.detail}")
 
 
 def _findings_guard(verdict: Verdict, a: Mapping[str, Any], b: Mapping[str, Any]) -> Verdict:
@@ -165,16 +190,18 @@ def _moved(traj: Mapping[str, Any], bound: float) -> bool:
 def vacuity(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Verdict) -> str | None:
     """Why nothing was really compared between ``a`` and ``b`` (CONTRACT section 8), or ``None``.
 
-    Only a verdict that would otherwise pass (parity, unexpected parity) or that found both
-    sides non-finite alike is turned ``inconclusive``; a divergence has compared something.
     In order: no steps; a loss non-finite on both sides from the first step; every recorded
     gradient exactly zero at every step; no parameter or state array moving beyond the
     verdict's bound on either side (a learning rate of 0, or too small to move a float32
     number); a loss exactly constant over two or more steps on both sides (a logged constant,
-    or a loss that nothing changes).
+    or a loss that nothing changes). A divergence found in the logged loss alone is no
+    comparison of training either where nothing moves (CONTRACT section 8): the first four
+    apply to it too; a constant loss only to a pair that would otherwise pass.
     """
     nonfinite_error = verdict.status == "error" and verdict.rule == RULE_NONFINITE
-    if verdict.status not in ("parity", "unexpected_parity") and not nonfinite_error:
+    if verdict.status not in ("parity", "unexpected_parity", "divergence") and not nonfinite_error:
+        return None
+    if verdict.status == "divergence" and verdict.rule in (RULE_NONFINITE, RULE_REPLICAS):
         return None
     la, lb = (np.asarray(t.get("loss", np.zeros(0)), np.float64) for t in (a, b))
     if la.size == 0 or lb.size == 0:
@@ -190,7 +217,7 @@ def vacuity(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Verdict) -> str
     if not _moved(a, bound) and not _moved(b, bound):
         return (f"no parameter moves on either side (every step leaves every parameter within {bound:.2g} of its"
                 " initial value, relative): a learning rate of 0, or updates too small for the dtype")
-    if la.size >= 2 and np.all(la == la[0]) and np.all(lb == lb[0]):
+    if verdict.status != "divergence" and la.size >= 2 and np.all(la == la[0]) and np.all(lb == lb[0]):
         return f"the loss is the same number ({la[0]:.6g}) at every step on both sides"
     return None
 
@@ -247,6 +274,13 @@ def resolve(v: Verdict, pred: Prediction, *, residual: Verdict | None = None, st
         return Resolution(v, residual)
     expected = [d for d in pred.differences if d.expected]
     mapped = f" ({mapping})" if mapping else ""
+    # a certain difference shows in the logged loss (or, for the moving statistics, the state): only
+    # where the verdict judged the loss is its absence a finding, with or without a mapping
+    loss_judged = v.per_step_loss_bound is not None and bool(np.isfinite(v.per_step_loss_bound).any())
+    must_show = bool(expected) and all(d.certain and (loss_judged or d.stage == "state") for d in expected)
+    if v.status == "parity" and must_show:
+        return Resolution(dataclasses.replace(v, status="unexpected_parity", detail=(
+            f"a difference was predicted ({_named(pred)}) but none was found. {v.detail}")), residual)
     if residual is not None:
         residual = dataclasses.replace(residual, known_differences=known)
         # nothing left to compare once the difference is mapped away (e.g. a learning rate of 0 where only the
@@ -277,12 +311,6 @@ def resolve(v: Verdict, pred: Prediction, *, residual: Verdict | None = None, st
         return Resolution(v)
     earliest = _earliest(pred)
     if v.status == "parity":
-        # a certain difference shows in the logged loss (or, for the moving statistics, the state): only
-        # where the verdict judged the loss is its absence a finding
-        loss_judged = v.per_step_loss_bound is not None and bool(np.isfinite(v.per_step_loss_bound).any())
-        if all(d.certain and (loss_judged or d.stage == "state") for d in expected):
-            return Resolution(dataclasses.replace(v, status="unexpected_parity", detail=(
-                f"a difference was predicted ({_named(pred)}) but none was found. {v.detail}")))
         return Resolution(v, notes=(
             f"predicted ({_named(pred)}) where the values make it large enough; at these values it stays within the"
             " bound (no side the tool controls could map it to measure it)",))

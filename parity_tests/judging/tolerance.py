@@ -162,13 +162,16 @@ Warning:
 
 Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dtype ``mixed_bfloat16``):
     A ``mixed_bfloat16`` run keeps float32 master weights (the judged, float32 trajectory)
-    but computes its layers in bfloat16, unit roundoff ``u_b = 2**-9``, 2**15 times
-    float32's: its error is dominated by bfloat16 roundings -- of the model input and of
-    the weights where the layers cast them, and of every bfloat16 op's result (matmul and
-    conv outputs; on the Keras side also bias adds and activations). A float64 run removes
-    exactly those roundings, so there is nothing to hold the float32 rule's triangle
-    inequality against: the floor is sampled by the perturbation rule, each side re-run
-    with (:func:`perturb_bf16_ulp`, ``judge.perturbed_case``):
+    but computes its layers in bfloat16, unit roundoff ``u_b = 2**-8`` (8 significant bits),
+    2**16 times float32's: its error is dominated by bfloat16 roundings -- of the model input
+    and of the weights where the layers cast them, and of every bfloat16 op's result (matmul
+    and conv outputs; on the Keras side also bias adds and activations). A mixed pair whose
+    sides can run float64 (every built-in that runs ``mixed_bfloat16``) is judged by
+    ``judging.bfloat16`` instead (rule ``"bfloat16 against float64"``): each side held against
+    its float64 run, within a bound derived from the reruns below and from what this CPU's
+    kernels do (``running.kernels``); the figures below are the perturbation floor's, which
+    decides only a pair without float64 runs. Its reruns (:func:`perturb_bf16_ulp`,
+    ``judge.perturbed_case``) are the ones that rule samples its spread from:
 
     * the inputs ``x`` moved by one *bfloat16* ulp: ``round_bf16(x)`` (round to nearest
       even, as both frameworks cast) moved to its bfloat16 neighbour, up or down by a
@@ -200,7 +203,9 @@ Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dt
     from float32 ones (``theory.reported_loss_differs``). For such pairs the loss channel
     is reported beside the verdict, not judged; the parameters decide.
 
-    **The bfloat16 signature** (:func:`bfloat16_signature`, ``BF16_SIGNATURE = 2**-12``): a
+    **The bfloat16 signature** (:func:`bfloat16_signature`; the bound is ``judging.bfloat16.signature_bound``,
+    16 times the float32 run's own step-1 gap to float64, and ``BF16_SIGNATURE = 2**-12`` below only
+    where no float64 run was made: the fixed one fired on correct small models): a
     side that ignores the policy and computes in float32 is, by the triangle inequality,
     within the bfloat16 noise of a correct side, so no bound that accepts bfloat16
     rounding can call it a divergence. It is caught directly: each side is also run for

@@ -11,7 +11,7 @@ under data parallelism, uneven shards with equal weighting (and the
 (epsilon placement), batch norm with each framework's moving variance,
 ``param_mean`` and ``async``, and gradient clipping before and after the
 combine. Mixed precision (``mixed_bfloat16``: Keras' policy against torch's CPU
-autocast, judged by the bfloat16 perturbation floor): the seed MLP and the CNN
+autocast, each side held against its float64 run): the seed MLP and the CNN
 at 1, 2 and 4 devices (docs/mixed-precision.md). The exit status is 0 only when
 every verdict is the expected one.
 """

@@ -1,12 +1,15 @@
 """Reports: ``report.md`` (a table a person reads), ``report.json`` (the same, for machines), PNG plots.
 
-Every file is written atomically. One plot per scenario shows, step by step,
+Every file is written atomically. Both record the CPU (``cpu``: ``parity_tests.running.cpu``)
+and, when a ``mixed_bfloat16`` case is in the report, how each framework's kernels sum
+bfloat16 on it (``kernels``: ``parity_tests.running.kernels``). One plot per scenario shows, step by step,
 the gap between each judged pair against the bound it was judged by (the
 float64 bound, or the float32 noise floor), on a log scale.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -20,6 +23,7 @@ import numpy as np
 from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_text
 from parity_tests.contract.rows import nbytes
 from parity_tests.reporting.stages import drawable
+from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
 
 if TYPE_CHECKING:
@@ -78,6 +82,24 @@ def _rows(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
     return rows
 
 
+def _cpu_line(cpu: dict[str, Any], kernels: dict[str, Any] | None) -> str:
+    """The CPU and, for mixed_bfloat16 cases, how each framework's kernels sum bfloat16 on it (one paragraph)."""
+    flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in cpu["flags"].items()
+                      if f in ("avx512_bf16", "amx_bf16", "avx512_fp16"))
+    text = (f"CPU: {cpu['model']} ({flags}; oneDNN ISA {cpu['onednn_isa']}; TensorFlow hands bfloat16 to oneDNN:"
+            f" {'yes' if cpu['tf_onednn_bfloat16'] else 'no'}; TF_ENABLE_ONEDNN_OPTS"
+            f" {cpu['env'].get('TF_ENABLE_ONEDNN_OPTS') or 'unset'}).")
+    seen = ((kernels or {}).get("torch") or {}).get("torch", {}).get("onednn") or {}
+    if seen.get("isa"):
+        text = text[:-2] + f"; torch's oneDNN reports {seen['isa']}, bfloat16 conv {seen.get('bfloat16_conv')})."
+    for framework, probe in (kernels or {}).items():
+        ops = probe.get("ops", {})
+        rounding = [f"{op} (rho {v['rho']:.3g})" for op, v in ops.items() if v["accumulates"] == "bfloat16"]
+        text += (f" {framework} kernels: {len(ops) - len(rounding)} of {len(ops)} sum in float32"
+                 + (f"; partial sums rounded to bfloat16: {', '.join(rounding)}" if rounding else "") + ".")
+    return text
+
+
 def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, Any], plots: dict[str, str]) -> str:
     """The report as Markdown."""
     rows = _rows(results)
@@ -90,6 +112,8 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
                  "*unexpected_parity* a predicted difference it did not find, *inconclusive* a pair in which "
                  "nothing was really compared (CONTRACT section 8).")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
+    if meta.get("cpu"):
+        lines += [_cpu_line(meta["cpu"], meta.get("kernels")), ""]
     if meta.get("trajectories"):
         lines += [f"Trajectories: {meta['trajectories']}.", ""]
     lines.append("| scenario | dtype | devices | combine | optimizer | pair | verdict | expected | ok | greatest gap | bound | noise floor | rule |")
@@ -230,8 +254,24 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     return buf.getvalue()
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.+-]+)?")
+_MAX_NAME = 120  # characters of a file name before its suffix (file systems allow 255 bytes)
+
+
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    """A file name for ``name`` (an implementation or case name, ``impl@variant``): safe and unique.
+
+    A plain name (a built-in's ``torch.ddp@float64``) keeps its form (``torch.ddp_float64``). Any
+    other (a plugin's path ``../x/y.py:train``, ``recorded:...``) is cut to its last
+    :data:`_MAX_NAME` characters of letters, digits, ``_``, ``.``, ``-``, never starting with a
+    dot (no hidden files from ``../``), and followed by 8 hex digits of its SHA-256, so two
+    names that read alike (``a/b.py:f``, ``a_b.py:f``) never share a file.
+    """
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    if _PLAIN.fullmatch(name) and len(readable) <= _MAX_NAME:
+        return readable
+    readable = readable[-_MAX_NAME:].lstrip("._-") or "run"
+    return f"{readable}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def write_report(
@@ -250,6 +290,11 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})
     meta.setdefault("versions", versions())
+    meta.setdefault("cpu", cpu_facts())
+    if any(r.case.spec["dtype"] == "mixed_bfloat16" for r in results) and "kernels" not in meta:
+        from parity_tests.running import kernels
+
+        meta["kernels"] = {f: kernels.probe(f) for f in ("tf", "torch")}  # cached: measured when the cases were judged
     groups: dict[str, list[CaseResult]] = defaultdict(list)
     for r in results:
         groups[scenario_of(r.case.name)].append(r)

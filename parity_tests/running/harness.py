@@ -24,7 +24,8 @@ from parity_tests.contract.errors import CaseError
 from parity_tests.running import registry
 
 __all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout", "check_tf_devices", "prestart_torch",
-           "run_torch_job", "tf_module", "check_dtypes", "reserve_tf_devices", "check_torch_ranks", "RANK_MIB"]
+           "run_torch_job", "tf_module", "check_dtypes", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks",
+           "RANK_MIB"]
 
 #: the built-in implementations (the registry lists every name: :func:`registry.names`)
 IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
@@ -112,6 +113,11 @@ def reserve_tf_devices(n: int) -> None:
     _TF_DEVICES = max(_TF_DEVICES, int(n))
 
 
+def reserved_tf_devices() -> int:
+    """The largest tower count asked for so far (:func:`reserve_tf_devices`; 0 when none)."""
+    return _TF_DEVICES
+
+
 def check_torch_ranks(n: int, field: str = "parallel.devices") -> None:
     """Refuse, before spawning anything, a world size whose ranks this machine cannot hold.
 
@@ -169,7 +175,7 @@ def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
                   on_failure: Any = None) -> list[Any]:
     """Run ``fn(ctx, job)`` on ranks 0..world_size-1 of the shared pool; failures become one line.
 
-    ``on_failure(detail) -> Exception | None`` may turn a rank's traceback text into a more
+    ``on_failure(detail, rank) -> Exception | None`` may turn a rank's traceback text into a more
     specific error (what a plugin raised, or bad input it met) before the generic one.
 
     Raises:
@@ -183,7 +189,7 @@ def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
     try:
         return pool.run(fn, job, world_size, timeout=_POOL_TIMEOUT)
     except RankFailed as e:  # one line: the rank, how it failed, and the remote error's last line
-        specific = on_failure(e.detail) if on_failure else None
+        specific = on_failure(e.detail, e.rank) if on_failure else None
         if specific is not None:
             raise specific from e
         last = next((line.strip() for line in reversed(e.detail.splitlines()) if line.strip()), "")
@@ -219,10 +225,16 @@ def by_file(payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
-    """Refuse, before anything runs, an implementation that does not declare the case's dtype."""
+    """Refuse, before anything runs, an implementation that does not declare the case's dtype, and a built-in
+    asked to run an optimizer only plugins know (``contract.optimizer.builtin_refusal``)."""
+    from parity_tests.contract.optimizer import builtin_refusal
+
     dtype = case.spec["dtype"]
     for name in impls:
         found = registry.resolve(name, field)
+        refused = builtin_refusal(case.spec["optimizer"], name) if found.kind == "builtin" else None
+        if refused is not None:  # an optimizer only plugins know (kept as data for them)
+            raise refused
         if dtype not in found.dtypes:
             raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {name} (the dtypes it declares)", dtype)
 

@@ -43,8 +43,9 @@ Bounds, per step (``docs/lockstep.md``):
 
 Supported: ``data.order: split``, ``parallel.combine`` ``grad_mean``/``loss_mean``. The
 optimizer state is loaded and exported by ``tf.towers``, ``tf.single``, ``torch.ddp`` and
-``torch.single`` (``tfpar.optimizers.load_state``, ``torchref.optimizers.load_state``);
-every other implementation (``tf.v1``, ``tf.mirrored``, plugins) takes part when the case's
+``torch.single`` (``tfpar.optimizers.load_state``, ``torchref.optimizers.load_state``) and by
+plugins, which hand their optimizer over (``run.use_optimizer``, docs/plugins.md "Lockstep");
+every other implementation (``tf.v1``, ``tf.mirrored``) takes part when the case's
 optimizer has no state (``sgd`` with a constant schedule), where a one-step run from
 ``run.initial`` is already lockstep. Native momentum buffers differ between the frameworks
 by a factor ``-lr``: such cases are refused (``semantics: tf`` or ``torch`` run them).
@@ -150,7 +151,7 @@ def check_lockstep(case: Case, impls: list[str]) -> None:
         if spec["dtype"] == "float32" and "float64" not in found.dtypes:
             raise CaseError("dtype", f"float64 among the dtypes {name} declares, for --lockstep on a float32 case (each"
                                      " step's float32 bound is measured against one-step float64 runs)", spec["dtype"])
-        if not _stateless(spec) and name not in STATEFUL:
+        if not _stateless(spec) and name not in STATEFUL and found.kind != "plugin":
             raise CaseError("optimizer", f"sgd with a constant schedule for --lockstep with {name} (only "
                                          f"{', '.join(STATEFUL)} load optimizer state)", opt["name"])
 

@@ -4,7 +4,11 @@ Every trajectory the tool writes gets a manifest beside it
 (``<name>.manifest.json``): the normalised case, SHA-256 of every input array
 and npz file, the tool, TensorFlow, torch, numpy and Python versions, the
 platform, the determinism settings, the environment variables that change
-numerics or device placement, and a SHA-256 of every trajectory array.
+numerics or device placement, and a SHA-256 of every trajectory array. ``cpu``
+records the CPU and what changes bfloat16 numerics on it (``parity_tests.running.cpu``:
+model, AVX512_BF16 / AMX / AVX512-FP16 flags, oneDNN's ISA, whether TensorFlow hands
+bfloat16 to oneDNN); a ``mixed_bfloat16`` run also records ``kernels``: how each op of its
+framework sums bfloat16 here (``parity_tests.running.kernels``, the probe).
 
 The ``implementation`` object says what ran: ``name``, ``kind`` (``builtin``,
 ``plugin``, ``recorded``), ``framework``, ``parallel``, ``dtypes`` and ``keras``,
@@ -36,6 +40,7 @@ from parity_tests.contract.case import Case, case_from_dict
 from parity_tests.contract.errors import CaseError
 from parity_tests.contract.rows import RowArray, iter_rows
 from parity_tests.judging.compare import key_order
+from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
 
 __all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "write_manifest",
@@ -43,7 +48,8 @@ __all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "wri
 
 MANIFEST_SCHEMA = "tfpar-manifest/1"
 # environment that changes numerics, threads or device placement
-ENV_VARS = ("TF_ENABLE_ONEDNN_OPTS", "TF_DETERMINISTIC_OPS", "CUDA_VISIBLE_DEVICES", "TFPAR_DEVICES",
+ENV_VARS = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+            "ONEDNN_DEFAULT_FPMATH_MODE", "TF_DETERMINISTIC_OPS", "CUDA_VISIBLE_DEVICES", "TFPAR_DEVICES",
             "TFPAR_GPU_MEMORY_MB", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
             "TF_NUM_INTRAOP_THREADS", "PYTHONHASHSEED")
 DETERMINISM = {
@@ -119,6 +125,18 @@ def implementation_record(impl: str) -> dict[str, Any]:
     return out
 
 
+def _kernels(impl: str) -> dict[str, Any] | None:
+    """The kernel probe of ``impl``'s framework (``running.kernels``), or ``None`` where this process cannot run it."""
+    from parity_tests.running import kernels
+    from parity_tests.running.registry import resolve
+
+    framework = resolve(impl, "--impl").framework
+    try:
+        return kernels.probe(framework)
+    except Exception as e:  # a manifest is written after the run: say why the probe is missing, never fail it
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+
+
 def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajectory_file: str | None = None) -> dict[str, Any]:
     """The manifest of one run (plain JSON data)."""
     return {
@@ -132,6 +150,8 @@ def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajector
         "versions": versions(),
         "determinism": DETERMINISM,
         "env": {k: os.environ.get(k) for k in ENV_VARS},
+        "cpu": cpu_facts(),
+        **({"kernels": _kernels(impl)} if case.spec["dtype"] == "mixed_bfloat16" else {}),
         "trajectory_file": trajectory_file,
         "trajectory": {k: array_digest(traj[k]) for k in sorted(traj, key=key_order)},
         "findings": list(getattr(traj, "findings", [])),  # divergences within the run (DDP replicas out of sync)

@@ -2,8 +2,12 @@
 
 A plugin name is ``path/to/file.py:function`` (relative to the current folder,
 or absolute) or ``package.module:function``. :func:`resolve_plugin` imports it
-in this process (so that every mistake is one line of bad input before
-anything runs) and reads its decorator; :func:`assemble` turns what the
+(so that every mistake is one line of bad input before anything runs) and reads
+its decorator: a module that imports TensorFlow in a fresh process of the
+TensorFlow server (``tf_worker``, never in this one: its top level may set
+process-wide state), any other here. A TensorFlow plugin runs in a fresh process
+per run (:func:`run_isolated`), a torch plugin on the pool's ranks, reset before
+and after (``torchref.fresh``). :func:`assemble` turns what the
 plugin reported through ``run.begin``/``run.record`` into a trajectory,
 checking every name, shape, dtype and the number of steps;
 :func:`replica_divergence` compares the parameter digests every DDP rank
@@ -27,12 +31,15 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.errors import CaseError
+from parity_tests.contract.optimizer import plugins_only
 from parity_tests.contract.rows import RowList, remove_files, spill_threshold
 from parity_tests.contract.specs import param_specs
 from parity_tests.contract.trajectory import Trajectory
+from parity_tests.running.harness import RunError
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
-           "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS"]
+           "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS", "PluginFailed", "run_isolated",
+           "raised_line"]
 
 MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
 KINDS = {"tensorflow": "@tfpar.plugin.tensorflow", "distributed": "@torchref.plugin.distributed",
@@ -50,7 +57,8 @@ class PluginTarget:
         dtypes: the dtypes its decorator declares.
         location: how a worker process imports it: ``{"path", "module_name", "attr"}`` or ``{"module", "attr"}``.
         source: the file the function's module was loaded from (hashed into manifests).
-        fn: the function itself (this process).
+        fn: the function itself, where this process imported its module (``None`` for a TensorFlow
+            plugin: its module is imported only in the fresh process of each run).
     """
 
     name: str
@@ -58,8 +66,10 @@ class PluginTarget:
     dtypes: tuple[str, ...]
     location: dict[str, str]
     source: Path | None
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None
     keras: bool = False
+    #: ``False``: the plugin cannot run deterministically (its decorator says so); the judge measures its spread
+    deterministic: bool = True
 
 
 def is_plugin_name(name: str) -> bool:
@@ -79,27 +89,19 @@ def _module_name(path: Path) -> str:
 _TF_IMPORT = re.compile(r"^\s*(import|from)\s+(tensorflow|tfpar|keras)\b", re.MULTILINE)
 
 
-def _prepare_tensorflow(source: Path | None) -> None:
-    """Start TensorFlow the tool's way (logical devices, quiet logs) before a module that imports it.
-
-    Logical devices can only be configured before TensorFlow initialises its runtime, which a
-    user's module may do at import time (a ``tf.constant`` at top level).
-    """
+def _imports_tensorflow(source: Path | None) -> bool:
+    """Whether a module's source imports TensorFlow, Keras or ``tfpar`` at a line of its own."""
     try:
         text = source.read_text(errors="replace") if source else ""
     except OSError:
-        return
-    if _TF_IMPORT.search(text):
-        from parity_tests.running.harness import tf_module
-
-        tf_module()
+        return False
+    return bool(_TF_IMPORT.search(text))
 
 
 def _import_path(path: Path, field: str, name: str) -> Any:
     mod = _module_name(path)
     if mod in sys.modules:
         return sys.modules[mod]
-    _prepare_tensorflow(path)
     sys.path.insert(0, str(path.parent))  # the user's sibling modules, as ``python FILE`` would see them
     spec = importlib.util.spec_from_file_location(mod, path)
     module = importlib.util.module_from_spec(spec)
@@ -112,8 +114,41 @@ def _import_path(path: Path, field: str, name: str) -> Any:
     return module
 
 
+def describe(fn: Any) -> dict[str, Any]:
+    """What the parity tool needs to know of a module's attribute: is it there, callable, marked, and how."""
+    mark = getattr(fn, MARK, None)
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    return {"found": fn is not None, "callable": callable(fn), "type": type(fn).__name__,
+            "mark": None if getattr(mark, "kind", None) not in KINDS else
+            {"kind": mark.kind, "dtypes": tuple(mark.dtypes), "keras": bool(getattr(mark, "keras", False)),
+             "deterministic": bool(getattr(mark, "deterministic", True))},
+            "file": getattr(module, "__file__", None)}
+
+
+def _inspect_isolated(location: dict[str, str], field: str, name: str) -> dict[str, Any]:
+    """:func:`describe` of the plugin, its module imported in a fresh process of the TensorFlow server.
+
+    A TensorFlow program's top level may set process-wide state (``tf.compat.v1.disable_eager_execution()``,
+    ``keras.config.set_floatx``): imported here, it would change this process, where the built-in
+    TensorFlow implementations run. So this process never imports it; each run imports it afresh.
+    """
+    from parity_tests.running.harness import RunError
+    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
+
+    try:
+        out = get_worker().run({**job_context(), "location": location, "inspect": True})
+    except WorkerDied as e:
+        raise RunError(f"{name} could not be imported: {e}") from None
+    if "input" in out:
+        raise CaseError(field, out["input"].replace(" to import cleanly;", f" to import cleanly ({name});"))
+    return out["described"]
+
+
 def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
-    """Import the plugin ``name`` and read its decorator.
+    """Find the plugin ``name`` and read its decorator.
+
+    A module that imports TensorFlow (or Keras, or ``tfpar``) is imported in a fresh process of
+    the TensorFlow server (:func:`_inspect_isolated`), never in this one; any other module here.
 
     Raises:
         CaseError: (one line, naming ``field``) no such file or module, an import error
@@ -123,12 +158,17 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
     where, _, attr = name.rpartition(":")
     if not where or not attr.isidentifier():
         raise CaseError(field, "a plugin named FILE.py:FUNCTION or package.module:FUNCTION", name)
+    fn = None
     if where.endswith(".py") or "/" in where or "\\" in where:
         path = Path(where).expanduser().resolve()
         if not path.is_file():
             raise CaseError(field, f"an existing Python file; {where} does not exist", name)
-        module = _import_path(path, field, name)
-        location = {"path": str(path), "module_name": module.__name__, "attr": attr}
+        location = {"path": str(path), "module_name": _module_name(path), "attr": attr}
+        if _imports_tensorflow(path):
+            info = _inspect_isolated(location, field, name)
+        else:
+            fn = getattr(_import_path(path, field, name), attr, None)
+            info = describe(fn)
     else:
         try:
             found = importlib.util.find_spec(where)
@@ -136,23 +176,27 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
             found = None
         if found is None:
             raise CaseError(field, f"an importable module; no module named {where!r} (a file needs its .py)", name)
-        _prepare_tensorflow(Path(found.origin) if found.origin and found.origin.endswith(".py") else None)
-        try:
-            module = importlib.import_module(where)
-        except Exception as e:
-            raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
         location = {"module": where, "attr": attr}
-        path = Path(module.__file__) if getattr(module, "__file__", None) else None
-    fn = getattr(module, attr, None)
-    if fn is None:
+        path = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
+        if _imports_tensorflow(path):
+            info = _inspect_isolated(location, field, name)
+        else:
+            try:
+                module = importlib.import_module(where)
+            except Exception as e:
+                raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
+            fn = getattr(module, attr, None)
+            info = describe(fn)
+    if not info["found"]:
         raise CaseError(field, f"a function named {attr!r} in {where}", name)
-    if not callable(fn):
-        raise CaseError(field, f"{attr!r} in {where} to be a function", type(fn).__name__)
-    mark = getattr(fn, MARK, None)
-    if getattr(mark, "kind", None) not in KINDS:
+    if not info["callable"]:
+        raise CaseError(field, f"{attr!r} in {where} to be a function", info["type"])
+    mark = info["mark"]
+    if mark is None:
         raise CaseError(field, f"{attr} in {where} to carry one of {_DECORATORS}; it has none", name)
-    source = Path(getattr(sys.modules.get(fn.__module__), "__file__", None) or path) if path else None
-    return PluginTarget(name, mark.kind, tuple(mark.dtypes), location, source, fn, bool(getattr(mark, "keras", False)))
+    source = Path(info["file"] or path) if path else None
+    return PluginTarget(name, mark["kind"], tuple(mark["dtypes"]), location, source, fn, mark["keras"],
+                        mark["deterministic"])
 
 
 # ------------------------------------------------------------------ checking what was recorded
@@ -274,29 +318,28 @@ def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
     return None
 
 
-_RAISED = re.compile(r"PluginRaised: step (\d+): (.*)$")
+_RAISED = re.compile(r"PluginRaised: ((?:at|before|after) step \d+): (.*)$")
 _INPUT = re.compile(r"PluginInputError: (.*)$")
 
 
-def plugin_failure(impl: str, detail: str) -> tuple[str, str] | None:
-    """Read a worker's traceback text: ``("raised", one line)`` / ``("input", one line)``, or ``None``."""
-    last = next((line.strip() for line in reversed(detail.splitlines()) if line.strip()), "")
+def plugin_failure(impl: str, detail: str, rank: int | None = None) -> tuple[str, str, str] | None:
+    """Read a rank's report: ``("raised", one line, the user's frames)`` / ``("input", one line, "")``, or ``None``.
+
+    ``rank``: the rank whose report it is, named in the line (``raised at step 2 on rank 1: ...``).
+    """
+    lines = detail.rstrip().splitlines()
+    last = lines[-1].strip() if lines else ""
     m = _RAISED.search(last)
     if m:
-        return "raised", f"{impl} raised at step {m.group(1)}: {m.group(2)}"
+        frames = "\n".join(lines[:-1])
+        return "raised", raised_line(impl, m.group(1), m.group(2), rank), frames + ("\n" if frames else "")
     m = _INPUT.search(last)
     if m:
-        return "input", m.group(1)
+        return "input", m.group(1), ""
     return None
 
 
 # ------------------------------------------------------------------ running a plugin
-
-
-def _refuse_unsupported(case: Any, impl: str) -> None:
-    if case.spec["data"].get("order", "split") != "split":
-        raise CaseError("data.order", f"split for the plugin {impl} (run.batches() hands out global batches in order)",
-                        case.spec["data"]["order"])
 
 
 def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
@@ -404,23 +447,86 @@ def _tf_devices(device: Mapping[str, Any] | None) -> list[Mapping[str, Any] | No
              for k in ("grads", "acts", "losses", "inputs", "leaves")} for r in range(n)]
 
 
+class PluginFailed(RunError):
+    """A plugin raised while it ran: the one line (``str``) and the user's own frames (:attr:`frames`).
+
+    A :class:`~parity_tests.running.harness.RunError` (exit 1); the command prints the line,
+    then the frames on stderr; a Python traceback of it shows them as its note.
+    """
+
+    def __init__(self, line: str, frames: str = "") -> None:
+        super().__init__(line)
+        self.frames = frames
+        if frames:  # shown under the line wherever Python prints the exception (a failing pytest test)
+            self.add_note(frames.rstrip("\n"))
+
+
+def raised_line(impl: str, when: str, line: str, rank: int | None = None) -> str:
+    """``my.py:train raised at step 3: KeyError: 'lr'`` (``on rank 1`` where a DDP rank raised alone)."""
+    return f"{impl} raised {when}" + (f" on rank {rank}" if rank is not None else "") + f": {line}"
+
+
+def run_isolated(target: PluginTarget, case: Any, impl: str) -> dict[str, Any]:
+    """Run a TensorFlow plugin in a fresh process (``tf_worker``); its records.
+
+    Raises:
+        PluginFailed: the plugin raised (the line names when, and carries the user's frames).
+        CaseError: its module failed to import there (a module that imports differently the
+            second time), or the case asks for more devices than the process can make.
+        RunError: the process died without reporting.
+    """
+    from parity_tests.running import harness
+    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
+
+    payload, files = harness.by_file(case.payload())
+    job = {**job_context(case.devices), "location": target.location, "payload": payload,
+           "deterministic": target.deterministic}
+    try:
+        out = get_worker().run(job)
+    except WorkerDied as e:
+        raise harness.RunError(f"{impl} failed: {e}") from None
+    finally:
+        remove_files(files)
+    if "input" in out:
+        raise CaseError(impl, out["input"])
+    if "raised" in out:
+        r = out["raised"]
+        raise PluginFailed(raised_line(impl, r["when"], r["line"]), r["frames"])
+    return out["records"]
+
+
+def optimizer_arrays(records: Mapping[str, Any], case: Any, impl: str) -> dict[str, np.ndarray]:
+    """``opt/step`` and ``opt/<slot>/<name>`` of a plugin's run, where ``--lockstep`` asked for its optimizer state.
+
+    The plugin hands its optimizer over with ``run.use_optimizer`` (or passes
+    ``run.record(..., optimizer_state=...)``); a case whose optimizer keeps state (anything but
+    ``sgd`` with a constant schedule) cannot go on without it: one line of bad input.
+    """
+    if not getattr(case, "extra", {}).get("export_opt_state"):
+        return {}
+    state = records.get("opt_export")
+    opt = case.spec["optimizer"]
+    if state is None:
+        if opt["name"] == "sgd" and opt.get("schedule", {"kind": "constant"})["kind"] == "constant" \
+                and not plugins_only(opt):
+            return {}
+        raise CaseError(impl, "a call to run.use_optimizer(optimizer, params) before the first step (or"
+                              " run.record(..., optimizer_state=...)): under --lockstep each step starts from the"
+                              f" reference's optimizer state, and {opt['name']!r} keeps one")
+    out = {"opt/step": np.asarray(int(state["step"]), np.int64)}
+    out.update({f"opt/{slot}/{name}": np.asarray(a) for slot, arrays in state["slots"].items() for name, a in arrays.items()})
+    return out
+
+
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
-    from parity_tests.running.harness import RunError, by_file, check_tf_devices, run_torch_job
+    from parity_tests.running.harness import by_file, run_torch_job
     from parity_tests.running.registry import Implementation
 
     impl = name or target.name
 
     def run_tensorflow(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
-        _refuse_unsupported(case, impl)
-        check_tf_devices(case, impl)
-        from tfpar.plugin import PluginRaised, run_plugin
-
-        payload = case.payload()
-        try:
-            records = run_plugin(target.fn, payload)
-        except PluginRaised as e:
-            raise RunError(f"{impl} raised at step {e.step}: {e.line}") from e
+        records = run_isolated(target, case, impl)  # its own process: this one needs no TensorFlow
         try:
             traj = assemble(records, case.spec, case.init, impl)
         finally:
@@ -428,12 +534,12 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
+        traj.update(optimizer_arrays(records, case, impl))
         if progress:
             progress(case.spec["steps"])
         return traj
 
     def run_torch(case: Any, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
-        _refuse_unsupported(case, impl)
         from torchref.plugin import run_plugin_rank
         from torchref.pool import MAX_SIZE
 
@@ -441,15 +547,16 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         if n > MAX_SIZE:
             raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", n)
 
-        def failure(detail: str) -> Exception | None:
-            found = plugin_failure(impl, detail)
+        def failure(detail: str, rank: int) -> Exception | None:
+            found = plugin_failure(impl, detail, rank if n > 1 else None)
             if found is None:
                 return None
-            return RunError(found[1]) if found[0] == "raised" else CaseError(impl, found[1])
+            return PluginFailed(found[1], found[2]) if found[0] == "raised" else CaseError(impl, found[1])
 
         # the parent's spill threshold travels with the job (the workers were started before it was set)
         payload, files = by_file({**case.payload(), "spill_bytes": spill_threshold()})
-        job = {"location": target.location, "kind": target.kind, "payload": payload}
+        job = {"location": target.location, "kind": target.kind, "payload": payload,
+               "deterministic": target.deterministic}
         try:
             ranks = run_torch_job(impl, run_plugin_rank, job, n, on_failure=failure)
         finally:
@@ -460,6 +567,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
             remove_files(ranks[0].get("spill", ()))  # assembled (or refused): rank 0's files go
         traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec)))
+        traj.update(optimizer_arrays(ranks[0], case, impl))
         finding = replica_divergence(ranks, impl)
         if finding:
             traj.findings.append(finding)

@@ -27,7 +27,10 @@ from hypothesis.errors import InvalidArgument
 from parity_tests.contract.case import Case, case_from_dict
 from parity_tests.contract.model import ACTIVATIONS, LOSSES
 from parity_tests.contract.optimizer import SEMANTICS
-from parity_tests.contract.parallel import COMBINES, MAX_DEVICES, SHARDS, WEIGHTINGS
+from parity_tests.contract.parallel import COMBINES, LOCAL_COMBINES, MAX_DEVICES, SHARDS, WEIGHTINGS
+
+#: the weightings drawn by default: ``sum`` (with a sum reduction, the judge's mapping of one) only when asked
+DRAWN_WEIGHTINGS = ("equal", "by_size")
 
 __all__ = [
     "device_counts",
@@ -197,11 +200,12 @@ def dtypes(allowed: Sequence[str] = ("float32", "float64")) -> st.SearchStrategy
 
 
 def parallel_settings(devices: int, *, combines: Sequence[str] = COMBINES, shards: Sequence[str] = SHARDS,
-                      weightings: Sequence[str] = WEIGHTINGS) -> st.SearchStrategy[dict]:
-    """``parallel`` sections for ``devices`` devices."""
+                      weightings: Sequence[str] = DRAWN_WEIGHTINGS) -> st.SearchStrategy[dict]:
+    """``parallel`` sections for ``devices`` devices (``sum`` weighting is drawn only with ``grad_mean``/``loss_mean``)."""
     _int_arg("devices", devices, 1, MAX_DEVICES)
     return st.builds(
-        lambda c, s, w: {"devices": devices, "combine": c, "shard": s, "weighting": w},
+        lambda c, s, w: {"devices": devices, "combine": c, "shard": s,
+                         "weighting": "equal" if w == "sum" and c in LOCAL_COMBINES else w},
         st.sampled_from(_subset("combines", combines, COMBINES)),
         st.sampled_from(_subset("shards", shards, SHARDS)),
         st.sampled_from(_subset("weightings", weightings, WEIGHTINGS)),
@@ -224,7 +228,7 @@ def dense_cases(
     reductions: Sequence[str] = ("mean",),
     combines: Sequence[str] = COMBINES,
     shards: Sequence[str] = SHARDS,
-    weightings: Sequence[str] = WEIGHTINGS,
+    weightings: Sequence[str] = DRAWN_WEIGHTINGS,
     optimizer_names: Sequence[str] = _OPTIMIZERS,
     semantics: Sequence[str] = ("torch", "tf"),
     even_shards: bool | None = None,
@@ -268,6 +272,8 @@ def dense_cases(
             "parallel": draw(parallel_settings(n, combines=combines, shards=shards, weightings=weightings)),
             "steps": draw(st.integers(1, max_steps)),
         }
+        if raw["parallel"]["weighting"] == "sum" and raw["model"]["reduction"] != "sum":
+            raw["parallel"]["weighting"] = "equal"  # sum adds the devices' sums: with a mean reduction it is refused
         return case_from_dict(raw)
 
     return build()

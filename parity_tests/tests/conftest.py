@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -86,6 +87,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     shutdown_pool()
     stop_forkserver()  # the server the ranks fork from is a child too
+    if "parity_tests.running.tf_worker" in sys.modules:  # the server TensorFlow plugins run from
+        sys.modules["parity_tests.running.tf_worker"].shutdown_worker()
     me = psutil.Process()
     left = []
     for _ in range(50):  # workers get a moment to exit after the stop message

@@ -82,11 +82,9 @@ BAD = [
     ("model.loss", "hinge", "model.loss"),
     ("model.reduction", "max", "model.reduction"),
     ("model.input_shape", [0], "model.input_shape"),
-    ("optimizer.name", "lion", "optimizer.name"),
     ("optimizer.lr", -0.1, "optimizer.lr"),
     ("optimizer.lr", float("nan"), "optimizer.lr"),
     ("optimizer.semantics", "jax", "optimizer.semantics"),
-    ("optimizer.momentum", 0.9, "optimizer.momentum"),
     ("parallel.devices", 0, "parallel.devices"),
     ("parallel.devices", 65, "parallel.devices"),
     ("parallel.combine", "median", "parallel.combine"),
@@ -168,3 +166,14 @@ def test_digits_are_the_real_uci_digits_in_an_mnist_canvas():
     assert all(index[s.tobytes()] == y for s, y in zip(small, c.y, strict=True))
     # the first 1797 rows are every digit once
     assert len({s.tobytes() for s in small[:1797]}) == len({img.tobytes() for img in images})
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"parallel__weighting": "sum"}, "parallel.weighting"),  # with a mean reduction: N times the mean
+    ({"parallel__weighting": "sum", "model__reduction": "sum", "parallel__combine": "param_mean"}, "parallel.weighting"),
+])
+def test_sum_weighting_is_for_a_sum_reduction_on_the_synchronous_paths(changes, field):
+    with pytest.raises(CaseError) as e:
+        make(MLP, **changes)
+    assert e.value.field == field
+    assert make(MLP, parallel__weighting="sum", model__reduction="sum").spec["parallel"]["weighting"] == "sum"

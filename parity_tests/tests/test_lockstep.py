@@ -188,9 +188,8 @@ def test_seeded_bug_at_step_40_is_named_by_lockstep(pool):
     ({"data__order": "distributed_sampler", "parallel__shard": "strided"}, ["tf.towers", "tf.single"], "data.order"),
     ({"optimizer": {"name": "momentum", "lr": 0.1, "momentum": 0.9}}, ["tf.towers", "torch.ddp"], "optimizer.semantics"),
     ({"optimizer": {"name": "adam", "lr": 0.1, "semantics": "torch"}}, ["tf.towers", "tf.v1"], "optimizer"),
-    ({"optimizer": {"name": "adam", "lr": 0.1, "semantics": "torch"}}, ["tf.towers", PLUGINS + "ddp"], "optimizer"),
     ({"dtype": "float32"}, ["tf.towers", PLUGINS + "ddp_float32"], "dtype"),
-], ids=["param_mean", "sampler", "native-momentum", "v1-with-adam", "plugin-with-adam", "float32-only-plugin"])
+], ids=["param_mean", "sampler", "native-momentum", "v1-with-adam", "float32-only-plugin"])
 def test_unsupported_cases_are_one_line_naming_the_field(changes, impls, field):
     case = make(MLP, parallel__devices=2, **changes)
     with pytest.raises(CaseError) as e:

@@ -21,6 +21,7 @@ from parity_tests.judging.pair import RULE_VACUOUS, Side, judge_sides, resolve, 
 from parity_tests.judging.theory import Difference, Prediction
 from parity_tests.judging.tolerance import judge_float64
 from parity_tests.running import lockstep as ls
+from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, make
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -264,3 +265,16 @@ def test_a_stand_in_computes_as_the_plugin_it_stands_for():
     assert p.verdict.status == "expected_difference", p.verdict.detail
     assert "optimizer.keras_rounding none" in p.mapping and "parallel.weighting by_size" in p.mapping
     assert p.residual.status == "parity" and p.residual.gap < 1e-13
+
+
+@pytest.mark.usefixtures("pool")
+def test_sum_weighting_is_the_full_batch_sum_on_every_engine():
+    """The mapping of a predicted sum reduction: each engine's devices' sums added equal one device's sum."""
+    case = make(MLP, model__reduction="sum", parallel__weighting="sum", parallel__devices=4, data__global_batch=50,
+                optimizer__semantics="torch")
+    one = run_impl(case, "tf.single")
+    for impl in ("tf.towers", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single"):
+        assert judge_float64(one, run_impl(case, impl)).gap < 1e-14, impl
+    summed = compare_case(case.replace(**{"parallel.weighting": "equal"}), ["torch.ddp", "torch.single"]).pairs[0]
+    assert summed.verdict.status == "expected_difference"
+    assert summed.mapping == "torch.ddp run with parallel.weighting sum" and summed.residual.gap < 1e-14

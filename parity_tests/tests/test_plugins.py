@@ -107,15 +107,33 @@ def test_desynchronised_replicas_are_a_finding_with_step_rank_and_parameter(tmp_
     assert "replicas diverged at step 2: rank 1" in capsys.readouterr().err
 
 
-def test_a_plugin_that_raises_is_exit_1_naming_it_and_the_step(tmp_path, capsys):
-    case = _case_file(tmp_path)
-    status = main(["compare", case, "--impls", f"torch.ddp,{TORCH}:raises_at_step_2"])
-    err = capsys.readouterr().err.strip().splitlines()  # a progress bar (cleared), then one line
-    assert status == 1 and err[-1].startswith("tfpar: run failed: "), err
-    assert f"{TORCH}:raises_at_step_2 raised at step 2: KeyError: 'lr_schedule'" in err[-1]
-    status = main(["compare", case, "--impls", f"{TF}:raises_at_step_3,torch.ddp"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 1 and "raises_at_step_3 raised at step 3: ValueError: the learning rate schedule ran out" in err[-1]
+def _failure(err: str) -> tuple[str, list[str]]:
+    """``tfpar: run failed: ...`` and the lines after it (the user's frames), from captured stderr."""
+    lines = err.splitlines()
+    i = max(j for j, line in enumerate(lines) if line.startswith("tfpar: run failed: "))
+    return lines[i], lines[i + 1:]
+
+
+@pytest.mark.parametrize(("impls", "says", "frame"), [
+    (f"torch.ddp,{TORCH}:raises_at_step_2", f"{TORCH}:raises_at_step_2 raised at step 2 on rank 0: KeyError: 'lr_schedule'",
+     "raise KeyError(\"lr_schedule\")"),
+    (f"{TF}:raises_at_step_3,torch.ddp", f"{TF}:raises_at_step_3 raised at step 3: ValueError: the learning rate"
+     " schedule ran out", "raise ValueError(\"the learning rate schedule ran out\")"),
+    (f"torch.ddp,{TORCH}:raises_before_begin", f"{TORCH}:raises_before_begin raised before step 1 on rank 0:"
+     " KeyError: 'lr_schedule'", "return run.spec[\"optimizer\"][\"lr_schedule\"]"),
+    (f"{TF}:raises_before_begin,torch.ddp", f"{TF}:raises_before_begin raised before step 1: KeyError: 'lr_schedule'",
+     "return run.spec[\"optimizer\"][\"lr_schedule\"]"),
+])
+def test_a_plugin_that_raises_is_exit_1_one_line_then_the_users_frames(tmp_path, capsys, impls, says, frame):
+    status = main(["compare", _case_file(tmp_path), "--impls", impls])
+    line, rest = _failure(capsys.readouterr().err)
+    assert status == 1 and line == f"tfpar: run failed: {says}"
+    assert rest[0] == "Traceback (most recent call last; the tool's frames left out):", rest
+    files = [r.split('"')[1] for r in rest if r.startswith('  File "')]
+    assert files and all(f.startswith(str(HERE)) for f in files), rest  # the user's file only: no tool frame
+    assert any(r.startswith("    " + frame) for r in rest), rest  # the line that raised
+    assert rest[-1] == says.split(": ", 1)[1], rest  # and the exception, as Python prints it
+    assert not any("parity_tests/running" in r or "tfpar/plugin.py" in r or "torchref/" in r for r in rest), rest
 
 
 def test_the_pool_survives_a_plugin_that_raises_on_every_rank():
@@ -126,7 +144,7 @@ def test_the_pool_survives_a_plugin_that_raises_on_every_rank():
     run_impl(case, "torch.ddp")
     pool = get_pool(1)  # the shared pool as it is (a larger size would replace it)
     pids = pool.pids
-    with pytest.raises(RunError, match="raised at step 2: KeyError"):
+    with pytest.raises(RunError, match="raised at step 2 on rank 0: KeyError"):
         run_impl(case, f"{TORCH}:raises_at_step_2")
     assert get_pool(1) is pool and pool.alive and pool.pids == pids  # no restart: every rank raised its own error
     run_impl(case, f"{TORCH}:ddp")

@@ -313,7 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # naming the cause first (seconds; torchrun sends SIGKILL after 30 s anyway)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             if isinstance(e, PluginRaised):  # the plugin's own error, or a collective failing under it
-                kind, code = board.report(e.line, e.step), 1
+                if e.frames:  # the user's own frames, on this rank's stderr
+                    print(e.frames, end="", file=sys.stderr, flush=True)
+                kind, code = board.report(e.line if e.step else f"{e.line} ({e.when})", e.step or None), 1
             elif isinstance(e, PluginInputError):
                 kind, code = board.report(str(e)), 2
             else:

@@ -164,3 +164,36 @@ def keras_floatx64(run):
 
 def undecorated(run):
     _train(run)
+
+
+def _schedule(run):
+    return run.spec["optimizer"]["lr_schedule"]  # a key the case does not have: raises KeyError
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def raises_before_begin(run):
+    _schedule(run)  # before run.begin: the line says "before step 1"
+    _train(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def prints(run):
+    """``good``, printing as a user's program does: a line on stdout, an unfinished line on stderr."""
+    import sys
+
+    print(f"a line from the plugin ({run.dtype})")
+    print("an unfinished line", end="", file=sys.stderr)
+    _train(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def exits_at_step_2(run):
+    """Leaves without a word at step 2 (a crash inside a library looks like this to the tool)."""
+    import os
+
+    def change(k, loss, params):
+        if k == 2:
+            os._exit(3)
+        return loss, params
+
+    _train(run, change=change)

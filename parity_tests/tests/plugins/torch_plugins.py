@@ -77,3 +77,23 @@ def rank1_skips_step_2(run):
                 p.grad.zero_()
 
     _train(run, change=change)
+
+
+def _schedule(run):
+    return run.spec["optimizer"]["lr_schedule"]  # a key the case does not have: raises KeyError
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def raises_before_begin(run):
+    _schedule(run)  # before run.begin: the line says "before step 1"
+    _train(run)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def prints(run):
+    """``ddp``, printing from every rank as a user's program does: a line on stdout, an unfinished one on stderr."""
+    import sys
+
+    print(f"rank {run.rank} says hello")
+    print(f"rank {run.rank} unfinished", end="", file=sys.stderr)
+    _train(run)

@@ -1,0 +1,349 @@
+"""The bfloat16 rule: a mixed-precision pair is held against its float64 runs (``"bfloat16 against float64"``).
+
+A ``mixed_bfloat16`` run keeps float32 master weights and computes its layers in bfloat16;
+the float64 run of the same case (:func:`float64_reference`) is its ground truth. A pair is
+at parity when
+
+1. the two float64 runs agree (the float64 rule, :func:`tolerance.judge_float64`: a
+   semantic difference shows there, on any CPU), and
+2. each side is as far from its float64 run as its bfloat16 arithmetic explains::
+
+       D_X        = X - X64                      (the run's error; X'_r - X'64_r for rerun r)
+       e_X[k]     = max_{j <= k} gap_j(X, X64)   (its distance from float64)
+       S[k]       = max_{j <= k} max_{Y in {A, B}, r <= R} gap_j(D_Y, D'_{Y,r})   (the sampled spread)
+       T_X[k]     = max_{j <= k} gap_j(X64 - X64[0], X64r - X64r[0])            (the storage term)
+       E_X[k]     = F * rho_X * S[k] + 2 * T_X[k] + FLOAT32_ABS_FLOOR         (what its arithmetic explains)
+
+   with every gap measured against the float64 runs' norms (``tolerance._scales``), and
+   ``e_X[k] <= E_X[k]`` at every step for the parameters and batch-norm state.
+
+Then by the triangle inequality ``gap(A, B) <= e_A + e_B + gap(A64, B64) <= E_A + E_B + gap64``:
+the pair's gap is reported against that bound, which it cannot exceed once both sides pass.
+A side that fails is named: the verdict says *which* side is farther from float64 than
+bfloat16 explains, where (array, step) and by how much. The loss, where it is judged, is
+judged for the pair: its gap against ``F * max(rho_A, rho_B) * S_L`` with ``S_L`` the loss's spread (a loss
+averaged over a large batch keeps the common bfloat16 rounding of the weights, which no
+rerun re-samples, and which the same recipe on both sides shares).
+
+**The sampled spread** ``S``. Each side is re-run ``R = BF16_RERUNS = 2`` times with its
+inputs ``x`` moved by one bfloat16 ulp and its initial weights and hyperparameters by one
+float32 ulp, each rerun with its own seeded coins (``judge.perturbed_case``, seeds ``s`` and
+``s + 2**32``), and each rerun's moved case is also run in float64. Both sides round ``x``
+to bfloat16 at the first layer, so a rerun moves the first bfloat16 operand by one bfloat16
+rounding and every later bfloat16 rounding (activations, products, gradients) falls afresh:
+``D'`` is another sample of the run's rounding error, and ``gap(D, D')`` is what rounding
+alone does, without the move's own effect on the exact trajectory (on the CNN at 2 devices a
+rerun parts from its run by 0.26-0.64 while each run is 0.04-0.08 from its float64 run: most
+of a rerun's gap is the move's own effect on the exact trajectory). The spread
+is the largest of the pair's ``2 R`` samples, with the running maximum over steps (rounding
+errors are carried forward by the parameters). A bug that reproduces in its side's reruns
+leaves ``D ~ D'``, so it does not enter the spread but does enter ``e``.
+
+**The storage term** ``T``: the layers read the inputs and the float32 weights rounded to
+bfloat16, and a rerun that moves the weights by a float32 ulp rounds them the same way, so
+the spread cannot sample that rounding (moving them by a bfloat16 fraction would, but would
+also re-randomise a seeded bug's error and hide it in its own side's spread). It is measured
+instead, without a single bfloat16 op: ``X64r`` is the float64 run from the inputs and initial
+weights rounded to bfloat16 (:func:`rounded_reference`), and ``T`` is how far that moves the
+*updates* (each array less its initial value: the mixed run keeps its float32 masters, only
+what the layers read is rounded). A bug cannot raise it (no bfloat16 op runs), and both sides
+of a pair round the same values the same way. It counts twice (``BF16_STORAGE_FACTOR = 2``):
+as training moves the weights, what the layers read is rounded afresh, another sample of a
+rounding of the same size that no rerun re-samples, and two such samples can add (the
+triangle inequality's 2, as for ``F``). Without ``T`` a 3-layer sigmoid/tanh MLP on binary
+inputs was 6.5 times its spread from float64 on correct runs of both frameworks.
+
+**R = 2** and both sides: one rerun is one sample, and a sample can be small: on the seed MLP
+(binary inputs: a move reaches only the ones) single samples at step 1 ran from 6e-5 to 6e-4;
+the issue's Intel AMX CPU judged a pair with one rerun per side against a floor of 3e-5.
+Two reruns a side (four samples a pair: the two sides run the same op list up to the known
+differences) make 8 runs a side in all: the case, 2 reruns, 4 float64 runs (the case's, the
+reruns', the rounded one) and the one-step float32 run of the signature.
+
+**The safety factor** ``F = BF16_FACTOR = 3``: ``benchmarks/bench_bfloat16_bound.py`` runs the
+matrix's mixed rows (seed MLP and CNN) and 27 dense cases nobody tuned (ReLU, tanh/softmax and
+sigmoid/tanh models; SGD, momentum, Adam; 1, 2 and 4 devices; 8 steps) and prints, per pair
+and side, the largest ``(e_X - 2 T_X) / (rho_X S)`` over the steps: the factor a correct side
+needs. Measured 2026-11-26 on this AMD EPYC (AVX512_BF16, no AMX): 0.86 with oneDNN (every
+kernel rounds once, ``rho = 1``), 2.3 with TensorFlow's Eigen kernels (``TF_ENABLE_ONEDNN_OPTS=0``,
+what a CPU without AVX512F runs; the sigmoid/tanh MLP at 4 devices, whose Eigen matmuls drift
+step by step beyond what ``rho`` 1.79 covers). 3 leaves 1.3 over the worst; the seeded bugs of
+``tests/test_mixed_precision.py`` exceed their bounds 21-fold here, 13-fold with Eigen.
+
+**What the kernels do where they run** ``rho_X`` (:func:`parity_tests.running.kernels.side_factor`):
+the sampled spread explains errors of one bfloat16 rounding per op result. A kernel that
+rounds its partial sums to bfloat16 leaves a systematic error that a rerun repeats and so
+does not sample, up to ``rho`` roundings' worth (the probe's measure). ``rho_X`` is the
+largest ``rho`` of the kernels side ``X``'s recipe runs, measured at start-up on this CPU
+(at least 1); the verdict's detail names the kernels that raised it. On this CPU with
+oneDNN every kernel of both recipes rounds once (``rho_X = 1``); with Eigen TensorFlow's
+matmuls give 1.8 and its conv filter gradient 2.1; torch's kernels round once either way.
+
+**The bfloat16 signature** (:func:`signature_bound`, rule ``"bfloat16 computation"``, applied
+by ``judge._bf16_guard``): a side that does not compute in bfloat16 is *closer* to float64
+than the rule asks, so this rule cannot see it; its one-step float32 run can. The side's
+mixed run must part from its float32 run at step 1 (the loss and every combined gradient,
+``tolerance.bfloat16_signature``) by more than ``BF16_SIGNATURE_FACTOR = 16`` times that
+float32 run's own distance from the float64 run at step 1, ``g32`` (plus ``4 * 2**-24`` for
+``g32 = 0``). A run that computes in float32 is another float32 computation of the step:
+within ``2 g32`` of it by the triangle inequality through float64 (and in practice
+bit-identical: the same code); a bfloat16 computation rounds every operand 2**16 times
+coarser. Measured (2026-11-26, this CPU): ratio gap / g32 from 7e3 to 6e4 on the matrix rows,
+132 to 1.4e3 on the error-rate hunt's smallest drawn models (a 1-input linear model, whose
+step-1 loss holds the only rounding that shows), where the fixed threshold ``2**-12`` that
+this replaces fired on correct runs (gaps 5e-7 to 2.3e-4). 16 is 8 times the float32
+envelope and 8 times below the smallest bfloat16 ratio seen.
+
+Without a float64 run of a side (an implementation that declares no float64), the pair is
+judged by the perturbation rule alone (``tolerance.judge_perturbation`` with the first rerun).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from parity_tests.judging.compare import describe_key, describe_step, step_of_row
+from parity_tests.judging.tolerance import (
+    BF16_SIGNATURE,
+    FLOAT32_ABS_FLOOR,
+    LOSS_KEY,
+    Verdict,
+    _check_dtype,
+    _finished,
+    _gaps,
+    _judged_keys,
+    _judges_loss,
+    _known,
+    _loss_channel_floor,
+    _loss_gap,
+    _loss_scale,
+    _row_max,
+    _scales,
+    _spread,
+    _structure,
+    _with_loss,
+    bfloat16_signature,
+    judge_float64,
+    round_bfloat16,
+)
+
+__all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "BF16_STORAGE_FACTOR", "BF16_SIGNATURE_FACTOR", "Side", "judge_bfloat16",
+           "float64_reference", "rounded_reference", "signature_bound"]
+
+#: the rule's name in verdicts (module docstring)
+RULE_BF16_FLOAT64 = "bfloat16 against float64"
+#: perturbed reruns per side (module docstring, "Why R = 2")
+BF16_RERUNS = 2
+#: the safety factor on the sampled spread (module docstring, "The safety factor")
+BF16_FACTOR = 3.0
+#: the storage term's factor (module docstring, "The storage term")
+BF16_STORAGE_FACTOR = 2.0
+#: the bfloat16 signature: a mixed run's step-1 gap to its float32 run over that run's gap to float64 (docstring)
+BF16_SIGNATURE_FACTOR = 16.0
+# rerun r's perturbation coins are seeded by case seed + r * 2**32 (no other case seed can reach them)
+RERUN_SEED_STRIDE = 2**32
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a mixed pair: its runs and what its kernels do here.
+
+    ``run``: the ``mixed_bfloat16`` trajectory; ``float64``: the same case in float64
+    (:func:`float64_reference`); ``reruns``: the perturbed mixed reruns and ``reruns64`` the
+    float64 runs of the same perturbed cases (module docstring); ``rho``:
+    ``kernels.side_factor``'s ``rho_X`` (>= 1); ``kernels``: the line saying why;
+    ``rounded64``: the float64 run from the inputs and initial weights rounded to bfloat16
+    (:func:`rounded_reference`), or ``None`` (no storage term).
+    """
+
+    name: str
+    run: Mapping[str, Any]
+    float64: Mapping[str, Any]
+    reruns: Sequence[Mapping[str, Any]]
+    reruns64: Sequence[Mapping[str, Any]]
+    rho: float = 1.0
+    kernels: str = ""
+    rounded64: Mapping[str, Any] | None = None
+
+
+def float64_reference(case: Any) -> Any:
+    """The float64 run a mixed case is held against: ``dtype`` float64 and every real optimizer
+    hyperparameter rounded to float32 (the mixed runs keep them in float32, both sides; Keras
+    would round ``lr`` and ``momentum`` in its float64 run anyway, ``theory.keras_rounds_hyperparameters``)."""
+    opt = case.spec["optimizer"]
+    changes = {f"optimizer.{k}": float(np.float32(v)) for k, v in opt.items()
+               if k not in ("name", "semantics", "schedule") and isinstance(v, float)}
+    schedule = opt.get("schedule") or {}
+    if schedule.get("kind") == "step":
+        changes["optimizer.schedule"] = {**schedule, "values": [float(np.float32(v)) for v in schedule["values"]]}
+    return case.replace(dtype="float64", **changes)
+
+
+def rounded_reference(case: Any) -> Any:
+    """:func:`float64_reference` from the inputs ``x`` and the initial weights rounded to bfloat16: the values
+    the layers' casts see at step 1. Its gap to the float64 run is what that rounding alone does (the
+    storage term ``T`` of the module docstring), measured without a single bfloat16 op."""
+    ref = float64_reference(case)
+    return dataclasses.replace(ref, x=round_bfloat16(ref.x).astype(np.float64),
+                               init={k: round_bfloat16(v).astype(np.float64) for k, v in ref.init.items()})
+
+
+def signature_bound(f32: Mapping[str, Any], f64: Mapping[str, Any] | None) -> tuple[float, str]:
+    """``(bound, why)``: how far a mixed run must be from its float32 run at step 1 to compute in bfloat16.
+
+    ``BF16_SIGNATURE_FACTOR * g32 + FLOAT32_ABS_FLOOR`` with ``g32`` the float32 run's step-1 gap
+    to the float64 run (``tolerance.bfloat16_signature``; module docstring); without a float64
+    run, ``tolerance.BF16_SIGNATURE``.
+    """
+    if f64 is None:
+        return BF16_SIGNATURE, "bfloat16 rounds every operand by up to 2^-8 (no float64 run to measure float32's own rounding)"
+    g32, key = bfloat16_signature(f32, f64)
+    bound = BF16_SIGNATURE_FACTOR * g32 + FLOAT32_ABS_FLOOR
+    return bound, (f"{BF16_SIGNATURE_FACTOR:g} x its float32 run's own step-1 gap to float64 ({g32:.2e} at {key})"
+                   f" + {FLOAT32_ABS_FLOOR:.2e}: a bfloat16 computation rounds 2^16 times coarser")
+
+
+def _errors(run: Mapping[str, Any], run64: Mapping[str, Any], keys: list[str]) -> dict[str, np.ndarray]:
+    """``X - X64`` per judged array and the loss (float64): the run's own rounding error."""
+    out = {k: np.asarray(run[k], np.float64) - np.asarray(run64[k], np.float64) for k in keys}
+    if LOSS_KEY in run and LOSS_KEY in run64:
+        out[LOSS_KEY] = np.asarray(run[LOSS_KEY], np.float64) - np.asarray(run64[LOSS_KEY], np.float64)
+    return out
+
+
+def _moved(traj: Mapping[str, Any], keys: list[str]) -> dict[str, np.ndarray]:
+    """Every judged array less its initial value (row 0): what the updates moved it by (float64)."""
+    out = {}
+    for k in keys:
+        a = np.asarray(traj[k], np.float64)
+        out[k] = a - a[:1]
+    return out
+
+
+def _storage(side: Side, keys: list[str], scales: dict[str, np.ndarray], like: np.ndarray) -> np.ndarray:
+    """The storage term ``T``: how far the bfloat16 rounding of the inputs and weights the layers read moves the
+    updates (float64, from :func:`rounded_reference`; zeros without it). The arrays' own rounding at row 0 is
+    taken off: a mixed run keeps float32 masters and rounds only what its layers read."""
+    if side.rounded64 is None:
+        return np.zeros_like(like)
+    return _spread(_row_max(_gaps(_moved(side.float64, keys), _moved(side.rounded64, keys), keys, scales))[0])
+
+
+def _side_verdict(side: Side, e: np.ndarray, arg: np.ndarray, bound: np.ndarray, keys: list[str],
+                  spread: np.ndarray, factor: float, storage: np.ndarray) -> Verdict | None:
+    """A divergence naming ``side`` when its distance from float64 ``e`` exceeds ``bound`` at some row."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        over = np.flatnonzero(e > bound)
+        ratio = np.where(np.isnan(e), -1.0, e / bound)
+    if not over.size:
+        return None
+    first, worst = int(over[0]), int(np.argmax(ratio))
+    key = keys[int(arg[first])]
+
+    def step(r: int) -> int:
+        return step_of_row(keys[0], r)
+
+    detail = (
+        f"{side.name} is farther from its float64 run than its bfloat16 arithmetic explains: distance"
+        f" {e[first]:.2e} > {bound[first]:.2e} = {factor:g} x rho {side.rho:.3g} x spread {spread[first]:.2e}"
+        f" + {BF16_STORAGE_FACTOR:g} x storage {storage[first]:.2e} + {FLOAT32_ABS_FLOOR:.2e} first at {describe_step(key, step(first))} ({describe_key(key)});"
+        f" greatest distance/bound {e[worst]:.2e} / {bound[worst]:.2e} at step {step(worst)}"
+        f" (spread: the largest gap between a side's error and the error of one of its {BF16_RERUNS} reruns;"
+        f" {side.kernels})"
+    )
+    return Verdict("divergence", RULE_BF16_FLOAT64, float(e[worst]), float(bound[worst]), None, None,
+                   np.asarray(e, np.float64), np.asarray(spread, np.float64), detail,
+                   per_step_bound=np.asarray(bound, np.float64), step=step(worst), key=key, first_step=step(first))
+
+
+def judge_bfloat16(
+    a: Side,
+    b: Side,
+    *,
+    factor: float = BF16_FACTOR,
+    expect_difference: bool = False,
+    known_differences: Iterable[str] = (),
+    keys: Iterable[str] | None = None,
+    loss: bool | None = None,
+) -> Verdict:
+    """Judge a ``mixed_bfloat16`` pair against its float64 runs (module docstring).
+
+    Returns the float64 rule's verdict when the float64 runs part; else a divergence naming
+    the first side (``a`` first) that is farther from float64 than ``E_X`` allows; else parity
+    with ``gap(A, B)`` against ``E_A + E_B + gap64`` (``floor_a``, ``floor_b``: each side's
+    greatest distance from float64; ``per_step_floor``: the spread ``S``).
+
+    Raises:
+        ValueError: a side has no rerun, or ``rho`` below 1.
+    """
+    known = _known(known_differences)
+    if not a.reruns or not b.reruns or len(a.reruns64) != len(a.reruns) or len(b.reruns64) != len(b.reruns):
+        raise ValueError("judge_bfloat16 needs at least one perturbed rerun of each side, each with its float64 run")
+    if a.rho < 1 or b.rho < 1:
+        raise ValueError(f"rho must be >= 1 (one rounding per op at least), got {a.rho}, {b.rho}")
+    runs = [a.run, b.run, a.float64, b.float64, *a.reruns, *b.reruns, *a.reruns64, *b.reruns64]
+    judged = _judged_keys(runs, keys)
+    with_loss = _judges_loss(runs, keys, loss)
+    v64 = judge_float64(a.float64, b.float64, expect_difference=expect_difference, known_differences=known,
+                        keys=judged, loss=with_loss)
+    if v64.status != "parity":  # a semantic difference (or an error), on any CPU
+        return v64
+    problem = _structure([("mixed runs A vs B", a.run, b.run), ("side A vs its float64 run", a.run, a.float64),
+                          ("side B vs its float64 run", b.run, b.float64),
+                          *((f"side {s.name} vs its rerun", s.run, r) for s in (a, b) for r in (*s.reruns, *s.reruns64))],
+                         judged)
+    if problem:
+        return _finished(Verdict("error", "structure", math.nan, math.nan, None, None, np.zeros(0), None, problem),
+                         False, known)
+    for s in (a, b):
+        for t in (s.run, *s.reruns):
+            _check_dtype(t, judged, np.float32, s.name)
+    scales = _scales(a.float64, b.float64, judged)
+    errors = {s.name: _errors(s.run, s.float64, judged) for s in (a, b)}
+    spread = _spread(np.fmax.reduce([_row_max(_gaps(errors[s.name], _errors(r, r64, judged), judged, scales))[0]
+                                     for s in (a, b) for r, r64 in zip(s.reruns, s.reruns64, strict=True)]))
+    bounds = {}
+    for s in (a, b):
+        e, arg = _row_max(_gaps(s.run, s.float64, judged, scales))
+        storage = _storage(s, judged, scales, spread)
+        bound = factor * s.rho * spread + BF16_STORAGE_FACTOR * storage + FLOAT32_ABS_FLOOR
+        bad = _side_verdict(s, _spread(e), arg, bound, judged, spread, factor, storage)
+        if bad is not None:
+            return _finished(bad, expect_difference, known)
+        bounds[s.name] = (_spread(e), bound)
+    storage_max = max(float(np.nanmax(_storage(s, judged, scales, spread))) for s in (a, b))
+    pair_gap, arg = _row_max(_gaps(a.run, b.run, judged, scales))
+    gap64, _ = _row_max(_gaps(a.float64, b.float64, judged, scales))
+    pair_bound = bounds[a.name][1] + bounds[b.name][1] + gap64
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(np.isnan(pair_gap), -1.0, pair_gap / pair_bound)
+    worst = int(np.argmax(ratio))
+    key = judged[int(arg[worst])]
+    (ea, _), (eb, _) = bounds[a.name], bounds[b.name]
+    detail = (
+        f"bfloat16: relative gap {pair_gap[worst]:.2e} <= {pair_bound[worst]:.2e} = E_A + E_B + gap64 (tightest at"
+        f" {describe_step(key, step_of_row(key, worst))}, {describe_key(key)}): each side within what its bfloat16"
+        f" arithmetic explains of its float64 run, {a.name} {np.nanmax(ea):.2e} and {b.name} {np.nanmax(eb):.2e} at most"
+        f" (E = {factor:g} x rho x spread + {BF16_STORAGE_FACTOR:g} x storage + {FLOAT32_ABS_FLOOR:.2e}; storage: the"
+        f" float64 run from the"
+        f" inputs and weights rounded to bfloat16, up to {storage_max:.2e}; spread up to {np.nanmax(spread):.2e}, the largest"
+        f" gap between a side's error and the error of one of its {BF16_RERUNS} reruns; rho {a.name} {a.rho:.3g},"
+        f" {b.name} {b.rho:.3g}); the float64 runs agree; {a.kernels}; {b.kernels}"
+    )
+    v = Verdict("parity", RULE_BF16_FLOAT64, float(pair_gap[worst]), float(pair_bound[worst]), float(np.nanmax(ea)),
+                float(np.nanmax(eb)), pair_gap, spread, detail, per_step_bound=pair_bound,
+                step=step_of_row(key, worst), key=key)
+    if with_loss:  # the pair's loss gap against the sampled loss spread (module docstring, "The loss")
+        scale = _loss_scale(a.float64, b.float64)
+        lspread = _spread(np.fmax.reduce([_loss_gap(errors[s.name], _errors(r, r64, judged), scale)
+                                          for s in (a, b) for r, r64 in zip(s.reruns, s.reruns64, strict=True)]))
+        v = _with_loss(v, _loss_channel_floor(a.run, b.run, a.rho * lspread, b.rho * lspread, scale, factor,
+                                              RULE_BF16_FLOAT64, "bfloat16"))
+    return _finished(v, expect_difference, known)
+

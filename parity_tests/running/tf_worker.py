@@ -1,0 +1,446 @@
+"""Every TensorFlow plugin run in a fresh process, forked from a warm server that imported TensorFlow once.
+
+A TensorFlow plugin is the user's program. It sets process-wide state as a
+program may: ``tf.distribute.MirroredStrategy`` registers collective groups and
+instance keys in the eager context (a second strategy in the same process reuses
+instance 100 with another dtype: ``Collective instance 100 expected ... data_type 1
+but got ... data_type 2 ... Restart your program to reset``), ``keras.config.set_floatx``
+and ``keras.mixed_precision.set_global_policy`` change every later layer,
+``tf.compat.v1.disable_eager_execution()`` cannot be undone, Keras' name counters,
+``tf.random.set_seed``, ``tf.config.run_functions_eagerly``, the default graph, the
+module's own top-level objects (a module-level strategy or model). The tool runs a
+plugin several times per comparison (each dtype, the perturbed rerun, the
+localisation rerun, the spread reruns of a nondeterministic plugin), so each run
+gets a process of its own, as running the program again would.
+
+How, and what it costs (``benchmarks/plugin_isolation.py``, docs/plugins.md
+"Every run starts clean"): a *server* process (``python -m
+parity_tests.running.tf_worker``) imports TensorFlow, Keras and ``tfpar`` once,
+without starting TensorFlow's runtime (no op has run: no device, no thread pool,
+no eager context). Each run is an ``os.fork()`` of it: the child configures the
+case's devices and op determinism, imports the plugin's module afresh, runs it,
+and sends its records back (large arrays as spill files, ``parity_tests.contract.rows``).
+Forking is safe there: the server has one thread of its own (plus OpenBLAS's
+idle pool, which registers fork handlers) and no TensorFlow runtime. The child
+exits with ``os._exit`` once its records are sent, so nothing of it outlives
+the run.
+
+Lifetimes: the server leaves when this process closes its end of the socket
+(exit, a kill) or asks it to; a child is killed by the kernel when the server
+dies (``PR_SET_PDEATHSIG``), and by the server when this process stops waiting
+(Ctrl-C). The server runs in a session of its own and ignores SIGINT: Ctrl-C
+belongs to this process, which tears the server and its child down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Iterator, Mapping
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from parity_tests.contract.relay import BENIGN, without_chatter, write_output
+
+__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "quiet_stderr", "job_context"]
+
+_JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
+
+
+class WorkerDied(RuntimeError):
+    """The run's process died without reporting (a signal, ``os._exit``, a crash inside TensorFlow)."""
+
+
+class TFWorker:
+    """A warm TensorFlow server; :meth:`run` forks one fresh process per job from it.
+
+    ``run(job)`` returns what :func:`run_in_child` returned in the child (plain data),
+    or raises :class:`WorkerDied`. One job at a time (a lock); a job interrupted by
+    an exception in the caller (Ctrl-C) kills the child and the server, and the next
+    job starts another server.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._ready = False
+        self._lock = threading.RLock()
+        self.child: int | None = None  #: the pid of the run in progress, if any
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid (``None`` when not started)."""
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        """Start the server without waiting for it (it imports TensorFlow meanwhile); no-op when started."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return
+            self._teardown()
+            mine, theirs = socket.socketpair()
+            with mine, theirs:
+                # its environment is this process's now; each job also carries os.environ as it is then
+                # a session of its own: the terminal's Ctrl-C reaches this process only, which tears
+                # the server down (no preexec_fn: this process has threads)
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "parity_tests.running.tf_worker", str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+                self._conn = Connection(os.dup(mine.fileno()))
+            self._ready = False
+
+    def run(self, job: Mapping[str, Any]) -> Any:
+        """Run ``job`` in a fresh child of the server; its result (see :func:`run_in_child`)."""
+        message = pickle.dumps(("run", dict(job)), pickle.HIGHEST_PROTOCOL)  # an unpicklable job fails here
+        with self._lock:
+            self.start()
+            try:
+                if not self._ready:
+                    self._expect("ready")
+                    self._ready = True
+                self._conn.send_bytes(message)
+                self.child = self._expect("started")
+                status, data = self._expect("done", relay=True)
+            except BaseException:
+                self._teardown()  # Ctrl-C, or the server died: nothing of it stays
+                raise
+            finally:
+                self.child = None
+            if data is None:
+                how = (f"signal {-status}" if status < 0 else f"exit code {status}") if status is not None else "unknown"
+                raise WorkerDied(f"its process died ({how}) without reporting")
+            return pickle.loads(data)
+
+    def _expect(self, tag: str, *, relay: bool = False) -> Any:
+        while True:
+            try:
+                got = self._conn.recv()
+            except (EOFError, OSError):
+                code = None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self._proc.wait(_JOIN_S) if self._proc is not None else None
+                raise WorkerDied(f"the TensorFlow server died (exit status {code}) before it sent {tag!r}") from None
+            if relay and got[0] == "out":  # the run's own output, whole lines (_relay_output)
+                write_output(got[1], got[2])
+                continue
+            break
+        if got[0] == "failed":  # the server could not start (TensorFlow failed to import)
+            raise WorkerDied(f"the TensorFlow server could not start: {got[1]}")
+        if got[0] != tag:
+            raise WorkerDied(f"the TensorFlow server sent {got[0]!r}, expected {tag!r}")
+        return got[1] if len(got) == 2 else got[1:]
+
+    def close(self) -> None:
+        """Stop the server (and a child still running); idempotent."""
+        with self._lock:
+            if self._conn is not None and self._proc is not None and self._proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    self._conn.send(("stop",))
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(_JOIN_S)
+            self._teardown()
+
+    def _teardown(self) -> None:
+        if self.child is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.child, signal.SIGKILL)  # the server's child: dies with it anyway (PDEATHSIG)
+            self.child = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(_JOIN_S)
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        self._proc, self._conn, self._ready = None, None, False
+
+
+_shared: TFWorker | None = None
+_shared_lock = threading.Lock()
+
+
+def get_worker(*, start: bool = True) -> TFWorker:
+    """The process-wide server (started now unless ``start=False``); closed at interpreter exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = TFWorker()
+            atexit.register(shutdown_worker)
+    if start:
+        _shared.start()
+    return _shared
+
+
+def shutdown_worker() -> None:
+    """Stop the shared server, if any."""
+    global _shared
+    with _shared_lock:
+        worker, _shared = _shared, None
+    if worker is not None:
+        worker.close()
+
+
+def job_context(devices: int = 1) -> dict[str, Any]:
+    """What every job carries of this process as it is now: working folder, environment, ``sys.path``,
+    spill threshold, and the tower devices to configure (the largest count reserved here, at least ``devices``)."""
+    from parity_tests.contract.rows import spill_threshold
+    from parity_tests.running import harness
+
+    return {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
+            "spill_bytes": spill_threshold(), "devices": max(harness.reserved_tf_devices(), int(devices))}
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+
+_BENIGN = tuple(b.decode() for b in BENIGN)
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Drop TensorFlow's known start-up lines from file descriptor 2 (absl logs before its level is read)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines():
+                if line.strip() and not any(b in line for b in _BENIGN):
+                    print(line, file=sys.stderr)
+
+
+def _serve(fd: int) -> None:
+    conn = Connection(fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        with quiet_stderr():
+            import tensorflow  # noqa: F401  (what every child would import: paid once, here)
+
+            with contextlib.suppress(ImportError):
+                import keras  # noqa: F401
+            import tfpar  # noqa: F401
+            import tfpar.plugin  # noqa: F401
+            from parity_tests.running import plugins  # noqa: F401
+    except BaseException as e:  # noqa: BLE001  (reported to the parent, which says it in one line)
+        conn.send(("failed", traceback.format_exception_only(type(e), e)[-1].strip()))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if message[0] != "run":
+            return
+        if not _fork_one(conn, message[1]):
+            return
+
+
+def _fork_one(conn: Connection, job: dict[str, Any]) -> bool:
+    """Fork a child for ``job``, forward its result; ``False`` when the parent left meanwhile."""
+    r, w = os.pipe()
+    outs = [os.pipe(), os.pipe()]  # the child's stdout and stderr, relayed line by line (_relay_output)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(r)
+        code = 0
+        try:
+            conn.close()  # the parent's socket is the server's: the child reports through its own pipe
+            for fd, (pr, pw) in zip((1, 2), outs, strict=True):
+                os.close(pr)
+                os.dup2(pw, fd)
+                os.close(pw)
+            sys.stdout.reconfigure(line_buffering=True)  # a pipe now: print() shows as it happens
+            _die_with_parent()
+            result = run_in_child(job)
+            with Connection(w, readable=False) as out:
+                out.send_bytes(pickle.dumps(result, pickle.HIGHEST_PROTOCOL))
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+            code = 70
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)  # no interpreter shutdown: TensorFlow's teardown takes seconds and adds nothing
+    os.close(w)
+    for _, pw in outs:
+        os.close(pw)
+    streams = {pr: (fd, b"") for fd, (pr, _) in zip((1, 2), outs, strict=True)}
+    child = Connection(r, writable=False)
+    conn.send(("started", pid))
+    data: bytes | None = None
+    parent_left = False
+    try:
+        while True:
+            ready = wait([child, conn, *streams])
+            for pr in [x for x in ready if x in streams]:
+                _relay_output(conn, streams, pr)
+            if child in ready:
+                with contextlib.suppress(EOFError, OSError):
+                    data = child.recv_bytes()
+                break
+            if conn in ready:  # only the parent's leaving (EOF) or "stop" can come now
+                parent_left = True
+                os.kill(pid, signal.SIGKILL)
+                break
+    finally:
+        child.close()
+        status = None
+        # what the child writes last, up to its pipes' end: drained before it is waited for, so a
+        # child whose last flush fills a pipe is never left blocked (a process the child started
+        # that keeps the pipes open is not waited for: a second of silence after the child's exit)
+        while streams and not parent_left:
+            ready = wait(list(streams), timeout=1.0)
+            for pr in ready:
+                _relay_output(conn, streams, pr)
+            if not ready and status is None:
+                done, st = os.waitpid(pid, os.WNOHANG)
+                status = st if done else None
+            if not ready and status is not None:
+                break
+        if status is None:
+            _, status = os.waitpid(pid, 0)
+        for pr in streams:
+            os.close(pr)
+    if parent_left:
+        return False
+    code = os.waitstatus_to_exitcode(status)
+    conn.send(("done", code, data))
+    return True
+
+
+def _relay_output(conn: Connection, streams: dict[int, tuple[int, bytes]], pr: int) -> None:
+    """Read what the child wrote on one of its streams and send the parent its whole lines (the rest at EOF).
+
+    Whole lines only: the parent writes each between its progress bar's redraws
+    (``parity_tests.contract.relay.write_output``), so a line is never cut by the bar.
+    """
+    fd, pending = streams[pr]
+    try:
+        chunk = os.read(pr, 65536)
+    except OSError:
+        chunk = b""
+    if not chunk:
+        if pending and without_chatter(pending + b"\n"):  # an unfinished last line is ended here: what the
+            conn.send(("out", fd, without_chatter(pending + b"\n")))  # tool prints next starts a line
+        del streams[pr]
+        os.close(pr)
+        return
+    pending += chunk
+    head, sep, rest = pending.rpartition(b"\n")
+    if sep and without_chatter(head + sep):
+        conn.send(("out", fd, without_chatter(head + sep)))
+    streams[pr] = (fd, rest)
+
+
+def _die_with_parent() -> None:
+    """``PR_SET_PDEATHSIG(SIGKILL)``: the kernel kills this child when the server goes (Linux only)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() == 1:  # the server went before the line above
+        os._exit(0)
+
+
+def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
+    """In the fresh child: set the process up as the job says, import the plugin, run it.
+
+    ``job``: ``{"cwd", "environ", "sys_path", "spill_bytes", "devices", "location", "payload",
+    "deterministic"}``: the caller's working folder, environment and ``sys.path`` as they are
+    now (the server was started earlier), its spill threshold, how many tower devices to
+    configure (the caller's TensorFlow count), where the plugin lives, the case payload, and
+    whether op determinism is on (``@tfpar.plugin.tensorflow(deterministic=...)``).
+
+    Python's and numpy's global generators are seeded with the case seed (a rerun draws
+    the same numbers); TensorFlow's global seed is left unset, as in a fresh program.
+
+    With ``"inspect": True`` (and no payload) the module is only imported and the name looked
+    up: ``{"described": parity_tests.running.plugins.describe(fn)}`` (resolving a plugin name).
+
+    Returns:
+        ``{"records": ...}`` (``tfpar.plugin.Run.records``), ``{"raised": {"step", "when", "line",
+        "frames"}}`` (the plugin raised: ``tfpar.plugin.PluginRaised``) or ``{"input": line}``
+        (the module failed to import, or the case asks for more devices than were configured).
+    """
+    import random
+
+    import numpy as np
+
+    from parity_tests.contract.rows import set_spill_threshold
+
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["environ"])
+    sys.path[:] = list(job["sys_path"])
+    set_spill_threshold(int(job["spill_bytes"]))
+    import tfpar
+    from tfpar.plugin import PluginRaised, run_plugin
+
+    with quiet_stderr():
+        tfpar.configure_devices(int(job["devices"]) or None)  # op determinism on, as for every run
+    if not job.get("deterministic", True):
+        from tensorflow.python.framework import config as tf_config
+
+        tf_config.disable_op_determinism()  # the plugin said it cannot run deterministically
+    seed = int(job["payload"]["spec"].get("seed", 0)) if "payload" in job else 0
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        fn = _import(job["location"])
+    except Exception as e:  # noqa: BLE001  (bad input: one line, as the parent's own import says it)
+        from parity_tests.contract.frames import last_line
+
+        return {"input": f"{_where(job['location'])} to import cleanly; it raised {last_line(e)}"}
+    if job.get("inspect"):  # resolving a name: what the module holds under it
+        from parity_tests.running.plugins import describe
+
+        return {"described": describe(fn)}
+    try:
+        return {"records": run_plugin(fn, job["payload"])}
+    except PluginRaised as e:
+        return {"raised": {"step": e.step, "when": e.when, "line": e.line, "frames": e.frames}}
+
+
+def _where(location: Mapping[str, str]) -> str:
+    return os.path.basename(location["path"]) if location.get("path") else location["module"]
+
+
+def _import(location: Mapping[str, str]) -> Any:
+    """The plugin function at ``location``, its module imported afresh in this process."""
+    import importlib
+    import importlib.util
+
+    if location.get("path"):
+        path = location["path"]
+        sys.path.insert(0, os.path.dirname(path))  # the user's sibling modules, as python FILE would see them
+        spec = importlib.util.spec_from_file_location(location["module_name"], path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[location["module_name"]] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(location["module"])
+    return getattr(module, location["attr"], None)
+
+
+if __name__ == "__main__":  # the server: python -m parity_tests.running.tf_worker FD
+    _serve(int(sys.argv[1]))

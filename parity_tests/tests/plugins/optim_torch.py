@@ -1,0 +1,66 @@
+"""The DDP port of ``optim_tf.towers``: the ``torch.optim`` class the case names, handed to the tool with ``run.use_optimizer``.
+
+No TensorFlow here: every rank imports this file.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torchref
+
+NAMES = {"0.kernel": "0.weight", "0.bias": "0.bias", "1.kernel": "2.weight", "1.bias": "2.bias"}
+
+
+def torch_optimizer(opt: dict, params) -> torch.optim.Optimizer:
+    name, lr = opt["name"], opt["lr"]
+    if name in ("adam", "amsgrad"):
+        return torch.optim.Adam(params, lr, betas=(opt["beta1"], opt["beta2"]), eps=opt["epsilon"],
+                                amsgrad=name == "amsgrad")
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr, alpha=opt["rho"], eps=opt["epsilon"], momentum=opt["momentum"],
+                                   centered=opt["centered"])
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr, initial_accumulator_value=opt["initial_accumulator"], eps=opt["epsilon"])
+    if name == "adadelta":
+        return torch.optim.Adadelta(params, lr, rho=opt["rho"], eps=opt["epsilon"])
+    return torch.optim.SGD(params, lr, momentum=opt.get("momentum", 0.0), nesterov=name == "nesterov")
+
+
+@torchref.plugin.distributed(dtypes=("float32", "float64"))
+def ddp(run):
+    net = torch.nn.Sequential(torch.nn.Linear(5, 10), torch.nn.ReLU(), torch.nn.Linear(10, 1)).to(run.torch_dtype)
+    net.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
+    model = DDP(net, process_group=run.group)
+    named = {k: dict(net.named_parameters())[v] for k, v in NAMES.items()}
+    opt = torch_optimizer(run.spec["optimizer"], model.parameters())
+    run.use_optimizer(opt, named)  # under --lockstep: the reference's slots and step counter
+
+    def params():
+        return {k: run.to_tf(p) for k, p in named.items()}
+
+    run.begin(params())
+    for x, y in run.batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(torch.as_tensor(x)), torch.as_tensor(y))
+        loss.backward()
+        grads = {k: run.to_tf(p.grad) for k, p in named.items()}
+        opt.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged, group=run.group)
+        run.record(logged / run.world_size, params(), grads=grads)
+
+
+@torchref.plugin.distributed(dtypes=("float32", "float64"))
+def ddp_without_handover(run):
+    """``ddp`` without ``run.use_optimizer``: fine for a free run, refused under --lockstep with a stateful optimizer."""
+    run.use_optimizer = lambda *a, **k: None
+    ddp(run)
+
+
+@torchref.plugin.distributed(dtypes=("float32", "float64"))
+def ddp_twin(run):
+    """``ddp`` under another name: a second plugin to compare it with."""
+    ddp(run)

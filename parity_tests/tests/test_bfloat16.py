@@ -1,0 +1,142 @@
+"""The bfloat16 rule (parity_tests.judging.bfloat16): each side within F x rho x spread of its float64 run.
+
+Synthetic trajectories with values near 1, so relative gaps are the offsets written here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity_tests.judging.bfloat16 import (
+    BF16_FACTOR,
+    BF16_SIGNATURE_FACTOR,
+    RULE_BF16_FLOAT64,
+    Side,
+    float64_reference,
+    judge_bfloat16,
+    signature_bound,
+)
+from parity_tests.judging.tolerance import BF16_SIGNATURE, FLOAT32_ABS_FLOOR, RULE_FLOAT64
+from parity_tests.tests.helpers import MLP, make
+
+STEPS = 4
+BASE = np.ones((STEPS + 1, 3))  # [steps + 1, 3]: every relative gap is the offset itself
+
+
+def _traj(offset: float, dtype=np.float32, loss_offset: float = 0.0, semantic: float = 0.0) -> dict[str, np.ndarray]:
+    p = BASE.copy()
+    p[1:] += offset + semantic  # row 0: the initial values, the same on every run
+    loss = 2.0 - 0.1 * np.arange(STEPS) + loss_offset
+    return {"param/w": p.astype(dtype), "loss": loss.astype(dtype)}
+
+
+def _side(name: str, distance: float, spread: float, *, rho: float = 1.0, loss_distance: float = 0.0,
+          semantic: float = 0.0) -> Side:
+    """A side ``distance`` from its float64 run whose reruns are ``spread`` from it (both reruns)."""
+    run = _traj(distance, loss_offset=loss_distance)
+    reruns = [_traj(distance + spread, loss_offset=loss_distance + spread) for _ in range(2)]
+    reruns64 = [_traj(0.0, np.float64, semantic=semantic) for _ in range(2)]  # each rerun's error: spread from the run's
+    return Side(name, run, _traj(0.0, np.float64, semantic=semantic), reruns, reruns64, rho, f"{name}: kernels")
+
+
+def _bound(spread: float, rho: float = 1.0) -> float:
+    return BF16_FACTOR * rho * spread + FLOAT32_ABS_FLOOR
+
+
+def test_sides_within_what_bfloat16_explains_are_parity():
+    v = judge_bfloat16(_side("A", 1e-3, 1e-3), _side("B", -1.5e-3, 1e-3))
+    assert (v.status, v.rule) == ("parity", RULE_BF16_FLOAT64), v.detail
+    assert v.floor_a == pytest.approx(1e-3, rel=1e-3) and v.floor_b == pytest.approx(1.5e-3, rel=1e-3)
+    assert v.gap == pytest.approx(2.5e-3, rel=1e-3)  # the pair's gap: the two distances on opposite sides
+    assert v.bound == pytest.approx(2 * _bound(1e-3), rel=1e-3)  # E_A + E_B (+ the float64 gap, 0 here)
+    assert "each side within what its bfloat16 arithmetic explains" in v.detail
+
+
+@pytest.mark.parametrize(("scale", "status"), [(0.99, "parity"), (1.01, "divergence")])
+def test_a_side_just_beyond_its_bound_diverges_and_is_named(scale, status):
+    b = _side("tf.single", scale * _bound(1e-3), 1e-3)
+    v = judge_bfloat16(_side("tf.towers", 0.0, 1e-3), b)
+    assert v.status == status, v.detail
+    if status == "divergence":
+        assert v.rule == RULE_BF16_FLOAT64 and v.key == "param/w" and v.first_step == 1
+        assert v.detail.startswith("tf.single is farther from its float64 run than its bfloat16 arithmetic explains")
+        assert v.gap > v.bound == pytest.approx(_bound(1e-3), rel=1e-3)
+
+
+def test_the_spread_is_the_largest_of_both_sides_reruns():
+    # side A's reruns spread little, B's much: A's distance is judged against B's spread too
+    far = 1.5 * _bound(1e-3)
+    v = judge_bfloat16(_side("A", far, 1e-4), _side("B", 0.0, 2e-3))
+    assert v.status == "parity", v.detail
+    v = judge_bfloat16(_side("A", far, 1e-4), _side("B", 0.0, 1e-3))
+    assert v.status == "divergence" and v.detail.startswith("A is farther"), v.detail
+
+
+def test_kernels_that_round_more_widen_only_their_sides_bound():
+    far = 1.5 * _bound(1e-3)
+    assert judge_bfloat16(_side("A", 0.0, 1e-3), _side("B", far, 1e-3)).status == "divergence"
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), _side("B", far, 1e-3, rho=2.0))
+    assert v.status == "parity" and "rho A 1, B 2" in v.detail, v.detail
+    assert judge_bfloat16(_side("A", far, 1e-3), _side("B", 0.0, 1e-3, rho=2.0)).status == "divergence"
+
+
+def test_float64_runs_that_part_are_a_semantic_difference_on_any_cpu():
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), _side("B", 0.0, 1e-3, semantic=1e-6))
+    assert (v.status, v.rule) == ("divergence", RULE_FLOAT64), v.detail
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), _side("B", 0.0, 1e-3, semantic=1e-6), expect_difference=True)
+    assert v.status == "expected_difference"
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), _side("B", 0.0, 1e-3), expect_difference=True)
+    assert v.status == "unexpected_parity"
+
+
+def test_the_loss_channel_is_judged_per_side_unless_switched_off():
+    far = _side("B", 0.0, 1e-3, loss_distance=3 * _bound(1e-3))
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), far)
+    assert (v.status, v.key) == ("divergence", "loss") and v.first_step == 1, v.detail
+    assert judge_bfloat16(_side("A", 0.0, 1e-3), far, loss=False).status == "parity"
+
+
+def test_bad_sides_are_refused():
+    a = _side("A", 0.0, 1e-3)
+    with pytest.raises(ValueError, match="rerun"):
+        judge_bfloat16(a, Side("B", a.run, a.float64, [], []))
+    with pytest.raises(ValueError, match="float64 run"):
+        judge_bfloat16(a, Side("B", a.run, a.float64, a.reruns, a.reruns64[:1]))
+    with pytest.raises(ValueError, match="rho"):
+        judge_bfloat16(a, _side("B", 0.0, 1e-3, rho=0.5))
+
+
+def test_the_float64_reference_keeps_the_float32_hyperparameters_the_mixed_runs_use():
+    case = make(MLP, dtype="mixed_bfloat16", optimizer={"name": "momentum", "lr": 0.1, "momentum": 0.9})
+    ref = float64_reference(case)
+    assert ref.spec["dtype"] == "float64"
+    assert ref.spec["optimizer"]["lr"] == float(np.float32(0.1)) != 0.1
+    assert ref.spec["optimizer"]["momentum"] == float(np.float32(0.9))
+    np.testing.assert_array_equal(ref.x, case.x)  # the same inputs: both sides round them at the first layer
+
+
+def test_the_signature_bound_is_float32s_own_step_1_rounding_times_16():
+    f64 = {"loss": np.array([2.0, 1.9]), "grad/w": np.array([[1.0, -1.0], [0.9, -0.9]])}
+    f32 = {"loss": np.float32([2.0, 1.9]), "grad/w": np.float32([[1.0 + 2**-20, -1.0], [0.9, -0.9]])}  # exact in float32
+    bound, how = signature_bound(f32, f64)
+    assert bound == pytest.approx(BF16_SIGNATURE_FACTOR * 2**-20 + FLOAT32_ABS_FLOOR, rel=1e-5) and "grad/w" in how
+    exact = {"loss": np.float32([2.0, 1.9]), "grad/w": np.float32([[1.0, -1.0], [0.9, -0.9]])}
+    assert signature_bound(exact, f64)[0] == FLOAT32_ABS_FLOOR  # float32 exact at step 1: the absolute floor alone
+    assert signature_bound(f32, None)[0] == BF16_SIGNATURE  # no float64 run: the fixed threshold
+
+
+def test_the_storage_term_explains_what_the_rounded_inputs_and_weights_move():
+    far = 1.5 * _bound(1e-3)  # 0.5 x _bound beyond what the spread explains
+    b = _side("B", far, 1e-3)
+    assert judge_bfloat16(_side("A", 0.0, 1e-3), b).status == "divergence"
+    rounded = _traj(0.0, np.float64)
+    rounded["param/w"] = rounded["param/w"] + 0.5 * far  # row 0 too: the arrays' own rounding is taken off
+    rounded["param/w"][1:] += 0.25 * far  # the updates from rounded weights move by far / 4: twice that is enough
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), Side(*list(vars(b).values())[:-1], rounded64=rounded))
+    assert v.status == "parity" and "2 x storage" in v.detail, v.detail
+    rounded["param/w"][1:] -= 0.15 * far  # far / 10: twice that is short of far - 3 x spread
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), Side(*list(vars(b).values())[:-1], rounded64=rounded))
+    assert v.status == "divergence" and "+ 2 x storage 4.50e-04" in v.detail, v.detail
+
+
