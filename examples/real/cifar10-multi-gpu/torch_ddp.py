@@ -90,7 +90,7 @@ def ddp(run):
         for name, m in modules.items():
             m.weight.copy_(torch.as_tensor(run.to_torch(run.initial[f"{name}.weights"])))
             m.bias.copy_(torch.as_tensor(run.initial[f"{name}.biases"]))
-    model = DDP(net, process_group=run.group)
+    model = DDP(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
 
     def params():
@@ -112,7 +112,7 @@ def ddp(run):
         for k, v in params().items():
             shadows[f"ema.{k}"] -= one_minus_d * (shadows[f"ema.{k}"] - v)
         logged = loss.detach().clone()
-        dist.all_reduce(logged, group=run.group)
+        dist.all_reduce(logged)
         grads = {}
         for name, m in modules.items():
             grads[f"{name}.weights"], grads[f"{name}.biases"] = run.to_tf(m.weight.grad), m.bias.grad

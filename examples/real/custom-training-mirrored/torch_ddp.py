@@ -66,7 +66,7 @@ def _train(run, *, keras_float64: bool) -> None:
     with torch.no_grad():
         for k, v in names.items():
             named[v].copy_(torch.as_tensor(run.to_torch(init[k])))
-    model = DDP(net, process_group=run.group)
+    model = DDP(net)
     opt = run.spec["optimizer"]
     if keras_float64:
         optimizer = KerasAdam(model.parameters(), lr=opt["lr"], beta1=opt["beta1"], beta2=opt["beta2"],
@@ -91,7 +91,7 @@ def _train(run, *, keras_float64: bool) -> None:
                 group["eps"] = opt["epsilon"] / math.sqrt(1.0 - opt["beta2"] ** t)
         optimizer.step()
         logged = loss.detach().clone()
-        dist.all_reduce(logged, group=run.group)
+        dist.all_reduce(logged)
         run.record(logged / run.world_size, params())
 
 

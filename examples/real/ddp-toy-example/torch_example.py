@@ -14,9 +14,9 @@ The program: ``ToyModel`` (lines 20-28) is ``net1 = Linear(10, 10)``, ``ReLU``,
 
 What differs from the original, and why:
 
-* the process group: the tool's (``run.group``, gloo on CPU) instead of ``main``'s
-  ``init_process_group`` from ``torchrun``'s environment; ``DDP(..., process_group=run.group)``
-  instead of ``device_ids=[rank]``, the model built in the case dtype, not moved ``.to(rank)``;
+* the process group: the tool's (gloo on CPU, the default group while the plugin runs)
+  instead of ``main``'s ``init_process_group`` from ``torchrun``'s environment: ``DDP(model)``
+  without ``device_ids=[rank]``, the model built in the case dtype, not moved ``.to(rank)``;
 * the weights: the case's initial weights are loaded into ``ToyModel`` (the original keeps
   torch's random initialisation), so that both sides start from the same numbers;
 * the data: each rank's rows of the case's global batch (``run.batches()``), standard
@@ -73,7 +73,7 @@ NAMES = {"0.kernel": "net1.weight", "0.bias": "net1.bias", "1.kernel": "net2.wei
 def demo_basic(run):
     model = ToyModel(run.torch_dtype)
     model.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
-    ddp_model = DDP(model, process_group=run.group)  # tfpar: changed (device_ids=[rank])
+    ddp_model = DDP(model)  # tfpar: changed (device_ids=[rank]: a CPU rank)
     loss_fn = nn.MSELoss()
     optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
     named = dict(model.named_parameters())
@@ -85,5 +85,5 @@ def demo_basic(run):
     for x, y in run.batches():
         loss = demo_basic_step(ddp_model, loss_fn, optimizer, torch.as_tensor(x), torch.as_tensor(y))
         logged = loss.detach().clone()
-        dist.all_reduce(logged, group=run.group)
+        dist.all_reduce(logged)
         run.record(logged / run.world_size, params(), grads={k: run.to_tf(named[v].grad) for k, v in NAMES.items()})

@@ -14,9 +14,9 @@ seed 0, ``set_epoch(epoch)``), ``batch_size`` rows per rank.
 
 What differs from the original, and why (the training step itself is unchanged):
 
-* the process group: the tool's (``run.group``, gloo on CPU) instead of
-  ``ddp_setup``'s NCCL group on ``cuda:rank``; ``DDP(..., process_group=run.group)``
-  instead of ``device_ids=[gpu_id]``;
+* the process group: the tool's (gloo on CPU, the default group while the plugin runs)
+  instead of ``ddp_setup``'s NCCL group on ``cuda:rank``: ``DDP(model)`` without
+  ``device_ids=[gpu_id]``;
 * the model is built in the case dtype and loaded with the case's initial weights
   (``init.npz``; torch's own ``Linear`` initialisation drawn once in numpy) so that
   both sides start from the same numbers;
@@ -46,8 +46,8 @@ import torchref
 class Trainer:
     """The original's ``Trainer``: the DDP model and its optimizer; one batch per ``_run_batch``."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, group) -> None:
-        self.model = DDP(model, process_group=group)  # tfpar: changed (device_ids=[gpu_id] -> the tool's group)
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = DDP(model)                       # tfpar: changed (device_ids=[gpu_id]: a CPU rank)
         self.optimizer = optimizer
 
     def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ def multigpu(run):
     with torch.no_grad():
         model.weight.copy_(torch.as_tensor(run.to_torch(run.initial["weight"])))
         model.bias.copy_(torch.as_tensor(run.initial["bias"]))
-    trainer = Trainer(model, optimizer, run.group)
+    trainer = Trainer(model, optimizer)
 
     def params():
         return {"weight": run.to_tf(model.weight.detach()), "bias": model.bias.detach()}
@@ -83,6 +83,6 @@ def multigpu(run):
     for source, targets in run.batches():
         loss = trainer._run_batch(torch.as_tensor(source), torch.as_tensor(targets))
         logged = loss.detach().clone()
-        dist.all_reduce(logged, group=run.group)
+        dist.all_reduce(logged)
         run.record(logged / run.world_size, params(),
                    grads={"weight": run.to_tf(model.weight.grad), "bias": model.bias.grad})

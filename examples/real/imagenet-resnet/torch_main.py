@@ -19,9 +19,9 @@ rank's own loss), ``zero_grad``, ``backward``, ``step``.
 
 What differs from the original, and why (marked ``tfpar:`` in the code):
 
-* the process group is the tool's (``run.group``, gloo); the model is the tiny ResNet of
-  the case, built in the case dtype and loaded with the case's weights (``init.npz``:
-  torchvision's initialisation, drawn once);
+* the process group is the tool's (gloo, the default group while the plugin runs); the
+  model is the case's ResNet, built in the case dtype and loaded with the case's weights
+  (``init.npz``: torchvision's initialisation, drawn once);
 * the batches are the case's (``run.batches()``: this rank's contiguous shard of each
   global batch) instead of ``ImageFolder`` + ``DistributedSampler`` + transforms; images
   arrive channels-last and are moved to ``[n, 3, h, w]``;
@@ -68,7 +68,7 @@ def build(run, *, use_ddp: bool):
     """Lines 158-207: the model (DDP-wrapped on an accelerator only), criterion, optimizer, scheduler."""
     model = _case_resnet18(run)                                      # tfpar: changed (resnet18(): the case's size)
     if use_ddp:                                                      # tfpar: the accelerator path's
-        model = torch.nn.parallel.DistributedDataParallel(model, process_group=run.group)
+        model = torch.nn.parallel.DistributedDataParallel(model)
     # else: line 167, "using CPU, this will be slow": the bare model
     criterion = nn.CrossEntropyLoss()
     opt = run.spec["optimizer"]                                      # tfpar: changed (args.lr, ...)
@@ -135,7 +135,7 @@ def _main_worker(run, *, use_ddp: bool, mean_loss: bool) -> None:
         logged = train_batch(model, criterion, optimizer, images, torch.as_tensor(target))
         if mean_loss:                                                # tfpar: the fixed variant's log
             total = torch.tensor(logged, dtype=run.torch_dtype)
-            dist.all_reduce(total, group=run.group)
+            dist.all_reduce(total)
             logged = (total / run.world_size).item()
         params, state = _snapshot(run, net)
         run.record(torch.tensor(logged, dtype=run.torch_dtype), params, grads=_grads(run, net), state=state)
