@@ -60,7 +60,7 @@ def _no_trace_reuse_under_monkeypatch(request):
 #: sorts the files by their number of tests instead, which undid this order until 2026-11-23
 #: (test_optimizers' 256 quick tests went first, test_byo_examples' 18 slow ones near the end).
 #: A stale list costs time, never a check: every test still runs.
-HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_pool", "test_v1", "test_properties", "test_cli",
+HEAVIEST_FIRST = ("test_mirrored", "test_launch", "test_pool", "test_v1", "test_real_examples", "test_properties", "test_cli",
                   "test_capture_builtins", "test_interrupt", "test_param_mean", "test_pipeline", "test_async",
                   "test_lockstep", "test_multiworker", "test_layers", "test_placement", "test_pytest_plugin",
                   "test_plugins", "test_matrix", "test_towers", "test_reuse", "test_mutants", "test_error_rates", "test_byo_examples",
