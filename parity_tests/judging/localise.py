@@ -128,6 +128,7 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
                        f"before step 1: the initial parameters differ ({n0}, gap {g0:.3g}): the runs did not start from"
                        " the same weights (a loading mistake, or a torch layout recorded without run.to_tf)")
     later_bad = False
+    also = ""
     first: dict[str, Any] | None = None
     for k in range(1, steps + 1):
         bound = bound_at(verdict, k)
@@ -159,17 +160,20 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
             first = _result(k, "update", None, pn, pg, bound,
                             f"{agree}; {how}; the parameters after it differ ({pn}, gap {pg:.3g}): the optimizer's"
                             " step (its rule, hyperparameters, slots or learning-rate schedule)")
-        elif state_bad:
+        elif state_bad and not loss_bad:
             first = _result(k, "state", None, sn, sg, bound,
                             f"{agree}; only the non-trainable state differs ({sn}, gap {sg:.3g}): moving statistics")
         else:
-            first = _result(k, "loss", None, None, loss[0], loss[1], "")  # loss only: decided after the loop
+            first = _result(k, "loss", None, None, loss[0], loss[1], "")  # loss first: decided after the loop
+            if state_bad:  # two differences at one step: the loss (computed before the state's update) names it
+                also = f"; the non-trainable state differs at that step too ({sn}, gap {sg:.3g})"
     if first is None:
         return _result(None, None, None, None, float(verdict.gap), float(verdict.bound),
                        "no recorded channel exceeds its bound" + (" (theory predicted a difference that did not appear)"
                                                                    if verdict.status == "unexpected_parity" else ""))
     if first["explanation"] == "":
         k = first["first_bad_step"]
+        later_bad = later_bad or bool(also)
         if later_bad:
             first["explanation"] = (f"step {k}: only the loss differs at first (gap {first['gap']:.3g}), the"
                                     " parameters later: the per-device losses or their combination")
@@ -178,6 +182,7 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
             first["explanation"] = (f"step {k}: the reported loss differs (gap {first['gap']:.3g}) while the gradients"
                                     " and parameters agree at every step: what was logged, not what was computed"
                                     " (e.g. one tower's loss, or a loss not averaged over ranks)")
+        first["explanation"] += also
     return first
 
 

@@ -274,7 +274,8 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
                 f" (and its schedules' rates, weight_decay and Adagrad's initial accumulator): here {ra or rb}"
                 f" ({held_by})" + (f", against {rb} ({b})" if ra and rb else ""), expected=False, mapping="optimizer"))
-        elif fa != fb or ra != rb:
+        elif _held(a, held) != _held(b, held):
+            # the sides hold different roundings: say why they change nothing here (the same: nothing to say)
             absent.append("Keras' float32 hyperparameters: " + ("no step moves the parameters" if not moves else
                           "every hyperparameter Keras rounds is exact in float32" if not (ra or rb) else
                           "both sides round the same ones"))
