@@ -127,8 +127,8 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
         return _result(0, "inputs", None, n0, g0, bound_at(verdict, 0),
                        f"before step 1: the initial parameters differ ({n0}, gap {g0:.3g}): the runs did not start from"
                        " the same weights (a loading mistake, or a torch layout recorded without run.to_tf)")
-    later_bad = False
-    also = ""
+    later_bad = later_params = False
+    also: tuple[str | None, float, float] | None = None
     first: dict[str, Any] | None = None
     for k in range(1, steps + 1):
         bound = bound_at(verdict, k)
@@ -142,6 +142,7 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
         state_bad = sg > bound
         if first is not None:
             later_bad = later_bad or grads_bad or params_bad or state_bad
+            later_params = later_params or grads_bad or params_bad
             continue
         if not (loss_bad or grads_bad or params_bad or state_bad):
             continue
@@ -165,15 +166,20 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
                             f"{agree}; only the non-trainable state differs ({sn}, gap {sg:.3g}): moving statistics")
         else:
             first = _result(k, "loss", None, None, loss[0], loss[1], "")  # loss first: decided after the loop
-            if state_bad:  # two differences at one step: the loss (computed before the state's update) names it
-                also = f"; the non-trainable state differs at that step too ({sn}, gap {sg:.3g})"
+            if state_bad:  # two differences at one step: which comes first depends on what the loss is
+                also = (sn, sg, bound)
     if first is None:
         return _result(None, None, None, None, float(verdict.gap), float(verdict.bound),
                        "no recorded channel exceeds its bound" + (" (theory predicted a difference that did not appear)"
                                                                    if verdict.status == "unexpected_parity" else ""))
     if first["explanation"] == "":
         k = first["first_bad_step"]
-        later_bad = later_bad or bool(also)
+        if also and not later_params:  # the loss is only what was logged (record), the state a computation before it
+            sn, sg, bound = also
+            return _result(k, "state", None, sn, sg, bound,
+                           f"step {k}: the parameters agree before and after it; the non-trainable state differs ({sn},"
+                           f" gap {sg:.3g}): moving statistics; the reported loss differs too (gap {first['gap']:.3g})"
+                           " while the gradients and parameters agree at every step: what was logged")
         if later_bad:
             first["explanation"] = (f"step {k}: only the loss differs at first (gap {first['gap']:.3g}), the"
                                     " parameters later: the per-device losses or their combination")
@@ -182,7 +188,8 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
             first["explanation"] = (f"step {k}: the reported loss differs (gap {first['gap']:.3g}) while the gradients"
                                     " and parameters agree at every step: what was logged, not what was computed"
                                     " (e.g. one tower's loss, or a loss not averaged over ranks)")
-        first["explanation"] += also
+        if also:
+            first["explanation"] += f"; the non-trainable state differs at that step too ({also[0]}, gap {also[1]:.3g})"
     return first
 
 

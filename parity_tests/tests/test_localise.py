@@ -154,3 +154,17 @@ def test_update_without_recorded_gradients_is_refinable_and_with_them_is_not():
     assert not refinable(where, with_grads, with_grads)
     assert refinable({"first_bad_step": 1, "stage": "combined_grads"}, with_grads, with_grads)
     assert not refinable({"first_bad_step": None, "stage": None}, {}, {})
+
+
+def test_two_differences_at_one_step_are_both_named():
+    """A logged loss that is wrong (what was logged) and moving statistics that are wrong at the same step: the
+    state is the first computation that differs (the loss is only a record), and the line names both."""
+    wrong_log = _run(loss_scale=lambda k: 1.01, state_shift=lambda k: 0.5)
+    where = _where(wrong_log)
+    assert (where["first_bad_step"], where["stage"]) == (1, "state")
+    assert "the reported loss differs too" in where["explanation"]
+    # the loss also computed differently (the parameters part later): the loss comes first, the state is named too
+    both = _run(loss_scale=lambda k: 1.01, state_shift=lambda k: 0.5, lr=lambda k: 0.1 if k == 1 else 0.2)
+    where = _where(both)
+    assert (where["first_bad_step"], where["stage"]) == (1, "loss")
+    assert "the non-trainable state differs at that step too" in where["explanation"]
