@@ -206,36 +206,45 @@ def _external_init(i: dict, base: Path | None, arrays: dict | None) -> tuple[dic
     return spec, out
 
 
-def _external_data(d: Any, base: Path | None, steps: int, devices: int, arrays) -> tuple[dict, np.ndarray, np.ndarray]:
-    """An external model's data: ``x`` and ``y`` of any per-example shape, rows first."""
+def _external_data(d: Any, base: Path | None, steps: int, devices: int,
+                   arrays) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
+    """An external model's data: ``x`` and ``y`` of any per-example shape, rows first.
+
+    ``data.order`` as for any case (:func:`_order`): ``distributed_sampler`` with ``data.rows``
+    (and an optional ``perm`` array in the npz) lets a DDP program keep its own
+    ``DataLoader`` + ``DistributedSampler`` over ``run.dataset()``.
+    """
     d = obj(d, "data")
     batch = integer(need(d, "global_batch", "data"), "data.global_batch", 1, 10_000_000)
     if batch < devices:
         raise CaseError("data.global_batch", f"at least parallel.devices = {devices} rows, so every device gets one", batch)
-    for key in ("order", "rows", "sample_weights", "generator"):
+    for key in ("sample_weights", "generator"):
         if key in d:
             raise CaseError(f"data.{key}", 'no value for an external model (its data is {"npz": FILE, "global_batch": B})', d[key])
+    order, rows = _order(d, batch, steps, devices)
     if arrays is not None and d.get("arrays"):
-        spec, (x, y, _) = {"arrays": True, "global_batch": batch}, arrays
+        spec, (x, y, perm) = {"arrays": True, "global_batch": batch}, arrays
     elif "npz" in d:
-        no_extra(d, {"npz", "global_batch"}, "data")
+        no_extra(d, {"npz", "global_batch", "order", "rows"}, "data")
         z = _load_npz(base, d["npz"], "data.npz")
         for key in ("x", "y"):
             if key not in z:
                 raise CaseError(f"data.npz[{key!r}]", f"an array named {key!r} in {d['npz']}")
-        spec, x, y = {"npz": d["npz"], "global_batch": batch}, z["x"], z["y"]
+        spec, x, y, perm = {"npz": d["npz"], "global_batch": batch}, z["x"], z["y"], z.get("perm")
     else:
         raise CaseError("data", '{"npz": FILE, "global_batch": B} for an external model', d)
-    rows = steps * batch
     x, y = np.asarray(x), np.asarray(y)
+    need_rows = f"steps x global_batch = {steps} x {batch} = {rows}" if order == "split" else f"data.rows = {rows}"
     if x.ndim < 1 or x.shape[0] < rows:
-        raise CaseError("data.x", f"at least steps x global_batch = {steps} x {batch} = {rows} rows", f"shape {list(x.shape)}")
+        raise CaseError("data.x", f"at least {need_rows} rows", f"shape {list(x.shape)}")
     if y.ndim < 1 or y.shape[0] != x.shape[0]:
         raise CaseError("data.y", f"one target per row of x ({x.shape[0]} rows)", f"shape {list(y.shape)}")
     if x[:rows].size > MAX_INPUT_VALUES:
         raise CaseError("data", f"at most {MAX_INPUT_VALUES:,} input values in all")
     y = _check_array(y[:rows], "data.y", integer=y.dtype.kind in "iu")
-    return spec, _check_array(x[:rows], "data.x"), y
+    if order != "split":  # carried only when not the default, so older cases keep their spec
+        spec.update(order=order, rows=rows)
+    return spec, _check_array(x[:rows], "data.x"), y, _perm(perm, order, rows)
 
 
 def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -496,7 +505,7 @@ def case_from_dict(
         raise CaseError("name", "a short name without slashes", name)
     dtype = choice(raw.get("dtype", "float32"), "dtype", DTYPES)
     if is_external(need(raw, "model", "")):
-        return _external_case(raw, name, dtype, base_dir, x, y, init)
+        return _external_case(raw, name, dtype, base_dir, x, y, init, perm)
     model, in_shape, out_shape = validate_model(need(raw, "model", ""))
     parallel = validate_parallel(need(raw, "parallel", ""))
     check_combine_model(parallel, model["layers"], raw.get("data"))
@@ -543,7 +552,8 @@ def case_from_dict(
     return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None, perm=perms, w=weights)
 
 
-def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: Any, init: Any) -> Case:
+def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: Any, init: Any,
+                   perm: Any = None) -> Case:
     """A case whose model lives in the plugins (``"model": {"external": ...}``, CONTRACT §5)."""
     model = validate_external_model(raw["model"])
     parallel = validate_parallel(need(raw, "parallel", ""))
@@ -554,12 +564,17 @@ def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: A
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
     base = Path(base_dir) if base_dir is not None else None
     init_spec, init_arrays = _external_init(obj(need(raw, "init", ""), "init"), base, init)
-    data_spec, xs, ys = _external_data(need(raw, "data", ""), base, steps, parallel["devices"],
-                                       (x, y, None) if x is not None else None)
+    data_spec, xs, ys, perms = _external_data(need(raw, "data", ""), base, steps, parallel["devices"],
+                                              (x, y, perm) if x is not None else None)
+    if data_spec.get("order") == "distributed_sampler":  # the padded list is dealt out like cards (strided)
+        if need(raw, "parallel", "").get("shard", "strided") != "strided":
+            raise CaseError("parallel.shard", "strided (or absent) with data.order distributed_sampler"
+                                              " (DistributedSampler gives rank r the rows r, r+N, ...)", parallel["shard"])
+        parallel["shard"] = "strided"
     model["input_shape"] = list(xs.shape[1:])  # from the data: the tool has no layer list to derive it
     spec = {"schema": SCHEMA, "name": name, "dtype": dtype, "model": model, "init": init_spec, "data": data_spec,
             "optimizer": optimizer, "parallel": parallel, "steps": steps, "seed": seed}
-    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None)
+    return Case(spec=spec, x=xs, y=ys, init=init_arrays, source=None, perm=perms)
 
 
 def load_case(path: str | os.PathLike) -> Case:

@@ -251,3 +251,20 @@ def test_an_external_model_runs_on_plugins_under_their_own_names(tmp_path, capsy
     traj = run_impl(load_case(tmp_path / "case.json"), torch_ext)
     assert sorted(traj) == ["grad/lin.b", "grad/lin.w", "loss", "param/lin.b", "param/lin.w"]
     assert traj["param/lin.w"].shape == (5, 3, 2)
+
+
+def test_an_external_model_keeps_its_own_distributed_sampler(tmp_path, capsys):
+    """data.order distributed_sampler for an external model: the DDP program's own DataLoader over
+    DistributedSampler (23 rows dealt to 3 ranks, padded to 24) against the towers reading run.batches()."""
+    rng = np.random.default_rng(12)
+    np.savez(tmp_path / "init.npz", **{"lin.w": rng.normal(size=(3, 2)), "lin.b": np.zeros(2)})
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(23, 3)), y=rng.normal(size=(23, 2)))
+    raw = {"name": "external-sampler", "dtype": "float64", "model": {"external": "one linear layer", "loss": "mse"},
+           "init": {"npz": "init.npz"},
+           "data": {"npz": "data.npz", "global_batch": 6, "order": "distributed_sampler", "rows": 23},
+           "optimizer": {"name": "sgd", "lr": 0.1}, "parallel": {"devices": 3}, "steps": 5}
+    (tmp_path / "case.json").write_text(json.dumps(raw))
+    impls = f"{HERE / 'tf_external.py'}:towers,{HERE / 'torch_external.py'}:ddp_sampler"
+    status = main(["compare", str(tmp_path / "case.json"), "--impls", impls])
+    out = capsys.readouterr().out
+    assert status == 0 and "verdict: PARITY" in out, out

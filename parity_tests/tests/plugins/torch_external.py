@@ -31,3 +31,36 @@ def ddp(run):
         logged = loss.detach().clone()
         dist.all_reduce(logged, group=run.group)
         run.record(logged / run.world_size, params(), grads=grads)
+
+
+@torchref.plugin.distributed(dtypes=("float32", "float64"))
+def ddp_sampler(run):
+    """The same model fed as a DDP program feeds it: its own ``DataLoader`` over ``DistributedSampler``."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    n_in, n_out = run.initial["lin.w"].shape
+    lin = torch.nn.Linear(n_in, n_out).to(run.torch_dtype)
+    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"])),
+                         "bias": torch.as_tensor(run.initial["lin.b"])})
+    model = DDP(lin, process_group=run.group)
+    opt = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
+    x, y = run.dataset()
+    data = TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
+    sampler = DistributedSampler(data, num_replicas=run.world_size, rank=run.rank, shuffle=False)
+    loader = DataLoader(data, batch_size=run.spec["data"]["global_batch"] // run.world_size, sampler=sampler)
+    run.begin({"lin.w": run.to_tf(lin.weight), "lin.b": lin.bias})
+    step, epoch = 0, 0
+    while step < run.steps:
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            opt.step()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged, group=run.group)
+            run.record(logged / run.world_size, {"lin.w": run.to_tf(lin.weight), "lin.b": lin.bias})
+            step += 1
+            if step == run.steps:
+                break
+        epoch += 1
