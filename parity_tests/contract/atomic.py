@@ -7,7 +7,7 @@ never half of one.
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,21 +26,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def _atomic(path: str | os.PathLike, write: Callable[[Any], Any]) -> Path:
-    """``write(f)`` into a temporary file beside ``path``, fsync, rename; removed on any failure."""
+    """``write(f)`` into a temporary file beside ``path``, fsync, rename; removed on any failure.
+
+    The temporary name is chosen before the file exists and the file is created
+    inside the ``try``: a SIGTERM/Ctrl-C (raised as an exception by ``tfpar``'s
+    handlers at any bytecode) that lands just after the file was created still
+    finds the name to remove. (``tempfile.mkstemp`` returns the name only once the
+    file exists: a signal in between left a ``.tmp`` file behind, seen in CI.)
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    tmp = p.parent / f".{p.name}.{secrets.token_hex(6)}.tmp"
     try:
+        # O_EXCL: never another writer's file; 0o666 under the umask, as open() would make it
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
     return p
 

@@ -18,8 +18,8 @@ into place, so an interrupted run leaves nothing half-written.
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,10 @@ def write_tensorboard(result: Any, out: str | Path) -> Path:
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # named before it exists and made inside the try: a signal just after mkdir still finds it to remove
+    tmp = out.parent / f".{out.name}.{secrets.token_hex(6)}.tmp"
     try:
+        tmp.mkdir()
         d = result.case.spec["dtype"]
         trajs = {impl: result.trajectories.get(f"{impl}@{d}") for impl in result.impls}
         for impl, traj in trajs.items():
