@@ -59,7 +59,8 @@ def main() -> None:
 
     from parity_tests.judging import judge
     from parity_tests.judging.bfloat16 import _errors, _storage
-    from parity_tests.judging.tolerance import _gaps, _judged_keys, _row_max, _scales, _spread
+    from parity_tests.judging.gaps import _gaps, _judged_keys, _row_max, _scales
+    from parity_tests.judging.perturbation import _spread
 
     t0 = time.perf_counter()
     worst, odd = (0.0, ""), []

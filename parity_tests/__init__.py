@@ -35,7 +35,7 @@ _MOVED = {
     "specs": "contract.specs", "generators": "contract.generators", "trajectory": "contract.trajectory",
     "atomic": "contract.atomic",
     "harness": "running.harness", "manifest": "running.manifest",
-    "compare": "judging.compare", "tolerance": "judging.tolerance", "theory": "judging.theory",
+    "compare": "judging.compare", "theory": "judging.theory",
     "judge": "judging.judge",
     "report": "reporting.report", "matrix": "reporting.matrix", "docs_optimizers": "reporting.docs_optimizers",
     "strategies": "testing.strategies", "profiles": "testing.profiles", "failures": "testing.failures",

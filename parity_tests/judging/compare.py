@@ -30,7 +30,7 @@ Warning:
     (:attr:`Comparison.first_nonfinite`), whether or not they are accepted.
 
 :func:`relative_gap` is the normwise per-row metric that the tolerance model
-(:mod:`parity_tests.judging.tolerance`) judges with; :func:`compare_arrays` is the
+(:mod:`parity_tests.judging.gaps`, :mod:`parity_tests.judging.rules`) judges with; :func:`compare_arrays` is the
 elementwise check of one step's array that both this module and the tolerance
 model use to produce the mismatch message.
 """

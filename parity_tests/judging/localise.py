@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.rows import RowArray, row_norms
+from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.tolerance import SCALE_FLOOR
 
 __all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at"]
 
@@ -108,7 +108,7 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
 
     Args:
         a, b: the judged trajectories (the case dtype); ``findings`` on either are read too.
-        verdict: the pair's :class:`~parity_tests.judging.tolerance.Verdict` (its bounds are used).
+        verdict: the pair's :class:`~parity_tests.judging.verdict.Verdict` (its bounds are used).
     Returns:
         ``{"first_bad_step", "stage", "device", "name", "gap", "bound", "explanation"}``;
         ``first_bad_step`` and ``stage`` are ``None`` when no channel is over its bound.

@@ -6,7 +6,7 @@ through :func:`resolve`, so neither can pass what the other fails.
 
 :func:`judge_sides` applies, in order:
 
-1. the rule the pair is judged by (``tolerance``: float64 bound, float32 noise floor or
+1. the rule the pair is judged by (``rules``/``perturbation``: float64 bound, float32 noise floor or
    perturbation floor), with no expectation attached;
 2. the non-finite guard: a NaN or Inf anywhere (loss and gradients included) is never
    parity: one side is a divergence, both alike is no verdict (``error``);
@@ -34,17 +34,13 @@ import numpy as np
 
 from parity_tests.contract.rows import iter_rows
 from parity_tests.judging.bfloat16 import judge_bfloat16
+from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import STAGES, bound_at
+from parity_tests.judging.perturbation import judge_perturbation
+from parity_tests.judging.rules import judge_float32, judge_float64
 from parity_tests.judging.theory import Prediction
-from parity_tests.judging.tolerance import (
-    RULE_NONFINITE,
-    SCALE_FLOOR,
-    Verdict,
-    judge_float32,
-    judge_float64,
-    judge_perturbation,
-)
+from parity_tests.judging.verdict import RULE_NONFINITE, Verdict
 
 __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPLICAS", "RULE_VACUOUS",
            "with_findings", "OK_STATUSES"]
@@ -94,8 +90,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
             ``perturbation`` (a side that runs only float32, and mixed_bfloat16).
         known: documented differences to name in the verdict.
         grads: other runs of the case whose gradients may bound the loss's sensitivity
-            (``tolerance.loss_sensitivity``).
-        perturbation: keyword arguments of ``tolerance.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
+            (``loss_channel.loss_sensitivity``).
+        perturbation: keyword arguments of ``perturbation.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
         bfloat16: for a mixed_bfloat16 pair whose sides ran float64 and their reruns, the two
             ``judging.bfloat16.Side``: judged by ``judge_bfloat16`` (``perturbation``'s ``loss`` applies).
     """

@@ -358,7 +358,7 @@ def reported_loss_differs(spec: dict[str, Any], a: str, b: str) -> bool:
     logits; torch's (bfloat16 product + float32 bias) are float32: the two losses differ
     by the logits' bfloat16 rounding even where the gradients, which both sides round
     to bfloat16 on the way back, agree. The judge then reports the loss beside the
-    verdict instead of judging it (``tolerance``, "Mixed precision").
+    verdict instead of judging it (``perturbation``, "Mixed precision").
     """
     layers = spec["model"]["layers"]
     return (spec["dtype"] == "mixed_bfloat16" and _framework(a) != _framework(b)

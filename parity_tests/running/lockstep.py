@@ -28,10 +28,10 @@ is exact), so the reference's one-step gap against itself is 0 by construction.
 
 Bounds, per step (``docs/lockstep.md``):
 
-* float64 case: the float64 rule of :func:`~parity_tests.judging.tolerance.judge_float64`
+* float64 case: the float64 rule of :func:`~parity_tests.judging.rules.judge_float64`
   on the two one-step runs (bound ``FLOAT64_RTOL``, derived for up to 200 steps: one step
   is far inside it; the loss's bound is ``FLOAT64_RTOL`` since both start alike).
-* float32 case: the float32 rule of :func:`~parity_tests.judging.tolerance.judge_float32`
+* float32 case: the float32 rule of :func:`~parity_tests.judging.rules.judge_float32`
   with one-step float64 runs *from the same float32 start state* (exact in float64)::
 
       floor_X[k] = gap(X32(S_{k-1}), X64(S_{k-1}))
@@ -66,6 +66,7 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import dropout_masks
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.judge import (
     CaseResult,
@@ -78,14 +79,7 @@ from parity_tests.judging.judge import (
 from parity_tests.judging.localise import localise, refinable
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
-from parity_tests.judging.tolerance import (
-    FLOAT32_ABS_FLOOR,
-    FLOAT32_FACTOR,
-    FLOAT64_RTOL,
-    RULE_FLOAT32,
-    RULE_FLOAT64,
-    SCALE_FLOOR,
-)
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
 from parity_tests.running import registry
 from parity_tests.running.harness import check_dtypes, run_impl
 

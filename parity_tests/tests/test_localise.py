@@ -12,7 +12,7 @@ import pytest
 
 from parity_tests.contract.trajectory import Trajectory
 from parity_tests.judging.localise import STAGES, localise
-from parity_tests.judging.tolerance import judge_float64
+from parity_tests.judging.rules import judge_float64
 
 
 def _run(steps: int = 5, *, lr=lambda k: 0.1, grad_scale=lambda k: 1.0, loss_scale=lambda k: 1.0,

@@ -16,7 +16,7 @@ from parity_tests.judging.spread import (
     spread_rows,
     within_spread,
 )
-from parity_tests.judging.tolerance import Verdict
+from parity_tests.judging.verdict import Verdict
 from parity_tests.running.registry import resolve
 from parity_tests.tests.helpers import MLP, make
 
