@@ -1,4 +1,4 @@
-"""How far ``param_mean`` and ``async`` drift from ``grad_mean`` on the seeds' MLP (docs/combine-rules.md).
+"""How far ``param_mean`` and ``async`` drift from ``grad_mean`` on the classic tower programs' MLP (docs/combine-rules.md).
 
     .venv/bin/python benchmarks/combine_drift.py
 

@@ -3,7 +3,7 @@
 The package reads as the architecture, one subpackage a layer, each using only
 the ones above it::
 
-    contract/   the case and trajectory formats (CONTRACT §1-2), validation at the edge
+    contract/   the case and trajectory formats (docs/case-format.md), validation at the edge
     running/    the registry of implementations (built-ins, plugins, recorded runs), the harness, manifests
     judging/    the comparator, the tolerance model, the theory of known differences, the judge
     reporting/  report.md / report.json / plots, the scenario matrix

@@ -58,7 +58,7 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
         if progress:
             progress(k + 1)
     traj = stack_trajectory(losses, params, grads, states)
-    if trainer.captured is not None:  # the per-device values of step ``capture`` (CONTRACT §6 stages)
+    if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md stages)
         traj.update({f"device/{k}": v for k, v in trainer.captured.items()})
         traj["device/step"] = np.asarray(capture)
     return traj
@@ -71,7 +71,7 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     Args:
         payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
         impl: ``tf.towers`` (N towers, N = ``parallel.devices``), ``tf.single``
-            (one device, the whole global batch), ``tf.v1`` (the seeds'
+            (one device, the whole global batch), ``tf.v1`` (the classic tower programs'
             ``tf.compat.v1`` graph towers, :mod:`tfpar.v1`) or ``tf.mirrored``
             (``MirroredStrategy``, :mod:`tfpar.mirrored`).
         progress: called with the number of steps done.

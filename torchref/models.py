@@ -113,7 +113,7 @@ class CaseModel(nn.Module):
         self.layers = layers
         self.batch_norm, self.group = batch_norm, group
         #: when a dict: every layer's output (canonical layout, detached copy) by layer index, set by
-        #: the capture step of a run (CONTRACT §6 ``forward`` stage)
+        #: the capture step of a run (docs/localisation.md ``forward`` stage)
         self.trace: dict[str, np.ndarray] | None = None
         self.params = nn.ParameterDict(
             {k.replace(".", "_"): nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype)) for k, v in init.items() if not _is_state(k)}

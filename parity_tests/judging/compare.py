@@ -1,6 +1,6 @@
 """The one comparator: two trajectories, element by element, with messages a person can act on.
 
-A trajectory is a ``dict[str, np.ndarray]`` (CONTRACT.md section 2):
+A trajectory is a ``dict[str, np.ndarray]`` (docs/case-format.md, "Trajectories"):
 
 * ``loss`` ``[steps]`` and ``grad/<name>`` ``[steps, *shape]``: row ``k`` belongs to
   step ``k + 1`` (the loss and gradient of that step, before its update);

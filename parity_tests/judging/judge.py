@@ -110,7 +110,7 @@ class PairResult:
     prediction: Prediction
     mapping: str | None = None  # what was mapped before judging again, if anything
     unmapped_gap: float | None = None  # the gap with nothing mapped (the pair as it ran)
-    #: CONTRACT §6: where the two runs first part (``judging.localise``), for every verdict but parity
+    #: docs/localisation.md: where the two runs first part (``judging.localise``), for every verdict but parity
     localisation: dict[str, Any] | None = None
     #: the pair judged with the predicted differences mapped away (``pair.resolve``), or ``None``
     residual: Verdict | None = None
@@ -129,7 +129,7 @@ class PairResult:
         return {
             "reference": self.reference,
             "impl": self.impl,
-            "status": self.verdict.status,  # CONTRACT section 8
+            "status": self.verdict.status,  # docs/tolerance.md, "The verdict"
             "verdict": {**self.verdict.to_dict(),
                         **({"localisation": self.localisation} if self.localisation is not None else {})},
             "expected_differences": list(self.prediction.expected),
@@ -174,7 +174,7 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        """Every pair at parity or an expected difference (``compare``'s exit status 0, CONTRACT section 8)."""
+        """Every pair at parity or an expected difference (``compare``'s exit status 0, docs/tolerance.md, "The verdict")."""
         return all(p.verdict.status in OK_STATUSES for p in self.pairs)
 
     @property
@@ -665,7 +665,7 @@ def _capture_key(name: str, case: Case) -> str:
 
 def _inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
                  runner: Runner, captured: dict) -> dict[str, Any]:
-    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture.
+    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (docs/localisation.md), when both sides capture.
 
     ``sides``: ``(name, case)`` of the reference and the judged implementation, each the case
     that side ran (the case dtype or float64, mapped where the verdict judged a mapped run).
@@ -945,7 +945,7 @@ class _Judged:
                                                  f" compute as: {plain.detail}"), (stand, own)
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
-        """CONTRACT section 6 localisation of ``verdict`` from the arrays its rule judged (refined by a capture)."""
+        """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
         # float64 when the float64 rule decided (also in a float32 case, where 1e-10 would call
         # float32 rounding a difference), mapped as judged
         d = "float64" if verdict.rule == RULE_FLOAT64 and f"{a[0]}@float64{a[1]}" in self.trajs else self.case.spec["dtype"]

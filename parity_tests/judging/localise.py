@@ -1,4 +1,4 @@
-"""Where two runs first part: the ``localisation`` of a verdict (CONTRACT §6), from what both recorded.
+"""Where two runs first part: the ``localisation`` of a verdict (docs/localisation.md), from what both recorded.
 
 A step runs ``inputs -> forward -> loss -> device_grads -> combined_grads ->
 clip -> update -> state``, and an implementation reports some of it: the
@@ -104,7 +104,7 @@ def _result(step: int | None, stage: str | None, device: int | None, name: str |
 
 
 def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
-    """The CONTRACT §6 ``localisation`` of ``verdict`` between trajectories ``a`` (reference) and ``b``.
+    """The ``localisation`` (docs/localisation.md) of ``verdict`` between trajectories ``a`` (reference) and ``b``.
 
     Args:
         a, b: the judged trajectories (the case dtype); ``findings`` on either are read too.
@@ -301,9 +301,9 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         spec: the case (per-device gradients are not compared under synchronized batch norm,
             where a tower's gradient of its own loss and a DDP rank's share differ by design).
     Returns:
-        ``None`` when either side captured nothing; else a CONTRACT §6 localisation (``stage``,
+        ``None`` when either side captured nothing; else a localisation (docs/localisation.md): ``stage``,
         ``device``, ``name``, ``gap``, ``bound``, ``explanation``; ``stage`` ``None`` when every
-        captured stage agrees) plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
+        captured stage agrees, plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
         the greatest gap of every stage compared, in step order.
     """
     da = {k[len("device/"):]: np.asarray(v) for k, v in a.items() if k.startswith("device/")}

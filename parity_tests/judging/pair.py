@@ -13,7 +13,7 @@ through :func:`resolve`, so neither can pass what the other fails.
 3. the findings guard: a run that found a divergence within itself (DDP replicas out of
    sync) makes every pair it is in a divergence;
 4. the vacuity guard (:func:`vacuity`): a pair in which nothing was really compared is
-   ``inconclusive`` (CONTRACT section 8), never parity.
+   ``inconclusive`` (docs/tolerance.md, "The verdict"), never parity.
 
 :func:`resolve` then applies the prediction (``theory.predict``): a divergence is an
 ``expected_difference`` only where a predicted difference explains the whole gap. Where a
@@ -47,7 +47,7 @@ __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPL
 
 RULE_REPLICAS = "replicas in sync"
 RULE_VACUOUS = "nothing compared"
-#: ``tfpar compare`` exits 0 when every pair has one of these (CONTRACT section 8)
+#: ``tfpar compare`` exits 0 when every pair has one of these (docs/tolerance.md, "The verdict")
 OK_STATUSES = ("parity", "expected_difference")
 
 
@@ -184,14 +184,14 @@ def _moved(traj: Mapping[str, Any], bound: float) -> bool:
 
 
 def vacuity(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Verdict) -> str | None:
-    """Why nothing was really compared between ``a`` and ``b`` (CONTRACT section 8), or ``None``.
+    """Why nothing was really compared between ``a`` and ``b`` (docs/tolerance.md, "The verdict"), or ``None``.
 
     In order: no steps; a loss non-finite on both sides from the first step; every recorded
     gradient exactly zero at every step; no parameter or state array moving beyond the
     verdict's bound on either side (a learning rate of 0, or too small to move a float32
     number); a loss exactly constant over two or more steps on both sides (a logged constant,
     or a loss that nothing changes). A divergence found in the logged loss alone is no
-    comparison of training either where nothing moves (CONTRACT section 8): the first four
+    comparison of training either where nothing moves (docs/tolerance.md, "The verdict"): the first four
     apply to it too; a constant loss only to a pair that would otherwise pass.
     """
     nonfinite_error = verdict.status == "error" and verdict.rule == RULE_NONFINITE

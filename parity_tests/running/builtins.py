@@ -22,7 +22,7 @@ __all__ = ["BUILTINS"]
 BUILTINS = {
     "tf.towers": "the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients, one update",
     "tf.single": "one TensorFlow device, the whole global batch",
-    "tf.v1": "the seeds' tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower, average_gradients)",
+    "tf.v1": "the classic tower programs' tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower, average_gradients)",
     "tf.mirrored": "tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
     "torch.ddp": "real torch DistributedDataParallel on gloo, N ranks of the warm worker pool",
     "torch.single": "one torch process, the whole global batch",

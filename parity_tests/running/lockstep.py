@@ -12,7 +12,7 @@ position) after step ``k - 1``, and only that one step is judged::
     gap_k(X)   = gap(Ref(S_{k-1}, batch k), X(S_{k-1}, batch k))
 
 so a gap cannot be carried from one step into the next. The first step whose one-step
-gap exceeds its bound is the first bad step (CONTRACT §6 ``first_bad_step``). Where that
+gap exceeds its bound is the first bad step (``first_bad_step``, docs/localisation.md). Where that
 step breaks inside the step (``localise.refinable``), both sides run it once more from the
 same start with capture on (:func:`captured_step`) and its stage chain names the stage and
 device (``judge._inside_step``, as a free comparison does at its first bad step).
@@ -271,7 +271,7 @@ class LockstepPair:
     #: the first bad step's one-step runs and verdict ``(ref, impl, verdict)`` (the arrays the deciding
     #: rule judged: the float64 runs where the float64 rule decided), for its localisation
     first_runs: Any = field(default=None, repr=False, compare=False)
-    #: CONTRACT §6 localisation of the first bad step (its stage chain where both sides capture), or ``None``
+    #: the localisation (docs/localisation.md) of the first bad step (its stage chain where both sides capture), or ``None``
     localisation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -319,7 +319,7 @@ class LockstepResult:
             if p.first_bad_step is not None:
                 rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
             where = p.localisation or {}
-            if where.get("stage"):  # CONTRACT §6, from the stage chain of the first bad step where both sides capture
+            if where.get("stage"):  # docs/localisation.md, from the stage chain of the first bad step where both sides capture
                 device = "" if where.get("device") is None else f", device {where['device']}"
                 rows.append(f"  {p.impl}: where: {where['stage']}{device}"
                             + (f" ({where['name']})" if where.get("name") else ""))
@@ -477,7 +477,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
 
 
 def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> None:
-    """The CONTRACT §6 localisation of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
+    """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
     by the stage chain of that step re-run from the same start with capture on (``judge._inside_step``).

@@ -6,10 +6,10 @@ An implementation name is one of:
   ``torch.ddp``, ``torch.single``), registered by :mod:`.builtins` through
   :func:`register` like anything else;
 * a plugin, ``path/to/file.py:function`` or ``package.module:function``
-  (CONTRACT §5, :mod:`.plugins`);
+  (docs/plugins.md, :mod:`.plugins`);
 * a short name an installed package declares in the entry-point group
   ``tfpar.implementations`` (its value is ``package.module:function``);
-* a recorded run, ``recorded:path/run.npz`` (CONTRACT §6, :mod:`.recorded`).
+* a recorded run, ``recorded:path/run.npz`` (docs/testing-your-code.md, :mod:`.recorded`).
 
 :func:`resolve` turns a name into an :class:`Implementation`, whose ``run``
 the harness calls; the command line, ``compare_case``, the strategies and the
@@ -52,7 +52,7 @@ class Implementation:
         plugin: for plugins, the resolved :class:`~parity_tests.running.plugins.PluginTarget`.
         rerunnable: ``False`` for a recorded run (it cannot be run again from perturbed weights).
         captures: whether a run of a case with ``capture = k`` may record step k's per-device
-            values (``device/...``: inputs, activations, losses, gradients; CONTRACT §6 stages).
+            values (``device/...``: inputs, activations, losses, gradients; docs/localisation.md stages).
     """
 
     name: str
