@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import output_shape, spatial_output
+from parity_tests.protocol.errors import CaseError
 
 __all__ = [
     "validate_external_model",

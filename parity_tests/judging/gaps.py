@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import row_norms
 from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import compare_arrays, key_order, relative_gap, step_of_row
+from parity_tests.protocol.rows import row_norms
 
 __all__: list[str] = []  # the judging modules' shared measure; the rules are the public face
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import array_dtype, iter_pairs, nonfinite_rows
 from parity_tests.judging.compare import (
     compare_trajectories,
     describe_key,
@@ -29,6 +28,7 @@ from parity_tests.judging.compare import (
     step_of_row,
 )
 from parity_tests.judging.verdict import RULE_NONFINITE
+from parity_tests.protocol.rows import array_dtype, iter_pairs, nonfinite_rows
 
 __all__: list[str] = []  # the judging modules' shared guards; the rules are the public face
 

@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import iter_rows
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.gaps import _gaps, _mismatch_text, _row_max, _scales
@@ -58,6 +57,7 @@ from parity_tests.judging.verdict import (
     Verdict,
     _first_line_plus,
 )
+from parity_tests.protocol.rows import iter_rows
 
 __all__ = ["LOSS_KEY", "loss_sensitivity"]
 
