@@ -25,7 +25,7 @@ Derivation of ``FLOAT64_RTOL = 1e-10``:
     The smallest documented semantic effect,
     Keras's float32 hyperparameters, changes every update by up to ``2**-24 ~ 6e-8``
     of its size: above the bound as soon as the accumulated updates exceed about
-    0.2% of the parameters' size (docs/optimizers.md: about 1e-6 on an Adam step).
+    0.2% of the parameters' size (docs/tolerance.md, "Keras' float32 hyperparameters": about 1e-6 on an Adam step).
     The bound is *not* scaled per case: a case far outside the envelope (thousands
     of steps, reductions of millions of terms) needs a bound derived for it.
 
