@@ -189,7 +189,8 @@ def _run(argv: Sequence[str] | None, watch: _Watch) -> int:
     from parity_tests.protocol import settings
     from parity_tests.protocol.errors import CaseError
     from parity_tests.protocol.trajectory import save_trajectory
-    from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
+    from parity_tests.running.manifest import manifest_path, write_manifest
+    from parity_tests.running.provenance import build_manifest
     from tfpar import multiworker as mw
     from tfpar.errors import Unsupported
 
