@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.rows import RowList
 
 from .async_ import run_async
@@ -95,6 +96,7 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown TensorFlow implementation {impl!r}")
+    check_payload(payload, impl)  # every key declared (parity_tests.protocol.payload)
     declared = by_name(impl)  # what the engine declares it runs (tfpar.engines)
     order = payload["spec"]["data"].get("order", "split")
     if order not in declared.orders:

@@ -270,7 +270,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # TensorFlow first, as a worker of tfpar's own package always did: the guard's phases start after
     # its import (seconds), so a timeout or Ctrl-C while "starting" is about this worker, not the import
     import tfpar.multiworker  # noqa: F401
-
     from parity_tests.protocol.errors import CaseError
 
     # Ctrl-C and SIGTERM are the guard's to handle (it ends this process at once, or after a write)
