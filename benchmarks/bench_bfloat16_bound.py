@@ -57,10 +57,10 @@ def main() -> None:
     args = ap.parse_args()
     import numpy as np
 
-    from parity_tests.judging import judge
     from parity_tests.judging.bfloat16 import _errors, _storage
     from parity_tests.judging.gaps import _gaps, _judged_keys, _row_max, _scales
     from parity_tests.judging.perturbation import _spread
+    from parity_tests.session import comparison as judge
 
     t0 = time.perf_counter()
     worst, odd = (0.0, ""), []

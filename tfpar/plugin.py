@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.rows import RowStore, remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
@@ -318,6 +319,7 @@ class Run:
     """
 
     def __init__(self, payload: Mapping[str, Any], devices: list[str] | None = None) -> None:
+        check_payload(payload, "a plugin's run")  # every key declared (parity_tests.protocol.payload)
         spec = payload["spec"]
         self.spec: dict[str, Any] = spec
         self.dtype: str = spec["dtype"]

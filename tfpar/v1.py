@@ -78,6 +78,7 @@ from parity_tests.protocol.rows import RowList
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
+from .engines import by_name
 from .errors import Unsupported, refuse_unimplemented
 from .losses import model_loss
 from .models import forward, is_state, recording_activations
@@ -429,7 +430,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
             ``parallel.batch_norm: sync`` (the classic towers normalise each
             tower with its own statistics).
     """
-    refuse_unimplemented(spec, "tf.v1", optimizers=("sgd", "momentum", "adam"), schedules=False, weight_decay=False,
+    refuse_unimplemented(spec, "tf.v1", optimizers=by_name("tf.v1").optimizers, schedules=False, weight_decay=False,
                          clip=True, layers=True, loss_options=True)
     has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
     if has_bn and spec["parallel"].get("batch_norm", "local") == "sync":

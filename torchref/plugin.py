@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.rows import RowStore, remove_files, set_spill_threshold, spill_threshold
 
 from .ddp import shard_rows
@@ -316,6 +317,7 @@ class Run:
     """
 
     def __init__(self, payload: Mapping[str, Any], rank: int = 0, world_size: int = 1, group: Any = None) -> None:
+        check_payload(payload, "a plugin's run")  # every key declared (parity_tests.protocol.payload)
         spec = payload["spec"]
         self.spec: dict[str, Any] = spec
         self.dtype: str = spec["dtype"]

@@ -37,6 +37,18 @@ def test_layers_page_tables_are_up_to_date(module, capsys):
     assert not stale, f"docs/layers.md is out of date; regenerate with python -m {module}:\n" + "\n".join(stale)
 
 
+def test_the_implementations_table_is_the_engines_declarations():
+    """docs/implementations.md's engines table is generated from tfpar.engines and torchref.engines."""
+    from parity_tests.protocol.engine import table
+    from parity_tests.running.builtins import SPECS
+
+    text = (DOC.parent / "implementations.md").read_text()
+    start = text.index("<!-- engines table:")
+    start = text.index("\n", start) + 1
+    end = text.index("<!-- end of engines table -->")
+    assert text[start:end] == table(SPECS), "regenerate the table: parity_tests.protocol.engine.table(SPECS)"
+
+
 # ---------------------------------------------------------------- references to documents
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +61,10 @@ _DOC_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]+?\.md\b")
 _MD_LINK = re.compile(r"\]\(([^)\s#]+\.md)(?:#[^)]*)?\)")
 _CODE_PATH = re.compile(r"(?<![\w/.-])((?:tfpar|torchref|parity_tests|benchmarks)/[\w/-]+\.py)\b")
 _TEST_PATH = re.compile(r"(?<![\w/.-])tests/(test_\w+\.py)\b")
+#: a module named from inside its package (``judging/rules.py``): it must exist in one of the three packages
+_PKG_PATH = re.compile(
+    r"(?<![\w/.-])((?:contract|protocol|running|judging|session|reporting|testing|launch)/[\w/-]+\.py)\b"
+)
 
 
 def _cited_files() -> list[Path]:
@@ -71,6 +87,8 @@ def dangling_references(path: Path, text: str) -> list[str]:
                 if not (ROOT / m.group(0)).is_file()]
         out += [f"{where}: {m.group(1)} does not exist" for m in _CODE_PATH.finditer(line)
                 if not (ROOT / m.group(1)).is_file()]
+        out += [f"{where}: {m.group(1)} does not exist" for m in _PKG_PATH.finditer(line)
+                if not any((ROOT / pkg / m.group(1)).is_file() for pkg in ("parity_tests", "tfpar", "torchref"))]
         out += [f"{where}: tests/{m.group(1)} does not exist" for m in _TEST_PATH.finditer(line)
                 if not (ROOT / "parity_tests" / "tests" / m.group(1)).is_file()]
         if path.suffix == ".md":
@@ -99,6 +117,7 @@ def test_product_code_and_docs_cite_only_documents_the_repository_holds() -> Non
         pytest.param("see [the page](no-such-page.md)", "link no-such-page.md does not exist", id="md-link"),
         pytest.param("the rules (parity_tests/judging/tolerance.py)", "tolerance.py does not exist", id="code-path"),
         pytest.param("(``tests/test_tolerance.py`` shows it)", "test_tolerance.py does not exist", id="test-path"),
+        pytest.param("a rule: `judging/tolerance.py`", "judging/tolerance.py does not exist", id="package-path"),
     ],
 )
 def test_a_dangling_reference_is_found(text: str, what: str) -> None:

@@ -24,18 +24,18 @@ import pytest
 
 from parity_tests.contract.case import Case
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT64_RTOL
-from parity_tests.judging.judge import (
+from parity_tests.judging.perturbation import judge_perturbation, perturb_ulp, shard_permutation
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_PERTURBATION
+from parity_tests.reporting.matrix import matrix_cases
+from parity_tests.running import registry
+from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import (
     PERTURBED,
     _reordered,
     _rerun_of,
     compare_case,
     perturbed_case,
 )
-from parity_tests.judging.perturbation import judge_perturbation, perturb_ulp, shard_permutation
-from parity_tests.judging.verdict import RULE_FLOAT32, RULE_PERTURBATION
-from parity_tests.reporting.matrix import matrix_cases
-from parity_tests.running import registry
-from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, make
 from parity_tests.tests.synthetic_runs import perturbation_runs, truth
 
@@ -350,6 +350,7 @@ def test_a_hyperparameter_at_the_end_of_its_range_is_moved_inward():
     for seed in range(4):  # both coins of the perturbation: never out of range
         moved = perturbed_case(case.replace(seed=seed)).spec["optimizer"]["momentum"]
         assert moved == float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+
 
 
 # ---------------------------------------------------------------- the rule on synthetic runs

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite, relative_gap
-from parity_tests.judging.judge import compare_case
 from parity_tests.protocol import rows
 from parity_tests.protocol.trajectory import load_trajectory, save_trajectory
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 
@@ -221,12 +221,12 @@ def test_a_spilled_array_has_the_digest_of_the_same_array_in_memory(spill_everyt
 
 
 def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(pool, monkeypatch):
-    from parity_tests.running import harness
+    from parity_tests.running import backends
 
     case = make(MLP, steps=2)
     piped = run_impl(case, "torch.ddp")
     made: list[list[str]] = []
-    real = harness.by_file
+    real = backends.by_file
 
     def spy(payload):
         out, files = real(payload)
@@ -234,7 +234,7 @@ def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(p
         assert isinstance(out["init"]["0.kernel"], rows.RowRef) and isinstance(out["x"], rows.RowRef)
         return out, files
 
-    monkeypatch.setattr(harness, "BY_FILE_BYTES", 0)  # every array by file
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 0)  # every array by file
     monkeypatch.setattr("parity_tests.running.builtins.by_file", spy)
     by_file = run_impl(case, "torch.ddp")
     assert made and made[0] and not any(os.path.exists(p) for p in made[0])  # removed after the job

@@ -67,14 +67,6 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.judge import (
-    CaseResult,
-    SideMapping,
-    _inside_step,
-    choose_mapping,
-    compare_case,
-    keras_rounding_of,
-)
 from parity_tests.judging.localise import localise, refinable
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
@@ -82,15 +74,24 @@ from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
 from parity_tests.running import registry
+from parity_tests.running.builtins import SPECS
 from parity_tests.running.harness import check_dtypes, run_impl
+from parity_tests.session.comparison import (
+    CaseResult,
+    SideMapping,
+    _inside_step,
+    choose_mapping,
+    compare_case,
+    keras_rounding_of,
+)
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step"]
 
-#: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`)
-STEPWISE = ("tf.towers", "tf.single")
+#: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`): as the engines declare
+STEPWISE = tuple(s.name for s in SPECS if s.stepwise)
 #: load and export optimizer state, so they take part whatever the optimizer
-STATEFUL = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+STATEFUL = tuple(s.name for s in SPECS if s.stateful)
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
 BAD = ("divergence", "error")
 

@@ -768,7 +768,7 @@ def compare_case(
     preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     bar = None
     if progress is True:  # a bar on a terminal, one line per run in a log
-        from parity_tests.reporting.progress import run_bar
+        from parity_tests.session.progress import run_bar
 
         bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
@@ -998,7 +998,7 @@ class _Judged:
         the detail says to judge it with ``--lockstep`` (every step from the same state).
         Returns the verdict and a line for the report.
         """
-        from parity_tests.judging.spread import nondeterministic
+        from parity_tests.session.spread import nondeterministic
 
         if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
             return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
@@ -1037,7 +1037,7 @@ class _Judged:
 def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,
                    trajs: dict[str, dict[str, np.ndarray]], runner: Runner) -> Verdict:
     """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
-    from parity_tests.judging.spread import judge_with_spread
+    from parity_tests.session.spread import judge_with_spread
 
     d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else dtype
     if f"{ref}@{d}" not in trajs or f"{impl}@{d}" not in trajs:
