@@ -38,7 +38,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
+from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
 
 from .ddp import _arrays, _masks, _shard_loss, shard_rows
 from .models import CaseModel
@@ -86,8 +87,7 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
     w = [1.0 / n] * n if par["weighting"] == "equal" else [len(ix) / batch for ix in rows]
     orders = application_orders(n, spec["steps"], par["order_seed"])
     numel = sum(p.numel() for p in params)
-    record = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}  # spills when large (contract.rows)
-    losses = []
+    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, grads=False)  # rows spill when large
     for k in range(spec["steps"]):
         ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         order = [int(d) for d in orders[k]]
@@ -132,9 +132,9 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
         loss_value = l_r * w[r]
         dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=group)
         if server:
-            losses.append(loss_value.numpy().copy())
+            rec.loss(loss_value.numpy().copy())
             for name, p in named.items():
-                record[name].append(p.detach().numpy().copy())
+                rec.param(name, p.detach().numpy().copy())
     if not server:
         return None
-    return {"loss": np.asarray(losses), **{f"param/{k}": finish(v) for k, v in record.items()}}
+    return rec.finish()
