@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.shards import application_orders, read_position
 
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices
@@ -61,18 +62,7 @@ from .models import build_variables, is_state
 from .optimizers import GradientClip, Optimizer, make_clip, make_optimizer
 from .sharding import shard_sizes, split_batch
 
-__all__ = ["application_orders", "read_position", "AsyncTrainer", "run_async"]
-
-
-def application_orders(n: int, steps: int, order_seed: int) -> np.ndarray:
-    """``[steps, n]`` int: row k is step k's order of devices, ``default_rng(order_seed).permutation(n)`` drawn k-th."""
-    rng = np.random.default_rng(order_seed)
-    return np.stack([rng.permutation(n) for _ in range(steps)]).astype(np.int64)
-
-
-def read_position(j: int, staleness: int) -> int:
-    """The version index ``i`` (``theta_{k,i}``) that the device at position ``j`` reads: ``max(0, j - s)``."""
-    return max(0, j - staleness)
+__all__ = ["AsyncTrainer", "run_async"]
 
 
 class AsyncTrainer:

@@ -40,24 +40,14 @@ import torch.distributed as dist
 
 from parity_tests.protocol.recorder import Recorder
 from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import application_orders, read_position, shard_rows
 
-from .ddp import _arrays, _masks, _shard_loss, shard_rows
+from .ddp import _arrays, _masks, _shard_loss
 from .models import CaseModel
 from .optimizers import clip_grads, make_optimizer, make_scheduler
 from .pool import RankContext
 
-__all__ = ["application_orders", "read_position", "train_rank_async"]
-
-
-def application_orders(n: int, steps: int, order_seed: int) -> np.ndarray:
-    """``[steps, n]`` int: row k is step k's order of devices, ``default_rng(order_seed).permutation(n)`` drawn k-th."""
-    rng = np.random.default_rng(order_seed)
-    return np.stack([rng.permutation(n) for _ in range(steps)]).astype(np.int64)
-
-
-def read_position(j: int, staleness: int) -> int:
-    """The version index ``i`` (of the step's ``theta_{k,i}``) that the device at position ``j`` reads: ``max(0, j - s)``."""
-    return max(0, j - staleness)
+__all__ = ["train_rank_async"]
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:

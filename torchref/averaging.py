@@ -40,8 +40,9 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 
 from parity_tests.protocol.recorder import Recorder
 from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import shard_rows
 
-from .ddp import _arrays, _masks, _shard_loss, shard_rows
+from .ddp import _arrays, _masks, _shard_loss
 from .models import CaseModel
 from .optimizers import clip_grads, make_optimizer, make_scheduler
 from .pool import RankContext

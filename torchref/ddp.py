@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parity_tests.protocol.recorder import Recorder
 from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import shard_rows
 
 from .data import rank_batches, single_batches
 from .jobs import merge_captures
@@ -47,20 +48,7 @@ from .models import CaseModel
 from .optimizers import clip_grads, exported, load_state, make_optimizer, make_scheduler
 from .pool import RankContext
 
-__all__ = ["shard_rows", "train_rank", "train_single", "merge_captures"]
-
-
-def shard_rows(batch: int, n: int, rank: int, shard: str) -> np.ndarray:
-    """Row indices of ``rank``'s shard of a global batch of ``batch`` rows.
-
-    ``contiguous``: ``np.array_split`` order; ``strided``: rows rank, rank+N, ...
-    (``DistributedSampler`` order without shuffle or padding).
-    """
-    if shard == "contiguous":
-        return np.array_split(np.arange(batch), n)[rank]
-    if shard == "strided":
-        return np.arange(rank, batch, n)
-    raise ValueError(f"unknown shard {shard!r}")
+__all__ = ["train_rank", "train_single", "merge_captures"]
 
 
 def _arrays(payload: dict[str, Any]) -> tuple[torch.dtype, torch.Tensor, torch.Tensor]:

@@ -41,8 +41,8 @@ import torch
 
 from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.rows import RowStore, remove_files, set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import shard_rows
 
-from .ddp import shard_rows
 from .pool import RankContext
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginInputError", "PluginRaised", "distributed",

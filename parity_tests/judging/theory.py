@@ -21,6 +21,7 @@ import numpy as np
 
 from parity_tests.protocol.engine import EngineSpec, declared
 from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.shards import shard_sizes
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
@@ -184,10 +185,7 @@ def _builtin_keras(impl: str) -> bool:
 
 
 def _sizes(spec: dict[str, Any]) -> list[int]:
-    b, n = spec["data"]["global_batch"], spec["parallel"]["devices"]
-    if spec["parallel"]["shard"] == "strided":
-        return [len(range(r, b, n)) for r in range(n)]
-    return [b // n + (1 if r < b % n else 0) for r in range(n)]
+    return shard_sizes(spec["data"]["global_batch"], spec["parallel"]["devices"], spec["parallel"]["shard"])
 
 
 def uneven_shards(spec: dict[str, Any]) -> bool:
