@@ -85,9 +85,9 @@ from parity_tests.running.harness import check_dtypes, run_impl
 from parity_tests.session.comparison import (
     CaseResult,
     SideMapping,
-    inside_step,
     choose_mapping,
     compare_case,
+    inside_step,
     keras_rounding_of,
 )
 
