@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from parity_tests.protocol.payload import check_payload
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.recorder import Recorder
 
 from .async_ import run_async
 from .devices import tower_devices
@@ -28,7 +28,6 @@ from .mirrored import run_mirrored
 from .models import build_variables, forward, forward_towers, is_state, needs_towers_fn
 from .optimizers import make_clip, make_optimizer
 from .pipeline import case_batches
-from .record import stack_trajectory
 from .reuse import CACHE, Built, keyed_spec, structure_key
 from .towers import TowerTrainer
 from .v1 import run_v1
@@ -43,6 +42,8 @@ def _runs_on(runs: Any) -> str:
     """``"tf.towers and tf.single"``: the in-process engines whose declaration ``runs`` accepts."""
     names = [s.name for s in SPECS if s.in_process and runs(s)]
     return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 # every device applies its own updates (tfpar.local_sgd, tfpar.async_); tf.towers only
 LOCAL_COMBINES = ("param_mean", "async")
 
@@ -51,26 +52,20 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             progress: Callable[[int], None] | None,
             state: Mapping[str, tf.Variable] | None = None, capture: int | None = None) -> dict[str, np.ndarray]:
     state = state or {}
-    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
-    states = {k: RowList([v.numpy()]) for k, v in state.items()}
-    params = {k: RowList([v]) for k, v in trainer.values().items()}
-    grads = {k: RowList() for k in params}
-    losses = []
+    rec = Recorder(trainer.values(), {k: v.numpy() for k, v in state.items()})  # rows spill when large
     for k in range(steps):
         loss, g = trainer.step(*batches(k), capture=capture == k + 1)
-        losses.append(loss)
+        rec.loss(loss)
         for name, value in trainer.values().items():
-            params[name].append(value)
-            grads[name].append(g[name])
-        for name, v in state.items():
-            states[name].append(v.numpy())
+            rec.param(name, value)
+            rec.grad(name, g[name])
+        rec.states((name, v.numpy()) for name, v in state.items())
         if progress:
             progress(k + 1)
-    traj = stack_trajectory(losses, params, grads, states)
-    if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md stages)
-        traj.update({f"device/{k}": v for k, v in trainer.captured.items()})
-        traj["device/step"] = np.asarray(capture)
-    return traj
+    if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md)
+        rec.add({f"device/{k}": v for k, v in trainer.captured.items()})
+        rec.add({"device/step": np.asarray(capture)})
+    return rec.finish()
 
 
 def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,

@@ -21,6 +21,7 @@ import numpy as np
 
 from parity_tests.protocol.engine import EngineSpec, declared
 from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.shards import shard_sizes
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
@@ -184,10 +185,7 @@ def _builtin_keras(impl: str) -> bool:
 
 
 def _sizes(spec: dict[str, Any]) -> list[int]:
-    b, n = spec["data"]["global_batch"], spec["parallel"]["devices"]
-    if spec["parallel"]["shard"] == "strided":
-        return [len(range(r, b, n)) for r in range(n)]
-    return [b // n + (1 if r < b % n else 0) for r in range(n)]
+    return shard_sizes(spec["data"]["global_batch"], spec["parallel"]["devices"], spec["parallel"]["shard"])
 
 
 def uneven_shards(spec: dict[str, Any]) -> bool:
@@ -215,7 +213,7 @@ def _held(impl: str, held: Mapping[str, str | None]) -> str:
 
     Built-ins: Keras' classes made under floatx float32 on the TensorFlow side, exact numbers on
     the torch side. A TensorFlow plugin says what it made once it has run (``held[impl]``,
-    ``judge.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
+    ``session.comparison.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
     a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
     """
     found = _engine(impl)
@@ -256,7 +254,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     settles it by measuring the mapped run (``docs/tolerance.md``, "Predictions").
 
     ``held``: for TensorFlow plugins that have run, what their Keras optimizers held in float32
-    (``judge.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
+    (``session.comparison.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
     """
     held = held or {}
     found: list[Difference] = []

@@ -41,7 +41,7 @@ RULE_BF16_PERTURBATION = "bfloat16 perturbation floor"
 RULE_BF16_SIGNATURE = "bfloat16 computation"
 RULE_NONFINITE = "non-finite values"
 RULE_STRUCTURE = "structure"
-#: a float64 divergence that a one-ulp move of the inputs reproduces: an ill-conditioned run (``judge``)
+#: a float64 divergence that a one-ulp move of the inputs reproduces: an ill-conditioned run (``session.comparison``)
 RULE_CONDITIONING = "float64 conditioning floor"
 
 

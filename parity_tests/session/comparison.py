@@ -76,7 +76,7 @@ from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
-           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED"]
+           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
@@ -663,7 +663,7 @@ def _capture_key(name: str, case: Case) -> str:
            f"|{sorted((k, str(v)) for k, v in case.spec['parallel'].items())}|{case.spec['model'].get('loss_semantics')}"
 
 
-def _inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
+def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
                  runner: Runner, captured: dict) -> dict[str, Any]:
     """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (docs/localisation.md), when both sides capture.
 
@@ -953,7 +953,7 @@ class _Judged:
         where = localise(runs[0], runs[1], verdict)
         if self.stages and refinable(where, runs[0], runs[1]):
             cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
-            where = _inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured)
+            where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured)
         return where
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:

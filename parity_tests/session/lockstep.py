@@ -15,7 +15,7 @@ so a gap cannot be carried from one step into the next. The first step whose one
 gap exceeds its bound is the first bad step (``first_bad_step``, docs/localisation.md). Where that
 step breaks inside the step (``localise.refinable``), both sides run it once more from the
 same start with capture on (:func:`captured_step`) and its stage chain names the stage and
-device (``judge._inside_step``, as a free comparison does at its first bad step).
+device (``comparison.inside_step``, as a free comparison does at its first bad step).
 
 Design: one-step runs from a start state carried in the payload (not a bisection by
 replay from recorded states: a bisection needs the states anyway, judges ``log2 T`` steps
@@ -79,9 +79,9 @@ from parity_tests.running.harness import check_dtypes, run_impl
 from parity_tests.session.comparison import (
     CaseResult,
     SideMapping,
-    _inside_step,
     choose_mapping,
     compare_case,
+    inside_step,
     keras_rounding_of,
 )
 
@@ -444,7 +444,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
         a, b = side("a", k), side("b", k)
         v = judge_sides(dtype, a, b, rule=rule)
         residual = None
-        if mapping is not None:  # as the free compare judges it (judge._Judged.residual)
+        if mapping is not None:  # as the free compare judges it (session.comparison._Judged.residual)
             residual = judge_sides(dtype, a, side("sm", k), rule=rule) if mapping.side == impl else \
                 judge_sides(dtype, side("sm", k), b, rule=rule)
             if mapping.stand_in and residual.status == "parity":
@@ -475,7 +475,7 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
-    by the stage chain of that step re-run from the same start with capture on (``judge._inside_step``).
+    by the stage chain of that step re-run from the same start with capture on (``comparison.inside_step``).
     """
     first = pair.first_runs
     if first is None:
@@ -548,7 +548,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                 runs64[key] = one_step_runs(c, impl, starts, runner=runner)
         return runs64[key]
 
-    captured: dict[int, dict] = {}  # first bad step -> judge._inside_step's cache of capture runs
+    captured: dict[int, dict] = {}  # first bad step -> comparison.inside_step's cache of capture runs
 
     def chain_at(step: int, impl: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
         """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured."""
@@ -557,7 +557,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             d64 = dtype == "float64" or verdict.rule == RULE_FLOAT64
             c = f64 if d64 else case
             note(f"{ref} and {impl}: step {step} captured")
-            return _inside_step(where, verdict, ((ref, c), (impl, c)),
+            return inside_step(where, verdict, ((ref, c), (impl, c)),
                                 lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner),
                                 captured.setdefault(step, {}))
 

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: documents outside the repository (the project's own planning notes) that product code and docs
 #: must not cite: what they say that a reader needs belongs in docs/
 _OUTSIDE = re.compile(
-    r"\bCONTRACT\b|\bDESIGN\.md\b|\bSTYLE\.md\b|\b[Tt]he\s+seeds\b|\bshared/(?:CONTRACT|DESIGN|STYLE)|\.\./shared/"
+    r"\bCONTRACT\b|\b[Cc]ontract,?\s+(?:section|§)\s*\d|\bDESIGN\.md\b|\bSTYLE\.md\b|\b[Tt]he\s+seeds\b|\bshared/(?:CONTRACT|DESIGN|STYLE)|\.\./shared/"
 )
 _DOC_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]+?\.md\b")
 _MD_LINK = re.compile(r"\]\(([^)\s#]+\.md)(?:#[^)]*)?\)")
@@ -109,6 +109,7 @@ def test_product_code_and_docs_cite_only_documents_the_repository_holds() -> Non
     [
         pytest.param("statuses (CONTRACT section 8)", "CONTRACT", id="contract"),
         pytest.param("see CONTRACT.md", "CONTRACT", id="contract-md"),
+        pytest.param("(see the contract, section 2)", "contract, section 2", id="contract-lowercase"),
         pytest.param("measured in DESIGN.md", "DESIGN.md", id="design"),
         pytest.param("as the seeds do", "the seeds", id="seeds"),
         pytest.param("as the\n  seeds' tf.split", "'the\\n  seeds'", id="seeds-across-lines"),
