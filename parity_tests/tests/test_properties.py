@@ -34,7 +34,7 @@ def test_towers_and_ddp_compute_the_same_trajectory(case):
         result = compare_case(case, ["tf.towers", "torch.ddp"])
         # a drawn case can compare nothing (one dead ReLU unit on a batch of one: every gradient exactly
         # zero on both sides); the judge says inconclusive, which is no evidence either way: draw another
-        assume(result.pairs[0].status != "inconclusive")
+        assume(result.pairs[0].verdict.status != "inconclusive")
         assert result.parity, result.summary()
 
 
