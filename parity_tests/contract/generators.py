@@ -184,12 +184,12 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
     seeds' ``tf.random_normal`` initialisation does). ``glorot_uniform``:
     kernels ~ U[-l, l] with ``l = sqrt(6 / (fan_in + fan_out))``, biases zero
     (Keras' defaults). Batch-norm state starts at mean 0, variance 1;
-    ``gamma`` at 1 and ``beta`` at 0 in both kinds.
+    ``gamma`` (batch and layer norm) and ``scale`` (rms norm) at 1 and ``beta`` at 0 in both kinds.
     """
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for s in specs:
-        if s.kind in ("gamma", "moving_variance"):
+        if s.kind in ("gamma", "scale", "moving_variance"):
             out[s.name] = np.ones(s.shape)
         elif s.kind in ("beta", "moving_mean"):
             out[s.name] = np.zeros(s.shape)
