@@ -83,7 +83,7 @@ def main() -> int:
     worker.start()
     job = None
     try:
-        from parity_tests.contract.rows import spill_threshold
+        from parity_tests.protocol.rows import spill_threshold
 
         job = {"cwd": os.getcwd(), "environ": dict(os.environ), "sys_path": list(sys.path),
                "spill_bytes": spill_threshold(), "devices": devices, "payload": case.payload(), "deterministic": True}

@@ -93,7 +93,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from parity_tests.contract.errors import CaseError
+    from parity_tests.protocol.errors import CaseError
 
     try:
         main()

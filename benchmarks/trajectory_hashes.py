@@ -32,7 +32,7 @@ def _digest(a: np.ndarray) -> str:
 def hashes(quick: bool) -> dict[str, dict[str, str] | str]:
     from tqdm import tqdm
 
-    from parity_tests.contract.errors import CaseError
+    from parity_tests.protocol.errors import CaseError
     from parity_tests.reporting.matrix import matrix_cases
     from parity_tests.running.harness import run_impl
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity_tests.contract.arguments import OneLineParser, positive_seconds
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol import settings
+from parity_tests.protocol.errors import CaseError
 
 if TYPE_CHECKING:
     from parity_tests.contract.case import Case
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from parity_tests.contract.case import load_case
-    from parity_tests.contract.trajectory import save_trajectory
+    from parity_tests.protocol.trajectory import save_trajectory
     from parity_tests.running.harness import run_impl
 
     out = Path(args.out)
@@ -174,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _on_signals()
     try:
         args = build_parser().parse_args(argv)
+        settings.check()  # a bad TFPAR_* variable: one line, exit 2, before any work
         from parity_tests.running.harness import RunError, set_pool_timeout
 
         set_pool_timeout(args.timeout)
@@ -202,8 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["torchref.pool"].shutdown_pool()
         if "parity_tests.running.tf_worker" in sys.modules:  # the server TensorFlow plugins run from
             sys.modules["parity_tests.running.tf_worker"].shutdown_worker()
-        if "parity_tests.contract.rows" in sys.modules:  # the runs' spilled rows (docs/memory.md): gigabytes
-            sys.modules["parity_tests.contract.rows"].remove_spill_root()
+        if "parity_tests.protocol.rows" in sys.modules:  # the runs' spilled rows (docs/memory.md): gigabytes
+            sys.modules["parity_tests.protocol.rows"].remove_spill_root()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])

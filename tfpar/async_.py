@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.contract.rows import RowList
+from parity_tests.protocol.rows import RowList
 
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices

@@ -19,10 +19,11 @@ default 1024). GPUs that are not split get that limit when
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+from parity_tests.protocol import settings
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -46,11 +47,7 @@ class DeviceError(RuntimeError):
 
 
 def _want(gpus: bool) -> int:
-    default = DEFAULT_DEVICES if gpus else MAX_DEVICES
-    try:
-        return max(1, int(os.environ.get("TFPAR_DEVICES", default)))
-    except ValueError:
-        return default
+    return settings.devices(DEFAULT_DEVICES if gpus else MAX_DEVICES)
 
 
 def configure_devices(count: int | None = None) -> list[str]:
@@ -74,13 +71,13 @@ def configure_devices(count: int | None = None) -> list[str]:
     try:
         tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * count)
         if gpus and len(gpus) < count:
-            mb = int(os.environ.get("TFPAR_GPU_MEMORY_MB", "1024"))
+            mb = settings.gpu_memory_mb() or 1024
             tf.config.set_logical_device_configuration(
                 gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=mb)] * count
             )
-        elif gpus and "TFPAR_GPU_MEMORY_MB" in os.environ:
+        elif gpus and settings.gpu_memory_mb() is not None:
             # one tower per GPU, each capped at the limit asked for
-            mb = int(os.environ["TFPAR_GPU_MEMORY_MB"])
+            mb = settings.gpu_memory_mb()
             for g in gpus:
                 tf.config.set_logical_device_configuration(g, [tf.config.LogicalDeviceConfiguration(memory_limit=mb)])
         else:

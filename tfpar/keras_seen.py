@@ -1,7 +1,7 @@
 """Which Keras optimizers a piece of user code made, and what they hold in float32.
 
 In a float64 run Keras 3 keeps ``learning_rate`` in a variable of the ``keras.config.floatx()``
-that was set when the optimizer was made (``parity_tests.contract.optimizer.keras_float32``):
+that was set when the optimizer was made (``parity_tests.protocol.hyper.keras_float32``):
 code that calls ``keras.config.set_floatx("float64")`` first keeps its rate exact, code that
 does not rounds it to float32. The judge maps the other side onto what the code held, so it
 asks the code itself rather than a flag: every optimizer made while :func:`keras_optimizers_seen`

@@ -16,16 +16,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.protocol.optimizer_state import flat_state
+
 from .optimizers import export_state, load_state
 
-__all__ = ["run_steps", "flat_state"]
-
-
-def flat_state(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """``{"step": t, "slots": {slot: {name: a}}}`` -> ``{"opt/step": t, "opt/<slot>/<name>": a}``."""
-    out = {"opt/step": np.asarray(state["step"], np.int64)}
-    out.update({f"opt/{s}/{n}": a for s, arrays in state["slots"].items() for n, a in arrays.items()})
-    return out
+__all__ = ["run_steps"]
 
 
 def run_steps(trainer: Any, state: Mapping[str, tf.Variable], batches: Callable[[int], tuple],

@@ -72,7 +72,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.contract.rows import RowList
+from parity_tests.protocol.rows import RowList
 
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
@@ -407,7 +407,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
 
     params = list(zip(names, var_list, strict=True))
     agree(0)
-    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
     hist = {k: RowList([val]) for k, val in zip(names, read(params), strict=True)}
     shist = {k: RowList([val]) for k, val in zip(state, read(list(state.items())), strict=True)}
     ghist = {k: RowList() for k in names}

@@ -46,6 +46,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.protocol import settings
+from parity_tests.protocol.errors import CaseError
+
 from .errors import Unsupported, refuse_unimplemented
 from .mirrored import run_mirrored
 
@@ -53,7 +56,7 @@ __all__ = ["Cluster", "LOCAL_DEVICES_ENV", "check_supported", "configure_local_d
            "make_multiworker_strategy", "parse_tf_config", "run_multiworker"]
 
 #: environment variable: replicas per worker on GPU (default: every visible GPU; CPU: always 1)
-LOCAL_DEVICES_ENV = "TFPAR_LOCAL_DEVICES"
+LOCAL_DEVICES_ENV = settings.LOCAL_DEVICES.name
 
 
 @dataclass(frozen=True)
@@ -134,12 +137,10 @@ def parse_tf_config(text: str | None) -> Cluster:
 
 
 def _local_wanted() -> int | None:
-    text = os.environ.get(LOCAL_DEVICES_ENV)
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise Unsupported(LOCAL_DEVICES_ENV, f"an integer >= 1 (replicas per worker), got {text!r}")
-    return int(text)
+    try:
+        return settings.local_devices()
+    except CaseError as e:
+        raise Unsupported(e.field, e.expected.replace(" (the environment variable)", "") + f", got {os.environ.get(e.field)!r}") from None
 
 
 def configure_local_devices(local: int | None = None) -> int:
@@ -168,7 +169,7 @@ def configure_local_devices(local: int | None = None) -> int:
         for g in gpus:
             tf.config.experimental.set_memory_growth(g, True)
     elif len(gpus) == 1:
-        mb = int(os.environ.get("TFPAR_GPU_MEMORY_MB", "1024"))
+        mb = settings.gpu_memory_mb() or 1024
         tf.config.set_logical_device_configuration(gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=mb)] * want)
     else:
         raise Unsupported(LOCAL_DEVICES_ENV, f"the number of GPUs this worker sees ({len(gpus)}), or any number"

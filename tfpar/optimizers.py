@@ -79,6 +79,8 @@ from typing import Any, Protocol
 import keras
 import tensorflow as tf
 
+from parity_tests.protocol.optimizer_state import slot_names
+
 __all__ = [
     "Optimizer",
     "make_optimizer",
@@ -94,7 +96,6 @@ __all__ = [
     "GradientClip",
     "clip_by_global_norm",
     "make_clip",
-    "slot_names",
     "export_state",
     "load_state",
 ]
@@ -482,31 +483,6 @@ def make_clip(spec: Mapping[str, Any]) -> GradientClip | None:
 #: the exact rules' slots of the same name (module docstring), in ``build``'s variable order.
 _KERAS_SLOTS = {"momentum": "momentums", "m": "_momentums", "v": "_velocities", "v_max": "_velocity_hats",
                 "square_avg": "_velocities", "grad_avg": "_average_gradients", "accumulator": "_accumulators"}
-
-
-def slot_names(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The canonical slot names of a validated ``optimizer`` section (shared with ``torchref.optimizers``).
-
-    ``sgd``: none; ``momentum``/``nesterov``: ``momentum``; ``adam``/``adamw``: ``m``, ``v``
-    (``amsgrad``: also ``v_max``); ``rmsprop``: ``square_avg`` (centered: ``grad_avg``; momentum
-    > 0: ``momentum``); ``adagrad``: ``accumulator``. Under ``semantics: torch`` a slot holds
-    torch's quantity and under ``tf`` Keras', so both frameworks load the same numbers for
-    the same case. Under ``native`` the two frameworks' momentum buffers differ by a factor
-    ``-lr`` (Keras' velocity holds the learning rate): ``parity_tests.running.lockstep``
-    refuses those cases rather than convert.
-    """
-    name = spec["name"]
-    if name in ("momentum", "nesterov"):
-        return ("momentum",)
-    if name in ("adam", "adamw"):
-        return ("m", "v")
-    if name == "amsgrad":
-        return ("m", "v", "v_max")
-    if name == "rmsprop":
-        return ("square_avg",) + (("grad_avg",) if spec["centered"] else ()) + (("momentum",) if spec["momentum"] else ())
-    if name == "adagrad":
-        return ("accumulator",)
-    return ()
 
 
 def _slot_vars(opt: Optimizer, slot: str) -> list[tf.Variable]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import RowStore, remove_files
+from parity_tests.protocol.rows import RowStore, remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
            "to_torch", "to_tf", "run_plugin", "explain", "raised", "UNSEEDED"]
@@ -277,13 +277,11 @@ _KERAS_SLOT_ATTRS = {
 def _keras_slots(optimizer: Any, spec: Mapping[str, Any]) -> dict[str, list[Any]]:
     """``{canonical slot: [variable per trainable variable]}`` of a built Keras optimizer.
 
-    For a case optimizer the tool knows, its slots (``tfpar.optimizers.slot_names``) by
+    For a case optimizer the tool knows, its slots (``parity_tests.protocol.optimizer_state.slot_names``) by
     :data:`_KERAS_SLOT_ATTRS`; otherwise every list attribute of per-variable slots the
     optimizer holds, named by the attribute without its leading underscore.
     """
-    from parity_tests.contract.optimizer import plugins_only
-
-    from .optimizers import slot_names
+    from parity_tests.protocol.optimizer_state import plugins_only, slot_names
 
     n = len(optimizer._trainable_variables)
     lists = {k: v for k, v in vars(optimizer).items() if k != "_trainable_variables" and isinstance(v, list)
@@ -342,7 +340,7 @@ class Run:
         self._perm = payload.get("perm")
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
-        # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
+        # a large model's recorded values go to a file past the spill threshold (parity_tests.protocol.rows)
         self._store = RowStore()
         self.capture_step: int | None = payload.get("capture")
         self._device: dict[str, Any] | None = None
@@ -508,7 +506,7 @@ class PluginRaised(RuntimeError):
             (every step recorded).
         line: ``"KeyError: 'lr'"``, or for an unseeded random op under op determinism a line
             saying what to do (:func:`explain`).
-        frames: the traceback of the user's own frames (``parity_tests.contract.frames.user_traceback``).
+        frames: the traceback of the user's own frames (``parity_tests.protocol.frames.user_traceback``).
     """
 
     def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
@@ -530,7 +528,7 @@ def explain(e: BaseException) -> str:
     seed, ``tf.random.normal`` in eager code. Its own line says ``tf.random.set_seed(1)``, which
     does not reach a ``tf.Graph`` built later (a graph takes its seed inside ``as_default()``).
     """
-    from parity_tests.contract.frames import last_line
+    from parity_tests.protocol.frames import last_line
 
     if UNSEEDED in str(e):
         return ("an unseeded random op: tfpar runs TensorFlow with op determinism on, so that a run repeats"
@@ -541,7 +539,7 @@ def explain(e: BaseException) -> str:
 
 def raised(e: BaseException, begun: bool, recorded: int, steps: int) -> PluginRaised:
     """A :class:`PluginRaised` for ``e``, raised after ``run.begin`` (``begun``) and ``recorded`` steps."""
-    from parity_tests.contract.frames import user_traceback
+    from parity_tests.protocol.frames import user_traceback
 
     when = "before step 1" if not begun else (f"after step {steps}" if recorded >= steps else f"at step {recorded + 1}")
     return PluginRaised(recorded + 1 if begun else 0, explain(e), when, user_traceback(e))

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from parity_tests.contract.rows import finish
+from parity_tests.protocol.rows import finish
 
 __all__ = ["stack_trajectory"]
 
@@ -26,7 +26,7 @@ def stack_trajectory(losses: Sequence[float], params: Mapping[str, Sequence[np.n
         grads: per parameter, the T gradients applied (``None``: none recorded).
         states: per non-trainable state (batch-norm moving statistics), its T+1 values.
 
-    Each history is a list of arrays or a :class:`parity_tests.contract.rows.RowList`
+    Each history is a list of arrays or a :class:`parity_tests.protocol.rows.RowList`
     (which may have moved its rows to a file: the value is then a ``RowArray``).
     """
     traj = {"loss": np.asarray(losses)}

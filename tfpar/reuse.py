@@ -40,15 +40,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from parity_tests.protocol import settings
 
 from .optimizers import KerasOptimizer, Optimizer
 
@@ -155,7 +156,7 @@ class TrainerCache:
     @staticmethod
     def enabled() -> bool:
         """False when ``TFPAR_TRACE_CACHE=0``."""
-        return os.environ.get("TFPAR_TRACE_CACHE", "1") != "0"
+        return settings.trace_cache()
 
     def take(self, key: str) -> Built | None:
         """The entry for ``key``, removed from the cache, or ``None``."""
@@ -191,16 +192,7 @@ class TrainerCache:
 CACHE = TrainerCache()
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Runs inside build and trace their own trainers (``TFPAR_TRACE_CACHE=0``); the variable's
     earlier value, or its absence, is restored after."""
-    before = os.environ.get("TFPAR_TRACE_CACHE")
-    os.environ["TFPAR_TRACE_CACHE"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TFPAR_TRACE_CACHE"]
-        else:
-            os.environ["TFPAR_TRACE_CACHE"] = before
+    return settings.trace_cache_off()

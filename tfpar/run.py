@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.contract.rows import RowList
+from parity_tests.protocol.rows import RowList
 
 from .async_ import run_async
 from .devices import tower_devices
@@ -42,7 +42,7 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             progress: Callable[[int], None] | None,
             state: Mapping[str, tf.Variable] | None = None, capture: int | None = None) -> dict[str, np.ndarray]:
     state = state or {}
-    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
     states = {k: RowList([v.numpy()]) for k, v in state.items()}
     params = {k: RowList([v]) for k, v in trainer.values().items()}
     grads = {k: RowList() for k in params}

@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.contract.rows import RowList
+from parity_tests.protocol.rows import RowList
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
@@ -513,7 +513,7 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
         graph.finalize()  # nothing may add ops while the steps run
         with v1.Session(graph=graph, config=session_config()) as sess:
             sess.run(init_op)
-            # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+            # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
             hist = {k: RowList([val]) for k, val in zip(names, sess.run(params), strict=True)}
             shist = {k: RowList([val]) for k, val in zip(state_names, sess.run(states), strict=True)}
             ghist = {k: RowList() for k in names}

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
+from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
 
 from .ddp import _arrays, _masks, _shard_loss, shard_rows
 from .models import CaseModel
@@ -66,7 +66,7 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """One rank of an ``async`` job (rank 0: server and device 0); rank 0 returns the trajectory."""
     spec = payload["spec"]
-    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+    set_spill_threshold(int(payload.get("spill_bytes", spill_threshold())))  # the parent's, in this worker
     par, model_spec = spec["parallel"], spec["model"]
     n, r, group = ctx.world_size, ctx.rank, ctx.group
     if par["devices"] != n:

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
+from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
 
 from .ddp import _arrays, _masks, _shard_loss, shard_rows
 from .models import CaseModel
@@ -73,7 +73,7 @@ def weighted_average(params: list[torch.Tensor], weight: float, group: dist.Proc
 def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """One rank of a ``param_mean`` job; rank 0 returns ``{"loss": [steps], "param/<name>": [steps+1, ...]}``."""
     spec = payload["spec"]
-    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+    set_spill_threshold(int(payload.get("spill_bytes", spill_threshold())))  # the parent's, in this worker
     par, model_spec = spec["parallel"], spec["model"]
     n, r = ctx.world_size, ctx.rank
     if par["devices"] != n:

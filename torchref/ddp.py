@@ -37,7 +37,7 @@ import torch.distributed.nn.functional as dist_fn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from parity_tests.contract.rows import SPILL_BYTES, RowList, finish, set_spill_threshold
+from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
 
 from .data import rank_batches, single_batches
 from .jobs import merge_captures
@@ -160,7 +160,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     spec = payload["spec"]
     par, model_spec = spec["parallel"], spec["model"]
     n, r = ctx.world_size, ctx.rank
-    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+    set_spill_threshold(int(payload.get("spill_bytes", spill_threshold())))  # the parent's, in this worker
     if par["devices"] != n:
         raise ValueError(f"case asks for {par['devices']} devices but the job has {n} ranks")
     dtype, x, y = _arrays(payload)
@@ -196,7 +196,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
          else [s / batch for s in sizes])
     # distributed_sampler: every rank's batch has the same size (N | B, strided), so w_r = 1/N
     feed = _feed(payload, x, y, rows[r], ranks=n, rank=r)
-    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
     params = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}
     states = {k: RowList([v]) for k, v in _snapshot(model.state()).items()}
     grads = {k: RowList() for k in named}
@@ -280,7 +280,7 @@ def _flat_capture(cap: dict[str, Any]) -> dict[str, np.ndarray]:
 def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, np.ndarray]:
     """One process, the whole global batch, no DDP (``torch.single``)."""
     spec = payload["spec"]
-    set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))
+    set_spill_threshold(int(payload.get("spill_bytes", spill_threshold())))
     model_spec = spec["model"]
     dtype, x, y = _arrays(payload)
     masks = _masks(payload)
@@ -293,7 +293,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     clip = spec["parallel"].get("clip")
     named = model.canonical()
     batch = spec["data"]["global_batch"]
-    # RowList: a large model's history moves to a file as it grows (parity_tests.contract.rows)
+    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
     params = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}
     states = {k: RowList([v]) for k, v in _snapshot(model.state()).items()}
     grads = {k: RowList() for k in named}

@@ -3,7 +3,7 @@
 :func:`configure` sets what the manifest records for the torch side: one intra-op thread
 (``torch.set_num_threads(1)``: a rank's reductions do not depend on how many threads the
 machine has) and ``torch.use_deterministic_algorithms(True)``. The warm pool's ranks and
-``torchref.launch``'s ranks call it before their process group exists.
+``parity_tests.launch.torch``'s ranks call it before their process group exists.
 
 The first ``use_deterministic_algorithms`` call of a process imports what it needs lazily
 (about 830 modules, sympy and mpmath among them: 1.2 s on this machine, measured

@@ -78,7 +78,7 @@ def _groups() -> set[Any]:
 
 
 def _user_module(module: Any) -> bool:
-    from parity_tests.contract.frames import is_library_file, is_tool_file
+    from parity_tests.protocol.frames import is_library_file, is_tool_file
 
     path = getattr(module, "__file__", None)
     return bool(path) and not is_library_file(path) and not is_tool_file(path)

@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.contract.optimizer import keras_float32, keras_lr
+from parity_tests.protocol.hyper import keras_float32, keras_lr
+from parity_tests.protocol.optimizer_state import flat_state, slot_names
 
-__all__ = ["make_optimizer", "make_scheduler", "lr_at", "KerasRule", "clip_grads", "slot_names", "export_state",
+__all__ = ["make_optimizer", "make_scheduler", "lr_at", "KerasRule", "clip_grads", "export_state",
            "load_state", "exported"]
 
 
@@ -198,27 +199,6 @@ def clip_grads(params: Iterable[torch.Tensor], clip_norm: float, semantics: str)
 # ---------------------------------------------------------------- optimizer state (lockstep)
 
 
-def slot_names(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The canonical slot names of a validated ``optimizer`` section (the same table as ``tfpar.optimizers``).
-
-    ``sgd``: none; ``momentum``/``nesterov``: ``momentum``; ``adam``/``adamw``: ``m``, ``v``
-    (``amsgrad``: also ``v_max``); ``rmsprop``: ``square_avg`` (centered: ``grad_avg``;
-    momentum > 0: ``momentum``); ``adagrad``: ``accumulator``.
-    """
-    name = spec["name"]
-    if name in ("momentum", "nesterov"):
-        return ("momentum",)
-    if name in ("adam", "adamw"):
-        return ("m", "v")
-    if name == "amsgrad":
-        return ("m", "v", "v_max")
-    if name == "rmsprop":
-        return ("square_avg",) + (("grad_avg",) if spec["centered"] else ()) + (("momentum",) if spec["momentum"] else ())
-    if name == "adagrad":
-        return ("accumulator",)
-    return ()
-
-
 def _state_keys(opt: torch.optim.Optimizer, spec: Mapping[str, Any]) -> dict[str, str]:
     """Canonical slot name -> the key of ``opt.state[p]`` that holds it (torch's classes or :class:`KerasRule`)."""
     if isinstance(opt, KerasRule):
@@ -289,6 +269,4 @@ def exported(opt: torch.optim.Optimizer, named: Mapping[str, torch.Tensor], payl
         return {}
     spec = payload["spec"]
     st = export_state(opt, named, spec["optimizer"], (payload.get("opt_state") or {}).get("step", 0) + spec["steps"])
-    out = {"opt/step": np.asarray(st["step"], np.int64)}
-    out.update({f"opt/{s}/{n}": a for s, arrays in st["slots"].items() for n, a in arrays.items()})
-    return out
+    return flat_state(st)

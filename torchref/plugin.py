@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.contract.rows import SPILL_BYTES, RowStore, remove_files, set_spill_threshold
+from parity_tests.protocol.rows import RowStore, remove_files, set_spill_threshold, spill_threshold
 
 from .ddp import shard_rows
 from .pool import RankContext
@@ -63,7 +63,7 @@ class PluginRaised(RuntimeError):
     """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
     ``str(e)`` is ``"at step 3: KeyError: 'lr'"``; :attr:`report` is what the rank sends the
-    parent instead of its own traceback: the user's frames (``parity_tests.contract.frames``),
+    parent instead of its own traceback: the user's frames (``parity_tests.protocol.frames``),
     then ``torchref.plugin.PluginRaised: at step 3: KeyError: 'lr'`` as the last line.
     """
 
@@ -80,7 +80,7 @@ class PluginRaised(RuntimeError):
 
 
 def _raised(e: BaseException, run: Run) -> PluginRaised:
-    from parity_tests.contract.frames import last_line, user_traceback
+    from parity_tests.protocol.frames import last_line, user_traceback
 
     begun, recorded = run._begun is not None, len(run._steps)
     when = "before step 1" if not begun else (f"after step {run.steps}" if recorded >= run.steps
@@ -292,7 +292,7 @@ class LayerHooks:
 def _torch_slot_keys(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any]) -> dict[str, str] | None:
     """Canonical slot -> ``optimizer.state[p]`` key for an optimizer the case names, or ``None``: any other
     (then each state tensor is its own slot, by key)."""
-    from parity_tests.contract.optimizer import plugins_only
+    from parity_tests.protocol.optimizer_state import plugins_only
 
     from .optimizers import _state_keys
 
@@ -337,7 +337,7 @@ class Run:
         self._perm = payload.get("perm")
         self._begun: dict[str, dict[str, np.ndarray]] | None = None
         self._steps: list[dict[str, Any]] = []
-        # a large model's recorded values go to a file past the spill threshold (parity_tests.contract.rows)
+        # a large model's recorded values go to a file past the spill threshold (parity_tests.protocol.rows)
         self._store = RowStore()
         self._beat: Callable[[], None] = lambda: None
         self.capture_step: int | None = payload.get("capture")
@@ -625,7 +625,7 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
 
     payload = job["payload"]
     group = ctx.group if job["kind"] != "single" else None
-    from parity_tests.contract.relay import captured_output
+    from parity_tests.protocol.relay import captured_output
 
     relayed = captured_output(ctx.write) if ctx.write is not None else contextlib.nullcontext()
     with relayed, \
@@ -638,7 +638,7 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
             run = Run(payload, ctx.rank, ctx.world_size, ctx.group)
         if run.capture_step is not None:  # hooks only for the run that captures a step: free runs pay nothing
             run._layers.install()
-        set_spill_threshold(int(payload.get("spill_bytes", SPILL_BYTES)))  # the parent's, in this worker
+        set_spill_threshold(int(payload.get("spill_bytes", spill_threshold())))  # the parent's, in this worker
         if ctx is not None:
             run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
         try:

@@ -46,9 +46,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-# names the spill folder (TFPAR_SPILL_ROOT) in this process before any worker is spawned, so
-# that the workers inherit it: their recorded rows then live where this process removes them
-import parity_tests.contract.rows  # noqa: F401
+from parity_tests.protocol.rows import ensure_spill_root
 
 from .jobs import PRELOAD
 
@@ -80,7 +78,7 @@ class RankContext:
     #: taken for a hang (rank 0's beats are enough: the ranks meet in every step's collectives)
     beat: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
     #: ``write(fd, data)``: pass whole lines the job's code printed (fd 1 or 2) to the parent, which
-    #: writes them around its progress bar (``parity_tests.contract.relay``); a plugin run uses it
+    #: writes them around its progress bar (``parity_tests.protocol.relay``); a plugin run uses it
     #: (``None`` outside the pool, e.g. under torchrun: the output goes where it goes)
     write: Callable[[int, bytes], None] | None = field(default=None, compare=False, repr=False)
 
@@ -313,6 +311,9 @@ class DDPPool:
 
     def start(self) -> None:
         """Spawn the workers and wait until all of them joined every group; no-op if alive."""
+        # the spill folder (TFPAR_SPILL_ROOT) is named in this process before any worker is spawned, so
+        # that the workers inherit it: their recorded rows then live where this process removes them
+        ensure_spill_root()
         with self._lock:
             if self.alive and not self._pending:
                 return
@@ -434,7 +435,7 @@ class DDPPool:
                 if kind is None:
                     continue
                 if kind == "out":  # what the job's code printed, whole lines: around the progress bar
-                    from parity_tests.contract.relay import write_output
+                    from parity_tests.protocol.relay import write_output
 
                     write_output(*value)
                     continue

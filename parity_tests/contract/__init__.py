@@ -2,7 +2,7 @@
 
 ``case`` loads and validates a case (``model``, ``optimizer``, ``parallel``
 sections in their own modules); ``specs`` derives parameter names and shapes
-from a layer list; ``generators`` draws data and weights in numpy;
-``trajectory`` reads and writes trajectory files. Nothing here imports
-TensorFlow or torch.
+from a layer list; ``generators`` draws data and weights in numpy. What
+crosses to the engines (trajectory files, rows, errors) is in
+:mod:`parity_tests.protocol`. Nothing here imports TensorFlow or torch.
 """

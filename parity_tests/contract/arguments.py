@@ -1,7 +1,7 @@
-"""Command-line pieces shared by every entry point (``tfpar``, ``torchrun ... -m torchref.launch``).
+"""Command-line pieces shared by every entry point (``tfpar``, ``torchrun ... -m parity_tests.launch.torch``).
 
 Bad arguments are bad input like any other: one line naming what was expected
-(a :class:`~parity_tests.contract.errors.CaseError`, exit status 2 by the caller),
+(a :class:`~parity_tests.protocol.errors.CaseError`, exit status 2 by the caller),
 never argparse's usage block.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["OneLineParser", "positive_seconds"]
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
 from parity_tests.contract.generators import GENERATORS, INIT_KINDS, draw_init, generate_data
 from parity_tests.contract.model import (
@@ -32,7 +31,7 @@ from parity_tests.contract.model import (
     validate_external_model,
     validate_model,
 )
-from parity_tests.contract.optimizer import OPTIMIZERS, SEMANTICS, validate_optimizer
+from parity_tests.contract.optimizer import SEMANTICS, validate_optimizer
 from parity_tests.contract.parallel import (
     COMBINES,
     SHARDS,
@@ -41,6 +40,8 @@ from parity_tests.contract.parallel import (
     validate_parallel,
 )
 from parity_tests.contract.specs import ParamSpec, output_shape, param_specs
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.optimizer_state import OPTIMIZERS
 
 __all__ = [
     "SCHEMA",
@@ -65,7 +66,7 @@ __all__ = [
 SCHEMA = "parity-case/1"
 # these bounds keep a mistyped size from making the tool allocate tens of gigabytes; the
 # parameter bound is twice the largest model issue 11 runs to a verdict (100 M parameters: a
-# row of its trajectory is 800 MB in float64, spilled to files, parity_tests.contract.rows)
+# row of its trajectory is 800 MB in float64, spilled to files, parity_tests.protocol.rows)
 MAX_PARAMETERS = 200_000_000
 MAX_INPUT_VALUES = 50_000_000
 #: ``mixed_bfloat16``: float32 master weights and trajectory, layers computed in bfloat16
@@ -612,7 +613,7 @@ def write_case(case: Case, folder: str | os.PathLike, *, name: str | None = None
     Files are written to temporary names and renamed into place, so a crash
     leaves no half-written case. Returns the path of ``case.json``.
     """
-    from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_npz
+    from parity_tests.protocol.atomic import atomic_write_bytes, atomic_write_npz
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

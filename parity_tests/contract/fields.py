@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["need", "integer", "number", "choice", "obj", "no_extra", "shape_of"]
 

@@ -46,8 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.specs import ParamSpec, layer_shapes
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["GENERATORS", "generate_data", "draw_init", "dropout_masks", "INIT_KINDS"]
 

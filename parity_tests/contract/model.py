@@ -44,9 +44,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
+from parity_tests.protocol.errors import CaseError
 
 __all__ = [
     "validate_external_model",

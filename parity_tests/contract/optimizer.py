@@ -58,34 +58,20 @@ value'), got -1.0``.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, obj
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS, plugins_only
 
-__all__ = ["OPTIMIZERS", "SEMANTICS", "SCHEDULES", "HYPERPARAMETERS", "DEFAULTS", "Check", "CHECKS",
-           "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING", "keras_float32", "keras_lr", "accepted_range", "validate_optimizer",
-           "validate_schedule", "lr_at", "plugins_only", "builtin_refusal"]
+__all__ = ["SEMANTICS", "SCHEDULES", "DEFAULTS", "Check", "CHECKS", "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING",
+           "accepted_range", "validate_optimizer", "validate_schedule", "builtin_refusal"]
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "rmsprop", "adagrad")
 SEMANTICS = ("native", "torch", "tf")
 SCHEDULES = ("constant", "step", "warmup_linear")
 
 # the hyperparameters each optimizer takes besides lr, in the order they are listed
-HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    "sgd": ("weight_decay",),
-    "momentum": ("momentum", "weight_decay"),
-    "nesterov": ("momentum", "weight_decay"),
-    "adam": ("beta1", "beta2", "epsilon", "weight_decay"),
-    "amsgrad": ("beta1", "beta2", "epsilon", "weight_decay"),
-    "adamw": ("beta1", "beta2", "epsilon", "weight_decay"),
-    "rmsprop": ("rho", "epsilon", "centered", "momentum", "weight_decay"),
-    "adagrad": ("initial_accumulator", "epsilon", "weight_decay"),
-}
 _ALL_HP = ("momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho", "centered", "initial_accumulator")
 _OPT_KEYS = {"name", "lr", "semantics", "schedule", "keras_rounding", *_ALL_HP}
 #: ``keras_rounding`` (``semantics: tf`` only): which hyperparameters pass through float32 in a float64
@@ -268,51 +254,6 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:  # noqa: C901
     return {"kind": "step", "boundaries": out_b, "values": out_v}
 
 
-def keras_float32(opt: dict, use: str) -> bool:
-    """Whether the hyperparameter use ``use`` is rounded to float32 under ``opt["keras_rounding"]``.
-
-    ``use``: ``lr`` (the learning rate, also where weight decay reads it), ``momentum`` (SGD's),
-    ``weight_decay``, ``beta_power`` (the betas inside Adam's bias correction only; ``1 - beta``
-    stays exact), ``initial_accumulator``. Measured against Keras 3.15 bit for bit
-    (``tests/test_keras_rounding.py``): ``lr`` lives in a variable of the floatx the optimizer was
-    made under; the others go through ``ops.cast(python_float, dtype)``, which passes float32.
-    RMSprop's ``rho``/``momentum``, every ``epsilon`` and ``1 - beta`` are never rounded.
-    """
-    rounding = opt.get("keras_rounding", "none")
-    if rounding == "none":
-        return False
-    if use == "lr":
-        return rounding == "floatx_float32"
-    if use == "momentum":
-        return opt["name"] in ("momentum", "nesterov", "sgd")
-    return use in ("weight_decay", "beta_power", "initial_accumulator")
-
-
-def keras_lr(schedule: dict, lr: float, t: int) -> float:
-    """The learning rate of step ``t`` as a Keras optimizer made under floatx float32 holds it: float32.
-
-    A constant rate is the float32 variable's value; a schedule computes in float32, as Keras'
-    built-in schedules do and as ``tfpar.optimizers.keras_schedule`` makes them
-    (``PiecewiseConstantDecay`` holds its values as float32 tensors; the warm-up is
-    ``float32(lr) * min(1, float32(t) / float32(k))`` in float32 arithmetic).
-    """
-    f = np.float32
-    if schedule["kind"] == "constant":
-        return float(f(lr))
-    if schedule["kind"] == "step":
-        return float(f(lr_at(schedule, lr, t)))
-    return float(f(lr) * np.minimum(f(1.0), f(t) / f(schedule["warmup_steps"])))
-
-
-def lr_at(schedule: dict, lr: float, t: int) -> float:
-    """The learning rate of step ``t`` (``t = 1, 2, ...``) under a normalised schedule, in float64."""
-    if schedule["kind"] == "constant":
-        return lr
-    if schedule["kind"] == "step":
-        return schedule["values"][sum(1 for b in schedule["boundaries"] if b < t)]
-    return lr * min(1.0, t / schedule["warmup_steps"])
-
-
 def validate_optimizer(o: Any) -> dict:
     """Validate the ``optimizer`` section and fill in every default (see the module docstring).
 
@@ -322,7 +263,7 @@ def validate_optimizer(o: Any) -> dict:
     (:func:`builtin_refusal`), with the line this function would have given.
     """
     o = obj(o, "optimizer")
-    if _unknown_to_builtins(o):
+    if plugins_only(o):
         return _as_data(o)
     return _strict(o)
 
@@ -368,19 +309,6 @@ def _strict(o: dict) -> dict:
 
 #: the one check on a plugins-only optimizer's learning rate (no framework class to quote)
 _PLUGIN_LR = (Check("tfpar", "lr", "<", 0.0, "a learning rate is a number >= 0"),)
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-
-
-def _unknown_to_builtins(o: dict) -> bool:
-    """A well-formed name or hyperparameter the built-ins do not know (a typo among known names stays an error
-    where a built-in runs: :func:`builtin_refusal`)."""
-    name = o.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        return False  # not even a name: the strict path says what is expected
-    if name not in OPTIMIZERS:
-        return True
-    allowed = {"name", "lr", "semantics", "schedule", "keras_rounding", *HYPERPARAMETERS[name]}
-    return any(k not in allowed for k in o)
 
 
 def _as_data(o: dict) -> dict:
@@ -408,11 +336,6 @@ def _as_data(o: dict) -> dict:
             raise CaseError(path, "a finite number, true/false or a short string (kept as data for the plugins)", v)
     out["schedule"] = schedule
     return out
-
-
-def plugins_only(optimizer: dict) -> bool:
-    """Whether a validated ``optimizer`` section names an optimizer or hyperparameter the built-ins do not know."""
-    return _unknown_to_builtins(optimizer)
 
 
 def builtin_refusal(optimizer: dict, impl: str) -> CaseError | None:

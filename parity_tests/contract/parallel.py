@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["COMBINES", "LOCAL_COMBINES", "ALL_COMBINES", "SHARDS", "WEIGHTINGS", "BATCH_NORMS", "CLIP_PLACES",
            "MAX_DEVICES", "validate_parallel", "validate_clip", "check_combine_model"]

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import RowArray, iter_pairs, nonfinite_rows
+from parity_tests.protocol.rows import RowArray, iter_pairs, nonfinite_rows
 
 __all__ = [
     "TINY",

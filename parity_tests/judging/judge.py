@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.bfloat16 import (
     BF16_RERUNS,
     RERUN_SEED_STRIDE,
@@ -70,6 +69,7 @@ from parity_tests.judging.tolerance import (
     perturb_ulp,
     shard_permutation,
 )
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
 

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import RowArray, row_norms
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.tolerance import SCALE_FLOOR
+from parity_tests.protocol.rows import RowArray, row_norms
 
 __all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at"]
 
@@ -57,7 +57,7 @@ def row_gaps(a: Any, b: Any) -> np.ndarray:
     so a row is over its bound here exactly when the verdict counts it over. ``inf`` for
     arrays of different shapes; ``nan`` where both sides are non-finite alike.
     """
-    if not isinstance(a, RowArray):  # a file-backed array is read row by row (parity_tests.contract.rows)
+    if not isinstance(a, RowArray):  # a file-backed array is read row by row (parity_tests.protocol.rows)
         a = np.asarray(a, np.float64)
     if not isinstance(b, RowArray):
         b = np.asarray(b, np.float64)

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import iter_rows
 from parity_tests.judging.bfloat16 import judge_bfloat16
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import STAGES, bound_at
@@ -45,6 +44,7 @@ from parity_tests.judging.tolerance import (
     judge_float64,
     judge_perturbation,
 )
+from parity_tests.protocol.rows import iter_rows
 
 __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPLICAS", "RULE_VACUOUS",
            "with_findings", "OK_STATUSES"]
@@ -72,7 +72,7 @@ class Side:
 
 def with_findings(src: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """``out`` carrying ``src``'s ``findings`` (a copy of a trajectory must not drop what the run found)."""
-    from parity_tests.contract.trajectory import Trajectory
+    from parity_tests.protocol.trajectory import Trajectory
 
     found = list(getattr(src, "findings", ()))
     if not found:

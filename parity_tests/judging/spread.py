@@ -54,7 +54,7 @@ RULE_SPREAD = "run-to-run spread"
 
 def nondeterministic(impl: str) -> bool:
     """Whether ``impl`` is a plugin declared ``deterministic=False``."""
-    from parity_tests.contract.errors import CaseError
+    from parity_tests.protocol.errors import CaseError
     from parity_tests.running import registry
 
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.optimizer import plugins_only
+from parity_tests.protocol.optimizer_state import plugins_only
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "KERAS_IMPLS",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
@@ -219,7 +219,7 @@ def _f32_exact(v: float) -> bool:
 
 def _rates(spec: dict[str, Any]) -> list[float]:
     """The learning rate of every step of the case (``lr_at``)."""
-    from parity_tests.contract.optimizer import lr_at
+    from parity_tests.protocol.hyper import lr_at
 
     opt = spec["optimizer"]
     return [lr_at(opt["schedule"], opt["lr"], t) for t in range(1, spec["steps"] + 1)]

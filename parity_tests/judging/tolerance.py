@@ -237,7 +237,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import array_dtype, iter_pairs, iter_rows, nonfinite_rows, row_norms
 from parity_tests.judging.compare import (
     compare_arrays,
     compare_trajectories,
@@ -248,6 +247,7 @@ from parity_tests.judging.compare import (
     relative_gap,
     step_of_row,
 )
+from parity_tests.protocol.rows import array_dtype, iter_pairs, iter_rows, nonfinite_rows, row_norms
 
 __all__ = [
     "FLOAT64_RTOL",

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
-from parity_tests.contract.optimizer import DEFAULTS, HYPERPARAMETERS, OPTIMIZERS
+from parity_tests.contract.optimizer import DEFAULTS
+from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS
 from parity_tests.tests.rules import (
     CLIP_TABLE,
     DIFFERENCES,

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity_tests.contract.atomic import atomic_write_text
 from parity_tests.contract.case import Case, case_from_dict, with_changes
 from parity_tests.judging.judge import CaseResult, compare_case
+from parity_tests.protocol.atomic import atomic_write_text
 from parity_tests.reporting.report import jsonable, write_report
 from parity_tests.running.environment import versions
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from parity_tests.contract.atomic import atomic_write_bytes, atomic_write_text
-from parity_tests.contract.rows import nbytes
+from parity_tests.protocol.atomic import atomic_write_bytes, atomic_write_text
+from parity_tests.protocol.rows import nbytes
 from parity_tests.reporting.stages import drawable
 from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
@@ -285,7 +285,7 @@ def write_report(
     ``False`` never, ``None`` up to :data:`KEEP_BYTES` in all) and ``case/`` (a replayable copy).
     """
     from parity_tests.contract.case import write_case
-    from parity_tests.contract.trajectory import save_trajectory
+    from parity_tests.protocol.trajectory import save_trajectory
 
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 
 from parity_tests.contract.case import Case
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.rows import remove_files, spill_threshold
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.rows import remove_files, spill_threshold
 from parity_tests.running.harness import RunError, by_file, check_tf_devices, run_torch_job
 from parity_tests.running.registry import Implementation, register
 
@@ -86,7 +86,7 @@ for _name, _text in BUILTINS.items():
         captures=_name in CAPTURES,
     ), builtin=True)
 
-#: launched one process per worker (``python -m tfpar.launch``, TF_CONFIG); not in the built-in list the
+#: launched one process per worker (``python -m parity_tests.launch.tf``, TF_CONFIG); not in the built-in list the
 #: matrix and ``compare`` run in one process, but resolvable, so manifests and recorded runs name it
 MULTIWORKER = "tf.multiworker"
 
@@ -94,11 +94,11 @@ MULTIWORKER = "tf.multiworker"
 def _multiworker(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
     # MultiWorkerMirroredStrategy must be made before TensorFlow starts, once per process, in every
     # worker: a process that already runs TensorFlow (this one counts its tower devices) cannot join
-    raise CaseError("--impl", f"{MULTIWORKER} launched once per worker with TF_CONFIG set: python -m tfpar.launch CASE"
+    raise CaseError("--impl", f"{MULTIWORKER} launched once per worker with TF_CONFIG set: python -m parity_tests.launch.tf CASE"
                               f" --impl {MULTIWORKER} --out run.npz, then compare recorded:run.npz (docs/multiworker.md)")
 
 
 register(Implementation(
     MULTIWORKER, "builtin", "tf", parallel=True, dtypes=("float32", "float64"), run=_multiworker,
-    description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker (python -m tfpar.launch)", keras=True,
+    description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker (python -m parity_tests.launch.tf)", keras=True,
 ))

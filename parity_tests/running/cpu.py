@@ -1,7 +1,7 @@
 """What on this CPU changes the numerics of a bfloat16 computation: the CPU, its flags, the settings.
 
 Read from ``/proc/cpuinfo`` and the environment only (no framework is imported), so every
-process can record it: the main process, a torch rank, a ``tfpar.launch`` worker.
+process can record it: the main process, a torch rank, a ``parity_tests.launch.tf`` worker.
 What each framework then does with it is measured by :mod:`parity_tests.running.kernels`.
 
 Why these facts (docs/mixed-precision.md, "Which kernels round how"):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 
 __all__ = ["IMPLS", "RunError", "run_impl", "parse_impls", "tf_device_count", "set_pool_timeout", "check_tf_devices", "prestart_torch",
@@ -207,11 +207,11 @@ def by_file(payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
     A job's payload is pickled and sent to every rank: a 25 M-parameter model's float64 initial
     weights are 200 MB, pickled beside the main process's own run (measured: +0.6 GB peak). As
-    :class:`~parity_tests.contract.rows.RowRef` they pickle as a file name; each rank reads them
+    :class:`~parity_tests.protocol.rows.RowRef` they pickle as a file name; each rank reads them
     (``np.asarray``). The caller removes the file once the job is over
-    (:func:`~parity_tests.contract.rows.remove_files`).
+    (:func:`~parity_tests.protocol.rows.remove_files`).
     """
-    from parity_tests.contract.rows import RowStore
+    from parity_tests.protocol.rows import RowStore
 
     store = RowStore(threshold=0)  # every array put goes to the file
 

@@ -145,7 +145,7 @@ def _torch_outputs(inputs: dict[str, dict[str, np.ndarray]]) -> tuple[dict[str, 
 
         (result,) = run_torch_job("torch kernel probe", JobRef("torchref.kernel_probe", "probe_job"), inputs, 1)
         return result["outputs"], result["torch"]
-    from torchref.kernel_probe import (  # a torch-only process (a rank, torchref.launch)
+    from torchref.kernel_probe import (  # a torch-only process (a rank, parity_tests.launch.torch)
         run_probe,
         torch_facts,
     )

@@ -64,7 +64,6 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.judge import (
@@ -86,6 +85,8 @@ from parity_tests.judging.tolerance import (
     RULE_FLOAT64,
     SCALE_FLOOR,
 )
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.optimizer_state import nested_state
 from parity_tests.running import registry
 from parity_tests.running.harness import check_dtypes, run_impl
 
@@ -159,14 +160,7 @@ def check_lockstep(case: Case, impls: list[str]) -> None:
 def _start(traj: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """The state after a one-step trajectory: ``{"init": {name: array}, "opt": {"step", "slots"} | None}``."""
     init = {k.split("/", 1)[1]: np.asarray(v[-1]) for k, v in traj.items() if k.startswith(("param/", "state/"))}
-    if "opt/step" not in traj:
-        return {"init": init, "opt": None}
-    slots: dict[str, dict[str, np.ndarray]] = {}
-    for k, v in traj.items():
-        if k.startswith("opt/") and k != "opt/step":
-            _, slot, name = k.split("/", 2)
-            slots.setdefault(slot, {})[name] = np.asarray(v)
-    return {"init": init, "opt": {"step": int(traj["opt/step"]), "slots": slots}}
+    return {"init": init, "opt": nested_state(traj)}
 
 
 def _judged(traj: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -35,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.atomic import atomic_write_text
 from parity_tests.contract.case import Case, case_from_dict
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.rows import RowArray, iter_rows
 from parity_tests.judging.compare import key_order
+from parity_tests.protocol import settings
+from parity_tests.protocol.atomic import atomic_write_text
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.rows import RowArray, iter_rows
 from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
 
@@ -49,8 +50,8 @@ __all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "wri
 MANIFEST_SCHEMA = "tfpar-manifest/1"
 # environment that changes numerics, threads or device placement
 ENV_VARS = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
-            "ONEDNN_DEFAULT_FPMATH_MODE", "TF_DETERMINISTIC_OPS", "CUDA_VISIBLE_DEVICES", "TFPAR_DEVICES",
-            "TFPAR_GPU_MEMORY_MB", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
+            "ONEDNN_DEFAULT_FPMATH_MODE", "TF_DETERMINISTIC_OPS", "CUDA_VISIBLE_DEVICES", settings.DEVICES.name,
+            settings.GPU_MEMORY_MB.name, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
             "TF_NUM_INTRAOP_THREADS", "PYTHONHASHSEED")
 DETERMINISM = {
     "tensorflow": "tf.config.experimental.enable_op_determinism() (tfpar.devices.configure_devices)",
@@ -61,7 +62,7 @@ DETERMINISM = {
 def array_digest(a: np.ndarray) -> str:
     """SHA-256 over dtype, shape and the C-ordered bytes (so a reshape or cast changes it).
 
-    An array whose rows live in a file (:class:`~parity_tests.contract.rows.RowArray`) is hashed
+    An array whose rows live in a file (:class:`~parity_tests.protocol.rows.RowArray`) is hashed
     row by row: the same digest, without holding it whole.
     """
     if not isinstance(a, RowArray):

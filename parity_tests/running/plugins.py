@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.optimizer import plugins_only
-from parity_tests.contract.rows import RowList, remove_files, spill_threshold
 from parity_tests.contract.specs import param_specs
-from parity_tests.contract.trajectory import Trajectory
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.rows import RowList, remove_files, spill_threshold
+from parity_tests.protocol.trajectory import Trajectory
 from parity_tests.running.harness import RunError
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.trajectory import Trajectory, load_trajectory
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.trajectory import Trajectory, load_trajectory
 from parity_tests.running.manifest import _inputs, array_digest, load_manifest, manifest_path
 from parity_tests.running.registry import Implementation
 

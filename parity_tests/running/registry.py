@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["Implementation", "ENTRY_POINT_GROUP", "register", "resolve", "lookup", "builtin_names", "names",
            "describe_names"]

@@ -19,7 +19,7 @@ parity_tests.running.tf_worker``) imports TensorFlow, Keras and ``tfpar`` once,
 without starting TensorFlow's runtime (no op has run: no device, no thread pool,
 no eager context). Each run is an ``os.fork()`` of it: the child configures the
 case's devices and op determinism, imports the plugin's module afresh, runs it,
-and sends its records back (large arrays as spill files, ``parity_tests.contract.rows``).
+and sends its records back (large arrays as spill files, ``parity_tests.protocol.rows``).
 Forking is safe there: the server has one thread of its own (plus OpenBLAS's
 idle pool, which registers fork handlers) and no TensorFlow runtime. The child
 exits with ``os._exit`` once its records are sent, so nothing of it outlives
@@ -49,7 +49,8 @@ from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from parity_tests.contract.relay import BENIGN, without_chatter, write_output
+from parity_tests.protocol.relay import BENIGN, without_chatter, write_output
+from parity_tests.protocol.rows import ensure_spill_root
 
 __all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "quiet_stderr", "job_context"]
 
@@ -83,6 +84,7 @@ class TFWorker:
 
     def start(self) -> None:
         """Start the server without waiting for it (it imports TensorFlow meanwhile); no-op when started."""
+        ensure_spill_root()  # named before the server starts: its runs inherit it and spill where this process removes
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 return
@@ -193,7 +195,7 @@ def shutdown_worker() -> None:
 def job_context(devices: int = 1) -> dict[str, Any]:
     """What every job carries of this process as it is now: working folder, environment, ``sys.path``,
     spill threshold, and the tower devices to configure (the largest count reserved here, at least ``devices``)."""
-    from parity_tests.contract.rows import spill_threshold
+    from parity_tests.protocol.rows import spill_threshold
     from parity_tests.running import harness
 
     return {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
@@ -332,7 +334,7 @@ def _relay_output(conn: Connection, streams: dict[int, tuple[int, bytes]], pr: i
     """Read what the child wrote on one of its streams and send the parent its whole lines (the rest at EOF).
 
     Whole lines only: the parent writes each between its progress bar's redraws
-    (``parity_tests.contract.relay.write_output``), so a line is never cut by the bar.
+    (``parity_tests.protocol.relay.write_output``), so a line is never cut by the bar.
     """
     fd, pending = streams[pr]
     try:
@@ -386,7 +388,7 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
 
     import numpy as np
 
-    from parity_tests.contract.rows import set_spill_threshold
+    from parity_tests.protocol.rows import set_spill_threshold
 
     os.chdir(job["cwd"])
     os.environ.clear()
@@ -408,7 +410,7 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     try:
         fn = _import(job["location"])
     except Exception as e:  # noqa: BLE001  (bad input: one line, as the parent's own import says it)
-        from parity_tests.contract.frames import last_line
+        from parity_tests.protocol.frames import last_line
 
         return {"input": f"{_where(job['location'])} to import cleanly; it raised {last_line(e)}"}
     if job.get("inspect"):  # resolving a name: what the module holds under it

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from parity_tests.contract.case import Case, case_from_dict, load_case
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.judge import CaseResult, compare_case
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["assert_parity"]
 

@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from parity_tests.contract.case import Case, write_case
+from parity_tests.protocol import settings
 
 __all__ = ["failure_dir", "record_failure", "replayable"]
 
 
 def failure_dir() -> Path:
     """Where failing cases are written (``$TFPAR_FAILURES`` or ``./failures``)."""
-    return Path(os.environ.get("TFPAR_FAILURES", "failures"))
+    return settings.failures_folder()
 
 
 def record_failure(case: Case, folder: Path | None = None) -> Path:

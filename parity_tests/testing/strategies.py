@@ -93,7 +93,7 @@ def _check_machine(n: int) -> None:
     """``InvalidArgument`` naming why this process cannot make ``n`` towers or ``n`` torch ranks."""
     import sys
 
-    from parity_tests.contract.errors import CaseError
+    from parity_tests.protocol.errors import CaseError
     from parity_tests.running.harness import check_torch_ranks, reserve_tf_devices, tf_device_count
 
     reserve_tf_devices(n)  # enough towers whenever TensorFlow starts after this

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from parity_tests.contract import atomic
-from parity_tests.contract.atomic import atomic_write_npz, atomic_write_text
+from parity_tests.protocol import atomic
+from parity_tests.protocol.atomic import atomic_write_npz, atomic_write_text
 
 
 def test_a_written_file_replaces_the_old_one_and_leaves_nothing_else(tmp_path):

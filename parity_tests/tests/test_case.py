@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict, load_case, write_case
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make, set_path
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from parity_tests.cli import main
-from parity_tests.contract.trajectory import load_trajectory
+from parity_tests.protocol.trajectory import load_trajectory
 from parity_tests.tests.helpers import MLP, set_path
 
 TFPAR = [sys.executable, "-m", "parity_tests.cli"]

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import (
     assert_trajectories_close,
     compare_trajectories,
     relative_gap,
 )
 from parity_tests.judging.theory import predict
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, SOFTMAX, make, set_path
 from parity_tests.tests.rules import clip_then_mean, np_clip, typical_case

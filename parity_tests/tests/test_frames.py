@@ -1,4 +1,4 @@
-"""The user's own frames of a plugin's exception (``contract/frames.py``)."""
+"""The user's own frames of a plugin's exception (``protocol/frames.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from parity_tests.contract.frames import is_library_file, is_tool_file, last_line, user_traceback
+from parity_tests.protocol.frames import is_library_file, is_tool_file, last_line, user_traceback
 
 
 def _users_helper():
@@ -40,7 +40,7 @@ def test_what_counts_as_the_tool_a_library_and_the_user():
     except ValueError as e:
         err = e
     assert user_traceback(err).count("File ") == 1  # this test's line: numpy's own frames are not shown
-    assert is_tool_file(__import__("parity_tests.contract.frames").contract.frames.__file__)
+    assert is_tool_file(__import__("parity_tests.protocol.frames").contract.frames.__file__)
     assert not is_tool_file(__file__)  # the tool's tests and their plugins are users' code
     assert is_library_file(np.__file__) and is_library_file(json.__file__) and is_library_file("<frozen runpy>")
 

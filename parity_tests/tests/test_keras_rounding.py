@@ -19,9 +19,9 @@ import itertools
 import numpy as np
 import pytest
 
-from parity_tests.contract.optimizer import keras_float32
 from parity_tests.judging.judge import compare_case
 from parity_tests.judging.tolerance import judge_float64
+from parity_tests.protocol.hyper import keras_float32
 from parity_tests.running.harness import run_impl, tf_module
 from parity_tests.tests.helpers import MLP, make
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from hypothesis.errors import InvalidArgument
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.judge import compare_case
 from parity_tests.judging.theory import sampler_padding
+from parity_tests.protocol.errors import CaseError
 from parity_tests.tests.helpers import POLY, make
 from parity_tests.tests.local_oracle import poly_loss_grad, shards, weights
 

@@ -1,4 +1,4 @@
-"""The torch reference under torchrun (``torchref.launch``): two "nodes" x two ranks on loopback.
+"""The torch reference under torchrun (``parity_tests.launch.torch``): two "nodes" x two ranks on loopback.
 
 Each launch test starts two real ``torchrun`` calls on this machine (``--node-rank 0`` and
 ``1``, ``--master-addr 127.0.0.1``, a free port), as two machines of a cluster would, and
@@ -62,7 +62,7 @@ class Launch:
                    "--master-addr", "127.0.0.1", "--master-port", str(self.port),
                    # torchrun's per-call log folders go under this test's tmp, not /tmp
                    "--log-dir", str(tmp / f"torchelastic{n}"),
-                   "-m", "torchref.launch", str(self.case), "--impl", impl, "--out", str(self.out), *extra]
+                   "-m", "parity_tests.launch.torch", str(self.case), "--impl", impl, "--out", str(self.out), *extra]
             with open(self.logs[n], "wb") as log:
                 self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                    start_new_session=True))
@@ -111,8 +111,8 @@ class Launch:
         return [f"{q.pid} {' '.join(q.cmdline())[:120]}" for q in alive]
 
     def lines(self, node: int) -> list[str]:
-        """Node ``node``'s own lines (torchref.launch's), without torchrun's log and summary."""
-        return [s for s in self.text[node].splitlines() if s.startswith("torchref.launch:")]
+        """Node ``node``'s own lines (parity_tests.launch.torch's), without torchrun's log and summary."""
+        return [s for s in self.text[node].splitlines() if s.startswith("parity_tests.launch.torch:")]
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +211,7 @@ TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK":
 
 
 def _main(monkeypatch, capsys, argv, env):
-    from torchref.launch import main
+    from parity_tests.launch.torch import main
 
     for k in (*TORCHRUN_ENV, "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(k, raising=False)
@@ -234,11 +234,11 @@ def test_bad_input_is_one_line_and_status_2(monkeypatch, capsys, tmp_path, env, 
     case.write_text(json.dumps(CASE))
     code, err = _main(monkeypatch, capsys, [str(case) if a == "CASE" else a for a in argv], env)
     assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("torchref.launch: error: ") and field in err[0], err
+    assert err[0].startswith("parity_tests.launch.torch: error: ") and field in err[0], err
 
 
 def test_loopback_master_binds_to_the_loopback_interface():
-    from torchref.launch.netif import interface_of, route_interface
+    from parity_tests.launch.torch.netif import interface_of, route_interface
 
     name, local = route_interface("127.0.0.1")
     assert local == "127.0.0.1" and interface_of("127.0.0.1") == name
@@ -249,7 +249,7 @@ def test_loopback_master_binds_to_the_loopback_interface():
 def test_param_digests_see_row_0_and_every_step():
     import torch
 
-    from torchref.launch import ParamDigests
+    from parity_tests.launch.torch import ParamDigests
     from torchref.models import CaseModel
 
     case = case_from_dict(CASE)
@@ -271,7 +271,7 @@ def test_param_digests_see_row_0_and_every_step():
 
 
 def test_importing_the_launcher_does_not_load_tensorflow():
-    code = "import sys, torchref.launch; print(','.join(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    code = "import sys, parity_tests.launch.torch; print(','.join(m for m in ('tensorflow', 'keras') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == ""

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.contract.model import validate_model
 from parity_tests.contract.specs import same_padding, spatial_output
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.judging.theory import predict
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, make, set_path
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.generators import draw_init
 from parity_tests.contract.model import validate_model
 from parity_tests.contract.specs import param_specs
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.judging.theory import mapping_changes, predict
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import make, set_path
 from parity_tests.tests.test_layers import _assert_same, _layers, _tf_run, _torch_run

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.contract.trajectory import Trajectory
 from parity_tests.judging.localise import STAGES, localise
 from parity_tests.judging.tolerance import judge_float64
+from parity_tests.protocol.trajectory import Trajectory
 
 
 def _run(steps: int = 5, *, lr=lambda k: 0.1, grad_scale=lambda k: 1.0, loss_scale=lambda k: 1.0,

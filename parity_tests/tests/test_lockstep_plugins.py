@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from parity_tests.cli import main
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running import lockstep as ls
 from parity_tests.tests.helpers import MLP, make, set_path
 from parity_tests.tests.test_lockstep import _alternating

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import Case
-from parity_tests.contract.errors import CaseError
 from parity_tests.contract.model import validate_model
 from parity_tests.judging.compare import (
     assert_trajectories_close,
@@ -33,6 +32,7 @@ from parity_tests.judging.compare import (
     relative_gap,
 )
 from parity_tests.judging.theory import predict
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, SOFTMAX, make
 

@@ -9,7 +9,7 @@ import pytest
 
 from parity_tests.cli import main
 from parity_tests.contract.case import load_case, write_case
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.running.manifest import array_digest, build_manifest, load_manifest, replay
 from parity_tests.tests.helpers import MLP, make

@@ -7,8 +7,8 @@ import functools
 import numpy as np
 import pytest
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make, run_once
 

@@ -19,7 +19,6 @@ import sys
 import numpy as np
 import pytest
 
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.bfloat16 import RULE_BF16_FLOAT64
 from parity_tests.judging.judge import BF16_CHECK, BF16_RERUN_KEYS, compare_case
 from parity_tests.judging.theory import BFLOAT16_OPS, predict, reported_loss_differs, stage_of
@@ -30,6 +29,7 @@ from parity_tests.judging.tolerance import (
     perturb_bf16_ulp,
     round_bfloat16,
 )
+from parity_tests.protocol.errors import CaseError
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.reporting.report import write_report
 from parity_tests.running import kernels

@@ -1,4 +1,4 @@
-"""``tf.multiworker``: MultiWorkerMirroredStrategy workers (``python -m tfpar.launch``) on loopback.
+"""``tf.multiworker``: MultiWorkerMirroredStrategy workers (``python -m parity_tests.launch.tf``) on loopback.
 
 Each worker is a real process with its own ``TF_CONFIG``; TensorFlow's start-up
 costs about 10 s per process on this machine, so every launching test starts
@@ -75,7 +75,7 @@ def _tf_config(ports: list[int], index: int) -> str:
 def _start(ports: list[int], index: int, case: Path, out: Path, *extra: str) -> subprocess.Popen:
     """One worker in its own session (its process group holds it and its guard)."""
     env = dict(os.environ, TF_CONFIG=_tf_config(ports, index), TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen([sys.executable, "-m", "tfpar.launch", str(case), "--impl", "tf.multiworker",
+    return subprocess.Popen([sys.executable, "-m", "parity_tests.launch.tf", str(case), "--impl", "tf.multiworker",
                              "--out", str(out), *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -156,7 +156,7 @@ def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
 
 
 def _has_guard(worker) -> bool:
-    """Whether ``worker`` (a ``psutil.Process``) has started its guard (``tfpar.launch._GUARD``)."""
+    """Whether ``worker`` (a ``psutil.Process``) has started its guard (``parity_tests.launch.tf._GUARD``)."""
     import psutil
 
     for child in worker.children():
@@ -195,10 +195,10 @@ def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(t
     last = [e.strip().splitlines()[-1] for e in errs]
     assert procs[0].returncode == -signal.SIGKILL, errs[0][-2000:]  # ended by its guard
     # (the phase is "joining the cluster" unless reading the case alone took 3 s on a loaded machine)
-    assert last[0].startswith(f"tfpar.launch: worker 0 (127.0.0.1:{lone[0]}), 1 of 2: no progress for 3 s while "), last[0]
+    assert last[0].startswith(f"parity_tests.launch.tf: worker 0 (127.0.0.1:{lone[0]}), 1 of 2: no progress for 3 s while "), last[0]
     assert last[0].endswith(f"; worker 1 (127.0.0.1:{lone[1]}) not accepting connections (not started, or dead)"), last[0]
     assert procs[1].returncode == -signal.SIGKILL, errs[1][-2000:]
-    assert last[1].startswith(f"tfpar.launch: worker 0 (127.0.0.1:{interrupted[0]}), 1 of 2: interrupted (SIGINT) while "), last[1]
+    assert last[1].startswith(f"parity_tests.launch.tf: worker 0 (127.0.0.1:{interrupted[0]}), 1 of 2: interrupted (SIGINT) while "), last[1]
     assert _group_gone(procs[0].pid) and _group_gone(procs[1].pid)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["case.json"]
 
@@ -209,7 +209,7 @@ def test_tfpar_run_refuses_tf_multiworker_and_says_how_to_launch_it(tmp_path, ca
     case_path = _write_case(tmp_path)
     assert tfpar_main(["run", str(case_path), "--impl", "tf.multiworker", "--out", str(tmp_path / "r.npz")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "python -m tfpar.launch CASE --impl tf.multiworker" in err, err
+    assert len(err.splitlines()) == 1 and "python -m parity_tests.launch.tf CASE --impl tf.multiworker" in err, err
     assert not (tmp_path / "r.npz").exists()
 
 
@@ -224,7 +224,7 @@ def test_tfpar_run_refuses_tf_multiworker_and_says_how_to_launch_it(tmp_path, ca
      "parallel.devices: expected 2: the replicas of this cluster (2 worker(s) in TF_CONFIG x 1 local device(s)), got 4"),
 ])
 def test_launch_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, tf_config, devices, expected):
-    from tfpar.launch import main as launch_main
+    from parity_tests.launch.tf import main as launch_main
 
     if tf_config is None:
         monkeypatch.delenv("TF_CONFIG", raising=False)

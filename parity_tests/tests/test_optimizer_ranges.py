@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.optimizer import HYPERPARAMETERS, OPTIMIZERS, validate_optimizer
+from parity_tests.contract.optimizer import validate_optimizer
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS
 from parity_tests.tests.helpers import MLP, make, set_path
 
 # at and around every boundary either framework or the tool has (0 and 1), and far beyond

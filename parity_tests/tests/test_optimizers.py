@@ -14,15 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.optimizer import (
-    DEFAULTS,
-    HYPERPARAMETERS,
-    OPTIMIZERS,
-    builtin_refusal,
-    lr_at,
-    validate_optimizer,
-)
+from parity_tests.contract.optimizer import DEFAULTS, builtin_refusal, validate_optimizer
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.hyper import lr_at
+from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS
 from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
 from parity_tests.tests.rules import (
     DIFFERENCES,

@@ -106,7 +106,7 @@ def test_a_tensorflow_plugins_own_output_comes_through_in_whole_lines(tmp_path, 
 def test_a_runs_output_on_a_terminal_clears_the_bar_first_and_redraws_it_after(monkeypatch):
     from tqdm import tqdm
 
-    from parity_tests.contract.relay import write_output
+    from parity_tests.protocol.relay import write_output
 
     term = _Terminal()
     monkeypatch.setattr("sys.stderr", term)

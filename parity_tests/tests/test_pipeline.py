@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict, load_case, write_case
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.judging.theory import predict, sampler_padding
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
 

@@ -9,9 +9,10 @@ import pytest
 
 from parity_tests.cli import main
 from parity_tests.contract.case import case_from_dict
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.optimizer import builtin_refusal, plugins_only
+from parity_tests.contract.optimizer import builtin_refusal
 from parity_tests.judging.theory import predict
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.tests.helpers import MLP, set_path
 
 HERE = Path(__file__).resolve().parent / "plugins"

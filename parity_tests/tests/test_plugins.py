@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from parity_tests.cli import main
-from parity_tests.contract.errors import CaseError
 from parity_tests.judging.judge import compare_case
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.running.registry import resolve
 from parity_tests.tests.helpers import MLP, make, set_path

@@ -9,8 +9,8 @@ import pytest
 
 from parity_tests.cli import main
 from parity_tests.contract.case import case_from_dict, write_case
-from parity_tests.contract.errors import CaseError
-from parity_tests.contract.trajectory import save_trajectory
+from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.trajectory import save_trajectory
 from parity_tests.running.manifest import build_manifest, write_manifest
 from parity_tests.running.registry import resolve
 from parity_tests.tests.helpers import MLP, make, set_path
@@ -118,7 +118,7 @@ def test_missing_file_or_manifest_is_bad_input(recorded, tmp_path, capsys):
 
 def _fake_record(tmp_path, case, *, findings=(), name="rec", impl="torch.ddp"):
     """A trajectory and manifest without running anything (arrays shaped as the contract says)."""
-    from parity_tests.contract.trajectory import Trajectory
+    from parity_tests.protocol.trajectory import Trajectory
 
     steps = case.spec["steps"]
     traj = Trajectory({"loss": np.linspace(1.0, 0.5, steps)})

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 from parity_tests.reporting.matrix import run_matrix
 from parity_tests.running import registry
 from parity_tests.running.harness import IMPLS, parse_impls

@@ -1,10 +1,10 @@
-"""A run's own output passed on in whole lines (``contract/relay.py``)."""
+"""A run's own output passed on in whole lines (``protocol/relay.py``)."""
 
 from __future__ import annotations
 
 import os
 
-from parity_tests.contract.relay import LineCutter, captured_output, without_chatter
+from parity_tests.protocol.relay import LineCutter, captured_output, without_chatter
 
 
 def test_the_cutter_gives_whole_lines_and_ends_the_last():

@@ -1,4 +1,4 @@
-"""Spilled trajectory rows (``parity_tests.contract.rows``): a large run's history lives in files, and
+"""Spilled trajectory rows (``parity_tests.protocol.rows``): a large run's history lives in files, and
 every verdict, gap and localisation is the same as with the arrays in memory.
 
 The spill threshold is set to 0 here (every array moves to a file at its first row), so the
@@ -15,10 +15,10 @@ import pickle
 import numpy as np
 import pytest
 
-from parity_tests.contract import rows
-from parity_tests.contract.trajectory import load_trajectory, save_trajectory
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite, relative_gap
 from parity_tests.judging.judge import compare_case
+from parity_tests.protocol import rows
+from parity_tests.protocol.trajectory import load_trajectory, save_trajectory
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, make
 

@@ -42,7 +42,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case, case_from_dict
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.errors import CaseError
 from parity_tests.testing.strategies import (
     dense_layer_lists,
     init_specs,

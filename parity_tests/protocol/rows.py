@@ -7,15 +7,16 @@ runs of one float32 case (two implementations, float32 and float64) are ~25 GB,
 more than this machine's memory. So every runner collects rows in a
 :class:`RowList`: it keeps them in memory while an array is small (the fast
 path of every small case) and moves them to a raw file under the spill folder
-once they pass :data:`SPILL_BYTES`; :meth:`RowList.finish` then returns a plain
+once they pass :func:`spill_threshold`; :meth:`RowList.finish` then returns a plain
 ``numpy`` array or a :class:`RowArray`, a read-only array whose rows are read
 from the file one at a time. The judge works row by row (``relative_gap``, the
 row norms and non-finite rows, which a :class:`RowArray` computed while it was
 written), so the memory a comparison needs is a few rows, not a trajectory.
 
 Files live in one folder per top-level process, named in ``TFPAR_SPILL_ROOT``
-(set at import, inherited by the torch pool's workers, which spill into it
-too). A :class:`RowArray` deletes its file when it is garbage-collected; sent
+(by :func:`ensure_spill_root`, which the torch pool and the TensorFlow plugin
+server call before they start workers, so that the workers inherit it and spill
+into it too; nothing happens at import). A :class:`RowArray` deletes its file when it is garbage-collected; sent
 to another process (pickled) it hands the file over to the receiver. The
 process that named the folder removes it at exit.
 """
@@ -35,53 +36,56 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol import settings
 
-__all__ = ["SPILL_BYTES", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
+__all__ = ["ensure_spill_root", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
            "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_root", "spill_threshold"]
 
-_ENV_ROOT = "TFPAR_SPILL_ROOT"
-_ENV_BYTES = "TFPAR_SPILL_BYTES"
-
-
-def _env_bytes() -> int:
-    text = os.environ.get(_ENV_BYTES, str(64 * 2**20))
-    if not text.strip().isdigit():
-        raise CaseError(_ENV_BYTES, "a whole number of bytes >= 0 (the environment variable)", text)
-    return int(text)
-
-
-#: an array's rows move to a file once they hold more than this many bytes (``TFPAR_SPILL_BYTES``)
-SPILL_BYTES = _env_bytes()
-_threshold = [SPILL_BYTES]
 # rows read at a time by the chunked readers, bounded in elements: a chunk of a large array is
 # one row or a few (32 MB in float64), a small array is one chunk
 CHUNK_ELEMENTS = 4 * 2**20
+#: the threshold set by :func:`set_spill_threshold` (``None``: ``TFPAR_SPILL_BYTES``, read when first needed)
+_threshold: list[int | None] = [None]
+#: (pid, folder) of the spill folder this process named, if it named one: only that process removes it
+#: (a forked child inherits this list but not the ownership)
+_owned: list[tuple[int, str] | None] = [None]
 
-if _ENV_ROOT not in os.environ:  # this process is the top level: it names the folder and owns it
-    os.environ[_ENV_ROOT] = os.path.join(tempfile.gettempdir(), f"tfpar-spill-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    _OWNED_ROOT: str | None = os.environ[_ENV_ROOT]
-else:
-    _OWNED_ROOT = None
+
+def ensure_spill_root() -> str:
+    """Name this process tree's spill folder, if no process above named it (``TFPAR_SPILL_ROOT``).
+
+    Called before a process starts workers (the torch pool, the TensorFlow plugin server), so
+    that they inherit the name and spill into the same folder, and on the first spill. The
+    process that names the folder owns it: :func:`remove_spill_root` removes it, at exit too.
+    """
+    root = settings.spill_root()
+    if root is None:
+        root = os.path.join(tempfile.gettempdir(), f"tfpar-spill-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        settings.set_spill_root(root)
+        _owned[0] = (os.getpid(), root)
+        atexit.register(remove_spill_root)
+    return root
 
 
-@atexit.register
 def remove_spill_root() -> None:
     """Remove this process's spill folder and everything in it, if this process named it (at exit;
     the ``tfpar`` command also calls it on its way out, which an interrupted exit may skip)."""
-    if _OWNED_ROOT is not None and os.environ.get(_ENV_ROOT) == _OWNED_ROOT:
-        shutil.rmtree(_OWNED_ROOT, ignore_errors=True)
+    owned = _owned[0]
+    if owned is not None and owned[0] == os.getpid() and settings.spill_root() == owned[1]:
+        shutil.rmtree(owned[1], ignore_errors=True)
 
 
 def spill_root() -> Path:
-    """The spill folder (created on first use)."""
-    root = Path(os.environ[_ENV_ROOT])
+    """The spill folder (named and created on first use)."""
+    root = Path(ensure_spill_root())
     root.mkdir(parents=True, exist_ok=True)
     return root
 
 
 def spill_threshold() -> int:
-    """Bytes an array may hold in memory before its rows move to a file."""
+    """Bytes an array may hold in memory before its rows move to a file (``TFPAR_SPILL_BYTES`` unless set)."""
+    if _threshold[0] is None:
+        _threshold[0] = settings.spill_bytes()
     return _threshold[0]
 
 
@@ -89,7 +93,7 @@ def set_spill_threshold(nbytes: int) -> int:
     """Set :func:`spill_threshold` for this process; returns the previous value (tests, benchmarks)."""
     if not (isinstance(nbytes, int) and nbytes >= 0):
         raise ValueError(f"spill threshold: expected an integer >= 0, got {nbytes!r}")
-    old, _threshold[0] = _threshold[0], nbytes
+    old, _threshold[0] = spill_threshold(), nbytes
     return old
 
 

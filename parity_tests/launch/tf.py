@@ -1,7 +1,7 @@
 """One TensorFlow worker of a ``tf.multiworker`` run; start it on every worker with its ``TF_CONFIG``.
 
     TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}, "task": {"type": "worker", "index": 0}}' \\
-        python -m tfpar.launch CASE --impl tf.multiworker --out run.npz [--timeout SECONDS]
+        python -m parity_tests.launch.tf CASE --impl tf.multiworker --out run.npz [--timeout SECONDS]
 
 Every worker trains (``tfpar.multiworker``); the chief (``chief`` 0, or ``worker`` 0
 without a chief) writes the trajectory and its manifest exactly as ``tfpar run``
@@ -47,7 +47,7 @@ __all__ = ["DEFAULT_TIMEOUT", "IMPL", "main", "entry"]
 
 IMPL = "tf.multiworker"
 DEFAULT_TIMEOUT = 300.0  # seconds without a finished step (joining included) before a peer counts as hung
-_PREFIX = "tfpar.launch"
+_PREFIX = "parity_tests.launch.tf"
 
 
 def _say(line: str) -> None:
@@ -167,13 +167,13 @@ class _Watch:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from parity_tests.contract.errors import CaseError
+    from parity_tests.protocol.errors import CaseError
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> None:  # one line, status 2
-            raise CaseError("command line", f"valid arguments ({message}); see 'python -m tfpar.launch --help'")
+            raise CaseError("command line", f"valid arguments ({message}); see 'python -m parity_tests.launch.tf --help'")
 
-    p = Parser(prog="python -m tfpar.launch", description="One TensorFlow worker of a tf.multiworker run "
+    p = Parser(prog="python -m parity_tests.launch.tf", description="One TensorFlow worker of a tf.multiworker run "
                                                            "(MultiWorkerMirroredStrategy; the cluster comes from TF_CONFIG).")
     p.add_argument("case", help="path to case.json (the same case on every worker)")
     p.add_argument("--impl", required=True, help=f"{IMPL} (the only implementation launched per worker)")
@@ -186,20 +186,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(argv: Sequence[str] | None, watch: _Watch) -> int:
     from parity_tests.contract.case import load_case
-    from parity_tests.contract.errors import CaseError
-    from parity_tests.contract.trajectory import save_trajectory
+    from parity_tests.protocol import settings
+    from parity_tests.protocol.errors import CaseError
+    from parity_tests.protocol.trajectory import save_trajectory
     from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
-
-    from . import multiworker as mw
-    from .errors import Unsupported
+    from tfpar import multiworker as mw
+    from tfpar.errors import Unsupported
 
     args = _parser().parse_args(argv)
+    settings.check()
     if not args.timeout > 0:
         raise CaseError("--timeout", "a number of seconds > 0", args.timeout)
     watch.timeout(args.timeout)
     if args.impl != IMPL:
-        raise CaseError("--impl", f"{IMPL} (tfpar.launch starts TensorFlow workers; torch ranks start with"
-                                  " torchrun ... -m torchref.launch, everything else with tfpar run)", args.impl)
+        raise CaseError("--impl", f"{IMPL} (parity_tests.launch.tf starts TensorFlow workers; torch ranks start with"
+                                  " torchrun ... -m parity_tests.launch.torch, everything else with tfpar run)", args.impl)
     out = Path(args.out)
     if out.suffix != ".npz":
         raise CaseError("--out", "a file name ending in .npz", args.out)
@@ -265,7 +266,7 @@ class _Failed(RuntimeError):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this worker; returns the exit status (see the module docstring)."""
-    from parity_tests.contract.errors import CaseError
+    from parity_tests.protocol.errors import CaseError
 
     # Ctrl-C and SIGTERM are the guard's to handle (it ends this process at once, or after a write)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -284,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """``python -m tfpar.launch``: :func:`main`, then leave at once (see the module docstring)."""
+    """``python -m parity_tests.launch.tf``: :func:`main`, then leave at once (see the module docstring)."""
     _leave(main())
 
 

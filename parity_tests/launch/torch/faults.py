@@ -141,7 +141,7 @@ class FaultBoard:
         if self._done.is_set():
             return
         if not claim or self._claim():
-            print(f"torchref.launch: {line}", file=sys.stderr)
+            print(f"parity_tests.launch.torch: {line}", file=sys.stderr)
         _flush()
         os._exit(1)
 
@@ -255,7 +255,7 @@ class FaultBoard:
         except Exception:  # the store is gone: say what this rank knows
             line = line or self.root_cause_line()
         if self._claim():
-            print(f"torchref.launch: {line}", file=sys.stderr)
+            print(f"parity_tests.launch.torch: {line}", file=sys.stderr)
         _flush()
         with contextlib.suppress(Exception):
             if len(self._reports()) < self.n:

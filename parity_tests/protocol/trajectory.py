@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity_tests.contract.atomic import atomic_write_npz
-from parity_tests.contract.errors import CaseError
+from parity_tests.protocol.atomic import atomic_write_npz
+from parity_tests.protocol.errors import CaseError
 
 __all__ = ["Trajectory", "save_trajectory", "load_trajectory", "check_trajectory"]
 

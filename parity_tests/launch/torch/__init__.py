@@ -1,7 +1,7 @@
 """The torch reference under ``torchrun``: one case on N ranks spread over one or several machines.
 
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 \\
-        -m torchref.launch case.json --impl torch.ddp --out run.npz
+        -m parity_tests.launch.torch case.json --impl torch.ddp --out run.npz
     tfpar compare case.json --impls tf.towers,recorded:run.npz
 
 The same job functions as the warm pool (``torchref.ddp.train_rank`` and the
@@ -29,7 +29,7 @@ host name resolves to.
 
 Failures: one line per node names the rank that failed first with its node
 (``node 1, rank 3 (local rank 1, host h, pid p) raised at step 2: ...``), see
-:mod:`torchref.launch.faults`. Each worker's exit status: 0 written; 1 a rank
+:mod:`parity_tests.launch.torch.faults`. Each worker's exit status: 0 written; 1 a rank
 failed or the replicas diverged; 2 bad input (one line naming the field); 130
 Ctrl-C. ``torchrun`` itself exits 1 when any worker exits non-zero (its
 summary shows the workers' codes).
@@ -61,9 +61,10 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from parity_tests.contract.arguments import OneLineParser, positive_seconds
-from parity_tests.contract.errors import CaseError
-from torchref.launch.faults import FaultBoard, Where, hostname
-from torchref.launch.netif import route_interface
+from parity_tests.launch.torch.faults import FaultBoard, Where, hostname
+from parity_tests.launch.torch.netif import route_interface
+from parity_tests.protocol import settings
+from parity_tests.protocol.errors import CaseError
 from torchref.plugin import PluginInputError, PluginRaised, run_plugin_rank
 from torchref.pool import RankContext
 from torchref.run import job_function
@@ -86,7 +87,7 @@ class TorchrunEnv:
     def __init__(self, environ: Mapping[str, str]) -> None:
         for key in _NEEDED:
             if not environ.get(key):
-                raise CaseError(key, "set by torchrun: run this module as 'torchrun ... -m torchref.launch CASE"
+                raise CaseError(key, "set by torchrun: run this module as 'torchrun ... -m parity_tests.launch.torch CASE"
                                      " --impl torch.ddp --out run.npz'")
         ints = {}
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "GROUP_RANK"):
@@ -154,12 +155,12 @@ class ParamDigests:
 
 
 class _Parser(OneLineParser):
-    help_hint = "python -m torchref.launch --help"
+    help_hint = "python -m parity_tests.launch.torch --help"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line each rank parses (the same on every rank)."""
-    p = _Parser(prog="torchrun ... -m torchref.launch",
+    p = _Parser(prog="torchrun ... -m parity_tests.launch.torch",
                 description="Run the torch reference (or a torch plugin) on torchrun's ranks; rank 0 writes the trajectory.")
     p.add_argument("case", help="path to case.json (readable on every node)")
     p.add_argument("--impl", default="torch.ddp", help="torch.ddp (default) or a @torchref.plugin.distributed plugin FILE.py:FUNCTION")
@@ -237,7 +238,7 @@ def _train(case: Any, impl: str, target: Any, ctx: RankContext, gloo: Any) -> tu
 def _write(case: Any, impl: str, target: Any, result: Any, gathered: list[dict[str, Any]], out: Path,
            launch: dict[str, Any]) -> tuple[int, str]:
     """Rank 0: assemble, check the replicas, write trajectory and manifest; (exit status, line)."""
-    from parity_tests.contract.trajectory import Trajectory, save_trajectory
+    from parity_tests.protocol.trajectory import Trajectory, save_trajectory
     from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
     from parity_tests.running.plugins import assemble, replica_divergence
 
@@ -261,15 +262,16 @@ def _write(case: Any, impl: str, target: Any, result: Any, gathered: list[dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m torchref.launch`` on each torchrun worker; returns the exit status."""
+    """Entry point of ``python -m parity_tests.launch.torch`` on each torchrun worker; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
+        settings.check()
         env = torchrun_env()
         case, impl, target = _validate(args, env)
         iface = _bind_interfaces(env)
     except CaseError as e:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank finds the same: one line per node
-            print(f"torchref.launch: error: {e}", file=sys.stderr)
+            print(f"parity_tests.launch.torch: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -287,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_td = timedelta(seconds=args.start_timeout)
         dist.init_process_group(backend, timeout=start_td)
         gloo = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=start_td)
-        board = FaultBoard((env.master_addr, env.master_port), f"torchref.launch/{env.run_id}/", me,
+        board = FaultBoard((env.master_addr, env.master_port), f"parity_tests.launch.torch/{env.run_id}/", me,
                            env.world_size, args.timeout, impl)
         # a rank still starting up (seconds behind on a busy machine) is not a hung one: meet
         # here under the start timeout, so the short collective timeout measures training only
@@ -298,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        print(f"torchref.launch: {me.name()} could not join the {backend} group at {env.master_addr}:{env.master_port}"
+        print(f"parity_tests.launch.torch: {me.name()} could not join the {backend} group at {env.master_addr}:{env.master_port}"
               f" within {args.start_timeout:g} s: {last}", file=sys.stderr)
         return 1
     with ExitStack() as stack:
@@ -333,9 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     status[0] = _write(case, impl, target, result, gathered, Path(args.out), launch)
                 except CaseError as e:
-                    status[0] = (2, f"torchref.launch: error: {e}")
+                    status[0] = (2, f"parity_tests.launch.torch: error: {e}")
                 except OSError as e:
-                    status[0] = (1, f"torchref.launch: could not write {args.out}: {e}")
+                    status[0] = (1, f"parity_tests.launch.torch: could not write {args.out}: {e}")
             dist.broadcast_object_list(status, src=0, group=gloo)  # every rank (and torchrun call) exits alike
         except KeyboardInterrupt:
             return 130
@@ -347,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if env.rank == 0:
             print(line, file=sys.stdout if code == 0 else sys.stderr)
         elif env.local_rank == 0:  # one line on every other node too: its torchrun call says how the run ended
-            print(f"torchref.launch: node {env.node}: rank 0 reported: {line}", file=sys.stdout if code == 0 else sys.stderr)
+            print(f"parity_tests.launch.torch: node {env.node}: rank 0 reported: {line}", file=sys.stdout if code == 0 else sys.stderr)
         board.stop()
         dist.destroy_process_group()
         return code

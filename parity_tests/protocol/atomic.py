@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.rows import RowArray, iter_rows
+from parity_tests.protocol.rows import RowArray, iter_rows
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_npz"]
 
@@ -60,7 +60,7 @@ def atomic_write_npz(path: str | os.PathLike, arrays: dict[str, Any]) -> Path:
     """Write ``arrays`` as an uncompressed ``.npz`` atomically (no pickles), as ``np.savez`` does.
 
     Each member is streamed into the file: an array whose rows live in a file
-    (:class:`parity_tests.contract.rows.RowArray`) is copied row by row, never held whole.
+    (:class:`parity_tests.protocol.rows.RowArray`) is copied row by row, never held whole.
     """
     def write(f: Any) -> None:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:

@@ -1,4 +1,4 @@
-"""``torchrun ... -m torchref.launch CASE --impl torch.ddp --out run.npz`` (see :mod:`torchref.launch`)."""
+"""``torchrun ... -m parity_tests.launch.torch CASE --impl torch.ddp --out run.npz`` (see :mod:`parity_tests.launch.torch`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 
-from torchref.launch import main
+from parity_tests.launch.torch import main
 
 if __name__ == "__main__":
     code = main()
