@@ -61,6 +61,8 @@ channel_pad
     zeros before and after on the last axis (``tf.pad``).
 reshape
     ``tf.reshape`` to ``[batch, *shape]`` (channels-last order).
+position_embedding, class_token, take_token
+    ``x + embeddings[:T]``; ``concat([token] * B, x)`` on the token axis; ``x[:, index]``.
 explicit padding
     ``tf.pad`` (zeros for conv and average pooling, ``-inf`` for max pooling), then a
     'VALID' op: Keras' ``ZeroPadding2D`` followed by the layer.
@@ -300,6 +302,13 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         return h
     if kind == "channel_pad":
         return tf.pad(h, [[0, 0]] * (h.shape.rank - 1) + [[layer["before"], layer["after"]]])
+    if kind == "position_embedding":  # the first T rows of [length, D], added (keras.layers.Add)
+        return h + params[f"{i}.embeddings"][: h.shape[1]]
+    if kind == "class_token":  # the learned token, broadcast over the batch, before the tokens
+        token = params[f"{i}.token"]
+        return tf.concat([tf.broadcast_to(token[None], [tf.shape(h)[0], 1, token.shape[-1]]), h], axis=1)
+    if kind == "take_token":
+        return h[:, layer["index"]]
     if kind == "reshape":  # the case's one -1 resolved from the static shape (the batch axis is the other -1)
         target = layer["shape"]
         known = math.prod(d for d in target if d != -1)

@@ -25,7 +25,9 @@ torch's symmetric ``padding=`` expresses, ``F.pad`` with zeros first, and withou
 ``count_padding`` the window sums divided by the real values' count, as
 ``count_include_pad=False`` divides); ``global_avg_pool2d``
 (``F.adaptive_avg_pool2d(h, 1)``, ``nn.AdaptiveAvgPool2d``'s); ``channel_pad``
-(``F.pad`` on the channel axis); ``reshape`` (in NHWC order). Under ``semantics: tf`` a
+(``F.pad`` on the channel axis); ``reshape`` (in NHWC order); ``position_embedding``
+(``x + embeddings[:T]``), ``class_token`` (``torch.cat`` of the expanded token before
+the tokens), ``take_token`` (``x[:, index]``). Under ``semantics: tf`` a
 GELU uses TensorFlow's float32-rounded constants (``1/sqrt(2)`` or ``0.044715``).
 Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_kernel``
 inside the module, and :meth:`CaseModel.canonical` maps it back).
@@ -251,6 +253,13 @@ class CaseModel(nn.Module):
             target = [math.prod(h.shape[1:]) // known if d == -1 else d for d in layer["shape"]]
             h = h.reshape(h.shape[0], *target)
             return h.permute(0, 3, 1, 2) if h.dim() == 4 else h
+        if kind == "position_embedding":  # [B, T, D]: the first T rows of [length, D]
+            return h + self._p(path, "embeddings")[: h.shape[1]]
+        if kind == "class_token":
+            token = self._p(path, "token")
+            return torch.cat([token.expand(h.shape[0], 1, token.shape[-1]), h], dim=1)
+        if kind == "take_token":
+            return h[:, layer["index"]]
         if kind == "flatten":
             return (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).reshape(h.shape[0], -1)
         raise ValueError(f"layer {path}: unknown type {kind!r}")

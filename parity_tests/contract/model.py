@@ -28,6 +28,9 @@ Architecture layers (``shared/CONTRACT.md`` section 7; ``docs/layers.md``):
 ``global_avg_pool2d``  mean over height and width.
 ``channel_pad`` ``before``, ``after``: zero channels appended on the last axis.
 ``reshape``     ``shape`` per example (one -1 allowed), channels-last order.
+``position_embedding``  ``length`` (>= T): learned ``[length, D]``, its first T rows added to ``[T, D]``.
+``class_token`` prepends a learned token ``[1, D]``: ``[T, D] -> [T + 1, D]``.
+``take_token``  ``index`` (0): ``[T, D] -> [D]``.
 
 ``conv2d``, ``max_pool2d`` and ``avg_pool2d`` take an explicit ``padding``
 ``[[top, bottom], [left, right]]`` too. Inside a ``residual`` or ``repeat`` body
@@ -66,7 +69,7 @@ __all__ = [
 
 #: the section 7 layers this module adds to the first vocabulary (mixed_bfloat16 refuses them)
 ARCHITECTURE_TYPES = ("activation", "layer_norm", "rms_norm", "residual", "repeat", "avg_pool2d",
-                      "global_avg_pool2d", "channel_pad", "reshape")
+                      "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token")
 LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout", *ARCHITECTURE_TYPES)
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid")
 GELUS = ("gelu", "gelu_tanh")
@@ -207,6 +210,30 @@ def _layer_list(v: Any, shape: tuple[int, ...], p: str, *, empty: bool = False) 
     return out, output_shape(shape, out) if out else shape
 
 
+def _tokens(shape: tuple[int, ...], p: str, kind: str) -> None:
+    if len(shape) != 2:
+        raise CaseError(p, f"a token input [tokens, width] for a {kind} layer (a reshape layer makes one); the input"
+                        f" here has shape {list(shape)}")
+
+
+def _position_embedding(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "length"}, p)
+    _tokens(shape, p, "position_embedding")
+    return {"type": "position_embedding", "length": integer(need(layer, "length", p), f"{p}.length", shape[0], 1_000_000)}
+
+
+def _class_token(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type"}, p)
+    _tokens(shape, p, "class_token")
+    return {"type": "class_token"}
+
+
+def _take_token(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "index"}, p)
+    _tokens(shape, p, "take_token")
+    return {"type": "take_token", "index": integer(layer.get("index", 0), f"{p}.index", 0, shape[0] - 1)}
+
+
 def _residual(layer: dict, shape: tuple[int, ...], p: str) -> dict:
     no_extra(layer, {"type", "body", "shortcut", "activation"}, p)
     body, body_shape = _layer_list(need(layer, "body", p), shape, f"{p}.body")
@@ -344,6 +371,9 @@ _LAYERS = {
     "global_avg_pool2d": _global_avg_pool2d,
     "channel_pad": _channel_pad,
     "reshape": _reshape,
+    "position_embedding": _position_embedding,
+    "class_token": _class_token,
+    "take_token": _take_token,
 }
 
 

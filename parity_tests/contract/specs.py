@@ -47,7 +47,7 @@ class ParamSpec:
     name: str
     shape: tuple[int, ...]
     trainable: bool = True
-    kind: str = "kernel"  # kernel, bias, gamma, beta, moving_mean, moving_variance
+    kind: str = "kernel"  # kernel, bias, gamma, beta, scale, embeddings, token, moving_mean, moving_variance
 
 
 def spatial_output(n: int, k: int, s: int, padding: str | tuple[int, int] | list[int]) -> int:
@@ -146,6 +146,13 @@ def _layer(path: str, layer: dict, shape: tuple[int, ...]) -> tuple[list[ParamSp
         shape = shape[:-1] + (shape[-1] + layer["before"] + layer["after"],)
     elif kind == "reshape":
         shape = reshape_target(shape, layer["shape"])
+    elif kind == "position_embedding":  # drawn as a dense kernel [length, D] (CONTRACT section 7)
+        params.append(ParamSpec(f"{path}.embeddings", (layer["length"], shape[-1]), True, "embeddings"))
+    elif kind == "class_token":
+        params.append(ParamSpec(f"{path}.token", (1, shape[-1]), True, "token"))
+        shape = (shape[0] + 1, shape[1])
+    elif kind == "take_token":
+        shape = (shape[-1],)
     elif kind in ("dropout", "activation"):
         pass  # no parameters (dropout's masks are data: generators.dropout_masks)
     else:  # validated earlier; a new layer type must be added here and in both packages

@@ -83,6 +83,17 @@ def test_nested_parameter_names_follow_the_contract():
     assert not np.array_equal(init["1.0.0.body.1.kernel"], init["1.1.0.body.1.kernel"])  # copies, not shared
 
 
+def test_token_layers_parameters_and_init():
+    """``position_embedding.embeddings [length, D]`` and ``class_token.token [1, D]``, drawn as dense kernels of that shape."""
+    layers = _layers([3, 4], [{"type": "class_token"}, {"type": "position_embedding", "length": 6}, {"type": "take_token"}])
+    specs = param_specs([3, 4], layers)
+    assert [(s.name, s.shape) for s in specs] == [("0.token", (1, 4)), ("1.embeddings", (6, 4))]
+    init = draw_init(specs, 0, "glorot_uniform", 0.0)
+    assert np.max(np.abs(init["0.token"])) <= np.sqrt(6 / (1 + 4)) and np.max(np.abs(init["1.embeddings"])) <= np.sqrt(6 / (6 + 4))
+    assert np.max(np.abs(init["0.token"])) > np.sqrt(6 / (6 + 4))  # the premise: the token's wider limit is used
+    assert validate_model({"input_shape": [3, 4], "layers": layers, "loss": "mse"})[2] == (4,)
+
+
 def test_both_sides_name_nested_parameters_canonically():
     """Every canonical name has a gradient on both sides, and they agree (residual inside repeat)."""
     layers = _layers([5], RESIDUAL_IN_REPEAT)
@@ -106,6 +117,9 @@ def test_both_sides_name_nested_parameters_canonically():
     ([4, 4, 2], {"type": "avg_pool2d", "padding": [[2, 0], [0, 0]]}, "model.layers[0].padding", "smaller than the pooling"),
     ([4, 4, 2], {"type": "conv2d", "filters": 1, "kernel_size": 3, "padding": [[1], [1, 1]]}, "model.layers[0].padding", "[[top, bottom]"),
     ([6], {"type": "global_avg_pool2d"}, "model.layers[0]", "image input"),
+    ([3, 4], {"type": "position_embedding", "length": 2}, "model.layers[0].length", ">= 3"),
+    ([3, 4], {"type": "take_token", "index": 3}, "model.layers[0].index", "<= 2"),
+    ([12], {"type": "class_token"}, "model.layers[0]", "token input [tokens, width]"),
 ])
 def test_bad_layers_are_refused_in_one_line(shape, layer, field, words):
     with pytest.raises(CaseError) as e:
@@ -154,6 +168,9 @@ DIRECT = {
         {"type": "conv2d", "filters": 4, "kernel_size": 3, "strides": 2, "padding": [[1, 1], [1, 1]]}], "shortcut": [
         {"type": "max_pool2d", "pool_size": 1, "strides": 2}, {"type": "channel_pad", "before": 1, "after": 1}]}]),
     "repeat": ([4], [{"type": "repeat", "count": 2, "body": [{"type": "dense", "units": 4, "activation": "tanh"}]}]),
+    "position_embedding (longer than T)": ([3, 4], [{"type": "position_embedding", "length": 5}]),
+    "class_token + take_token": ([3, 4], [{"type": "class_token"}, {"type": "dense", "units": 4, "activation": "tanh"},
+                                          {"type": "take_token", "index": 1}]),
 }
 
 
@@ -332,6 +349,12 @@ END_TO_END = {
                                                                               "semantics": "torch"},
                                       {"type": "layer_norm", "epsilon": 1e-5}, {"type": "reshape", "shape": [-1]},
                                       {"type": "dense", "units": 3}]),
+    "tokens: class token, position embedding, take token": ([8, 8, 1], [
+        {"type": "reshape", "shape": [16, 4]}, {"type": "dense", "units": 4}, {"type": "class_token"},
+        {"type": "position_embedding", "length": 20},
+        {"type": "residual", "body": [{"type": "layer_norm", "epsilon": 1e-6},
+                                      {"type": "dense", "units": 4, "activation": "gelu", "semantics": "tf"}]},
+        {"type": "layer_norm", "epsilon": 1e-6}, {"type": "take_token"}, {"type": "dense", "units": 3}]),
 }
 
 
