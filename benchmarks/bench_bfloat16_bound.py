@@ -57,9 +57,9 @@ def main() -> None:
     args = ap.parse_args()
     import numpy as np
 
-    from parity_tests.judging import judge
     from parity_tests.judging.bfloat16 import _errors, _storage
     from parity_tests.judging.tolerance import _gaps, _judged_keys, _row_max, _scales, _spread
+    from parity_tests.session import comparison as judge
 
     t0 = time.perf_counter()
     worst, odd = (0.0, ""), []

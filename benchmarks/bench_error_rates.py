@@ -73,7 +73,7 @@ def draw(kind: str, count: int, seed: int, weights: dict | None = None) -> list:
 
 def judge_pair(pair) -> dict:
     """Judge one pair; the result as plain data."""
-    from parity_tests.judging.judge import compare_case
+    from parity_tests.session.comparison import compare_case
     from parity_tests.tests.hunt.corpus import behind, judgement, mutated_runner
 
     t0 = time.perf_counter()
@@ -182,7 +182,7 @@ def listing(rows: list[dict], folder: Path) -> str:
 
 def replay(path: Path) -> None:
     """Re-judge the pair in ``path`` (a ``pair.json`` the hunt wrote) and print the judge's summary."""
-    from parity_tests.judging.judge import compare_case
+    from parity_tests.session.comparison import compare_case
     from parity_tests.tests.hunt.corpus import BUGS, Pair, judgement, mutated_runner
 
     d = json.loads(path.read_text())
@@ -206,7 +206,7 @@ def main() -> None:
     ap.add_argument("--replay", type=Path, help="re-judge one pair.json written by an earlier hunt")
     args = ap.parse_args()
 
-    from parity_tests.running.harness import reserve_tf_devices
+    from parity_tests.running.backends import reserve_tf_devices
 
     reserve_tf_devices(8)
     from torchref.pool import shutdown_pool

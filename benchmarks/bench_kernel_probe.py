@@ -15,8 +15,8 @@ import time
 
 def main() -> None:
     from parity_tests.running import kernels
+    from parity_tests.running.backends import tf_module
     from parity_tests.running.cpu import cpu_facts
-    from parity_tests.running.harness import tf_module
     from torchref.pool import get_pool, shutdown_pool
 
     print(json.dumps(cpu_facts()))

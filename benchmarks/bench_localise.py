@@ -25,9 +25,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from parity_tests.judging.judge import compare_case  # noqa: E402
 from parity_tests.judging.localise import localise  # noqa: E402
 from parity_tests.running.registry import resolve  # noqa: E402
+from parity_tests.session.comparison import compare_case  # noqa: E402
 from parity_tests.tests.mutants.table import ROWS, cached_runner, case_of  # noqa: E402
 
 # where each bug lives, and the device when it lives in one

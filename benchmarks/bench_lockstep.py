@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from timing import median_seconds
 
-from parity_tests.judging.judge import compare_case
-from parity_tests.running.lockstep import lockstep_compare
+from parity_tests.session.comparison import compare_case
+from parity_tests.session.lockstep import lockstep_compare
 from parity_tests.tests.helpers import MLP, POLY, make
 from parity_tests.tests.test_lockstep import _chaotic
 

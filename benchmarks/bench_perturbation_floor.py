@@ -30,9 +30,9 @@ from collections.abc import Callable
 import numpy as np
 
 from parity_tests.contract.case import Case
-from parity_tests.judging.judge import CaseResult, compare_case
 from parity_tests.reporting.matrix import IMPLS, matrix_cases
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import CaseResult, compare_case
 
 Traj = dict[str, np.ndarray]
 

@@ -71,7 +71,7 @@ def main() -> int:
     os.chdir(ROOT)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from parity_tests.contract.case import load_case
-    from parity_tests.running import harness
+    from parity_tests.running import backends
     from parity_tests.running.tf_worker import TFWorker
 
     case = load_case(args.case)
@@ -111,7 +111,7 @@ def main() -> int:
         spawned.append(time.perf_counter() - t)
     print(f"spawn: each run (python start, TensorFlow import, run) {_median(spawned)}")
 
-    harness.tf_module()
+    backends.tf_module()
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_plugin_here", path)

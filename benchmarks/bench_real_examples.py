@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import load_case
-from parity_tests.judging.judge import compare_case
+from parity_tests.session.comparison import compare_case
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "examples" / "real"

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from timing import median_seconds  # noqa: E402
 
 from parity_tests.contract.case import case_from_dict  # noqa: E402
-from parity_tests.running.harness import tf_module as _tf  # noqa: E402
+from parity_tests.running.backends import tf_module as _tf  # noqa: E402
 
 MLP = {
     "name": "bench",
@@ -84,7 +84,7 @@ def _step_ms(tfpar, case, impl: str) -> float:
 def property_cost() -> None:
     from hypothesis import strategies as st  # noqa: F401
 
-    from parity_tests.judging.judge import compare_case
+    from parity_tests.session.comparison import compare_case
     from parity_tests.testing.strategies import dense_cases
 
     strat = dense_cases(dtypes=["float64", "float32"])

@@ -60,7 +60,7 @@ def main() -> None:
     import psutil
 
     from parity_tests.contract.case import case_from_dict, with_changes
-    from parity_tests.running.harness import check_torch_ranks, reserve_tf_devices, tf_module
+    from parity_tests.running.backends import check_torch_ranks, reserve_tf_devices, tf_module
     from torchref.pool import get_pool, shutdown_pool
 
     top = max(counts)

@@ -1,14 +1,17 @@
 """The judge: the case contract, running implementations, judging, reporting and the command line.
 
-The package reads as the architecture, one subpackage a layer, each using only
-the ones above it::
+The package reads as the architecture, one subpackage a layer, each importing only
+the ones below it (docs/architecture.md; ``tests/test_layering.py`` enforces it)::
 
-    contract/   the case and trajectory formats (CONTRACT §1-2), validation at the edge
-    running/    the registry of implementations (built-ins, plugins, recorded runs), the harness, manifests
-    judging/    the comparator, the tolerance model, the theory of known differences, the judge
+    cli.py      the ``tfpar`` command
     reporting/  report.md / report.json / plots, the scenario matrix
     testing/    hypothesis strategies and profiles, replayable failures, assert_parity, the pytest plugin
-    cli.py      the ``tfpar`` command
+    launch/     the cluster launchers (torchrun, TF_CONFIG workers)
+    session/    one comparison: run, rerun, map, judge every pair; lockstep
+    running/    the registry of implementations (built-ins, plugins, recorded runs), the harness, manifests
+    judging/    the comparator, the tolerance model, the theory of known differences, pair verdicts
+    contract/   the case format (docs/case-format.md), validation at the edge
+    protocol/   what crosses to the engines (tfpar, torchref): rows, trajectories, settings, errors
 
 Nothing here imports TensorFlow or torch at import time: spawned torch workers
 re-import the parent's main module.
@@ -31,12 +34,12 @@ __all__ = ["assert_parity", "compare_case", "load_case", "case_from_dict"]
 # old flat name -> where the module lives now
 _MOVED = {
     "case": "contract.case", "case_model": "contract.model", "case_optimizer": "contract.optimizer",
-    "case_parallel": "contract.parallel", "fields": "contract.fields", "errors": "contract.errors",
-    "specs": "contract.specs", "generators": "contract.generators", "trajectory": "contract.trajectory",
-    "atomic": "contract.atomic",
+    "case_parallel": "contract.parallel", "fields": "contract.fields", "errors": "protocol.errors",
+    "specs": "contract.specs", "generators": "contract.generators", "trajectory": "protocol.trajectory",
+    "atomic": "protocol.atomic",
     "harness": "running.harness", "manifest": "running.manifest",
     "compare": "judging.compare", "tolerance": "judging.tolerance", "theory": "judging.theory",
-    "judge": "judging.judge",
+    "judge": "session.comparison",
     "report": "reporting.report", "matrix": "reporting.matrix", "docs_optimizers": "reporting.docs_optimizers",
     "strategies": "testing.strategies", "profiles": "testing.profiles", "failures": "testing.failures",
 }
@@ -56,7 +59,7 @@ class _Alias(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    """``import parity_tests.judge`` gives ``parity_tests.judging.judge`` (the same object)."""
+    """``import parity_tests.judge`` gives ``parity_tests.session.comparison`` (the same object)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         head, _, tail = fullname.partition(".")
@@ -70,7 +73,7 @@ if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
 
 _LAZY = {
     "assert_parity": "parity_tests.testing.assertions",
-    "compare_case": "parity_tests.judging.judge",
+    "compare_case": "parity_tests.session.comparison",
     "load_case": "parity_tests.contract.case",
     "case_from_dict": "parity_tests.contract.case",
 }

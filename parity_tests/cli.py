@@ -93,7 +93,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if len(impl) != 1:
         raise CaseError("--impl", "exactly one implementation", args.impl)
     from parity_tests.judging.compare import first_nonfinite
-    from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
+    from parity_tests.running.manifest import manifest_path, write_manifest
+    from parity_tests.running.provenance import build_manifest
 
     traj = run_impl(case, impl[0])
     save_trajectory(out, traj)
@@ -110,9 +111,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from parity_tests.contract.case import load_case
-    from parity_tests.judging.judge import compare_case
     from parity_tests.reporting.report import write_case_report
     from parity_tests.running.harness import parse_impls
+    from parity_tests.session.comparison import compare_case
 
     impls = parse_impls(args.impls)
     if len(impls) < 2:
@@ -140,7 +141,7 @@ def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
     """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 when every lockstep
     verdict is parity or an expected difference."""
     from parity_tests.reporting.report import write_case_report
-    from parity_tests.running.lockstep import check_lockstep, lockstep_compare
+    from parity_tests.session.lockstep import check_lockstep, lockstep_compare
 
     check_lockstep(case, impls)  # before anything runs
     result = lockstep_compare(case, impls, progress=lambda label: print(f"  {label}", file=sys.stderr, flush=True))
@@ -163,7 +164,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from parity_tests.running.manifest import load_manifest, replay
+    from parity_tests.running.manifest import load_manifest
+    from parity_tests.running.provenance import replay
 
     same, line = replay(load_manifest(args.manifest))
     print(line)
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         settings.check()  # a bad TFPAR_* variable: one line, exit 2, before any work
-        from parity_tests.running.harness import RunError, set_pool_timeout
+        from parity_tests.running.backends import RunError, set_pool_timeout
 
         set_pool_timeout(args.timeout)
         handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]

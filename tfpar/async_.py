@@ -52,28 +52,17 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.shards import application_orders, read_position
 
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices
 from .local_sgd import shard_loss_fn, step_batches
 from .models import build_variables, is_state
 from .optimizers import GradientClip, Optimizer, make_clip, make_optimizer
-from .record import stack_trajectory
 from .sharding import shard_sizes, split_batch
 
-__all__ = ["application_orders", "read_position", "AsyncTrainer", "run_async"]
-
-
-def application_orders(n: int, steps: int, order_seed: int) -> np.ndarray:
-    """``[steps, n]`` int: row k is step k's order of devices, ``default_rng(order_seed).permutation(n)`` drawn k-th."""
-    rng = np.random.default_rng(order_seed)
-    return np.stack([rng.permutation(n) for _ in range(steps)]).astype(np.int64)
-
-
-def read_position(j: int, staleness: int) -> int:
-    """The version index ``i`` (``theta_{k,i}``) that the device at position ``j`` reads: ``max(0, j - s)``."""
-    return max(0, j - staleness)
+__all__ = ["AsyncTrainer", "run_async"]
 
 
 class AsyncTrainer:
@@ -184,13 +173,11 @@ def run_async(payload: Mapping[str, Any], *, progress: Callable[[int], None] | N
                            staleness=par["staleness"], shard=par["shard"], weighting=par["weighting"],
                            clip=make_clip(spec))
     orders = application_orders(par["devices"], spec["steps"], par["order_seed"])
-    params = {k: RowList([v]) for k, v in trainer.values().items()}  # spills when large (contract.rows)
-    losses = []
+    rec = Recorder(trainer.values(), grads=False)  # rows spill when large (protocol.rows)
     for k in range(spec["steps"]):
         x, y, masks = batches(k)
-        losses.append(trainer.step(x, y, masks, orders[k]))
-        for name, value in trainer.values().items():
-            params[name].append(value)
+        rec.loss(trainer.step(x, y, masks, orders[k]))
+        rec.params(trainer.values())
         if progress:
             progress(k + 1)
-    return stack_trajectory(losses, params)
+    return rec.finish()

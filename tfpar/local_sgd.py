@@ -38,14 +38,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.recorder import Recorder
 
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices
 from .losses import model_loss
 from .models import forward, is_state
 from .optimizers import GradientClip, Optimizer, make_clip, make_optimizer
-from .record import stack_trajectory
 from .sharding import shard_sizes, split_batch
 
 __all__ = ["LocalSGDTrainer", "run_param_mean", "step_batches", "shard_loss_fn"]
@@ -213,13 +212,11 @@ def run_param_mean(payload: Mapping[str, Any], *, progress: Callable[[int], None
         shard_loss_fn(spec["model"]), init, lambda: make_optimizer(opt_spec), tower_devices(par["devices"]),
         dtype=dtype, period=par["period"], shard=par["shard"], weighting=par["weighting"], clip=make_clip(spec),
     )
-    params = {k: RowList([np.asarray(v, dtype.as_numpy_dtype)]) for k, v in init.items()}  # spills when large
-    losses = []
+    rec = Recorder({k: np.asarray(v, dtype.as_numpy_dtype) for k, v in init.items()}, grads=False)  # spills when large
     for k in range(spec["steps"]):
         loss, mean, _ = trainer.step(*batches(k))
-        losses.append(loss)
-        for name, value in mean.items():
-            params[name].append(value)
+        rec.loss(loss)
+        rec.params(mean)
         if progress:
             progress(k + 1)
-    return stack_trajectory(losses, params)
+    return rec.finish()

@@ -1,6 +1,6 @@
 """Lockstep runs on the tower engine: one step from each of a list of start states, in one trainer.
 
-``parity_tests.running.lockstep`` judges every step from the reference's state after the
+``parity_tests.session.lockstep`` judges every step from the reference's state after the
 step before. A one-step run per step would build (and trace) a new trainer each time
 (about 0.2 s on the 2-core machine, against about 5 ms for a step); here one trainer is
 built and, before each step ``k``, its variables, non-trainable state and optimizer are set

@@ -72,14 +72,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.recorder import Recorder
 
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss, sparse_softmax_ce
 from .models import apply_layer, build_variables, is_state, layer_device, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
-from .record import stack_trajectory
 from .sharding import shard_sizes
 
 __all__ = ["check_supported", "clip_scaled", "make_strategy", "per_example_loss", "replica_forward", "run_mirrored",
@@ -407,11 +406,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
 
     params = list(zip(names, var_list, strict=True))
     agree(0)
-    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
-    hist = {k: RowList([val]) for k, val in zip(names, read(params), strict=True)}
-    shist = {k: RowList([val]) for k, val in zip(state, read(list(state.items())), strict=True)}
-    ghist = {k: RowList() for k in names}
-    losses = []
+    rec = Recorder(dict(zip(names, read(params), strict=True)),
+                   dict(zip(state, read(list(state.items())), strict=True)))  # rows spill when large
     # across workers a process holds only its own replicas' values: no capture there (tf.multiworker)
     capture = None if across else payload.get("capture")
     captured: dict[str, np.ndarray] = {}
@@ -423,18 +419,16 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             captured = _flat_capture(cap, names, sizes, k + 1)
         else:
             loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]), extras)
-        losses.append(loss.numpy())
+        rec.loss(loss.numpy())
         for name, g, val in zip(names, grads, read(params), strict=True):
-            ghist[name].append(g.numpy())
-            hist[name].append(val)
-        for name, val in zip(state, read(list(state.items())), strict=True):
-            shist[name].append(val)
+            rec.grad(name, g.numpy())
+            rec.param(name, val)
+        rec.states(zip(state, read(list(state.items())), strict=True))
         agree(k + 1)
         if progress:
             progress(k + 1)
-    traj = stack_trajectory(losses, hist, ghist, shist)
-    traj.update(captured)
-    return traj
+    rec.add(captured)
+    return rec.finish()
 
 
 def _flat_capture(cap: Mapping[str, Any], names: list[str], sizes: list[int], step: int) -> dict[str, np.ndarray]:

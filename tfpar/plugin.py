@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.protocol.rows import RowStore, remove_files
+from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
+from parity_tests.protocol.rows import remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
            "to_torch", "to_tf", "run_plugin", "explain", "raised", "UNSEEDED"]
@@ -103,18 +104,6 @@ def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras:
         return f
 
     return mark(fn) if fn is not None else mark
-
-
-def to_torch(a: Any) -> np.ndarray:
-    """TensorFlow layout -> torch layout: dense ``[in, out]`` -> ``[out, in]``, conv ``[kh, kw, in, out]`` -> ``[out, in, kh, kw]``."""
-    a = np.asarray(a)
-    return a.T.copy() if a.ndim == 2 else (a.transpose(3, 2, 0, 1).copy() if a.ndim == 4 else a)
-
-
-def to_tf(a: Any) -> np.ndarray:
-    """torch layout -> TensorFlow layout (the inverse of :func:`to_torch`)."""
-    a = np.asarray(a)
-    return a.T.copy() if a.ndim == 2 else (a.transpose(2, 3, 1, 0).copy() if a.ndim == 4 else a)
 
 
 def _numpy(v: Any) -> np.ndarray:
@@ -293,7 +282,7 @@ def _keras_slots(optimizer: Any, spec: Mapping[str, Any]) -> dict[str, list[Any]
     return {s: lists[table[s]] for s in wanted if table[s] in lists}
 
 
-class Run:
+class Run(RunBase):
     """What a plugin gets: the case, its data and weights, where to run, and where to report.
 
     Attributes:
@@ -318,40 +307,9 @@ class Run:
     """
 
     def __init__(self, payload: Mapping[str, Any], devices: list[str] | None = None) -> None:
-        spec = payload["spec"]
-        self.spec: dict[str, Any] = spec
-        self.dtype: str = spec["dtype"]
-        self.steps: int = spec["steps"]
-        # the case's number of the first step this run takes: 1, or k when lockstep runs step k alone
-        # from the reference's state (count steps from it: code tied to a step number fires there too)
-        self.first_step: int = int(payload.get("first_step", 1))
-        self.seed: int = spec.get("seed", 0)
-        np_dtype = np.dtype(self.dtype)
-        self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
+        super().__init__(payload)  # the case, data, initial values and bookkeeping both sides share
         self.devices: list[str] = list(devices or [])
-        self.dropout_masks: dict[int, np.ndarray] = {int(k): np.asarray(v) for k, v in (payload.get("masks") or {}).items()}
-        w = payload.get("w")
-        self.sample_weights: np.ndarray | None = None if w is None else np.asarray(w, np_dtype)
-        self._x = np.asarray(payload["x"])
-        self._y = np.asarray(payload["y"])
-        if self._y.dtype.kind == "f":
-            self._y = self._y.astype(np_dtype)
-        self._x = self._x.astype(np_dtype)
-        self._perm = payload.get("perm")
-        self._begun: dict[str, dict[str, np.ndarray]] | None = None
-        self._steps: list[dict[str, Any]] = []
-        # a large model's recorded values go to a file past the spill threshold (parity_tests.protocol.rows)
-        self._store = RowStore()
-        self.capture_step: int | None = payload.get("capture")
-        self._device: dict[str, Any] | None = None
-        self.layer_hooks: bool = True
         self._layers = KerasLayerHooks()
-        #: ``--lockstep``: the reference's optimizer state to start from, ``{"step": t, "slots": {slot: {name:
-        #: array}}}`` (TF layouts), or ``None`` (a fresh optimizer); :meth:`use_optimizer` loads it
-        self.optimizer_state: dict[str, Any] | None = payload.get("opt_state")
-        self._export_optimizer = bool(payload.get("export_opt_state"))
-        self._optimizer: tuple[Any, dict[str, Any]] | None = None
-        self._opt_export: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ data
     def global_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -379,18 +337,7 @@ class Run:
         """TensorFlow: the global batches (splitting them over ``devices`` is the plugin's job)."""
         return self.global_batches()
 
-    def dataset(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(x, y)``: the dataset the case reads, ``data.rows`` rows with ``distributed_sampler`` (else ``steps x B``)."""
-        d = self.spec["data"].get("rows", self.steps * self.spec["data"]["global_batch"])
-        return self._x[:d], self._y[:d]
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The row order of epoch ``epoch`` (0-based): the case's ``perm[epoch mod E]``, or ``0..rows-1``."""
-        d = len(self.dataset()[0])
-        if self._perm is None:
-            return np.arange(d)
-        p = np.asarray(self._perm, np.int64).reshape(-1, d)
-        return p[epoch % len(p)]
+    _numpy = staticmethod(_numpy)  # tf.Tensor / tf.Variable -> numpy (the module function)
 
     # --------------------------------------------------------------- layouts
     to_torch = staticmethod(to_torch)
@@ -399,10 +346,7 @@ class Run:
     # ------------------------------------------------------------- reporting
     def begin(self, params: Any, state: Any = None) -> None:
         """Once, before the first step: the parameters (and state) as the code loaded them."""
-        if self._begun is not None:
-            raise RuntimeError("run.begin() was called twice; call it once, before the first step")
-        self._begun = {"params": self._keep(_named(params, "begin(params)")),
-                       "state": self._keep(_named(state, "begin(state=...)"))}
+        self._begin(params, state)
         if self.layer_hooks and self.capture_step == 1:
             self._layers.arm()
 
@@ -429,13 +373,7 @@ class Run:
         Without ``activations``, the leaf Keras layers' outputs that :class:`KerasLayerHooks`
         saw on each tower stand in for them (``"leaves"``; never over what was given).
         """
-        self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
-                            "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
-                            "state": self._keep(_named(state, "record(state=...)"))})
-        if optimizer_state is not None:
-            self._opt_export = {"step": int(optimizer_state["step"]),
-                                "slots": {s: _named(v, "record(optimizer_state=...)")
-                                          for s, v in optimizer_state.get("slots", {}).items()}}
+        self._record(loss, params, grads, state, optimizer_state)
         if self.capture_step == len(self._steps):
             self._device = {
                 "grads": None if device_grads is None else [_named(g, "record(device_grads=[...])") for g in device_grads],
@@ -447,9 +385,6 @@ class Run:
             self._layers.disarm()
         elif self.layer_hooks and self.capture_step == len(self._steps) + 1:
             self._layers.arm()
-
-    def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {k: self._store.put(v) for k, v in values.items()}
 
     # ------------------------------------------------------------- optimizer state (lockstep)
     def use_optimizer(self, optimizer: Any, params: Mapping[str, Any]) -> None:

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.payload import check_payload
+from parity_tests.protocol.recorder import Recorder
 
 from .async_ import run_async
 from .devices import tower_devices
+from .engines import SPECS, by_name
 from .errors import Unsupported
 from .local_sgd import run_param_mean
 from .lockstep import run_steps
@@ -26,14 +28,22 @@ from .mirrored import run_mirrored
 from .models import build_variables, forward, forward_towers, is_state, needs_towers_fn
 from .optimizers import make_clip, make_optimizer
 from .pipeline import case_batches
-from .record import stack_trajectory
 from .reuse import CACHE, Built, keyed_spec, structure_key
 from .towers import TowerTrainer
 from .v1 import run_v1
 
 __all__ = ["IMPLS", "run_case"]
 
-IMPLS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored")
+#: the TensorFlow engines this process runs (``tf.multiworker`` is launched one process per worker)
+IMPLS = tuple(s.name for s in SPECS if s.in_process)
+
+
+def _runs_on(runs: Any) -> str:
+    """``"tf.towers and tf.single"``: the in-process engines whose declaration ``runs`` accepts."""
+    names = [s.name for s in SPECS if s.in_process and runs(s)]
+    return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 # every device applies its own updates (tfpar.local_sgd, tfpar.async_); tf.towers only
 LOCAL_COMBINES = ("param_mean", "async")
 
@@ -42,26 +52,20 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             progress: Callable[[int], None] | None,
             state: Mapping[str, tf.Variable] | None = None, capture: int | None = None) -> dict[str, np.ndarray]:
     state = state or {}
-    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
-    states = {k: RowList([v.numpy()]) for k, v in state.items()}
-    params = {k: RowList([v]) for k, v in trainer.values().items()}
-    grads = {k: RowList() for k in params}
-    losses = []
+    rec = Recorder(trainer.values(), {k: v.numpy() for k, v in state.items()})  # rows spill when large
     for k in range(steps):
         loss, g = trainer.step(*batches(k), capture=capture == k + 1)
-        losses.append(loss)
+        rec.loss(loss)
         for name, value in trainer.values().items():
-            params[name].append(value)
-            grads[name].append(g[name])
-        for name, v in state.items():
-            states[name].append(v.numpy())
+            rec.param(name, value)
+            rec.grad(name, g[name])
+        rec.states((name, v.numpy()) for name, v in state.items())
         if progress:
             progress(k + 1)
-    traj = stack_trajectory(losses, params, grads, states)
-    if trainer.captured is not None:  # the per-device values of step ``capture`` (CONTRACT §6 stages)
-        traj.update({f"device/{k}": v for k, v in trainer.captured.items()})
-        traj["device/step"] = np.asarray(capture)
-    return traj
+    if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md)
+        rec.add({f"device/{k}": v for k, v in trainer.captured.items()})
+        rec.add({"device/step": np.asarray(capture)})
+    return rec.finish()
 
 
 def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
@@ -85,17 +89,24 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
         ``{"loss": [steps], "param/<name>": [steps+1, ...], "grad/<name>": [steps, ...]}``,
         arrays in the case dtype.
     """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown TensorFlow implementation {impl!r}")
+    check_payload(payload, impl)  # every key declared (parity_tests.protocol.payload)
+    declared = by_name(impl)  # what the engine declares it runs (tfpar.engines)
     order = payload["spec"]["data"].get("order", "split")
-    if order != "split" and impl not in ("tf.towers", "tf.single"):
-        raise Unsupported("data.order", f"split for {impl} (data.order {order} runs on tf.towers and tf.single)")
+    if order not in declared.orders:
+        raise Unsupported("data.order", f"{' or '.join(declared.orders)} for {impl} (data.order {order} runs on"
+                                        f" {_runs_on(lambda s: order in s.orders)})")
     combine = payload["spec"]["parallel"]["combine"]
+    if combine not in declared.combines:
+        raise Unsupported("parallel.combine", f"{' or '.join(declared.combines)} for {impl} ({combine} runs on"
+                                              f" {_runs_on(lambda s: combine in s.combines)})")
     if combine in LOCAL_COMBINES and impl != "tf.single":  # tf.single: one device, where every rule is the same
-        if impl != "tf.towers":
-            raise Unsupported("parallel.combine", f"grad_mean or loss_mean for {impl} ({combine} runs on tf.towers)")
         return run_param_mean(payload, progress=progress) if combine == "param_mean" else run_async(payload, progress=progress)
     mixed = payload["spec"]["dtype"] == "mixed_bfloat16"
-    if mixed and impl not in ("tf.towers", "tf.single"):  # Keras' mixed_bfloat16 policy: tfpar.models
-        raise Unsupported("dtype", f"float32 or float64 for {impl} (mixed_bfloat16 runs on tf.towers and tf.single)")
+    if payload["spec"]["dtype"] not in declared.dtypes:  # Keras' mixed_bfloat16 policy: tfpar.models
+        raise Unsupported("dtype", f"{' or '.join(declared.dtypes)} for {impl} ({payload['spec']['dtype']} runs on"
+                                   f" {_runs_on(lambda s: payload['spec']['dtype'] in s.dtypes)})")
     if impl == "tf.v1":
         return run_v1(payload, progress=progress)
     if impl == "tf.mirrored":
@@ -105,8 +116,6 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     compute = tf.bfloat16 if mixed else None  # the layers' compute dtype (tfpar.models)
     par = spec["parallel"]
     n = par["devices"] if impl == "tf.towers" else 1
-    if impl not in IMPLS:
-        raise ValueError(f"unknown TensorFlow implementation {impl!r}")
     devices = tower_devices(n)
     # a trainer built for this structure before (tfpar.reuse): its step is traced already
     key = structure_key(impl, devices, payload)
@@ -117,7 +126,7 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
         built.reset(payload["init"])
     feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
     with case_batches(payload, towers=n if impl == "tf.towers" else None, feed=feed) as batches:
-        if payload.get("lockstep") is not None:  # parity_tests.running.lockstep: a step from each start state
+        if payload.get("lockstep") is not None:  # parity_tests.session.lockstep: a step from each start state
             out = run_steps(built.trainer, built.state, batches, payload, _record)
         else:
             out = _record(built.trainer, spec["steps"], batches, progress, built.state, capture=payload.get("capture"))

@@ -10,18 +10,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from parity_tests.protocol.shards import shard_sizes  # the numbers both frameworks share
+
 __all__ = ["shard_sizes", "split_batch"]
-
-
-def shard_sizes(batch: int, n: int, shard: str) -> list[int]:
-    """Rows per tower for a global batch of ``batch`` rows over ``n`` towers."""
-    if n < 1 or batch < n:
-        raise ValueError(f"cannot split a batch of {batch} rows over {n} towers (each needs a row)")
-    if shard == "contiguous":
-        return [batch // n + (1 if r < batch % n else 0) for r in range(n)]
-    if shard == "strided":
-        return [len(range(r, batch, n)) for r in range(n)]
-    raise ValueError(f"unknown shard {shard!r}")
 
 
 def split_batch(t: tf.Tensor, n: int, shard: str) -> list[tf.Tensor]:

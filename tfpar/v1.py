@@ -74,16 +74,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.recorder import Recorder
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
+from .engines import by_name
 from .errors import Unsupported, refuse_unimplemented
 from .losses import model_loss
 from .models import forward, is_state, recording_activations
 from .optimizers import make_clip
 from .pipeline import case_batches
-from .record import stack_trajectory
 from .sharding import shard_sizes, split_batch
 
 __all__ = [
@@ -429,7 +429,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
             ``parallel.batch_norm: sync`` (the classic towers normalise each
             tower with its own statistics).
     """
-    refuse_unimplemented(spec, "tf.v1", optimizers=("sgd", "momentum", "adam"), schedules=False, weight_decay=False,
+    refuse_unimplemented(spec, "tf.v1", optimizers=by_name("tf.v1").optimizers, schedules=False, weight_decay=False,
                          clip=True, layers=True, loss_options=True)
     has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
     if has_bn and spec["parallel"].get("batch_norm", "local") == "sync":
@@ -513,11 +513,8 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
         graph.finalize()  # nothing may add ops while the steps run
         with v1.Session(graph=graph, config=session_config()) as sess:
             sess.run(init_op)
-            # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
-            hist = {k: RowList([val]) for k, val in zip(names, sess.run(params), strict=True)}
-            shist = {k: RowList([val]) for k, val in zip(state_names, sess.run(states), strict=True)}
-            ghist = {k: RowList() for k in names}
-            losses = []
+            rec = Recorder(dict(zip(names, sess.run(params), strict=True)),
+                           dict(zip(state_names, sess.run(states), strict=True)))  # rows spill when large
             captured: dict[str, np.ndarray] = {}
             for k in range(spec["steps"]):
                 xb, yb, extras = batches(k)
@@ -531,18 +528,16 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
                     captured["device/step"] = np.asarray(k + 1)
                 else:
                     loss, g, _ = sess.run([towers.loss, grads, towers.train_op], feed)
-                losses.append(loss)
+                rec.loss(loss)
                 values, svalues = sess.run([params, states])
                 for name, gv, pv in zip(names, g, values, strict=True):
-                    ghist[name].append(gv)
-                    hist[name].append(pv)
-                for name, sv in zip(state_names, svalues, strict=True):
-                    shist[name].append(sv)
+                    rec.grad(name, gv)
+                    rec.param(name, pv)
+                rec.states(zip(state_names, svalues, strict=True))
                 if progress:
                     progress(k + 1)
-    traj = stack_trajectory(losses, hist, ghist, shist)
-    traj.update(captured)
-    return traj
+    rec.add(captured)
+    return rec.finish()
 
 
 def _capture_fetches(towers: Towers, shards: list[tf.Tensor], acts: list[tuple[int, list[tf.Tensor]]],

@@ -38,25 +38,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
+from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import application_orders, read_position, shard_rows
 
-from .ddp import _arrays, _masks, _shard_loss, shard_rows
+from .ddp import _arrays, _masks, _shard_loss
 from .models import CaseModel
 from .optimizers import clip_grads, make_optimizer, make_scheduler
 from .pool import RankContext
 
-__all__ = ["application_orders", "read_position", "train_rank_async"]
-
-
-def application_orders(n: int, steps: int, order_seed: int) -> np.ndarray:
-    """``[steps, n]`` int: row k is step k's order of devices, ``default_rng(order_seed).permutation(n)`` drawn k-th."""
-    rng = np.random.default_rng(order_seed)
-    return np.stack([rng.permutation(n) for _ in range(steps)]).astype(np.int64)
-
-
-def read_position(j: int, staleness: int) -> int:
-    """The version index ``i`` (of the step's ``theta_{k,i}``) that the device at position ``j`` reads: ``max(0, j - s)``."""
-    return max(0, j - staleness)
+__all__ = ["train_rank_async"]
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -86,8 +77,7 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
     w = [1.0 / n] * n if par["weighting"] == "equal" else [len(ix) / batch for ix in rows]
     orders = application_orders(n, spec["steps"], par["order_seed"])
     numel = sum(p.numel() for p in params)
-    record = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}  # spills when large (contract.rows)
-    losses = []
+    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, grads=False)  # rows spill when large
     for k in range(spec["steps"]):
         ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         order = [int(d) for d in orders[k]]
@@ -132,9 +122,9 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
         loss_value = l_r * w[r]
         dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=group)
         if server:
-            losses.append(loss_value.numpy().copy())
+            rec.loss(loss_value.numpy().copy())
             for name, p in named.items():
-                record[name].append(p.detach().numpy().copy())
+                rec.param(name, p.detach().numpy().copy())
     if not server:
         return None
-    return {"loss": np.asarray(losses), **{f"param/{k}": finish(v) for k, v in record.items()}}
+    return rec.finish()

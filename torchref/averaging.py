@@ -38,9 +38,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
+from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import shard_rows
 
-from .ddp import _arrays, _masks, _shard_loss, shard_rows
+from .ddp import _arrays, _masks, _shard_loss
 from .models import CaseModel
 from .optimizers import clip_grads, make_optimizer, make_scheduler
 from .pool import RankContext
@@ -96,8 +98,7 @@ def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str
             # period 1 warns that DDP would be cheaper: true, and beside the point here
             warnings.simplefilter("ignore", UserWarning)
             averager = PeriodicModelAverager(period=period, warmup_steps=period - 1, process_group=ctx.group)
-    record = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}  # spills when large (contract.rows)
-    losses = []
+    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, grads=False)  # rows spill when large
     for k in range(spec["steps"]):
         ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         ix = torch.as_tensor(k * batch + rows[r])
@@ -119,11 +120,11 @@ def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str
         # the mean of the copies: after an average every copy holds it; otherwise gather it
         mean = _flat(params) if averages else weighted_average(params, w[r], ctx.group, assign=False)
         if r == 0:
-            losses.append(loss_value.numpy().copy())
+            rec.loss(loss_value.numpy().copy())
             offset = 0
             for name, p in named.items():
-                record[name].append(mean[offset:offset + p.numel()].view_as(p).numpy().copy())
+                rec.param(name, mean[offset:offset + p.numel()].view_as(p).numpy().copy())
                 offset += p.numel()
     if r != 0:
         return None
-    return {"loss": np.asarray(losses), **{f"param/{k}": finish(v) for k, v in record.items()}}
+    return rec.finish()

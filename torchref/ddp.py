@@ -37,7 +37,9 @@ import torch.distributed.nn.functional as dist_fn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from parity_tests.protocol.rows import RowList, finish, set_spill_threshold, spill_threshold
+from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import shard_rows
 
 from .data import rank_batches, single_batches
 from .jobs import merge_captures
@@ -46,20 +48,7 @@ from .models import CaseModel
 from .optimizers import clip_grads, exported, load_state, make_optimizer, make_scheduler
 from .pool import RankContext
 
-__all__ = ["shard_rows", "train_rank", "train_single", "merge_captures"]
-
-
-def shard_rows(batch: int, n: int, rank: int, shard: str) -> np.ndarray:
-    """Row indices of ``rank``'s shard of a global batch of ``batch`` rows.
-
-    ``contiguous``: ``np.array_split`` order; ``strided``: rows rank, rank+N, ...
-    (``DistributedSampler`` order without shuffle or padding).
-    """
-    if shard == "contiguous":
-        return np.array_split(np.arange(batch), n)[rank]
-    if shard == "strided":
-        return np.arange(rank, batch, n)
-    raise ValueError(f"unknown shard {shard!r}")
+__all__ = ["train_rank", "train_single", "merge_captures"]
 
 
 def _arrays(payload: dict[str, Any]) -> tuple[torch.dtype, torch.Tensor, torch.Tensor]:
@@ -125,14 +114,6 @@ def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: t.detach().numpy().copy() for k, t in tensors.items()}
 
 
-def _trajectory(losses, params, grads, states=None) -> dict[str, np.ndarray]:
-    traj = {"loss": np.asarray(losses)}
-    traj.update({f"param/{k}": finish(v) for k, v in params.items()})
-    traj.update({f"grad/{k}": finish(v) for k, v in grads.items()})
-    traj.update({f"state/{k}": finish(v) for k, v in (states or {}).items()})
-    return traj
-
-
 def _capture_hook(named: dict[str, torch.nn.Parameter], store: dict[str, np.ndarray], armed: list[bool]):
     """A DDP communication hook: copy each bucket's local gradients (before the all-reduce), then all-reduce.
 
@@ -196,11 +177,8 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
          else [s / batch for s in sizes])
     # distributed_sampler: every rank's batch has the same size (N | B, strided), so w_r = 1/N
     feed = _feed(payload, x, y, rows[r], ranks=n, rank=r)
-    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
-    params = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}
-    states = {k: RowList([v]) for k, v in _snapshot(model.state()).items()}
-    grads = {k: RowList() for k in named}
-    losses = []
+    # rows spill to a file when a large model's history grows (parity_tests.protocol.rows)
+    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, _snapshot(model.state()))
     for step in range(1, spec["steps"] + 1):
         x_r, y_r, pos = next(feed)
         capturing = capture == step
@@ -248,24 +226,22 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
             clip_grads(model.parameters(), clip["global_norm"], clip_sem)
         if r == 0:
             for name, p in named.items():
-                grads[name].append(p.grad.detach().numpy().copy())
+                rec.grad(name, p.grad.detach().numpy().copy())
         opt.step()
         if sched is not None:
             sched.step()
         if r == 0:
-            losses.append(loss_value.numpy().copy())
+            rec.loss(loss_value.numpy().copy())
             for name, p in named.items():
-                params[name].append(p.detach().numpy().copy())
-            for name, v in _snapshot(model.state()).items():
-                states[name].append(v)
+                rec.param(name, p.detach().numpy().copy())
+            rec.states(_snapshot(model.state()))
         ctx.beat()  # a step done: the parent's timeout counts from here (torchref.pool)
     device = _flat_capture(cap) if cap else None
     if r != 0:
         return None if device is None else {"device": device}
-    traj = _trajectory(losses, params, grads, states)
-    traj.update({f"device/{k}": v for k, v in (device or {}).items()})
-    traj.update(exported(opt, named, payload))  # lockstep: the optimizer state after the run
-    return traj
+    rec.add({f"device/{k}": v for k, v in (device or {}).items()})
+    rec.add(exported(opt, named, payload))  # lockstep: the optimizer state after the run
+    return rec.finish()
 
 
 
@@ -293,11 +269,8 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     clip = spec["parallel"].get("clip")
     named = model.canonical()
     batch = spec["data"]["global_batch"]
-    # RowList: a large model's history moves to a file as it grows (parity_tests.protocol.rows)
-    params = {k: RowList([p.detach().numpy().copy()]) for k, p in named.items()}
-    states = {k: RowList([v]) for k, v in _snapshot(model.state()).items()}
-    grads = {k: RowList() for k in named}
-    losses = []
+    # rows spill to a file when a large model's history grows (parity_tests.protocol.rows)
+    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, _snapshot(model.state()))
     feed = _feed(payload, x, y, np.arange(batch), ranks=None)
     capture, cap = payload.get("capture"), {}
     for step in range(1, spec["steps"] + 1):
@@ -318,18 +291,16 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
             if capture == step and clip["where"] == "per_device":  # what is combined is the clipped gradient
                 cap["clipped"] = cap["combined"] = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
         for name, p in named.items():
-            grads[name].append(p.grad.detach().numpy().copy())
+            rec.grad(name, p.grad.detach().numpy().copy())
         opt.step()
         if sched is not None:
             sched.step()
-        losses.append(loss.detach().numpy().copy())
+        rec.loss(loss.detach().numpy().copy())
         for name, p in named.items():
-            params[name].append(p.detach().numpy().copy())
-        for name, v in _snapshot(model.state()).items():
-            states[name].append(v)
+            rec.param(name, p.detach().numpy().copy())
+        rec.states(_snapshot(model.state()))
         if ctx is not None:
             ctx.beat()  # a step done: the parent's timeout counts from here (torchref.pool)
-    traj = _trajectory(losses, params, grads, states)
-    traj.update({f"device/{k}": v for k, v in (_flat_capture(cap) if cap else {}).items()})
-    traj.update(exported(opt, named, payload))  # lockstep: the optimizer state after the run
-    return traj
+    rec.add({f"device/{k}": v for k, v in (_flat_capture(cap) if cap else {}).items()})
+    rec.add(exported(opt, named, payload))  # lockstep: the optimizer state after the run
+    return rec.finish()

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.protocol.payload import check_payload
+
 __all__ = ["JobRef", "job_ref", "merge_captures", "PRELOAD"]
 
 #: the modules the pool's forkserver imports once, so a rank's first job imports nothing
@@ -43,10 +45,11 @@ def job_ref(payload: dict[str, Any], impl: str = "torch.ddp") -> JobRef:
     combine rules (no DDP: every rank applies its own updates) ``torchref.averaging``'s
     and ``torchref.async_``'s.
     """
+    if impl not in ("torch.single", "torch.ddp"):
+        raise ValueError(f"unknown torch implementation {impl!r}")
+    check_payload(payload, impl)  # every key declared (parity_tests.protocol.payload)
     if impl == "torch.single":
         return JobRef("torchref.ddp", "train_single")
-    if impl != "torch.ddp":
-        raise ValueError(f"unknown torch implementation {impl!r}")
     return JobRef(*_COMBINE_JOBS.get(payload["spec"]["parallel"]["combine"], ("torchref.ddp", "train_rank")))
 
 

@@ -39,9 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.protocol.rows import RowStore, remove_files, set_spill_threshold, spill_threshold
+from parity_tests.protocol.plugin_run import RunBase
+from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
+from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy
+from parity_tests.protocol.rows import remove_files, set_spill_threshold, spill_threshold
+from parity_tests.protocol.shards import shard_rows
 
-from .ddp import shard_rows
 from .pool import RankContext
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginInputError", "PluginRaised", "distributed",
@@ -147,16 +150,14 @@ def to_torch(a: Any) -> Any:
     """
     if isinstance(a, torch.Tensor):
         return a.t() if a.dim() == 2 else (a.permute(3, 2, 0, 1) if a.dim() == 4 else a)
-    a = np.asarray(a)
-    return a.T.copy() if a.ndim == 2 else (a.transpose(3, 2, 0, 1).copy() if a.ndim == 4 else a)
+    return _to_torch_numpy(a)
 
 
 def to_tf(a: Any) -> Any:
     """torch layout -> TensorFlow layout (the inverse of :func:`to_torch`)."""
     if isinstance(a, torch.Tensor):
         return a.t() if a.dim() == 2 else (a.permute(2, 3, 1, 0) if a.dim() == 4 else a)
-    a = np.asarray(a)
-    return a.T.copy() if a.ndim == 2 else (a.transpose(2, 3, 1, 0).copy() if a.ndim == 4 else a)
+    return _to_tf_numpy(a)
 
 
 def _numpy(v: Any) -> np.ndarray:
@@ -299,7 +300,7 @@ def _torch_slot_keys(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any]) 
     return None if plugins_only(spec) else _state_keys(optimizer, spec)
 
 
-class Run:
+class Run(RunBase):
     """What a torch plugin gets (see the module docstring and CONTRACT §5).
 
     Attributes:
@@ -316,41 +317,12 @@ class Run:
     """
 
     def __init__(self, payload: Mapping[str, Any], rank: int = 0, world_size: int = 1, group: Any = None) -> None:
-        spec = payload["spec"]
-        self.spec: dict[str, Any] = spec
-        self.dtype: str = spec["dtype"]
+        super().__init__(payload)  # the case, data, initial values and bookkeeping both sides share
         self.torch_dtype = torch.float64 if self.dtype == "float64" else torch.float32
-        self.steps: int = spec["steps"]
-        # the case's number of the first step this run takes: 1, or k when lockstep runs step k alone
-        # from the reference's state (count steps from it: code tied to a step number fires there too)
-        self.first_step: int = int(payload.get("first_step", 1))
-        self.seed: int = spec.get("seed", 0)
-        np_dtype = np.dtype(self.dtype)
-        self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
         self.rank, self.world_size, self.group = rank, world_size, group
-        self.dropout_masks: dict[int, np.ndarray] = {int(k): np.asarray(v) for k, v in (payload.get("masks") or {}).items()}
-        w = payload.get("w")
-        self.sample_weights: np.ndarray | None = None if w is None else np.asarray(w, np_dtype)
-        self._x = np.asarray(payload["x"]).astype(np_dtype)
-        y = np.asarray(payload["y"])
-        self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y
-        self._perm = payload.get("perm")
-        self._begun: dict[str, dict[str, np.ndarray]] | None = None
-        self._steps: list[dict[str, Any]] = []
-        # a large model's recorded values go to a file past the spill threshold (parity_tests.protocol.rows)
-        self._store = RowStore()
         self._beat: Callable[[], None] = lambda: None
-        self.capture_step: int | None = payload.get("capture")
-        self._device: dict[str, Any] | None = None
         self._hooked: dict[str, np.ndarray] = {}
-        self.layer_hooks: bool = True
         self._layers = LayerHooks()
-        #: ``--lockstep``: the reference's optimizer state to start from, ``{"step": t, "slots": {slot: {name:
-        #: array}}}`` (TF layouts), or ``None`` (a fresh optimizer); :meth:`use_optimizer` loads it
-        self.optimizer_state: dict[str, Any] | None = payload.get("opt_state")
-        self._export_optimizer = bool(payload.get("export_opt_state"))
-        self._optimizer: tuple[Any, dict[str, Any]] | None = None
-        self._opt_export: dict[str, Any] | None = None
 
     def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
         """Record this rank's gradients before DDP's all-reduce, through a DDP communication hook.
@@ -436,34 +408,13 @@ class Run:
         for x, y in self.global_batches():
             yield x[rows], y[rows]
 
-    def dataset(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(x, y)``: the dataset the case reads, ``data.rows`` rows with ``distributed_sampler`` (else ``steps x B``):
-        wrap it in a ``TensorDataset`` for your own ``DataLoader`` + ``DistributedSampler``."""
-        d = self.spec["data"].get("rows", self.steps * self.spec["data"]["global_batch"])
-        return self._x[:d], self._y[:d]
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The row order of epoch ``epoch`` (0-based): the case's ``perm[epoch mod E]``, or ``0..rows-1``.
-
-        A shuffled ``DistributedSampler`` draws its order from torch's generator, which the other side
-        cannot reproduce: a case gives the orders instead, and a program reads epoch e as
-        ``Subset(dataset, run.epoch_order(e))`` under an unshuffled sampler (docs/data-pipeline.md).
-        """
-        d = len(self.dataset()[0])
-        if self._perm is None:
-            return np.arange(d)
-        p = np.asarray(self._perm, np.int64).reshape(-1, d)
-        return p[epoch % len(p)]
-
+    _numpy = staticmethod(_numpy)  # torch tensors -> numpy (the module function)
     to_torch = staticmethod(to_torch)
     to_tf = staticmethod(to_tf)
 
     def begin(self, params: Any, state: Any = None) -> None:
         """Once, before the first step: the parameters (and state) as the code loaded them (TF layouts)."""
-        if self._begun is not None:
-            raise RuntimeError("run.begin() was called twice; call it once, before the first step")
-        self._begun = {"params": self._keep(_named(params, "begin(params)")),
-                       "state": self._keep(_named(state, "begin(state=...)"))}
+        self._begin(params, state)
         self._layers.armed = self.layer_hooks and self.capture_step == 1
 
     def record(self, loss: Any, params: Any, grads: Any = None, state: Any = None, *,
@@ -482,13 +433,7 @@ class Run:
         ``optimizer_state``: ``--lockstep`` without :meth:`use_optimizer`, the optimizer's state after
         this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
         """
-        if optimizer_state is not None:
-            self._opt_export = {"step": int(optimizer_state["step"]),
-                                "slots": {s: _named(v, "record(optimizer_state=...)")
-                                          for s, v in optimizer_state.get("slots", {}).items()}}
-        self._steps.append({"loss": _numpy(loss), "params": self._keep(_named(params, "record(params)")),
-                            "grads": None if grads is None else self._keep(_named(grads, "record(grads=...)")),
-                            "state": self._keep(_named(state, "record(state=...)"))})
+        self._record(loss, params, grads, state, optimizer_state)
         if self.capture_step == len(self._steps):
             device_grads = self._hooked or None if device_grads is None else device_grads
             self._device = {"grads": None if device_grads is None else _named(device_grads, "record(device_grads=...)"),
@@ -498,9 +443,6 @@ class Run:
                             "leaves": self._layers.leaves if activations is None else None}
         self._layers.armed = self.layer_hooks and self.capture_step == len(self._steps) + 1
         self._beat()
-
-    def _keep(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {k: self._store.put(v) for k, v in values.items()}
 
     # ------------------------------------------------------------- optimizer state (lockstep)
     @torch.no_grad()

@@ -11,12 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from .engines import SPECS
 from .jobs import job_ref
 from .pool import DDPPool, get_pool
 
 __all__ = ["IMPLS", "run_case", "job_function"]
 
-IMPLS = ("torch.ddp", "torch.single")
+#: the torch engines (their declarations: :mod:`torchref.engines`)
+IMPLS = tuple(s.name for s in SPECS)
 
 #: the pool job that trains a payload as an implementation says (the launcher's name for it)
 job_function = job_ref

@@ -38,7 +38,6 @@ model use to produce the mismatch message.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.protocol.rows import RowArray, iter_pairs, nonfinite_rows
+from parity_tests.protocol.trajectory import _group, key_order, step_of_row
 
 __all__ = [
     "TINY",
@@ -67,25 +67,6 @@ __all__ = [
 #: a difference against an exact zero is reported as huge rather than as ``inf``/``nan``.
 TINY: float = float(np.finfo(np.float64).tiny)
 
-_GROUP_RANK = {"loss": 0, "grad": 1, "param": 2, "state": 3}
-_OTHER_RANK = 4
-
-
-def _group(key: str) -> str | None:
-    if key == "loss":
-        return "loss"
-    head, sep, _ = key.partition("/")
-    return head if sep and head in ("grad", "param", "state") else None
-
-
-def step_of_row(key: str, row: int) -> int:
-    """The step a row of ``key`` belongs to, as a person reads it.
-
-    ``loss`` and ``grad/*`` row ``k`` is step ``k + 1``; ``param/*``, ``state/*``
-    (and any other key) row ``k`` is "after step ``k``", row 0 being the initial values.
-    """
-    return row + 1 if _group(key) in ("loss", "grad") else row
-
 
 def describe_key(key: str) -> str:
     """``"param/1.kernel"`` -> ``"param 1.kernel"``; ``"loss"`` -> ``"loss"``."""
@@ -100,18 +81,6 @@ def describe_step(key: str, step: int) -> str:
     if step == 0 and _group(key) not in ("loss", "grad"):
         return "step 0 (initial values)"
     return f"step {step}"
-
-
-def _natural(text: str) -> tuple[Any, ...]:
-    # "10.kernel" sorts after "2.kernel": layer indices compare as numbers.
-    return tuple(
-        (0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t
-    )
-
-
-def key_order(key: str) -> tuple[Any, ...]:
-    """Sort key: ``loss``, ``grad/*``, ``param/*``, ``state/*``, others; names naturally."""
-    return (_GROUP_RANK.get(_group(key) or "", _OTHER_RANK), _natural(key))
 
 
 def _fmt_index(index: tuple[int, ...]) -> str:

@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.protocol.engine import EngineSpec, declared
 from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.shards import shard_sizes
 
-__all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding", "KERAS_IMPLS",
+__all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus"]
 
@@ -47,10 +49,6 @@ _STAGE_OF = (
     ("async", "update"),
 )
 
-PARALLEL = ("tf.towers", "tf.v1", "tf.mirrored", "torch.ddp")
-# with synchronized batch norm, whose per-device gradient is d(own loss)/d(params) through every
-# device's statistics; the others' (torch.ddp, tf.mirrored) is their share of d(sum of losses)
-OWN_LOSS_GRADIENT = ("tf.towers",)
 
 
 @dataclass(frozen=True)
@@ -148,27 +146,47 @@ def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: s
 
 
 def is_parallel(impl: str) -> bool:
-    """Whether ``impl`` splits the global batch over devices (plugins: as the registry says)."""
-    if impl in PARALLEL:
-        return True
-    found = _registered(impl)
+    """Whether ``impl`` splits the global batch over devices (as it declares)."""
+    found = _engine(impl)
     return bool(found and found.parallel)
 
 
-def _registered(impl: str):
-    """The registry's entry for a name that is not a built-in (a plugin or recorded run), if resolved."""
-    if impl.startswith(("tf.", "torch.")):
-        return None
-    from parity_tests.running.registry import lookup
+def _engine(impl: str) -> EngineSpec | None:
+    """What ``impl`` declares (``protocol.engine``): every built-in, and a plugin or recorded run once
+    the registry resolved it (``None`` before: theory then assumes nothing of it).
 
-    return lookup(impl)
+    Raises:
+        LookupError: a built-in's name that was not declared in this process: theory would
+            otherwise guess (the registry declares the built-ins on first use).
+    """
+    found = declared(impl)
+    if found is None and impl.startswith(("tf.", "torch.")):
+        raise LookupError(f"{impl}: no declaration in this process (resolve names through"
+                          " parity_tests.running.registry before asking theory)")
+    return found
+
+
+def _sync_bn_gradient(impl: str) -> str:
+    """``own_loss`` or ``share`` (:class:`EngineSpec`): what a device's gradient is under synchronized batch norm."""
+    found = _engine(impl)
+    return found.sync_bn_gradient if found else "share"
+
+
+def _family(impl: str) -> str:
+    """Whose optimizer classes ``impl`` runs under ``native`` (``keras``, ``tf.compat.v1``, ``torch``; ``""``: unknown)."""
+    found = _engine(impl)
+    return found.optimizer_family if found else ""
+
+
+def _builtin_keras(impl: str) -> bool:
+    """A built-in whose optimizers are Keras' (made under floatx float32), or tf.compat.v1's SGD/momentum,
+    which round ``lr`` and ``momentum`` exactly as Keras does (measured: native tf.v1 == native tf.towers to 1e-15)."""
+    found = _engine(impl)
+    return bool(found and found.kind == "builtin" and found.keras)
 
 
 def _sizes(spec: dict[str, Any]) -> list[int]:
-    b, n = spec["data"]["global_batch"], spec["parallel"]["devices"]
-    if spec["parallel"]["shard"] == "strided":
-        return [len(range(r, b, n)) for r in range(n)]
-    return [b // n + (1 if r < b % n else 0) for r in range(n)]
+    return shard_sizes(spec["data"]["global_batch"], spec["parallel"]["devices"], spec["parallel"]["shard"])
 
 
 def uneven_shards(spec: dict[str, Any]) -> bool:
@@ -199,9 +217,9 @@ def _held(impl: str, held: Mapping[str, str | None]) -> str:
     ``judge.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
     a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
     """
-    found = _registered(impl)
-    if found is None:
-        return "floatx_float32" if impl in KERAS_IMPLS else "none"
+    found = _engine(impl)
+    if found is None or found.kind == "builtin":
+        return "floatx_float32" if _builtin_keras(impl) else "none"
     if found.framework != "tf":
         return "none"
     return held.get(impl) or "floatx_float32"
@@ -209,7 +227,7 @@ def _held(impl: str, held: Mapping[str, str | None]) -> str:
 
 def _framework(impl: str) -> str:
     """``tf`` or ``torch`` (plugins and recorded runs: as the registry says)."""
-    found = _registered(impl)
+    found = _engine(impl)
     return found.framework if found else impl.split(".")[0]
 
 
@@ -281,7 +299,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                           "every hyperparameter Keras rounds is exact in float32" if not (ra or rb) else
                           "both sides round the same ones"))
     if (known_opt and opt["semantics"] == "native" and opt["name"] == "adam" and spec["dtype"] == "float64"
-            and ("tf.v1" in (a, b)) and fa == fb and a != b):
+            and "tf.compat.v1" in (_family(a), _family(b)) and fa == fb and a != b):
         # measured: v1 vs Keras 3 native Adam on the poly case 1.2e-6 relative; same formula
         if moves and not all(_f32_exact(opt[k]) for k in ("beta1", "beta2", "epsilon")):
             found.append(_diff(
@@ -303,7 +321,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                 absent.append("clipping before vs after averaging: no step moves the parameters")
         has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
         if (clip["where"] == "per_device" and n > 1 and has_bn and par.get("batch_norm", "local") == "sync"
-                and is_parallel(a) and is_parallel(b) and (a in OWN_LOSS_GRADIENT) != (b in OWN_LOSS_GRADIENT)
+                and is_parallel(a) and is_parallel(b) and _sync_bn_gradient(a) != _sync_bn_gradient(b)
                 and moves):
             found.append(_diff(
                 "per-device gradients under synchronized batch norm: a tf.towers tower differentiates its own"
@@ -627,9 +645,6 @@ def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> st
     return ", ".join(moved)
 
 
-# tf.v1's GradientDescentOptimizer / MomentumOptimizer round lr and momentum to
-# float32 exactly as Keras does (measured: native tf.v1 == native tf.towers to 1e-15)
-KERAS_IMPLS = ("tf.towers", "tf.single", "tf.mirrored", "tf.v1")
 
 
 def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
@@ -650,11 +665,11 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         fs, fo = _framework(side), _framework(other)
         if fo == "torch":
             return None if fs == "torch" else {"optimizer.semantics": "torch"}
-        if other == "tf.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):
+        if _family(other) == "tf.compat.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):
             return None  # tf.compat.v1's Adam, RMSprop, Adagrad are not Keras' rules
         # Keras' rule, holding in float32 what the other side's Keras optimizer holds (a TensorFlow
         # side without one: Keras' rule with exact numbers, as the case's "native" says)
-        rounding = keras_rounding or ("floatx_float32" if other in KERAS_IMPLS else "none")
+        rounding = keras_rounding or ("floatx_float32" if _builtin_keras(other) else "none")
         return {"optimizer.semantics": "tf", "optimizer.keras_rounding": rounding}
     if kind == "weighting" and parallel_side:
         return {"parallel.weighting": "by_size"}

@@ -189,7 +189,8 @@ def _run(argv: Sequence[str] | None, watch: _Watch) -> int:
     from parity_tests.protocol import settings
     from parity_tests.protocol.errors import CaseError
     from parity_tests.protocol.trajectory import save_trajectory
-    from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
+    from parity_tests.running.manifest import manifest_path, write_manifest
+    from parity_tests.running.provenance import build_manifest
     from tfpar import multiworker as mw
     from tfpar.errors import Unsupported
 
@@ -266,6 +267,9 @@ class _Failed(RuntimeError):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this worker; returns the exit status (see the module docstring)."""
+    # TensorFlow first, as a worker of tfpar's own package always did: the guard's phases start after
+    # its import (seconds), so a timeout or Ctrl-C while "starting" is about this worker, not the import
+    import tfpar.multiworker  # noqa: F401
     from parity_tests.protocol.errors import CaseError
 
     # Ctrl-C and SIGTERM are the guard's to handle (it ends this process at once, or after a write)

@@ -46,6 +46,7 @@ __all__ = ["ensure_spill_root", "RowArray", "RowList", "RowRef", "RowStore", "re
 CHUNK_ELEMENTS = 4 * 2**20
 #: the threshold set by :func:`set_spill_threshold` (``None``: ``TFPAR_SPILL_BYTES``, read when first needed)
 _threshold: list[int | None] = [None]
+_PREFIX = "tfpar-spill-"  # the folders the tool names (a user's TFPAR_SPILL_ROOT may be any folder)
 #: (pid, folder) of the spill folder this process named, if it named one: only that process removes it
 #: (a forked child inherits this list but not the ownership)
 _owned: list[tuple[int, str] | None] = [None]
@@ -60,7 +61,8 @@ def ensure_spill_root() -> str:
     """
     root = settings.spill_root()
     if root is None:
-        root = os.path.join(tempfile.gettempdir(), f"tfpar-spill-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        root = os.path.join(tempfile.gettempdir(), f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        os.makedirs(root, exist_ok=True)  # now: a worker may spill before this process does
         settings.set_spill_root(root)
         _owned[0] = (os.getpid(), root)
         atexit.register(remove_spill_root)
@@ -76,9 +78,20 @@ def remove_spill_root() -> None:
 
 
 def spill_root() -> Path:
-    """The spill folder (named and created on first use)."""
+    """The spill folder (named and created on first use).
+
+    A folder the tool named is created only by the process that named it: a worker that spills
+    after that process removed it (a rank still finishing a step while Ctrl-C tears the run down)
+    fails to write, rather than bring the folder back for nobody to remove. A folder the user
+    named (``TFPAR_SPILL_ROOT``, docs/settings.md) is created by whichever process needs it.
+    """
     root = Path(ensure_spill_root())
-    root.mkdir(parents=True, exist_ok=True)
+    owned = _owned[0]
+    mine = owned is not None and owned[0] == os.getpid() and owned[1] == str(root)
+    if mine or not root.name.startswith(_PREFIX):
+        root.mkdir(parents=True, exist_ok=True)
+    elif not root.is_dir():
+        raise FileNotFoundError(f"the spill folder {root} is gone: the run that named it has ended")
     return root
 
 

@@ -7,15 +7,17 @@ Keys: ``loss`` ``[steps]``; ``param/<name>`` ``[steps+1, *shape]``;
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from parity_tests.protocol.atomic import atomic_write_npz
 from parity_tests.protocol.errors import CaseError
 
-__all__ = ["Trajectory", "save_trajectory", "load_trajectory", "check_trajectory"]
+__all__ = ["Trajectory", "save_trajectory", "load_trajectory", "check_trajectory", "key_order", "step_of_row"]
 
 _PREFIXES = ("param/", "grad/", "state/")
 
@@ -72,3 +74,34 @@ def load_trajectory(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except ValueError as e:
         raise CaseError(str(p), f"a trajectory in the contract's format ({e})") from None
     return traj
+
+
+# ---------------------------------------------------------------- the keys, in reading order
+
+_GROUP_RANK = {"loss": 0, "grad": 1, "param": 2, "state": 3}
+_OTHER_RANK = 4
+
+
+def _group(key: str) -> str | None:
+    if key == "loss":
+        return "loss"
+    head, sep, _ = key.partition("/")
+    return head if sep and head in ("grad", "param", "state") else None
+
+def step_of_row(key: str, row: int) -> int:
+    """The step a row of ``key`` belongs to, as a person reads it.
+
+    ``loss`` and ``grad/*`` row ``k`` is step ``k + 1``; ``param/*``, ``state/*``
+    (and any other key) row ``k`` is "after step ``k``", row 0 being the initial values.
+    """
+    return row + 1 if _group(key) in ("loss", "grad") else row
+
+def _natural(text: str) -> tuple[Any, ...]:
+    # "10.kernel" sorts after "2.kernel": layer indices compare as numbers.
+    return tuple(
+        (0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t
+    )
+
+def key_order(key: str) -> tuple[Any, ...]:
+    """Sort key: ``loss``, ``grad/*``, ``param/*``, ``state/*``, others; names naturally."""
+    return (_GROUP_RANK.get(_group(key) or "", _OTHER_RANK), _natural(key))

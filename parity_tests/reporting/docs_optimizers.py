@@ -2,7 +2,7 @@
 
     python -m parity_tests.reporting.docs_optimizers > docs/optimizers.md
 
-Everything on the page comes from :mod:`parity_tests.tests.rules` (formulas,
+Everything on the page comes from :mod:`parity_tests.reporting.optimizer_rules` (formulas,
 defaults, mappings, the differences and their measured gaps on the fixed
 typical case) and :mod:`parity_tests.contract.optimizer` (hyperparameters and
 defaults the case format accepts). ``test_optimizers.py`` regenerates the page
@@ -16,7 +16,7 @@ import sys
 
 from parity_tests.contract.optimizer import DEFAULTS
 from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS
-from parity_tests.tests.rules import (
+from parity_tests.reporting.optimizer_rules import (
     CLIP_TABLE,
     DIFFERENCES,
     KERAS_FLOAT32,

@@ -29,14 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from parity_tests.contract.case import Case, case_from_dict, with_changes
-from parity_tests.judging.judge import CaseResult, compare_case
 from parity_tests.protocol.atomic import atomic_write_text
 from parity_tests.reporting.report import jsonable, write_report
+from parity_tests.running.builtins import SPECS
 from parity_tests.running.environment import versions
+from parity_tests.session.comparison import CaseResult, compare_case
 
 __all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "MIXED_SCENARIOS", "MIXED_DEVICES", "LARGE_WORLD", "matrix_cases", "run_matrix"]
 
-IMPLS = ["tf.towers", "torch.ddp", "tf.single", "torch.single", "tf.v1", "tf.mirrored"]
+#: every in-process built-in, as the engines declare them (``tfpar.engines``, ``torchref.engines``): the
+#: reference pair first (each framework's first parallel engine: tf.towers, torch.ddp), the rest in
+#: declaration order
+_PAIR = [next(s.name for s in SPECS if s.in_process and s.parallel and s.framework == f) for f in ("tf", "torch")]
+IMPLS = [*_PAIR, *(s.name for s in SPECS if s.in_process and s.name not in _PAIR)]
 
 
 @dataclass(frozen=True)
@@ -237,7 +242,7 @@ def run_matrix(
     if cases is None:
         cases = matrix_cases(devices=(1, 2), dtypes=("float64",), large_world=()) if quick else matrix_cases()
     if runner is None:
-        from parity_tests.running.harness import reserve_tf_devices
+        from parity_tests.running.backends import reserve_tf_devices
         from torchref.pool import get_pool  # the pool once, at the size the matrix needs
 
         reserve_tf_devices(max(c.devices for c in cases))  # TensorFlow's towers too, before it starts

@@ -27,7 +27,7 @@ from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
 
 if TYPE_CHECKING:
-    from parity_tests.judging.judge import CaseResult
+    from parity_tests.session.comparison import CaseResult
 
 __all__ = ["versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
 
@@ -313,7 +313,8 @@ def write_report(
     if kept is not None:
         meta["trajectories"] = kept[1]
     if kept is not None and kept[0]:
-        from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
+        from parity_tests.running.manifest import manifest_path, write_manifest
+        from parity_tests.running.provenance import build_manifest
 
         r = results[0]
         case_json = write_case(r.case, out / "case")
@@ -327,7 +328,7 @@ def write_report(
                 write_manifest(manifest_path(path), build_manifest(replayable, impl, traj, path.name))
     doc = {"title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
            "rows": _rows(results), "cases": [r.to_dict() for r in results]}
-    if lockstep is not None:  # tfpar compare --lockstep (parity_tests.running.lockstep): per-step one-step gaps
+    if lockstep is not None:  # tfpar compare --lockstep (parity_tests.session.lockstep): per-step one-step gaps
         doc["cases"][0]["lockstep"] = lockstep.to_dict()["lockstep"]
         atomic_write_bytes(out / "lockstep.png", lockstep.plot())
     atomic_write_text(out / "report.json", json.dumps(jsonable(doc), indent=1, allow_nan=False) + "\n")
@@ -356,7 +357,7 @@ def jsonable(x: Any) -> Any:
 def write_case_report(result: CaseResult, out: Path, *, lockstep: Any = None, full: bool = False) -> Path:
     """Write ``report.md``, ``report.json``, ``gaps.png``, the trajectories and a replayable case copy.
 
-    ``lockstep``: a :class:`~parity_tests.running.lockstep.LockstepResult` of the same case, written
+    ``lockstep``: a :class:`~parity_tests.session.lockstep.LockstepResult` of the same case, written
     as ``"lockstep"`` in the case's entry of ``report.json`` and a per-step section of ``report.md``.
     ``full``: write every run's trajectory whatever its size (by default only up to
     :data:`KEEP_BYTES` in all; the report says what it kept).

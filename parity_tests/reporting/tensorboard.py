@@ -44,12 +44,12 @@ def _scalars(tag: str, values: Any, first_step: int) -> None:
 
 
 def write_tensorboard(result: Any, out: str | Path) -> Path:
-    """Write the event files of a :class:`~parity_tests.judging.judge.CaseResult` into ``out``.
+    """Write the event files of a :class:`~parity_tests.session.comparison.CaseResult` into ``out``.
 
     Returns the folder. Runs of the case dtype only (the float64 companions of a
     float32 case are the floor's means, not what the user runs).
     """
-    from parity_tests.running.harness import tf_module
+    from parity_tests.running.backends import tf_module
 
     tf_module()  # TensorFlow started the tool's way (quiet, devices configured)
     import tensorflow as tf

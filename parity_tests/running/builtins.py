@@ -1,4 +1,4 @@
-"""The six built-in implementations, registered through :func:`registry.register` like any other.
+"""The built-in implementations, which :mod:`.registry` registers like any other.
 
 ``tf.towers``, ``tf.single``, ``tf.v1`` and ``tf.mirrored`` run in this process
 (:func:`tfpar.run_case`); ``torch.ddp`` and ``torch.single`` in the shared
@@ -12,26 +12,24 @@ from collections.abc import Callable
 import numpy as np
 
 from parity_tests.contract.case import Case
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.rows import remove_files, spill_threshold
-from parity_tests.running.harness import RunError, by_file, check_tf_devices, run_torch_job
-from parity_tests.running.registry import Implementation, register
+from parity_tests.running.backends import RunError, by_file, check_tf_devices, run_torch_job
+from parity_tests.running.implementation import Implementation
+from tfpar import engines as tfpar_engines
+from torchref import engines as torch_engines
 
-__all__ = ["BUILTINS"]
+__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER", "CAPTURES", "MIXED"]
 
-BUILTINS = {
-    "tf.towers": "the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients, one update",
-    "tf.single": "one TensorFlow device, the whole global batch",
-    "tf.v1": "the seeds' tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower, average_gradients)",
-    "tf.mirrored": "tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
-    "torch.ddp": "real torch DistributedDataParallel on gloo, N ranks of the warm worker pool",
-    "torch.single": "one torch process, the whole global batch",
-}
-
+#: every built-in engine's declaration, TensorFlow's then torch's (each framework's list is beside its engines)
+SPECS: tuple[EngineSpec, ...] = (*tfpar_engines.SPECS, *torch_engines.SPECS)
+#: the built-ins ``compare`` and the matrix run in one process, in declaration order
+BUILTINS = {s.name: s.description for s in SPECS if s.in_process}
 #: the built-ins that record a captured step's per-device values (``case.capture``; docs/localisation.md)
-CAPTURES = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
+CAPTURES = tuple(s.name for s in SPECS if s.captures)
 #: the built-ins that run dtype mixed_bfloat16 (Keras' policy / torch CPU autocast; docs/mixed-precision.md)
-MIXED = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+MIXED = tuple(s.name for s in SPECS if "mixed_bfloat16" in s.dtypes)
 
 
 def _refuse_external(case: Case, impl: str) -> None:
@@ -77,14 +75,12 @@ def _torch(impl: str) -> Callable:
     return run
 
 
-for _name, _text in BUILTINS.items():
-    _tf = _name.startswith("tf.")
-    register(Implementation(
-        _name, "builtin", "tf" if _tf else "torch", parallel=_name not in ("tf.single", "torch.single"),
-        dtypes=("float32", "float64", *(("mixed_bfloat16",) if _name in MIXED else ())),
-        run=(_tensorflow if _tf else _torch)(_name), description=_text, keras=_tf,
-        captures=_name in CAPTURES,
-    ), builtin=True)
+def _implementation(spec: EngineSpec) -> Implementation:
+    tf = spec.framework == "tf"
+    run = (_tensorflow if tf else _torch)(spec.name) if spec.in_process else _multiworker
+    return Implementation(spec.name, "builtin", spec.framework, parallel=spec.parallel, dtypes=spec.dtypes, run=run,
+                          description=spec.description, keras=spec.keras, captures=spec.captures, declared=spec)
+
 
 #: launched one process per worker (``python -m parity_tests.launch.tf``, TF_CONFIG); not in the built-in list the
 #: matrix and ``compare`` run in one process, but resolvable, so manifests and recorded runs name it
@@ -98,7 +94,5 @@ def _multiworker(case: Case, progress: Callable[[int], None] | None) -> dict[str
                               f" --impl {MULTIWORKER} --out run.npz, then compare recorded:run.npz (docs/multiworker.md)")
 
 
-register(Implementation(
-    MULTIWORKER, "builtin", "tf", parallel=True, dtypes=("float32", "float64"), run=_multiworker,
-    description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker (python -m parity_tests.launch.tf)", keras=True,
-))
+#: every built-in, in the order listings show them (the registry registers these)
+IMPLEMENTATIONS: tuple[Implementation, ...] = tuple(_implementation(s) for s in SPECS)

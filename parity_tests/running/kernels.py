@@ -128,7 +128,7 @@ def measure(outputs: Mapping[str, Any], exact: Mapping[str, np.ndarray]) -> dict
 
 
 def _tf_outputs(inputs: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    from parity_tests.running.harness import tf_module
+    from parity_tests.running.backends import tf_module
 
     tf_module()  # TensorFlow started as the runs start it (its tower devices are fixed at start-up)
     from tfpar.kernel_probe import run_probe
@@ -140,7 +140,7 @@ def _torch_outputs(inputs: dict[str, dict[str, np.ndarray]]) -> tuple[dict[str, 
     import sys
 
     if "tensorflow" in sys.modules or "torch" not in sys.modules:  # torch's ops run where torch lives: a pool rank
-        from parity_tests.running.harness import run_torch_job
+        from parity_tests.running.backends import run_torch_job
         from torchref.jobs import JobRef
 
         (result,) = run_torch_job("torch kernel probe", JobRef("torchref.kernel_probe", "probe_job"), inputs, 1)

@@ -36,29 +36,14 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case, case_from_dict
-from parity_tests.judging.compare import key_order
-from parity_tests.protocol import settings
 from parity_tests.protocol.atomic import atomic_write_text
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.rows import RowArray, iter_rows
-from parity_tests.running.cpu import cpu_facts
-from parity_tests.running.environment import versions
 
-__all__ = ["MANIFEST_SCHEMA", "ENV_VARS", "array_digest", "build_manifest", "write_manifest",
-           "manifest_path", "load_manifest", "implementation_record", "replay_name", "replay"]
+__all__ = ["MANIFEST_SCHEMA", "array_digest", "write_manifest",
+           "manifest_path", "load_manifest", "replay_name"]
 
 MANIFEST_SCHEMA = "tfpar-manifest/1"
-# environment that changes numerics, threads or device placement
-ENV_VARS = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
-            "ONEDNN_DEFAULT_FPMATH_MODE", "TF_DETERMINISTIC_OPS", "CUDA_VISIBLE_DEVICES", settings.DEVICES.name,
-            settings.GPU_MEMORY_MB.name, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
-            "TF_NUM_INTRAOP_THREADS", "PYTHONHASHSEED")
-DETERMINISM = {
-    "tensorflow": "tf.config.experimental.enable_op_determinism() (tfpar.devices.configure_devices)",
-    "torch": "torch.use_deterministic_algorithms(True), torch.set_num_threads(1) in every rank (torchref.pool)",
-}
-
-
 def array_digest(a: np.ndarray) -> str:
     """SHA-256 over dtype, shape and the C-ordered bytes (so a reshape or cast changes it).
 
@@ -107,56 +92,6 @@ def manifest_path(trajectory: str | os.PathLike) -> Path:
     """``out/t.npz`` -> ``out/t.manifest.json``."""
     p = Path(trajectory)
     return p.with_name(p.stem + ".manifest.json")
-
-
-def implementation_record(impl: str) -> dict[str, Any]:
-    """The manifest's ``implementation`` object for the name ``impl`` (resolved by the registry)."""
-    from parity_tests.running.registry import resolve
-
-    found = resolve(impl, "--impl")
-    out: dict[str, Any] = {"name": impl, "kind": found.kind, "framework": found.framework,
-                           "parallel": bool(found.parallel), "dtypes": list(found.dtypes), "keras": bool(found.keras)}
-    target = found.plugin
-    if found.kind == "plugin" and target is not None:
-        source = Path(target.source).resolve() if target.source else None
-        out["plugin_kind"] = target.kind
-        out["source"] = str(source) if source else None
-        out["source_sha256"] = _file_digest(source) if source and source.is_file() else None
-        out["location"] = dict(target.location)
-    return out
-
-
-def _kernels(impl: str) -> dict[str, Any] | None:
-    """The kernel probe of ``impl``'s framework (``running.kernels``), or ``None`` where this process cannot run it."""
-    from parity_tests.running import kernels
-    from parity_tests.running.registry import resolve
-
-    framework = resolve(impl, "--impl").framework
-    try:
-        return kernels.probe(framework)
-    except Exception as e:  # a manifest is written after the run: say why the probe is missing, never fail it
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-
-
-def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajectory_file: str | None = None) -> dict[str, Any]:
-    """The manifest of one run (plain JSON data)."""
-    return {
-        "schema": MANIFEST_SCHEMA,
-        "impl": impl,
-        "implementation": implementation_record(impl),
-        "case": case.spec,
-        "case_file": str(case.source.resolve()) if case.source else None,
-        "inputs": _inputs(case),
-        "npz_files": _npz_files(case),
-        "versions": versions(),
-        "determinism": DETERMINISM,
-        "env": {k: os.environ.get(k) for k in ENV_VARS},
-        "cpu": cpu_facts(),
-        **({"kernels": _kernels(impl)} if case.spec["dtype"] == "mixed_bfloat16" else {}),
-        "trajectory_file": trajectory_file,
-        "trajectory": {k: array_digest(traj[k]) for k in sorted(traj, key=key_order)},
-        "findings": list(getattr(traj, "findings", [])),  # divergences within the run (DDP replicas out of sync)
-    }
 
 
 def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> Path:
@@ -227,25 +162,3 @@ def replay_name(manifest: dict[str, Any]) -> str:
     return manifest["impl"]
 
 
-def replay(manifest: dict[str, Any], run: Any = None) -> tuple[bool, str]:
-    """Re-run the manifest's case; returns (bit-identical, one line saying so or naming the first difference).
-
-    A plugin is re-run by its recorded location (absolute path or module, and function), and refused
-    (:class:`CaseError` naming ``implementation.source``) when its source file changed since the run.
-    """
-    from parity_tests.running.harness import run_impl
-
-    run = run or run_impl
-    name = replay_name(manifest)
-    case = _rebuild(manifest)
-    traj = run(case, name)
-    got = {k: array_digest(v) for k, v in traj.items()}
-    want = manifest["trajectory"]
-    for key in sorted(set(want) | set(got), key=key_order):
-        if key not in got:
-            return False, f"{key}: recorded, but the replay did not produce it"
-        if key not in want:
-            return False, f"{key}: produced by the replay, absent from the record"
-        if got[key] != want[key]:
-            return False, f"{key}: first array that differs (recorded {want[key][:12]}..., replayed {got[key][:12]}...)"
-    return True, f"bit-identical: all {len(want)} arrays of {manifest['impl']} on {case.name}"

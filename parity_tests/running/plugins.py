@@ -35,15 +35,13 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.protocol.rows import RowList, remove_files, spill_threshold
 from parity_tests.protocol.trajectory import Trajectory
-from parity_tests.running.harness import RunError
+from parity_tests.running.backends import RunError
+from parity_tests.running.plugin_marks import KINDS, MARK, describe
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
            "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS", "PluginFailed", "run_isolated",
            "raised_line"]
 
-MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
-KINDS = {"tensorflow": "@tfpar.plugin.tensorflow", "distributed": "@torchref.plugin.distributed",
-         "single": "@torchref.plugin.single"}
 _DECORATORS = "@tfpar.plugin.tensorflow(...), @torchref.plugin.distributed(...) or @torchref.plugin.single(...)"
 
 
@@ -114,17 +112,6 @@ def _import_path(path: Path, field: str, name: str) -> Any:
     return module
 
 
-def describe(fn: Any) -> dict[str, Any]:
-    """What the parity tool needs to know of a module's attribute: is it there, callable, marked, and how."""
-    mark = getattr(fn, MARK, None)
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    return {"found": fn is not None, "callable": callable(fn), "type": type(fn).__name__,
-            "mark": None if getattr(mark, "kind", None) not in KINDS else
-            {"kind": mark.kind, "dtypes": tuple(mark.dtypes), "keras": bool(getattr(mark, "keras", False)),
-             "deterministic": bool(getattr(mark, "deterministic", True))},
-            "file": getattr(module, "__file__", None)}
-
-
 def _inspect_isolated(location: dict[str, str], field: str, name: str) -> dict[str, Any]:
     """:func:`describe` of the plugin, its module imported in a fresh process of the TensorFlow server.
 
@@ -132,7 +119,7 @@ def _inspect_isolated(location: dict[str, str], field: str, name: str) -> dict[s
     ``keras.config.set_floatx``): imported here, it would change this process, where the built-in
     TensorFlow implementations run. So this process never imports it; each run imports it afresh.
     """
-    from parity_tests.running.harness import RunError
+    from parity_tests.running.backends import RunError
     from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
 
     try:
@@ -450,7 +437,7 @@ def _tf_devices(device: Mapping[str, Any] | None) -> list[Mapping[str, Any] | No
 class PluginFailed(RunError):
     """A plugin raised while it ran: the one line (``str``) and the user's own frames (:attr:`frames`).
 
-    A :class:`~parity_tests.running.harness.RunError` (exit 1); the command prints the line,
+    A :class:`~parity_tests.running.backends.RunError` (exit 1); the command prints the line,
     then the frames on stderr; a Python traceback of it shows them as its note.
     """
 
@@ -475,16 +462,16 @@ def run_isolated(target: PluginTarget, case: Any, impl: str) -> dict[str, Any]:
             second time), or the case asks for more devices than the process can make.
         RunError: the process died without reporting.
     """
-    from parity_tests.running import harness
+    from parity_tests.running import backends
     from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
 
-    payload, files = harness.by_file(case.payload())
+    payload, files = backends.by_file(case.payload())
     job = {**job_context(case.devices), "location": target.location, "payload": payload,
            "deterministic": target.deterministic}
     try:
         out = get_worker().run(job)
     except WorkerDied as e:
-        raise harness.RunError(f"{impl} failed: {e}") from None
+        raise backends.RunError(f"{impl} failed: {e}") from None
     finally:
         remove_files(files)
     if "input" in out:
@@ -520,8 +507,8 @@ def optimizer_arrays(records: Mapping[str, Any], case: Any, impl: str) -> dict[s
 
 def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> Any:
     """The registry entry of a resolved plugin (``name``: an entry point's short name, else ``target.name``)."""
-    from parity_tests.running.harness import by_file, run_torch_job
-    from parity_tests.running.registry import Implementation
+    from parity_tests.running.backends import by_file, run_torch_job
+    from parity_tests.running.implementation import Implementation
 
     impl = name or target.name
 

@@ -32,14 +32,13 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.trajectory import Trajectory, load_trajectory
+from parity_tests.running.builtins import SPECS
+from parity_tests.running.implementation import Implementation
 from parity_tests.running.manifest import _inputs, array_digest, load_manifest, manifest_path
-from parity_tests.running.registry import Implementation
 
 __all__ = ["PREFIX", "recorded_implementation", "case_difference"]
 
 PREFIX = "recorded:"
-_BUILTINS = ("tf.towers", "tf.single", "tf.v1", "tf.mirrored", "torch.ddp", "torch.single")
-_SERIAL = ("tf.single", "torch.single")
 _DATA_SOURCES = ("generator", "seed", "npz", "arrays", "sample_weights")  # how the arrays were made (hashed instead)
 _ABSENT = object()
 
@@ -99,10 +98,10 @@ def _implementation_info(m: dict[str, Any], name: str, field: str) -> dict[str, 
     if isinstance(info, dict) and info.get("framework") in ("tf", "torch"):
         return info
     impl = m["impl"]
-    if impl in _BUILTINS:  # a manifest from before the implementation object: a built-in says it itself
-        tf = impl.startswith("tf.")
-        return {"name": impl, "kind": "builtin", "framework": "tf" if tf else "torch",
-                "parallel": impl not in _SERIAL, "keras": tf}
+    spec = next((s for s in SPECS if s.name == impl and s.in_process), None)
+    if spec is not None:  # a manifest from before the implementation object: a built-in says it itself
+        return {"name": impl, "kind": "builtin", "framework": spec.framework, "parallel": spec.parallel,
+                "keras": spec.keras}
     raise CaseError(field, f"a manifest that records its implementation (the 'implementation' object tfpar run"
                            f" writes); {impl!r} is not a built-in, so its framework is unknown", name)
 

@@ -196,10 +196,10 @@ def job_context(devices: int = 1) -> dict[str, Any]:
     """What every job carries of this process as it is now: working folder, environment, ``sys.path``,
     spill threshold, and the tower devices to configure (the largest count reserved here, at least ``devices``)."""
     from parity_tests.protocol.rows import spill_threshold
-    from parity_tests.running import harness
+    from parity_tests.running import backends
 
     return {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
-            "spill_bytes": spill_threshold(), "devices": max(harness.reserved_tf_devices(), int(devices))}
+            "spill_bytes": spill_threshold(), "devices": max(backends.reserved_tf_devices(), int(devices))}
 
 
 # ---------------------------------------------------------------------------------------------- the server
@@ -238,7 +238,7 @@ def _serve(fd: int) -> None:
                 import keras  # noqa: F401
             import tfpar  # noqa: F401
             import tfpar.plugin  # noqa: F401
-            from parity_tests.running import plugins  # noqa: F401
+            from parity_tests.running import plugin_marks  # noqa: F401
     except BaseException as e:  # noqa: BLE001  (reported to the parent, which says it in one line)
         conn.send(("failed", traceback.format_exception_only(type(e), e)[-1].strip()))
         return
@@ -377,7 +377,7 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     the same numbers); TensorFlow's global seed is left unset, as in a fresh program.
 
     With ``"inspect": True`` (and no payload) the module is only imported and the name looked
-    up: ``{"described": parity_tests.running.plugins.describe(fn)}`` (resolving a plugin name).
+    up: ``{"described": parity_tests.running.plugin_marks.describe(fn)}`` (resolving a plugin name).
 
     Returns:
         ``{"records": ...}`` (``tfpar.plugin.Run.records``), ``{"raised": {"step", "when", "line",
@@ -414,7 +414,7 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
 
         return {"input": f"{_where(job['location'])} to import cleanly; it raised {last_line(e)}"}
     if job.get("inspect"):  # resolving a name: what the module holds under it
-        from parity_tests.running.plugins import describe
+        from parity_tests.running.plugin_marks import describe
 
         return {"described": describe(fn)}
     try:

@@ -6,7 +6,7 @@
         assert_parity("cases/mlp.json", ["my_towers.py:train", "torch.ddp"])
 
 The first implementation is the reference; every other one is judged against
-it (:func:`parity_tests.judging.judge.compare_case`). When any pair is not at
+it (:func:`parity_tests.session.comparison.compare_case`). When any pair is not at
 parity the ``AssertionError`` carries the judge's summary: the table of pairs,
 then the first failing place (step, parameter, mismatched elements, greatest
 absolute and relative differences and the bound allowed).
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from parity_tests.contract.case import Case, case_from_dict, load_case
-from parity_tests.judging.judge import CaseResult, compare_case
 from parity_tests.protocol.errors import CaseError
+from parity_tests.session.comparison import CaseResult, compare_case
 
 __all__ = ["assert_parity"]
 
@@ -50,11 +50,11 @@ def assert_parity(case: Case | dict | str | os.PathLike, impls: Sequence[str] | 
             a case dict, or the path of a ``case.json``.
         impls: implementation names (built-ins, ``file.py:function``, ``module:function``,
             installed short names, ``recorded:run.npz``), or one comma-separated string.
-        compare_kwargs: passed to :func:`~parity_tests.judging.judge.compare_case`
+        compare_kwargs: passed to :func:`~parity_tests.session.comparison.compare_case`
             (``progress``, ``runner``, ``skip_unsupported``).
 
     Returns:
-        The :class:`~parity_tests.judging.judge.CaseResult` (every pair at parity).
+        The :class:`~parity_tests.session.comparison.CaseResult` (every pair at parity).
 
     Raises:
         AssertionError: some pair is not at parity (a divergence, an expected difference, an error);

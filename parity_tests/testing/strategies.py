@@ -94,7 +94,7 @@ def _check_machine(n: int) -> None:
     import sys
 
     from parity_tests.protocol.errors import CaseError
-    from parity_tests.running.harness import check_torch_ranks, reserve_tf_devices, tf_device_count
+    from parity_tests.running.backends import check_torch_ranks, reserve_tf_devices, tf_device_count
 
     reserve_tf_devices(n)  # enough towers whenever TensorFlow starts after this
     if "tfpar" in sys.modules and (have := tf_device_count()) < n:

@@ -9,7 +9,12 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from parity_tests.running import registry  # noqa: E402
 from parity_tests.testing import profiles  # noqa: E402,F401  (registers hypothesis profiles)
+
+# the built-ins declare themselves (parity_tests.protocol.engine) on the registry's first use: tests that
+# ask theory directly, without running anything, need their declarations too
+registry.builtin_names()
 
 
 @pytest.fixture(scope="session")

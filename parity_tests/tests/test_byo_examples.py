@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from parity_tests.contract.case import load_case
-from parity_tests.judging.judge import compare_case
+from parity_tests.session.comparison import compare_case
 
 ROOT = Path(__file__).resolve().parents[2]
 BYO = ROOT / "examples" / "byo"

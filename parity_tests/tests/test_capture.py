@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.localise import _gap
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 # 18 rows over 4 devices: shards 5, 5, 4, 4, so weighting and shard sizes matter; semantics tf: the

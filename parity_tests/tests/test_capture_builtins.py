@@ -18,10 +18,10 @@ import tensorflow as tf
 
 import tfpar.mirrored
 from parity_tests.contract.case import case_from_dict
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.localise import _gap
-from parity_tests.running import lockstep as ls
 from parity_tests.running.harness import run_impl
+from parity_tests.session import lockstep as ls
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import CNN, MLP, make, set_path
 
 # 18 rows over 4 devices: shards 5, 5, 4, 4 (weighting and shard sizes matter); semantics tf: the

@@ -13,9 +13,9 @@ from parity_tests.judging.compare import (
 )
 from parity_tests.judging.theory import predict
 from parity_tests.protocol.errors import CaseError
+from parity_tests.reporting.optimizer_rules import clip_then_mean, np_clip, typical_case
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, SOFTMAX, make, set_path
-from parity_tests.tests.rules import clip_then_mean, np_clip, typical_case
 
 # float64, one rule on both sides: see test_towers.py for the derivation
 RTOL, ATOL = 1e-10, 1e-12

@@ -36,3 +36,15 @@ def test_layers_page_tables_are_up_to_date(module, capsys):
     doc = {_normalise(line) for line in DOC.read_text().splitlines()}
     stale = [line for line in printed if _normalise(line) not in doc]
     assert not stale, f"docs/layers.md is out of date; regenerate with python -m {module}:\n" + "\n".join(stale)
+
+
+def test_the_implementations_table_is_the_engines_declarations():
+    """docs/implementations.md's engines table is generated from tfpar.engines and torchref.engines."""
+    from parity_tests.protocol.engine import table
+    from parity_tests.running.builtins import SPECS
+
+    text = (DOC.parent / "implementations.md").read_text()
+    start = text.index("<!-- engines table:")
+    start = text.index("\n", start) + 1
+    end = text.index("<!-- end of engines table -->")
+    assert text[start:end] == table(SPECS), "regenerate the table: parity_tests.protocol.engine.table(SPECS)"

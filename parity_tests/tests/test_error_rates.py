@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.running.harness import run_impl
 from parity_tests.running.registry import resolve
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 from parity_tests.tests.hunt.corpus import (
     BUGS,

@@ -40,7 +40,7 @@ def test_what_counts_as_the_tool_a_library_and_the_user():
     except ValueError as e:
         err = e
     assert user_traceback(err).count("File ") == 1  # this test's line: numpy's own frames are not shown
-    assert is_tool_file(__import__("parity_tests.protocol.frames").contract.frames.__file__)
+    assert is_tool_file(__import__("parity_tests.protocol.frames").protocol.frames.__file__)
     assert not is_tool_file(__file__)  # the tool's tests and their plugins are users' code
     assert is_library_file(np.__file__) and is_library_file(json.__file__) and is_library_file("<frozen runpy>")
 

@@ -47,7 +47,7 @@ def test_each_run_of_a_plugin_that_leaves_state_starts_clean_on_both_sides(tmp_p
 
 PREMISE_TF = """
 import json, sys
-from parity_tests.running.harness import tf_module
+from parity_tests.running.backends import tf_module
 tf_module()
 from parity_tests.contract.case import case_from_dict
 from tfpar.plugin import PluginRaised, run_plugin

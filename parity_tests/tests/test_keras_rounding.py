@@ -19,10 +19,11 @@ import itertools
 import numpy as np
 import pytest
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.tolerance import judge_float64
 from parity_tests.protocol.hyper import keras_float32
-from parity_tests.running.harness import run_impl, tf_module
+from parity_tests.running.backends import tf_module
+from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 P0 = np.array([1.0, -2.0, 0.5, 0.3])

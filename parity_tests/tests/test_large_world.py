@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from hypothesis.errors import InvalidArgument
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.theory import sampler_padding
 from parity_tests.protocol.errors import CaseError
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import POLY, make
 from parity_tests.tests.local_oracle import poly_loss_grad, shards, weights
 
@@ -144,7 +144,8 @@ def test_towers_tensorflow_cannot_make_are_one_line(monkeypatch):
 def test_ranks_that_do_not_fit_in_memory_are_refused_before_spawning(monkeypatch):
     import psutil
 
-    from parity_tests.running.harness import RANK_MIB, run_impl
+    from parity_tests.running.backends import RANK_MIB
+    from parity_tests.running.harness import run_impl
     from parity_tests.testing.strategies import device_counts
     from torchref.pool import current_pool
 

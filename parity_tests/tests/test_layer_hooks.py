@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.localise import _gap
 from parity_tests.running.harness import run_impl
 from parity_tests.running.plugins import device_arrays, hooks_line_up, layer_outputs
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 PLUGINS = Path(__file__).parent / "plugins"

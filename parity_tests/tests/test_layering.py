@@ -65,3 +65,138 @@ def test_running_torch_implementations_does_not_import_torch_in_the_parent():
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "False"
+
+
+# ---------------------------------------------------------------- the layers (docs/architecture.md)
+
+#: bottom to top; a module may import its own layer's modules and any layer below, never one above
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("parity_tests.protocol",),
+    ("parity_tests.contract",),
+    ("tfpar", "torchref", "parity_tests.judging"),
+    ("parity_tests.running",),
+    ("parity_tests.session",),
+    ("parity_tests.reporting", "parity_tests.testing", "parity_tests.launch"),
+    ("parity_tests.cli", "parity_tests"),
+)
+#: packages of one layer that must not import each other (the engines are independent of each other
+#: and of the judge: only protocol data crosses)
+APART = {"tfpar": {"torchref", "parity_tests.judging"}, "torchref": {"tfpar", "parity_tests.judging"},
+         "parity_tests.judging": {"tfpar", "torchref"}}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in ("tfpar", "torchref", "parity_tests"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            if "tests" in f.relative_to(ROOT).parts:
+                continue
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = f
+    return mods
+
+
+def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Every import of one of our modules by another, at the top or inside a function (lazy) alike."""
+    def resolve(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        for i in range(len(parts), 0, -1):
+            if ".".join(parts[:i]) in mods:
+                return ".".join(parts[:i])
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                candidates = [base] + [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                candidates = [a.name for a in node.names]
+            else:
+                continue
+            out |= {m for m in map(resolve, candidates) if m and m != name}
+        graph[name] = out
+    return graph
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer index, the package that places it) of a module: the longest matching prefix."""
+    best = (-1, "")
+    for i, packages in enumerate(LAYERS):
+        for p in packages:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best[1]):
+                best = (i, p)
+    assert best[0] >= 0, f"{module} is in no layer of docs/architecture.md"
+    return best
+
+
+def test_no_import_goes_up_a_layer_or_across_apart_packages():
+    mods = _modules()
+    bad = []
+    for a, targets in _edges(mods).items():
+        la, pa = _layer(a)
+        for b in targets:
+            lb, pb = _layer(b)
+            if lb > la or pb in APART.get(pa, ()):
+                bad.append(f"{a} -> {b}")
+    assert not bad, "imports against the layering (docs/architecture.md):\n" + "\n".join(sorted(bad))
+
+
+def test_no_module_import_circle():
+    """No circle among modules (lazy imports included): Tarjan's strongly connected components."""
+    graph = _edges(_modules())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, circles
+
+
+def test_the_checks_see_a_planted_upward_import_and_circle(tmp_path, monkeypatch):
+    """The two checks above can fail: a protocol module importing the session, and two modules
+    importing each other, are both found."""
+    mods = _modules()
+    planted = dict(mods)
+    up = tmp_path / "up.py"
+    up.write_text("from parity_tests.session import comparison\n")
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import parity_tests.running.zz_b\n")
+    b.write_text("def f():\n    from parity_tests.running import zz_a\n")
+    planted.update({"parity_tests.protocol.zz_up": up, "parity_tests.running.zz_a": a, "parity_tests.running.zz_b": b})
+    monkeypatch.setattr(sys.modules[__name__], "_modules", lambda: planted)
+    with pytest.raises(AssertionError, match="parity_tests.protocol.zz_up -> parity_tests.session.comparison"):
+        test_no_import_goes_up_a_layer_or_across_apart_packages()
+    with pytest.raises(AssertionError, match="zz_a"):
+        test_no_module_import_circle()

@@ -37,7 +37,7 @@ RTOL, ATOL = 1e-10, 1e-12
 @pytest.fixture(autouse=True, scope="module")
 def _tf_devices():
     """Configure TensorFlow's tower devices before the direct checks run their first op."""
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
 
@@ -525,7 +525,7 @@ def test_cnn_case_round_trips_through_case_json(tmp_path):
 
 def main() -> None:
     """Print each layer probe's largest normwise relative gap, TF vs torch (docs/layers.md)."""
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
     print("| layer (probe) | largest gap TF vs torch (where) |")

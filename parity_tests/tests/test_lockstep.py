@@ -15,8 +15,8 @@ import pytest
 from parity_tests.contract.case import case_from_dict
 from parity_tests.judging.tolerance import FLOAT32_ABS_FLOOR
 from parity_tests.protocol.errors import CaseError
-from parity_tests.running import lockstep as ls
 from parity_tests.running.harness import run_impl
+from parity_tests.session import lockstep as ls
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make, set_path
 
 PLUGINS = "parity_tests/tests/plugins/lockstep_plugins.py:"

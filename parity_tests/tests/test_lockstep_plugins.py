@@ -15,7 +15,7 @@ import pytest
 
 from parity_tests.cli import main
 from parity_tests.protocol.errors import CaseError
-from parity_tests.running import lockstep as ls
+from parity_tests.session import lockstep as ls
 from parity_tests.tests.helpers import MLP, make, set_path
 from parity_tests.tests.test_lockstep import _alternating
 

@@ -105,7 +105,7 @@ def _torch_loss(z, y, **kw):
 
 @pytest.fixture(autouse=True, scope="module")
 def _tf_devices():
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
 

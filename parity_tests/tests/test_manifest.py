@@ -11,7 +11,8 @@ from parity_tests.cli import main
 from parity_tests.contract.case import load_case, write_case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
-from parity_tests.running.manifest import array_digest, build_manifest, load_manifest, replay
+from parity_tests.running.manifest import array_digest, load_manifest
+from parity_tests.running.provenance import build_manifest, replay
 from parity_tests.tests.helpers import MLP, make
 
 pytestmark = pytest.mark.usefixtures("pool")

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.bfloat16 import RULE_BF16_FLOAT64
-from parity_tests.judging.judge import BF16_CHECK, BF16_RERUN_KEYS, compare_case
 from parity_tests.judging.theory import BFLOAT16_OPS, predict, reported_loss_differs, stage_of
 from parity_tests.judging.tolerance import (
     BF16_SIGNATURE,
@@ -33,9 +32,11 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.reporting.report import write_report
 from parity_tests.running import kernels
+from parity_tests.running.backends import tf_module
 from parity_tests.running.cpu import cpu_facts
-from parity_tests.running.harness import run_impl, tf_module
-from parity_tests.running.manifest import build_manifest
+from parity_tests.running.harness import run_impl
+from parity_tests.running.provenance import build_manifest
+from parity_tests.session.comparison import BF16_CHECK, BF16_RERUN_KEYS, compare_case
 from parity_tests.tests.helpers import MLP, make
 
 pytestmark = pytest.mark.usefixtures("pool")
@@ -68,7 +69,7 @@ def test_paths_without_mixed_precision_refuse_naming_dtype(impl):
 
 
 def test_lockstep_refuses_a_mixed_case_naming_dtype():
-    from parity_tests.running.lockstep import lockstep_compare
+    from parity_tests.session.lockstep import lockstep_compare
 
     with pytest.raises(CaseError) as e:  # its per-step rule holds float32 runs against float64 ones
         lockstep_compare(_mixed(parallel__devices=2), ["tf.towers", "torch.ddp"])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
-from parity_tests.judging.judge import compare_case
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import POLY, make
 
 pytestmark = pytest.mark.usefixtures("pool")

@@ -218,7 +218,7 @@ _TANH_MLP = set_path(MLP, "model.layers.0.activation", "tanh")
 def test_epsilon_0_runs_on_towers_and_ddp_to_a_verdict(name, semantics):
     """torch / tf semantics: parity. native: Keras' float32 roundings in a float64 run (lr mapped, Adam's
     bias-correction betas not) still show, so an expected difference (measured: 3.9e-7 Adam, 3.6e-9 RMSprop)."""
-    from parity_tests.judging.judge import compare_case
+    from parity_tests.session.comparison import compare_case
 
     case = make(_TANH_MLP, parallel__devices=2, optimizer={"name": name, "lr": 0.01, "epsilon": 0.0,
                                                           "semantics": semantics})
@@ -234,7 +234,7 @@ def test_epsilon_0_runs_on_towers_and_ddp_to_a_verdict(name, semantics):
 @pytest.mark.usefixtures("pool")
 def test_epsilon_0_with_a_dead_relu_unit_is_nan_on_both_sides():
     """The one division by zero epsilon 0 allows: a gradient element exactly 0 so far gives 0/0 in both rules."""
-    from parity_tests.judging.judge import compare_case
+    from parity_tests.session.comparison import compare_case
 
     case = make(MLP, parallel__devices=2, optimizer={"name": "adam", "lr": 0.01, "epsilon": 0.0, "semantics": "torch"})
     v = compare_case(case, ["tf.towers", "torch.ddp"]).pairs[0].verdict

@@ -1,6 +1,6 @@
 """Every optimizer x semantics x backend against the numpy statement of its rule; schedules; the differences.
 
-The oracle is :mod:`parity_tests.tests.rules` (plain numpy, written from the
+The oracle is :mod:`parity_tests.reporting.optimizer_rules` (plain numpy, written from the
 frameworks' installed sources, not from ``tfpar``/``torchref``).
 """
 
@@ -18,8 +18,7 @@ from parity_tests.contract.optimizer import DEFAULTS, builtin_refusal, validate_
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.hyper import lr_at
 from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS
-from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
-from parity_tests.tests.rules import (
+from parity_tests.reporting.optimizer_rules import (
     DIFFERENCES,
     KERAS_FLOAT32,
     OPTIMIZER_TABLE,
@@ -30,6 +29,7 @@ from parity_tests.tests.rules import (
     np_update,
     typical_case,
 )
+from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
 
 # a handful of float64 ulps: the same formula evaluated in a different op order.
 # Measured: every exact rule is within 2e-16 of the oracle on the typical case.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from parity_tests.cli import main
-from parity_tests.reporting.progress import LineProgress, run_bar
 from parity_tests.reporting.report import _safe
+from parity_tests.session.progress import LineProgress, run_bar
 from parity_tests.tests.helpers import MLP
 
 HERE = Path(__file__).resolve().parent / "plugins"

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.pair import RULE_VACUOUS, Side, judge_sides, resolve, vacuity
 from parity_tests.judging.theory import Difference, Prediction
 from parity_tests.judging.tolerance import judge_float64
-from parity_tests.running import lockstep as ls
 from parity_tests.running.harness import run_impl
+from parity_tests.session import lockstep as ls
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 PLUGINS = Path(__file__).parent / "plugins"

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.theory import predict
 from parity_tests.judging.tolerance import FLOAT64_RTOL, judge_float64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.testing.failures import replayable
 from parity_tests.testing.strategies import dense_cases
 

@@ -22,13 +22,6 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import Case
-from parity_tests.judging.judge import (
-    PERTURBED,
-    _reordered,
-    _rerun_of,
-    compare_case,
-    perturbed_case,
-)
 from parity_tests.judging.tolerance import (
     FLOAT64_RTOL,
     RULE_FLOAT32,
@@ -39,6 +32,13 @@ from parity_tests.judging.tolerance import (
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import (
+    PERTURBED,
+    _reordered,
+    _rerun_of,
+    compare_case,
+    perturbed_case,
+)
 from parity_tests.tests.helpers import CNN, MLP, POLY, make
 
 pytestmark = pytest.mark.usefixtures("pool")

@@ -22,7 +22,7 @@ RTOL, ATOL = 1e-10, 1e-12  # see test_towers.py for the derivation
 @pytest.fixture(scope="module")
 def pl():
     """``tfpar.pipeline``, with TensorFlow's devices configured the way the harness does it."""
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
     from tfpar import pipeline
@@ -250,7 +250,7 @@ _FEED_CASES = {
 @pytest.mark.parametrize("name", list(_FEED_CASES))
 def test_tfrecord_feed_is_bit_identical_to_arrays(name):
     """tf.towers (and tf.single) reading through TFRecord + tf.data == fed from the numpy arrays, bit for bit."""
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
     import tfpar

@@ -87,7 +87,7 @@ def test_a_placed_case_can_be_changed_and_revalidated():
 
 @pytest.mark.usefixtures("pool")
 def test_a_float32_placed_case_is_judged_by_both_rules():
-    from parity_tests.judging.judge import compare_case
+    from parity_tests.session.comparison import compare_case
 
     placed = make(DEEP, dtype="float32", parallel__devices=2, optimizer__semantics="torch",
                   model__placement=[[0, 1, 6], [2, 2, 7]])

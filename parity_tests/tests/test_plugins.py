@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from parity_tests.cli import main
-from parity_tests.judging.judge import compare_case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.running.registry import resolve
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make, set_path
 
 HERE = Path(__file__).resolve().parent / "plugins"
@@ -137,7 +137,7 @@ def test_a_plugin_that_raises_is_exit_1_one_line_then_the_users_frames(tmp_path,
 
 
 def test_the_pool_survives_a_plugin_that_raises_on_every_rank():
-    from parity_tests.running.harness import RunError
+    from parity_tests.running.backends import RunError
     from torchref.pool import get_pool
 
     case = make(MLP, parallel__devices=4)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from parity_tests.contract.case import Case, case_from_dict
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.tolerance import FLOAT64_RTOL, judge_float64
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.testing.failures import replayable
 from parity_tests.testing.strategies import dense_cases, device_counts
 
@@ -31,6 +31,9 @@ def _parity64(a: dict, b: dict) -> None:
 def test_towers_and_ddp_compute_the_same_trajectory(case):
     with replayable(case):
         result = compare_case(case, ["tf.towers", "torch.ddp"])
+        # a drawn case can compare nothing (one dead ReLU unit on a batch of one: every gradient exactly
+        # zero on both sides); the judge says inconclusive, which is no evidence either way: draw another
+        assume(result.pairs[0].status != "inconclusive")
         assert result.parity, result.summary()
 
 

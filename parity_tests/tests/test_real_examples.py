@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import load_case
-from parity_tests.judging.judge import compare_case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "examples" / "real"

@@ -11,7 +11,8 @@ from parity_tests.cli import main
 from parity_tests.contract.case import case_from_dict, write_case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.trajectory import save_trajectory
-from parity_tests.running.manifest import build_manifest, write_manifest
+from parity_tests.running.manifest import write_manifest
+from parity_tests.running.provenance import build_manifest
 from parity_tests.running.registry import resolve
 from parity_tests.tests.helpers import MLP, make, set_path
 
@@ -187,8 +188,8 @@ def test_a_recorded_plugin_run(tmp_path, capsys):
 
 
 def test_a_recorded_float32_run_is_judged_by_the_live_sides_floor(tmp_path):
-    from parity_tests.judging.judge import compare_case
     from parity_tests.running.harness import run_impl
+    from parity_tests.session.comparison import compare_case
 
     case = make(MLP, dtype="float32")
     traj = run_impl(case, "torch.ddp")

@@ -7,8 +7,8 @@ import warnings
 
 import numpy as np
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.reporting.report import plot_scenario
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 PNG = b"\x89PNG\r\n\x1a\n"

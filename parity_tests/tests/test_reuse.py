@@ -73,7 +73,7 @@ def test_a_captured_step_and_lockstep_reuse_the_trainer_exactly():
     CACHE.clear()
     first = tfpar.run_case(capture, "tf.towers")
     assert any(k.startswith("device/") for k in first)
-    # lockstep: one step from each start state, as parity_tests.running.lockstep asks for them
+    # lockstep: one step from each start state, as parity_tests.session.lockstep asks for them
     starts = [{"init": {k: np.asarray(v[i]) for k, v in first.items() if k.startswith(("param/", "state/"))}}
               for i in range(3)]
     starts = [{"init": {k.split("/", 1)[1]: v for k, v in s["init"].items()}, "opt": None} for s in starts]

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite, relative_gap
-from parity_tests.judging.judge import compare_case
 from parity_tests.protocol import rows
 from parity_tests.protocol.trajectory import load_trajectory, save_trajectory
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
 
@@ -221,12 +221,12 @@ def test_a_spilled_array_has_the_digest_of_the_same_array_in_memory(spill_everyt
 
 
 def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(pool, monkeypatch):
-    from parity_tests.running import harness
+    from parity_tests.running import backends
 
     case = make(MLP, steps=2)
     piped = run_impl(case, "torch.ddp")
     made: list[list[str]] = []
-    real = harness.by_file
+    real = backends.by_file
 
     def spy(payload):
         out, files = real(payload)
@@ -234,7 +234,7 @@ def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(p
         assert isinstance(out["init"]["0.kernel"], rows.RowRef) and isinstance(out["x"], rows.RowRef)
         return out, files
 
-    monkeypatch.setattr(harness, "BY_FILE_BYTES", 0)  # every array by file
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 0)  # every array by file
     monkeypatch.setattr("parity_tests.running.builtins.by_file", spy)
     by_file = run_impl(case, "torch.ddp")
     assert made and made[0] and not any(os.path.exists(p) for p in made[0])  # removed after the job
@@ -256,3 +256,43 @@ def test_a_bad_spill_threshold_in_the_environment_is_one_line_and_status_2(tmp_p
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip() == ("tfpar: error: TFPAR_SPILL_BYTES: expected a whole number of bytes >= 0"
                                   " (the environment variable), got '64MB'")
+
+
+def test_a_worker_never_brings_back_a_spill_folder_its_owner_removed(tmp_path):
+    """The folder the tool names exists from the moment it is named (a worker may spill first), and
+    once the process that named it removed it (Ctrl-C tearing a run down), a worker that spills
+    late gets an error instead of re-creating a folder nobody would remove (seen under load in
+    test_interrupt); a folder the user named is created by any process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from parity_tests.protocol import rows\n"
+        "root = rows.ensure_spill_root()\n"
+        "assert os.path.isdir(root)\n"
+        "rows.set_spill_threshold(0)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    rows._owned[0] = None  # as in a worker started from this process\n"
+        "    import time; time.sleep(0.5)\n"
+        "    try:\n"
+        "        rows.RowList([__import__('numpy').zeros(3)])\n"
+        "        os._exit(3)\n"
+        "    except FileNotFoundError:\n"
+        "        os._exit(0 if not os.path.exists(root) else 4)\n"
+        "rows.remove_spill_root()\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "print(os.waitstatus_to_exitcode(status), os.path.exists(root))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TFPAR_SPILL_ROOT"}
+    env["TMPDIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "False"]
+    mine = tmp_path / "my-spill"
+    env["TFPAR_SPILL_ROOT"] = str(mine)
+    code = "from parity_tests.protocol import rows\nprint(rows.spill_root())\n"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(mine) and mine.is_dir()

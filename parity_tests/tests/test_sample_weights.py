@@ -8,10 +8,10 @@ import pytest
 
 from parity_tests.contract.case import case_from_dict, load_case, write_case
 from parity_tests.judging.compare import assert_trajectories_close
-from parity_tests.judging.judge import compare_case
 from parity_tests.judging.tolerance import judge_float64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, SOFTMAX, make, set_path
 
 pytestmark = pytest.mark.usefixtures("pool")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict, load_case
-from parity_tests.judging.judge import compare_case
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, set_path
 from tfpar.plugin import Run as TFRun
 from torchref.plugin import Run as TorchRun
@@ -102,7 +102,8 @@ def test_a_ddp_program_with_its_own_distributed_sampler_is_at_parity(devices):
 def test_a_ddp_program_on_the_default_group_runs_as_written_in_a_larger_pool(pool):
     """``DDP(model)``, ``DistributedSampler(dataset)``, ``dist.all_reduce(t)``, ``init_process_group`` and
     ``destroy_process_group`` as a script writes them, 3 ranks of the session's 8-rank pool; the pool lives on."""
-    from parity_tests.running.harness import RunError, run_impl
+    from parity_tests.running.backends import RunError
+    from parity_tests.running.harness import run_impl
 
     assert pool.size > 3
     here = ROOT / "parity_tests" / "tests" / "plugins" / "ddp_as_written.py"

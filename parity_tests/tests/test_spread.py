@@ -1,4 +1,4 @@
-"""A nondeterministic plugin is judged against its measured run-to-run spread (``judging/spread.py``)."""
+"""A nondeterministic plugin is judged against its measured run-to-run spread (``session/spread.py``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.judging.judge import compare_case
-from parity_tests.judging.spread import (
+from parity_tests.judging.tolerance import Verdict
+from parity_tests.running.registry import resolve
+from parity_tests.session.comparison import compare_case
+from parity_tests.session.spread import (
     RULE_SPREAD,
     SPREAD_FACTOR,
     SPREAD_RERUNS,
     spread_rows,
     within_spread,
 )
-from parity_tests.judging.tolerance import Verdict
-from parity_tests.running.registry import resolve
 from parity_tests.tests.helpers import MLP, make
 
 HERE = Path(__file__).resolve().parent / "plugins"

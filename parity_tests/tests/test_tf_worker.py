@@ -7,7 +7,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from parity_tests.running.harness import RunError, run_impl
+from parity_tests.running.backends import RunError
+from parity_tests.running.harness import run_impl
 from parity_tests.running.tf_worker import TFWorker, get_worker, shutdown_worker
 from parity_tests.tests.helpers import MLP, make
 
@@ -47,7 +48,7 @@ def test_a_server_that_cannot_start_is_one_line(monkeypatch):
 NO_TF_IN_THE_PARENT = """
 import sys
 from parity_tests.contract.case import case_from_dict
-from parity_tests.judging.judge import compare_case
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP
 
 if __name__ == "__main__":

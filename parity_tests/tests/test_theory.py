@@ -103,3 +103,19 @@ def test_a_tf_plugin_that_held_no_keras_optimizer_is_mapped_to_exact_numbers():
         "optimizer.semantics": "tf", "optimizer.keras_rounding": "none"}
     assert mapping_changes("optimizer", spec, "torch.ddp", "tf.towers", "floatx_float64")[
         "optimizer.keras_rounding"] == "floatx_float64"
+
+
+def test_theory_refuses_to_guess_what_an_undeclared_builtin_is():
+    """Theory reads what engines declare (protocol.engine); a built-in's name that nothing declared in
+    the process is a LookupError, never a silent guess (a non-parallel, non-Keras engine)."""
+    import subprocess
+    import sys
+
+    code = ("from parity_tests.judging.theory import is_parallel\n"
+            "try:\n    is_parallel('tf.towers')\nexcept LookupError as e:\n    print('refused:', e)\n"
+            "from parity_tests.running import registry\nregistry.builtin_names()\n"
+            "print(is_parallel('tf.towers'), is_parallel('tf.single'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.strip().splitlines()
+    assert first.startswith("refused: tf.towers: no declaration") and second == "True False"

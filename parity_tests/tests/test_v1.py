@@ -10,9 +10,9 @@ import pytest
 
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.protocol.errors import CaseError
+from parity_tests.reporting.optimizer_rules import f32, np_update
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, POLY, SOFTMAX, make
-from parity_tests.tests.rules import f32, np_update
 
 # float64: the same update computed by two programs agrees to ~1e-15 relative per
 # step (measured here: 0.0, the graphs compute the same ops); 1e-10 leaves five

@@ -239,8 +239,9 @@ def _write(case: Any, impl: str, target: Any, result: Any, gathered: list[dict[s
            launch: dict[str, Any]) -> tuple[int, str]:
     """Rank 0: assemble, check the replicas, write trajectory and manifest; (exit status, line)."""
     from parity_tests.protocol.trajectory import Trajectory, save_trajectory
-    from parity_tests.running.manifest import build_manifest, manifest_path, write_manifest
+    from parity_tests.running.manifest import manifest_path, write_manifest
     from parity_tests.running.plugins import assemble, replica_divergence
+    from parity_tests.running.provenance import build_manifest
 
     traj = Trajectory(assemble(result, case.spec, case.init, impl) if target is not None else result)
     checked = case.spec["parallel"]["combine"] in ("grad_mean", "loss_mean") or target is not None

@@ -176,8 +176,8 @@ def cached_runner(cache: dict) -> Callable:
 
 def judge(row: Row, cache: dict | None = None):
     """The pair result of ``row`` (its plugin against the other framework's reference)."""
-    from parity_tests.judging.judge import compare_case
     from parity_tests.running.registry import resolve
+    from parity_tests.session.comparison import compare_case
 
     for name in (row.reference, row.impl):  # before compare_case: its theory only sees resolved plugins
         resolve(name)

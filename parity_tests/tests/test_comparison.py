@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests.judging.judge import compare_case
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, POLY, make
 
 pytestmark = pytest.mark.usefixtures("pool")

@@ -74,7 +74,7 @@ from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
-           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED"]
+           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
@@ -661,7 +661,7 @@ def _capture_key(name: str, case: Case) -> str:
            f"|{sorted((k, str(v)) for k, v in case.spec['parallel'].items())}|{case.spec['model'].get('loss_semantics')}"
 
 
-def _inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
+def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
                  runner: Runner, captured: dict) -> dict[str, Any]:
     """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture.
 
@@ -766,7 +766,7 @@ def compare_case(
     preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
     bar = None
     if progress is True:  # a bar on a terminal, one line per run in a log
-        from parity_tests.reporting.progress import run_bar
+        from parity_tests.session.progress import run_bar
 
         bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
@@ -951,7 +951,7 @@ class _Judged:
         where = localise(runs[0], runs[1], verdict)
         if self.stages and refinable(where, runs[0], runs[1]):
             cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
-            where = _inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured)
+            where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured)
         return where
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
@@ -996,7 +996,7 @@ class _Judged:
         the detail says to judge it with ``--lockstep`` (every step from the same state).
         Returns the verdict and a line for the report.
         """
-        from parity_tests.judging.spread import nondeterministic
+        from parity_tests.session.spread import nondeterministic
 
         if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
             return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
@@ -1035,7 +1035,7 @@ class _Judged:
 def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,
                    trajs: dict[str, dict[str, np.ndarray]], runner: Runner) -> Verdict:
     """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
-    from parity_tests.judging.spread import judge_with_spread
+    from parity_tests.session.spread import judge_with_spread
 
     d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else dtype
     if f"{ref}@{d}" not in trajs or f"{impl}@{d}" not in trajs:

@@ -15,7 +15,7 @@ so a gap cannot be carried from one step into the next. The first step whose one
 gap exceeds its bound is the first bad step (CONTRACT §6 ``first_bad_step``). Where that
 step breaks inside the step (``localise.refinable``), both sides run it once more from the
 same start with capture on (:func:`captured_step`) and its stage chain names the stage and
-device (``judge._inside_step``, as a free comparison does at its first bad step).
+device (``comparison.inside_step``, as a free comparison does at its first bad step).
 
 Design: one-step runs from a start state carried in the payload (not a bisection by
 replay from recorded states: a bisection needs the states anyway, judges ``log2 T`` steps
@@ -66,14 +66,6 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.judge import (
-    CaseResult,
-    SideMapping,
-    _inside_step,
-    choose_mapping,
-    compare_case,
-    keras_rounding_of,
-)
 from parity_tests.judging.localise import localise, refinable
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
@@ -88,15 +80,24 @@ from parity_tests.judging.tolerance import (
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
 from parity_tests.running import registry
+from parity_tests.running.builtins import SPECS
 from parity_tests.running.harness import check_dtypes, run_impl
+from parity_tests.session.comparison import (
+    CaseResult,
+    SideMapping,
+    choose_mapping,
+    compare_case,
+    inside_step,
+    keras_rounding_of,
+)
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step"]
 
-#: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`)
-STEPWISE = ("tf.towers", "tf.single")
+#: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`): as the engines declare
+STEPWISE = tuple(s.name for s in SPECS if s.stepwise)
 #: load and export optimizer state, so they take part whatever the optimizer
-STATEFUL = ("tf.towers", "tf.single", "torch.ddp", "torch.single")
+STATEFUL = tuple(s.name for s in SPECS if s.stateful)
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
 BAD = ("divergence", "error")
 
@@ -480,7 +481,7 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     """The CONTRACT §6 localisation of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
-    by the stage chain of that step re-run from the same start with capture on (``judge._inside_step``).
+    by the stage chain of that step re-run from the same start with capture on (``comparison.inside_step``).
     """
     first = pair.first_runs
     if first is None:
@@ -553,7 +554,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                 runs64[key] = one_step_runs(c, impl, starts, runner=runner)
         return runs64[key]
 
-    captured: dict[int, dict] = {}  # first bad step -> judge._inside_step's cache of capture runs
+    captured: dict[int, dict] = {}  # first bad step -> comparison.inside_step's cache of capture runs
 
     def chain_at(step: int, impl: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
         """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured."""
@@ -562,7 +563,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             d64 = dtype == "float64" or verdict.rule == RULE_FLOAT64
             c = f64 if d64 else case
             note(f"{ref} and {impl}: step {step} captured")
-            return _inside_step(where, verdict, ((ref, c), (impl, c)),
+            return inside_step(where, verdict, ((ref, c), (impl, c)),
                                 lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner),
                                 captured.setdefault(step, {}))
 

@@ -1,0 +1,228 @@
+"""How runs are carried out, below the registry: TensorFlow started the tool's way in this
+process, torch jobs on the shared DDP pool, payloads handed over by file, device checks.
+
+TensorFlow implementations and TensorFlow plugins run in this process (TensorFlow is
+imported on first use, never at import time, so spawned torch workers that re-import the
+parent's main module do not pay for it); torch implementations and torch plugins run in
+the shared DDP worker pool. Only plain data crosses: the case payload in, numpy
+trajectories out. :mod:`.harness` runs an implementation by name on top of this.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from parity_tests.contract.case import Case
+from parity_tests.protocol.errors import CaseError
+
+__all__ = ["RunError", "set_pool_timeout", "tf_module", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks", "tf_device_count", "check_tf_devices", "run_torch_job", "by_file", "RANK_MIB", "BY_FILE_BYTES", "pool_timeout", "release_memory"]
+
+_POOL_TIMEOUT: float | None = None
+_TF_DEVICES = 0  # the largest tower count asked for before TensorFlow started (reserve_tf_devices)
+#: memory of one torch pool rank: 212-215 MiB unique (psutil USS) when idle at 8, 16, 32 and 64 ranks
+#: (2026-11-22, torch imported, process group joined), plus a quarter for a small model's job
+RANK_MIB = 270
+
+
+class RunError(RuntimeError):
+    """An implementation failed while running a valid case (e.g. a DDP rank died)."""
+
+
+def set_pool_timeout(seconds: float | None) -> None:
+    """Per-job timeout for torch runs (None: the pool's default)."""
+    global _POOL_TIMEOUT
+    _POOL_TIMEOUT = seconds
+
+
+_BENIGN = ("All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
+           "This TensorFlow binary is optimized", "rebuild TensorFlow with the appropriate compiler flags")
+
+
+def tf_module() -> Any:
+    """Import ``tfpar`` (and TensorFlow) once, without TensorFlow's start-up chatter.
+
+    TensorFlow 2.21 logs through absl before ``TF_CPP_MIN_LOG_LEVEL`` is read, so
+    the C++ stderr is captured during the import and replayed without the known
+    informational lines (anything else is shown as it was).
+    """
+    if "tfpar" in sys.modules:
+        return sys.modules["tfpar"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            import tfpar
+
+            tfpar.configure_devices(_TF_DEVICES or None)  # the first op logs too
+            # every case builds its own trainer, so each traces its step once by design:
+            # TensorFlow's retracing advice is noise here
+            import tensorflow as tf
+
+            tf.get_logger().setLevel("ERROR")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines():
+                if line.strip() and not any(b in line for b in _BENIGN):
+                    print(line, file=sys.stderr)
+    return tfpar
+
+
+def reserve_tf_devices(n: int) -> None:
+    """Ask for at least ``n`` tower devices when TensorFlow starts in this process.
+
+    TensorFlow fixes its device list when its runtime starts, so the largest N a
+    run needs must be known first: ``tfpar matrix`` reserves its rows' largest N
+    before TensorFlow starts, and :func:`check_tf_devices` reserves each case's N
+    (the first case of a process starts TensorFlow). Without GPUs
+    ``tfpar`` makes 64 logical CPU devices anyway (they cost nothing measurable);
+    with GPUs this decides how many virtual GPUs are made. No effect once
+    TensorFlow has started.
+    """
+    global _TF_DEVICES
+    _TF_DEVICES = max(_TF_DEVICES, int(n))
+
+
+def reserved_tf_devices() -> int:
+    """The largest tower count asked for so far (:func:`reserve_tf_devices`; 0 when none)."""
+    return _TF_DEVICES
+
+
+def check_torch_ranks(n: int, field: str = "parallel.devices") -> None:
+    """Refuse, before spawning anything, a world size whose ranks this machine cannot hold.
+
+    A pool of ``n`` ranks needs about ``n * RANK_MIB`` MiB (each rank imports torch and
+    joins the process group); a running pool of at least ``n`` ranks needs nothing more, and
+    a smaller one is closed before the larger starts, so its ranks' memory counts as free.
+
+    Raises:
+        CaseError: naming ``field``, the most ranks that fit, and the memory figures.
+    """
+    import psutil
+
+    from torchref.pool import current_pool
+
+    pool = current_pool()
+    if pool is not None and pool.size >= n and pool.alive:
+        return
+    # what the next job starts: the shared pool's size when it is large enough (a matrix creates
+    # its largest pool up front), else n ranks after the smaller pool closed
+    size = pool.size if pool is not None and pool.size >= n else n
+    free = psutil.virtual_memory().available
+    for pid in pool.pids if pool is not None and pool.size < n else []:  # closed first
+        try:
+            free += psutil.Process(pid).memory_full_info().uss
+        except (psutil.Error, OSError):
+            pass
+    fit = int(free // (RANK_MIB * 2**20))
+    if size > fit:
+        raise CaseError(field, f"at most {fit} torch ranks on this machine ({free / 2**30:.1f} GiB of memory available,"
+                               f" about {RANK_MIB} MiB per rank)", size)
+
+
+def tf_device_count() -> int:
+    """How many tower devices this process has (configures TensorFlow's devices)."""
+    return len(tf_module().available_devices())
+
+
+def check_tf_devices(case: Case, impl: str, *, towers: bool = True) -> Any:
+    """``tfpar`` with the case's devices checked: N towers (``towers``) and every placement fit this process."""
+    n = case.devices
+    placed = [device + 1 for _, _, device in case.spec["model"].get("placement", [])]
+    reserve_tf_devices(max([n if towers else 1, *placed]))  # effective only when this case starts TensorFlow
+    tfpar = tf_module()
+    have = len(tfpar.available_devices())
+    if towers and n > have:  # one device per tower
+        raise CaseError("parallel.devices", f"at most {have} (the tower devices this process has: TensorFlow fixed them"
+                                            " when it started; set TFPAR_DEVICES before start-up for more)", n)
+    for j, (_, _, device) in enumerate(case.spec["model"].get("placement", [])):
+        if device >= have:
+            raise CaseError(f"model.placement[{j}][2]", f"a device index below {have} (the devices this process has)", device)
+    return tfpar
+
+
+def run_torch_job(impl: str, fn: Any, job: Any, world_size: int, *,
+                  on_failure: Any = None) -> list[Any]:
+    """Run ``fn(ctx, job)`` on ranks 0..world_size-1 of the shared pool; failures become one line.
+
+    ``on_failure(detail, rank) -> Exception | None`` may turn a rank's traceback text into a more
+    specific error (what a plugin raised, or bad input it met) before the generic one.
+
+    Raises:
+        RunError: a rank raised, died or hung (named, with the remote error's last line).
+    """
+    from torchref.pool import PoolError, RankFailed, get_pool
+
+    check_torch_ranks(world_size)
+    shared = {} if _POOL_TIMEOUT is None else {"timeout": _POOL_TIMEOUT}
+    pool = get_pool(world_size, **shared)  # reused when large enough, restarted larger when not
+    try:
+        return pool.run(fn, job, world_size, timeout=_POOL_TIMEOUT)
+    except RankFailed as e:  # one line: the rank, how it failed, and the remote error's last line
+        specific = on_failure(e.detail, e.rank) if on_failure else None
+        if specific is not None:
+            raise specific from e
+        last = next((line.strip() for line in reversed(e.detail.splitlines()) if line.strip()), "")
+        raise RunError(f"{impl} failed: rank {e.rank} {e.how}{e.when}" + (f": {last}" if last else "")) from e
+    except PoolError as e:
+        raise RunError(f"{impl} failed: {e}") from e
+
+
+#: payload arrays larger than this travel to the torch workers as a file, not through the pipes
+BY_FILE_BYTES = 16 * 2**20
+
+
+def by_file(payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``payload`` with its large arrays (initial weights, data) written to a spill file, and that file.
+
+    A job's payload is pickled and sent to every rank: a 25 M-parameter model's float64 initial
+    weights are 200 MB, pickled beside the main process's own run (measured: +0.6 GB peak). As
+    :class:`~parity_tests.protocol.rows.RowRef` they pickle as a file name; each rank reads them
+    (``np.asarray``). The caller removes the file once the job is over
+    (:func:`~parity_tests.protocol.rows.remove_files`).
+    """
+    from parity_tests.protocol.rows import RowStore
+
+    store = RowStore(threshold=0)  # every array put goes to the file
+
+    def put(v: Any) -> Any:
+        a = np.asarray(v)
+        return store.put(a) if a.nbytes > BY_FILE_BYTES else v
+
+    out = {**payload, "init": {k: put(v) for k, v in payload["init"].items()}}
+    out.update({k: put(out[k]) for k in ("x", "y") if k in out})
+    return out, store.close()
+
+
+def release_memory() -> None:
+    """Give the memory a finished in-process run freed back to the system (glibc's ``malloc_trim``).
+
+    TensorFlow's tensors are freed into the C allocator's arenas, which keep much of it; the
+    next run's peak then adds to it (measured on a 25 M-parameter model: 0.2 GB of a run's
+    remains returned this way, docs/memory.md). Nothing happens where there is no glibc.
+
+    No ``gc.collect()`` here: a Ctrl-C that lands while the collector runs a finalizer is
+    swallowed ("Exception ignored in ..."), and TensorFlow leaves many (measured: ``tfpar matrix``
+    went on after Ctrl-C, ``tests/test_interrupt.py``).
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+
+
+def pool_timeout() -> float | None:
+    """The per-job timeout set for torch runs (``None``: the pool's default)."""
+    return _POOL_TIMEOUT

@@ -1,0 +1,60 @@
+"""``protocol.recorder.Recorder``: the one recorder of a built-in trajectory, keys and shapes as the contract says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity_tests.protocol import rows
+from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.trajectory import Trajectory
+
+
+def test_keys_shapes_and_rows_follow_the_contract():
+    steps = 3
+    rec = Recorder({"0.kernel": np.zeros((2, 3))}, {"1.moving_mean": np.zeros(3)})
+    for k in range(1, steps + 1):
+        rec.loss(0.4 - 0.1 * k)
+        rec.grad("0.kernel", np.full((2, 3), -float(k)))
+        rec.param("0.kernel", np.full((2, 3), float(k)))
+        rec.states({"1.moving_mean": np.full(3, 0.5 * k)})
+    rec.add({"device/step": np.asarray(2)})
+    traj = rec.finish()
+    assert isinstance(traj, Trajectory)
+    assert list(traj) == ["loss", "param/0.kernel", "grad/0.kernel", "state/1.moving_mean", "device/step"]
+    assert traj["loss"].shape == (3,) and traj["param/0.kernel"].shape == (4, 2, 3)
+    assert traj["grad/0.kernel"].shape == (3, 2, 3) and traj["state/1.moving_mean"].shape == (4, 3)
+    np.testing.assert_array_equal(traj["param/0.kernel"][2], np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(traj["grad/0.kernel"][0], np.full((2, 3), -1.0))
+    np.testing.assert_array_equal(traj["state/1.moving_mean"][3], np.full(3, 1.5))
+
+
+def test_runs_without_gradients_or_state_record_only_losses_and_parameters():
+    rec = Recorder({"w": np.zeros(2)}, grads=False)
+    rec.loss(1.0)
+    rec.params({"w": np.ones(2)})
+    traj = rec.finish()
+    assert sorted(traj) == ["loss", "param/w"]
+    np.testing.assert_array_equal(traj["param/w"], [[0.0, 0.0], [1.0, 1.0]])
+    with pytest.raises(AssertionError):
+        rec.grad("w", np.ones(2))
+
+
+def test_findings_travel_with_the_trajectory():
+    rec = Recorder({"w": np.zeros(1)})
+    rec.finding("replicas out of sync after step 2: rank 1, parameter w")
+    assert rec.finish().findings == ["replicas out of sync after step 2: rank 1, parameter w"]
+
+
+def test_a_large_history_spills_to_a_file():
+    old = rows.set_spill_threshold(0)
+    try:
+        rec = Recorder({"w": np.zeros(4)})
+        rec.loss(0.0)
+        rec.grad("w", np.ones(4))
+        rec.param("w", np.ones(4))
+        traj = rec.finish()
+    finally:
+        rows.set_spill_threshold(old)
+    assert isinstance(traj["param/w"], rows.RowArray)
+    np.testing.assert_array_equal(np.asarray(traj["param/w"]), [np.zeros(4), np.ones(4)])

@@ -1,0 +1,50 @@
+"""The TensorFlow engines, as each declares itself (framework-free: read without importing TensorFlow).
+
+One entry per engine, beside the module that runs it (``entry``); the registry
+(``parity_tests.running.builtins``) builds the built-in implementations from this
+list and ``torchref.engines``', and ``run_case`` (:mod:`tfpar.run`) refuses what
+an engine does not declare. Adding a TensorFlow engine: its module, and one entry here.
+"""
+
+from __future__ import annotations
+
+from parity_tests.protocol.engine import EngineSpec
+from parity_tests.protocol.optimizer_state import OPTIMIZERS
+
+__all__ = ["SPECS", "by_name"]
+
+_ALL_COMBINES = ("grad_mean", "loss_mean", "param_mean", "async")
+_ORDERS = ("split", "distributed_sampler")
+_DTYPES = ("float32", "float64")
+_MIXED = (*_DTYPES, "mixed_bfloat16")
+
+SPECS: tuple[EngineSpec, ...] = (
+    EngineSpec("tf.towers", "builtin", "tf", parallel=True, dtypes=_MIXED, keras=True, captures=True,
+               description="the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients,"
+                           " one update",
+               combines=_ALL_COMBINES, orders=_ORDERS, optimizers=OPTIMIZERS, stepwise=True, stateful=True,
+               optimizer_family="keras", sync_bn_gradient="own_loss", entry="tfpar.towers:TowerTrainer"),
+    EngineSpec("tf.single", "builtin", "tf", parallel=False, dtypes=_MIXED, keras=True, captures=True,
+               description="one TensorFlow device, the whole global batch",
+               combines=_ALL_COMBINES, orders=_ORDERS, optimizers=OPTIMIZERS, stepwise=True, stateful=True,
+               optimizer_family="keras", entry="tfpar.towers:TowerTrainer"),
+    EngineSpec("tf.v1", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
+               description="the classic tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower,"
+                           " average_gradients)",
+               combines=("grad_mean", "loss_mean"), orders=("split",), optimizers=("sgd", "momentum", "adam"),
+               optimizer_family="tf.compat.v1", entry="tfpar.v1:run_v1"),
+    EngineSpec("tf.mirrored", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
+               description="tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
+               combines=("grad_mean", "loss_mean"), orders=("split",), optimizers=OPTIMIZERS,
+               optimizer_family="keras", entry="tfpar.mirrored:run_mirrored"),
+    EngineSpec("tf.multiworker", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True,
+               description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker"
+                           " (python -m parity_tests.launch.tf)",
+               combines=("grad_mean", "loss_mean"), orders=("split",), optimizers=OPTIMIZERS,
+               optimizer_family="keras", entry="tfpar.multiworker:run_multiworker", in_process=False),
+)
+
+
+def by_name(name: str) -> EngineSpec:
+    """The declaration of the TensorFlow engine ``name`` (``KeyError`` for another name)."""
+    return {s.name: s for s in SPECS}[name]
