@@ -40,7 +40,7 @@ RTOL, ATOL = 1e-10, 1e-12
 @pytest.fixture(autouse=True, scope="module")
 def _tf_devices():
     """Configure TensorFlow's tower devices before the direct checks run their first op."""
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
 
@@ -469,7 +469,7 @@ GELU_PROBES = {f"dense {fn}, semantics {sem}": ([6], [{"type": "dense", "units":
 
 def main() -> None:
     """Print each probe's largest normwise relative gap, TF vs torch, float64 (docs/layers.md)."""
-    from parity_tests.running.harness import tf_device_count
+    from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
     print("| section 7 layer (probe) | largest gap TF vs torch (where) |")
