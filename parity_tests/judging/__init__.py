@@ -1,1 +1,1 @@
-"""Judging parity: the comparator, the tolerance model, the theory of known differences, the judge."""
+"""Judging parity: the comparator, the rules and bounds, the theory of known differences, pair verdicts (no runner: the session layer runs)."""

@@ -1,6 +1,6 @@
 """One pair's verdict with every guard, and what theory's prediction makes of it.
 
-The free comparison (``judge.compare_case``) and lockstep (``running.lockstep``) both judge
+The free comparison (``session.comparison.compare_case``) and lockstep (``session.lockstep``) both judge
 a pair through :func:`judge_sides` (a rule, then every guard) and settle theory's prediction
 through :func:`resolve`, so neither can pass what the other fails.
 

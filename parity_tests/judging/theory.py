@@ -214,7 +214,7 @@ def _held(impl: str, held: Mapping[str, str | None]) -> str:
 
     Built-ins: Keras' classes made under floatx float32 on the TensorFlow side, exact numbers on
     the torch side. A TensorFlow plugin says what it made once it has run (``held[impl]``,
-    ``judge.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
+    ``session.comparison.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
     a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
     """
     found = _engine(impl)
@@ -255,7 +255,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     settles it by measuring the mapped run (``docs/tolerance.md``, "Predictions").
 
     ``held``: for TensorFlow plugins that have run, what their Keras optimizers held in float32
-    (``judge.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
+    (``session.comparison.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
     """
     held = held or {}
     found: list[Difference] = []

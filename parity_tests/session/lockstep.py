@@ -450,7 +450,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
         a, b = side("a", k), side("b", k)
         v = judge_sides(dtype, a, b, rule=rule)
         residual = None
-        if mapping is not None:  # as the free compare judges it (judge._Judged.residual)
+        if mapping is not None:  # as the free compare judges it (session.comparison._Judged.residual)
             residual = judge_sides(dtype, a, side("sm", k), rule=rule) if mapping.side == impl else \
                 judge_sides(dtype, side("sm", k), b, rule=rule)
             if mapping.stand_in and residual.status == "parity":

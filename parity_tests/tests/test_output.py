@@ -1,5 +1,5 @@
 """Output (issue 26, item 6): report file names safe and unique for any implementation name, and progress
-that never shares a line with an error or a verdict (``reporting/progress.py``)."""
+that never shares a line with an error or a verdict (``session/progress.py``)."""
 
 from __future__ import annotations
 
