@@ -61,6 +61,9 @@ channel_pad
     zeros before and after on the last axis (``tf.pad``).
 reshape
     ``tf.reshape`` to ``[batch, *shape]`` (channels-last order).
+depthwise_conv2d
+    ``tf.nn.depthwise_conv2d`` + ``tf.nn.bias_add`` (Keras ``DepthwiseConv2D``); output channel
+    ``c M + m`` is input channel ``c``'s filter ``m``.
 position_embedding, class_token, take_token
     ``x + embeddings[:T]``; ``concat([token] * B, x)`` on the token axis; ``x[:, index]``.
 explicit padding
@@ -269,6 +272,15 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         if layer["use_bias"] and compute is not None:
             h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
         elif layer["use_bias"]:
+            h = tf.nn.bias_add(h, params[f"{i}.bias"])
+        return _ACT[layer["activation"]](h)
+    if kind == "depthwise_conv2d":  # Keras' DepthwiseConv2D: tf.nn.depthwise_conv2d, then bias_add
+        (sh, sw) = layer["strides"]
+        padding = layer["padding"]
+        if not isinstance(padding, str):
+            h, padding = _explicit_pad(h, padding), "valid"
+        h = tf.nn.depthwise_conv2d(h, params[f"{i}.kernel"], strides=[1, sh, sw, 1], padding=padding.upper())
+        if layer["use_bias"]:
             h = tf.nn.bias_add(h, params[f"{i}.bias"])
         return _ACT[layer["activation"]](h)
     if kind == "max_pool2d":

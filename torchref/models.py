@@ -27,7 +27,8 @@ torch's symmetric ``padding=`` expresses, ``F.pad`` with zeros first, and withou
 (``F.adaptive_avg_pool2d(h, 1)``, ``nn.AdaptiveAvgPool2d``'s); ``channel_pad``
 (``F.pad`` on the channel axis); ``reshape`` (in NHWC order); ``position_embedding``
 (``x + embeddings[:T]``), ``class_token`` (``torch.cat`` of the expanded token before
-the tokens), ``take_token`` (``x[:, index]``). Under ``semantics: tf`` a
+the tokens), ``take_token`` (``x[:, index]``); ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
+depthwise form, with the kernel ``[kh, kw, C, M]`` turned into ``[C*M, 1, kh, kw]``). Under ``semantics: tf`` a
 GELU uses TensorFlow's float32-rounded constants (``1/sqrt(2)`` or ``0.044715``).
 Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_kernel``
 inside the module, and :meth:`CaseModel.canonical` maps it back).
@@ -222,6 +223,13 @@ class CaseModel(nn.Module):
             h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
             w = self._p(path, "kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
             h = F.conv2d(h, w, self._p(path, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]))
+            return _ACT[layer["activation"]](h)
+        if kind == "depthwise_conv2d":  # nn.Conv2d(C, C*M, groups=C): kernel [kh, kw, C, M] -> [C*M, 1, kh, kw]
+            h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
+            kernel = self._p(path, "kernel")
+            kh, kw, c, m = kernel.shape
+            w = kernel.permute(2, 3, 0, 1).reshape(c * m, 1, kh, kw)
+            h = F.conv2d(h, w, self._p(path, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]), groups=c)
             return _ACT[layer["activation"]](h)
         if kind == "max_pool2d":
             h = F.pad(h, _pads(h, layer["padding"], layer["pool_size"], layer["strides"]), value=-math.inf)

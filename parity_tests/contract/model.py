@@ -31,6 +31,8 @@ Architecture layers (``shared/CONTRACT.md`` section 7; ``docs/layers.md``):
 ``position_embedding``  ``length`` (>= T): learned ``[length, D]``, its first T rows added to ``[T, D]``.
 ``class_token`` prepends a learned token ``[1, D]``: ``[T, D] -> [T + 1, D]``.
 ``take_token``  ``index`` (0): ``[T, D] -> [D]``.
+``depthwise_conv2d``  ``kernel_size``, ``strides`` (1, equal along both axes: TensorFlow's kernel
+                needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``.
 
 ``conv2d``, ``max_pool2d`` and ``avg_pool2d`` take an explicit ``padding``
 ``[[top, bottom], [left, right]]`` too. Inside a ``residual`` or ``repeat`` body
@@ -69,7 +71,8 @@ __all__ = [
 
 #: the section 7 layers this module adds to the first vocabulary (mixed_bfloat16 refuses them)
 ARCHITECTURE_TYPES = ("activation", "layer_norm", "rms_norm", "residual", "repeat", "avg_pool2d",
-                      "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token")
+                      "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token",
+                      "depthwise_conv2d")
 LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout", *ARCHITECTURE_TYPES)
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid")
 GELUS = ("gelu", "gelu_tanh")
@@ -296,6 +299,24 @@ def _pool2d(layer: dict, shape: tuple[int, ...], p: str, kind: str) -> dict:
     return out
 
 
+def _depthwise_conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "kernel_size", "strides", "padding", "depth_multiplier", "use_bias", "activation"}, p)
+    _image(shape, p, "depthwise_conv2d")
+    out = {
+        "type": "depthwise_conv2d",
+        "kernel_size": _pair(need(layer, "kernel_size", p), f"{p}.kernel_size", "[kernel height, kernel width]"),
+        "strides": _pair(layer.get("strides", 1), f"{p}.strides", "[stride along height, along width]"),
+        "padding": _padding(layer.get("padding", "valid"), f"{p}.padding"),
+        "depth_multiplier": integer(layer.get("depth_multiplier", 1), f"{p}.depth_multiplier", 1, 10_000),
+        "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
+        "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+    }
+    if out["strides"][0] != out["strides"][1]:  # tf.nn.depthwise_conv2d refuses unequal strides
+        raise CaseError(f"{p}.strides", "the same stride along height and width for a depthwise_conv2d layer", out["strides"])
+    _window(shape, out["kernel_size"], out["strides"], out["padding"], p, "kernel_size", "kernel")
+    return out
+
+
 def _max_pool2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
     return _pool2d(layer, shape, p, "max_pool2d")
 
@@ -374,6 +395,7 @@ _LAYERS = {
     "position_embedding": _position_embedding,
     "class_token": _class_token,
     "take_token": _take_token,
+    "depthwise_conv2d": _depthwise_conv2d,
 }
 
 

@@ -114,6 +114,12 @@ def _layer(path: str, layer: dict, shape: tuple[int, ...]) -> tuple[list[ParamSp
         if layer.get("use_bias", True):
             params.append(ParamSpec(f"{path}.bias", (layer["filters"],), True, "bias"))
         shape = _spatial(shape, layer["kernel_size"], layer["strides"], layer["padding"], layer["filters"])
+    elif kind == "depthwise_conv2d":  # Keras' DepthwiseConv2D: kernel [kh, kw, C, M], bias [C*M]
+        (kh, kw), c, m = layer["kernel_size"], shape[2], layer["depth_multiplier"]
+        params.append(ParamSpec(f"{path}.kernel", (kh, kw, c, m), True, "kernel"))
+        if layer["use_bias"]:
+            params.append(ParamSpec(f"{path}.bias", (c * m,), True, "bias"))
+        shape = _spatial(shape, layer["kernel_size"], layer["strides"], layer["padding"], c * m)
     elif kind in ("max_pool2d", "avg_pool2d"):
         shape = _spatial(shape, layer["pool_size"], layer["strides"], layer["padding"], shape[2])
     elif kind == "flatten":

@@ -120,6 +120,7 @@ def test_both_sides_name_nested_parameters_canonically():
     ([3, 4], {"type": "position_embedding", "length": 2}, "model.layers[0].length", ">= 3"),
     ([3, 4], {"type": "take_token", "index": 3}, "model.layers[0].index", "<= 2"),
     ([12], {"type": "class_token"}, "model.layers[0]", "token input [tokens, width]"),
+    ([4, 4, 2], {"type": "depthwise_conv2d", "kernel_size": 2, "strides": [1, 2]}, "model.layers[0].strides", "same stride"),
 ])
 def test_bad_layers_are_refused_in_one_line(shape, layer, field, words):
     with pytest.raises(CaseError) as e:
@@ -168,6 +169,10 @@ DIRECT = {
         {"type": "conv2d", "filters": 4, "kernel_size": 3, "strides": 2, "padding": [[1, 1], [1, 1]]}], "shortcut": [
         {"type": "max_pool2d", "pool_size": 1, "strides": 2}, {"type": "channel_pad", "before": 1, "after": 1}]}]),
     "repeat": ([4], [{"type": "repeat", "count": 2, "body": [{"type": "dense", "units": 4, "activation": "tanh"}]}]),
+    "depthwise_conv2d same s2, multiplier 2": ([6, 5, 3], [{"type": "depthwise_conv2d", "kernel_size": 3, "strides": 2,
+                                                         "padding": "same", "depth_multiplier": 2, "activation": "relu"}]),
+    "depthwise_conv2d explicit, no bias": ([5, 5, 2], [{"type": "depthwise_conv2d", "kernel_size": [2, 3],
+                                                       "padding": [[1, 0], [1, 1]], "use_bias": False}]),
     "position_embedding (longer than T)": ([3, 4], [{"type": "position_embedding", "length": 5}]),
     "class_token + take_token": ([3, 4], [{"type": "class_token"}, {"type": "dense", "units": 4, "activation": "tanh"},
                                           {"type": "take_token", "index": 1}]),
@@ -274,6 +279,27 @@ def test_avg_pool_torch_side_is_nn_avg_pool2d(count_padding):
     assert not np.allclose(other(torch.as_tensor(x).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).numpy(), want)
 
 
+def test_depthwise_conv2d_is_keras_and_torchs():
+    """Keras ``DepthwiseConv2D`` (kernel ``[kh, kw, C, M]``) and ``nn.Conv2d(C, C*M, groups=C)`` with the same weights."""
+    import keras
+    import torch
+    from torch import nn
+
+    layers = _layers([6, 5, 3], [{"type": "depthwise_conv2d", "kernel_size": 3, "strides": 2, "padding": "same",
+                                  "depth_multiplier": 2}])
+    params = _init([6, 5, 3], layers)
+    x = _x([6, 5, 3])
+    kl = keras.layers.DepthwiseConv2D(3, 2, padding="same", depth_multiplier=2, dtype="float64")
+    np.testing.assert_array_equal(_tf_run(layers, params, x)["out"], _keras(kl, x, [params["0.kernel"], params["0.bias"]]))
+    tl = nn.Conv2d(3, 6, 3, stride=2, groups=3, dtype=torch.float64)
+    with torch.no_grad():  # output channel c*M + m is input channel c's filter m, in both frameworks
+        tl.weight.copy_(torch.as_tensor(params["0.kernel"]).permute(2, 3, 0, 1).reshape(6, 1, 3, 3))
+        tl.bias.copy_(torch.as_tensor(params["0.bias"]))
+    # TensorFlow's SAME here pads 1 row after (6 rows) and 1 column each side (5 columns): given explicitly to torch
+    want = tl(torch.nn.functional.pad(torch.as_tensor(x).permute(0, 3, 1, 2), (1, 1, 0, 1))).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(_torch_run(layers, params, x)["out"], want.detach().numpy(), rtol=1e-15, atol=1e-15)
+
+
 def test_global_pool_residual_and_activations_are_the_frameworks():
     """``GlobalAveragePooling2D`` / ``nn.AdaptiveAvgPool2d``; ``keras.layers.Add``; Keras' and torch's activations."""
     import keras
@@ -349,6 +375,11 @@ END_TO_END = {
                                                                               "semantics": "torch"},
                                       {"type": "layer_norm", "epsilon": 1e-5}, {"type": "reshape", "shape": [-1]},
                                       {"type": "dense", "units": 3}]),
+    "depthwise separable block": ([8, 8, 1], [
+        {"type": "conv2d", "filters": 2, "kernel_size": 3, "padding": "same", "activation": "relu"},
+        {"type": "depthwise_conv2d", "kernel_size": 3, "strides": 2, "padding": "same", "depth_multiplier": 2,
+         "activation": "relu"},
+        {"type": "dense", "units": 4, "activation": "relu"}, *_HEAD]),
     "tokens: class token, position embedding, take token": ([8, 8, 1], [
         {"type": "reshape", "shape": [16, 4]}, {"type": "dense", "units": 4}, {"type": "class_token"},
         {"type": "position_embedding", "length": 20},
