@@ -279,6 +279,24 @@ def test_avg_pool_torch_side_is_nn_avg_pool2d(count_padding):
     assert not np.allclose(other(torch.as_tensor(x).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).numpy(), want)
 
 
+def test_dense_on_tokens_is_keras_dense_and_nn_linear():
+    """On ``[B, T, D]``: Keras ``Dense`` bit for bit; ``nn.Linear`` (``addmm`` with the kernel transposed) to rounding."""
+    import keras
+    import torch
+    from torch import nn
+
+    layers = _layers([5, 6], [{"type": "dense", "units": 4}])
+    params = _init([5, 6], layers)
+    x = _x([5, 6])
+    kl = keras.layers.Dense(4, dtype="float64")
+    np.testing.assert_array_equal(_tf_run(layers, params, x)["out"], _keras(kl, x, [params["0.kernel"], params["0.bias"]]))
+    tl = nn.Linear(6, 4, dtype=torch.float64)
+    with torch.no_grad():
+        tl.weight.copy_(torch.as_tensor(params["0.kernel"]).T)
+        tl.bias.copy_(torch.as_tensor(params["0.bias"]))
+    np.testing.assert_allclose(_torch_run(layers, params, x)["out"], tl(torch.as_tensor(x)).detach().numpy(), rtol=1e-14, atol=1e-15)
+
+
 def test_depthwise_conv2d_is_keras_and_torchs():
     """Keras ``DepthwiseConv2D`` (kernel ``[kh, kw, C, M]``) and ``nn.Conv2d(C, C*M, groups=C)`` with the same weights."""
     import keras
