@@ -58,7 +58,8 @@ def main() -> None:
     import numpy as np
 
     from parity_tests.judging.bfloat16 import _errors, _storage
-    from parity_tests.judging.tolerance import _gaps, _judged_keys, _row_max, _scales, _spread
+    from parity_tests.judging.gaps import _gaps, _judged_keys, _row_max, _scales
+    from parity_tests.judging.perturbation import _spread
     from parity_tests.session import comparison as judge
 
     t0 = time.perf_counter()

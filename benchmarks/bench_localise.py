@@ -5,7 +5,7 @@
 For every mutant of ``parity_tests/tests/mutants`` (classic tower and DDP bugs
 written as plugins), the stage where the bug lives (written here by hand, from
 the bug's description: the chain ``inputs, forward, loss, device_grads,
-combined_grads, clip, update, state, record`` of CONTRACT §6) beside the stage,
+combined_grads, clip, update, state, record`` of docs/localisation.md) beside the stage,
 step and device that ``tfpar compare`` reports in ``report.json``'s
 ``localisation``, and the seconds localisation took: reading the recorded
 channels, plus (for a first bad step inside the step) the capture runs of both

@@ -1,4 +1,4 @@
-"""How far ``param_mean`` and ``async`` drift from ``grad_mean`` on the seeds' MLP (docs/combine-rules.md).
+"""How far ``param_mean`` and ``async`` drift from ``grad_mean`` on the classic tower programs' MLP (docs/combine-rules.md).
 
     .venv/bin/python benchmarks/combine_drift.py
 
@@ -12,7 +12,7 @@ rate times N, and against ``torch.ddp`` running the same rule.
 from __future__ import annotations
 
 from parity_tests.contract.case import load_case
-from parity_tests.judging.tolerance import judge_float64
+from parity_tests.judging.rules import judge_float64
 from parity_tests.running.harness import run_impl
 
 RULES = [("param_mean", {"parallel.period": 1}), ("param_mean", {"parallel.period": 4}),

@@ -38,7 +38,7 @@ _MOVED = {
     "specs": "contract.specs", "generators": "contract.generators", "trajectory": "protocol.trajectory",
     "atomic": "protocol.atomic",
     "harness": "running.harness", "manifest": "running.manifest",
-    "compare": "judging.compare", "tolerance": "judging.tolerance", "theory": "judging.theory",
+    "compare": "judging.compare", "theory": "judging.theory",
     "judge": "session.comparison",
     "report": "reporting.report", "matrix": "reporting.matrix", "docs_optimizers": "reporting.docs_optimizers",
     "strategies": "testing.strategies", "profiles": "testing.profiles", "failures": "testing.failures",

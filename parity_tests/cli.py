@@ -63,7 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lockstep", action="store_true",
                    help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
                         "exit status from lockstep's verdicts")
-    c.add_argument("--failures", default=None, help=argparse.SUPPRESS)
 
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
     m.add_argument("--out", default="report", help="report folder (default: %(default)s)")

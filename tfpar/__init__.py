@@ -1,7 +1,7 @@
-"""tfpar: TensorFlow multi-device (tower) data-parallel training, as the seeds describe it.
+"""tfpar: TensorFlow multi-device (tower) data-parallel training, as the classic tower programs describe it (docs/implementations.md).
 
 The library a TensorFlow user imports to train on several devices:
-``make_parallel``, ``average_gradients``, :class:`TowerTrainer`; the seeds'
+``make_parallel``, ``average_gradients``, :class:`TowerTrainer`; the classic tower programs'
 own ``tf.compat.v1`` graph towers (``build_towers``, :mod:`tfpar.v1`) and a
 ``MirroredStrategy`` loop (:mod:`tfpar.mirrored`); and the runner the parity
 tool calls (``run_case``). TensorFlow only: never imports torch. Names load on first use

@@ -1,6 +1,6 @@
 """``async``: asynchronous data parallelism on a deterministic schedule.
 
-The seeds' asynchronous variant: every device applies its own gradient to the
+The classic tower programs' asynchronous variant: every device applies its own gradient to the
 shared parameters as soon as it has it, with no averaging. Real asynchrony is
 a race; here the race is replaced by a *seeded schedule*, so that two
 implementations can be compared update for update.
@@ -71,7 +71,7 @@ class AsyncTrainer:
     Args:
         loss_fn: ``loss_fn(params, x, y, masks) -> scalar``, the loss of one shard.
         variables: canonical name -> ``tf.Variable`` (the shared parameters, on the
-            combine device: the seeds' parameter server).
+            combine device: the classic tower programs' parameter server).
         optimizer: applies every device's gradient, in order.
         devices: one device name per tower; tower r computes its gradients there.
         staleness: ``s >= 0`` (module docstring).

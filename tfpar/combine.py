@@ -1,6 +1,6 @@
-"""Combining towers: the seeds' ``average_gradients`` and the averaged loss.
+"""Combining towers: the classic tower programs' ``average_gradients`` and the averaged loss.
 
-Weights: ``equal`` gives every tower 1/N (a plain mean, as the seeds and DDP
+Weights: ``equal`` gives every tower 1/N (a plain mean, as the classic tower programs and DDP
 do); ``by_size`` gives tower r the weight n_r/B, which makes the combined
 gradient equal the full-batch gradient of a mean loss even for uneven shards;
 ``sum`` gives every tower 1 (with a sum reduction: the full-batch sum).
@@ -37,12 +37,12 @@ def average_gradients(tower_grads: Sequence[Sequence[tf.Tensor]], weights: Seque
 
     Args:
         tower_grads: ``[N towers][V variables]`` gradients, each of the
-            variable's shape (as the seeds collect them: one list per tower).
+            variable's shape (as the classic tower programs collect them: one list per tower).
         weights: ``[N]`` tower weights summing to 1, or ``None`` for the plain mean.
     Returns:
         ``[V]`` combined gradients: ``g = (1/N) sum_r g_r`` or ``g = sum_r w_r g_r``.
 
-    The plain mean is computed as the seeds do it: stack along a new tower
+    The plain mean is computed as the classic tower programs do it: stack along a new tower
     axis and ``reduce_mean``.
     """
     out = []

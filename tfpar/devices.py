@@ -169,7 +169,7 @@ def session_config() -> tf.compat.v1.ConfigProto:
     A Session given its own ``ConfigProto`` starts from one CPU device
     (measured: 1 device instead of 8); the eager context's config carries the
     logical-device set-up, so we start from it and add ``allow_soft_placement``
-    (ops without a kernel on a tower's device fall back, as the seeds configure).
+    (ops without a kernel on a tower's device fall back, as the classic tower programs configure).
     """
     configure_devices()
     cfg = tf.compat.v1.ConfigProto()

@@ -1,6 +1,6 @@
 """``param_mean``: local SGD over towers, every device updating its own copy, parameters averaged every ``period`` steps.
 
-The seeds' third way of combining towers: each device applies its own update
+The classic tower programs' third way of combining towers: each device applies its own update
 to its own copy of the parameters, then the copies are averaged. Precisely,
 for N devices with weights ``w_r`` (``equal``: 1/N; ``by_size``: n_r/B) and
 ``period`` p, step k = 1, 2, ...:

@@ -22,7 +22,7 @@ Loss scaling and tower weights (``l_r``: replica r's mean loss over its
     the strategy's documented recipe, and its natural weighting.
 ``equal``
     ``compute_average_loss(per_example)`` with the default global batch size,
-    ``n_r * N`` = ``l_r / N``: the seeds' plain mean over towers (differs from
+    ``n_r * N`` = ``l_r / N``: the classic tower programs' plain mean over towers (differs from
     ``by_size`` only for uneven shards).
 ``model.reduction: sum``
     per-replica ``l_r`` is a sum; it is scaled by the same weight (``1/N`` or
@@ -364,7 +364,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         return total, grads, out
 
     step = tf.function(lambda x, y, extras: step_impl(x, y, extras, False)[:2], autograph=False)
-    # a second trace, used for the one captured step (CONTRACT §6 stages), as TowerTrainer does
+    # a second trace, used for the one captured step (docs/localisation.md stages), as TowerTrainer does
     capture_step = tf.function(lambda x, y, extras: step_impl(x, y, extras, True), autograph=False)
 
     x_all = np.asarray(payload["x"], np_dtype)

@@ -198,7 +198,7 @@ def needs_towers_fn(layers: Sequence[Mapping]) -> bool:
 
 
 def build_variables(init: Mapping[str, np.ndarray], dtype: tf.DType, *, device: str = "/device:CPU:0") -> dict[str, tf.Variable]:
-    """One variable per canonical name, on ``device`` (the seeds keep variables on the CPU).
+    """One variable per canonical name, on ``device`` (the classic tower programs keep variables on the CPU).
 
     Batch-norm moving statistics become non-trainable variables (see :func:`is_state`).
     """

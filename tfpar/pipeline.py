@@ -1,4 +1,4 @@
-"""The seeds' input pipeline: TFRecord files, ``tf.data``, and torch's ``DistributedSampler`` order.
+"""The classic tower programs' input pipeline: TFRecord files, ``tf.data``, and torch's ``DistributedSampler`` order.
 
 A case's rows are written as a TFRecord file (one ``tf.train.Example`` per
 row, :func:`write_tfrecord`) and read back with ``tf.data.TFRecordDataset`` and
@@ -6,8 +6,8 @@ row, :func:`write_tfrecord`) and read back with ``tf.data.TFRecordDataset`` and
 
 ``split`` order (:func:`split_batches`)
     ``repeat().batch(B)``: step k reads rows ``[k B, (k+1) B)``, and the towers
-    split that global batch (``parallel.shard``). This is the seeds' pipeline
-    without its shuffle; :func:`seed_pipeline` is the seeds' pipeline with it
+    split that global batch (``parallel.shard``). This is the classic tower programs' pipeline
+    without its shuffle; :func:`seed_pipeline` is the classic tower programs' pipeline with it
     (``shuffle(buffer, seed).repeat().batch(B)``), whose order is TensorFlow's
     own and cannot be reproduced by torch.
 ``distributed_sampler`` order (:func:`sampler_batches`)
@@ -142,7 +142,7 @@ def read_tfrecord(path: str | os.PathLike, fields: Mapping[str, Field]) -> tf.da
 
 def seed_pipeline(ds: tf.data.Dataset, global_batch: int, *, shuffle_buffer: int | None = None,
                   seed: int | None = None) -> tf.data.Dataset:
-    """The seeds' pipeline: ``shuffle(buffer, seed=seed).repeat().batch(global_batch)``.
+    """The classic tower programs' pipeline: ``shuffle(buffer, seed=seed).repeat().batch(global_batch)``.
 
     With ``reshuffle_each_iteration`` (TF's default) every epoch has its own
     order, determined by ``seed``; batches straddle epoch boundaries (``repeat``

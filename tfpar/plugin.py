@@ -1,4 +1,4 @@
-"""Users' own TensorFlow training code as an implementation (CONTRACT §5).
+"""Users' own TensorFlow training code as an implementation (docs/plugins.md).
 
 A plugin is a function marked with :func:`tensorflow`; the parity tool calls
 it with one :class:`Run`, once per run, each time in a fresh process forked from
@@ -300,7 +300,7 @@ class Run(RunBase):
         sample_weights: ``[rows]`` per-example weights (``data.sample_weights``) or ``None``.
         capture_step: the step (1-based) whose per-device values the tool asks for
             (``run.record(..., device_grads=...)``), or ``None``: it re-runs a plugin with it set
-            to localise a divergence (CONTRACT §6); values given at other steps are dropped.
+            to localise a divergence (docs/localisation.md); values given at other steps are dropped.
         layer_hooks: record every leaf Keras layer's output at :attr:`capture_step` without
             ``activations=`` (:class:`KerasLayerHooks`); set it to ``False`` before :meth:`begin`
             to opt out (the captured step then also runs its ``tf.function`` code as graphs).
@@ -369,7 +369,7 @@ class Run(RunBase):
                 after this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
 
         The four per-device values are kept only at :attr:`capture_step` (they localise a
-        divergence to a stage and a tower, CONTRACT §6); pass them every step or only then.
+        divergence to a stage and a tower, docs/localisation.md); pass them every step or only then.
         Without ``activations``, the leaf Keras layers' outputs that :class:`KerasLayerHooks`
         saw on each tower stand in for them (``"leaves"``; never over what was given).
         """

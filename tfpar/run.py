@@ -75,7 +75,7 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     Args:
         payload: ``{"spec": dict, "x": [rows, ...], "y": [rows, ...], "init": {name: array}}``.
         impl: ``tf.towers`` (N towers, N = ``parallel.devices``), ``tf.single``
-            (one device, the whole global batch), ``tf.v1`` (the seeds'
+            (one device, the whole global batch), ``tf.v1`` (the classic tower programs'
             ``tf.compat.v1`` graph towers, :mod:`tfpar.v1`) or ``tf.mirrored``
             (``MirroredStrategy``, :mod:`tfpar.mirrored`).
         progress: called with the number of steps done.

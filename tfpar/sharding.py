@@ -1,7 +1,7 @@
 """Splitting a global batch across towers, in TensorFlow ops.
 
 ``contiguous``: ``tf.split`` with ``np.array_split`` sizes (the first ``B mod N``
-towers get one extra row), the seeds' ``tf.split``. ``strided``: tower r takes
+towers get one extra row), the classic tower programs' ``tf.split``. ``strided``: tower r takes
 rows r, r+N, r+2N, ... (the order of torch's ``DistributedSampler`` without
 shuffling or padding).
 """

@@ -1,6 +1,6 @@
 """The TF2 tower engine: split the global batch, one tower per device, combine, apply once.
 
-This is the classic multi-GPU pattern of the seeds, written for TensorFlow 2:
+This is the multi-GPU pattern of the classic tower programs (docs/implementations.md), written for TensorFlow 2:
 
 1. the global batch ``[B, ...]`` is split into N shards (``tf.split``);
 2. tower r computes its loss ``l_r`` and gradients ``g_r`` under
@@ -74,7 +74,7 @@ class TowerTrainer:
         shard: ``contiguous`` or ``strided``.
         weighting: ``equal`` or ``by_size``.
         combine_device: where gradients are averaged and the update runs
-            (the seeds' "parameter server": the variables' device by default).
+            (the classic tower programs' "parameter server": the variables' device by default).
         clip: clipping by global norm (:class:`~tfpar.optimizers.GradientClip`):
             ``where="per_device"`` clips each tower's gradients before they are
             averaged (the classic tower order; needs ``grad_mean``),

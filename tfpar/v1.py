@@ -1,4 +1,4 @@
-"""``tf.v1``: the seeds' graph-mode towers on ``tf.compat.v1``, as the classic multi-GPU code wrote them.
+"""``tf.v1``: the classic tower programs' graph-mode towers on ``tf.compat.v1``, as they wrote them (docs/implementations.md).
 
 The pattern of TensorFlow's CIFAR-10 multi-GPU tutorial
 (``cifar10_multi_gpu_train.py``), kept step for step:
@@ -109,7 +109,7 @@ def average_gradients(tower_grads: Sequence[Sequence[tuple[tf.Tensor, tf.Variabl
         tower_grads: ``[N towers][V]`` lists of ``(gradient, variable)`` pairs,
             as ``opt.compute_gradients`` returns them, in the same variable order.
         weights: ``[N]`` tower weights summing to 1 (``by_size``), or ``None``
-            for the plain mean of the seeds.
+            for the plain mean of the classic tower programs.
     Returns:
         ``[V]`` pairs ``(g, v)``: ``g = (1/N) sum_r g_r`` (or ``sum_r w_r g_r``),
         of the variable's shape; ``v`` is the first tower's variable (they are
@@ -206,7 +206,7 @@ def build_towers(
             ``get_or_create_global_step()``.
         var_list: the variables to train; by default every trainable variable
             of the graph once the first tower is built (``compute_gradients``'
-            default, as the seeds use it).
+            default, as the classic tower programs use it).
         clip: ``clip(grads) -> grads`` over one list of gradients (e.g.
             ``lambda gs: tf.clip_by_global_norm(gs, c)[0]``), or ``None``.
         clip_where: ``per_device`` clips each tower's gradients on its device
@@ -238,7 +238,7 @@ def build_towers(
     with tf.device(variables_device):
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
-        # the seeds split the batch once, on the parameter device, then hand
+        # the classic tower programs split the batch once, on the parameter device, then hand
         # each tower its slice
         shards = [split_batch(t, n, shard) for t in inputs]
     tower_losses: list[tf.Tensor] = []
@@ -253,7 +253,7 @@ def build_towers(
                 loss_r = model_fn(*[s[r] for s in shards])
                 if r == 0:
                     train_vars = train_vars or v1.trainable_variables()
-                    # batch-norm statistics are updated from the first tower only, as the seeds do
+                    # batch-norm statistics are updated from the first tower only, as the classic tower programs do
                     update_ops = v1.get_collection(v1.GraphKeys.UPDATE_OPS, scope)
                 elif len(v1.global_variables()) != before:
                     raise ValueError(

@@ -188,7 +188,7 @@ class CaseModel(nn.Module):
         self.layers = layers
         self.batch_norm, self.group = batch_norm, group
         #: when a dict: every layer's output (canonical layout, detached copy) by layer index, set by
-        #: the capture step of a run (CONTRACT §6 ``forward`` stage)
+        #: the capture step of a run (docs/localisation.md ``forward`` stage)
         self.trace: dict[str, np.ndarray] | None = None
         #: module name (``3_body_1_kernel``) -> canonical name (``3.body.1.kernel``); torch reserves the dot
         self._canonical = {k.replace(".", "_"): k for k in init}

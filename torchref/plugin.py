@@ -1,4 +1,4 @@
-"""Users' own torch training code as an implementation (CONTRACT §5).
+"""Users' own torch training code as an implementation (docs/plugins.md).
 
 A plugin is a function marked with :func:`distributed` (run on each of the N
 ranks of the warm DDP pool, process group initialised) or :func:`single` (run
@@ -301,7 +301,7 @@ def _torch_slot_keys(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any]) 
 
 
 class Run(RunBase):
-    """What a torch plugin gets (see the module docstring and CONTRACT §5).
+    """What a torch plugin gets (see the module docstring and docs/plugins.md).
 
     Attributes:
         spec, dtype, steps, first_step, seed, initial, dropout_masks, sample_weights: as in ``tfpar.plugin.Run``
@@ -423,7 +423,7 @@ class Run(RunBase):
         """Once per step, after the update: the loss computed before it, every parameter after it (TF layouts).
 
         Optionally, this rank's own values of the step (kept only at :attr:`capture_step`, where
-        they localise a divergence to a stage and a rank, CONTRACT §6): ``device_grads``
+        they localise a divergence to a stage and a rank, docs/localisation.md): ``device_grads``
         ``{name: d l_r / d param}`` (TF layouts; the gradient of this rank's own loss, before
         DDP's all-reduce, clipping and weighting: what a DDP communication hook sees when the rank
         backpropagates its own mean loss), ``activations`` ``{layer name: output}``,

@@ -1,4 +1,4 @@
-"""The case contract (``parity-case/1``, CONTRACT §1-2): what a case and a trajectory are.
+"""The case contract (``parity-case/1``, docs/case-format.md): what a case and a trajectory are.
 
 ``case`` loads and validates a case (``model``, ``optimizer``, ``parallel``
 sections in their own modules); ``specs`` derives parameter names and shapes

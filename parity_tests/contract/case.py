@@ -127,7 +127,7 @@ class Case:
     perm: np.ndarray | None = field(default=None)
     w: np.ndarray | None = field(default=None)
     #: a step (1-based) whose per-device values the implementations should record (``device/...``
-    #: arrays, CONTRACT §6 stages); set by localisation with ``dataclasses.replace``, never from a file
+    #: arrays, docs/localisation.md stages); set by localisation with ``dataclasses.replace``, never from a file
     capture: int | None = field(default=None)
 
     @property
@@ -568,7 +568,7 @@ def case_from_dict(
 
 def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: Any, init: Any,
                    perm: Any = None) -> Case:
-    """A case whose model lives in the plugins (``"model": {"external": ...}``, CONTRACT §5)."""
+    """A case whose model lives in the plugins (``"model": {"external": ...}``, docs/plugins.md)."""
     model = validate_external_model(raw["model"])
     parallel = validate_parallel(need(raw, "parallel", ""))
     if parallel["combine"] not in ("grad_mean", "loss_mean"):

@@ -6,10 +6,10 @@ every implementation starts from the same numbers, bit for bit.
 Generators (``data.generator``):
 
 ``poly``
-    The seeds' polynomial regression: ``x ~ U[-10, 10]`` (scalar input),
+    The classic tower programs' polynomial regression: ``x ~ U[-10, 10]`` (scalar input),
     ``y = 5 x^2 + 3`` (shape ``[1]``). Use with a ``poly`` layer and ``mse``.
 ``binary5``
-    The seeds' binary task on 5 integer features: ``x`` integers in
+    The classic tower programs' binary task on 5 integer features: ``x`` integers in
     ``[0, 10)``, ``y = 1`` when the features sum to more than 22 (shape ``[1]``).
     Use with ``sigmoid_ce``.
 ``blobs``
@@ -181,7 +181,7 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
     """Initial values for every parameter, drawn in ``specs`` order from one generator.
 
     ``normal``: every trainable parameter ~ N(0, stddev^2) (biases too, as the
-    seeds' ``tf.random_normal`` initialisation does). ``glorot_uniform``:
+    classic tower programs' ``tf.random_normal`` initialisation does). ``glorot_uniform``:
     kernels ~ U[-l, l] with ``l = sqrt(6 / (fan_in + fan_out))``, biases zero
     (Keras' defaults). Batch-norm state starts at mean 0, variance 1;
     ``gamma`` (batch and layer norm) and ``scale`` (rms norm) at 1 and ``beta`` at 0 in both kinds.

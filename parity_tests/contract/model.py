@@ -432,7 +432,7 @@ def _loss_options(m: dict, loss: str, layers: list[dict], out_shape: tuple[int, 
 
 
 def is_external(m: Any) -> bool:
-    """True for ``{"external": ...}``: the model lives in the plugins (CONTRACT §5)."""
+    """True for ``{"external": ...}``: the model lives in the plugins (docs/plugins.md)."""
     return isinstance(m, dict) and "external" in m
 
 

@@ -4,7 +4,7 @@ A ``mixed_bfloat16`` run keeps float32 master weights and computes its layers in
 the float64 run of the same case (:func:`float64_reference`) is its ground truth. A pair is
 at parity when
 
-1. the two float64 runs agree (the float64 rule, :func:`tolerance.judge_float64`: a
+1. the two float64 runs agree (the float64 rule, :func:`rules.judge_float64`: a
    semantic difference shows there, on any CPU), and
 2. each side is as far from its float64 run as its bfloat16 arithmetic explains::
 
@@ -14,7 +14,7 @@ at parity when
        T_X[k]     = max_{j <= k} gap_j(X64 - X64[0], X64r - X64r[0])            (the storage term)
        E_X[k]     = F * rho_X * S[k] + 2 * T_X[k] + FLOAT32_ABS_FLOOR         (what its arithmetic explains)
 
-   with every gap measured against the float64 runs' norms (``tolerance._scales``), and
+   with every gap measured against the float64 runs' norms (``gaps._scales``), and
    ``e_X[k] <= E_X[k]`` at every step for the parameters and batch-norm state.
 
 Then by the triangle inequality ``gap(A, B) <= e_A + e_B + gap(A64, B64) <= E_A + E_B + gap64``:
@@ -83,7 +83,7 @@ matmuls give 1.8 and its conv filter gradient 2.1; torch's kernels round once ei
 by ``session.comparison._bf16_guard``): a side that does not compute in bfloat16 is *closer* to float64
 than the rule asks, so this rule cannot see it; its one-step float32 run can. The side's
 mixed run must part from its float32 run at step 1 (the loss and every combined gradient,
-``tolerance.bfloat16_signature``) by more than ``BF16_SIGNATURE_FACTOR = 16`` times that
+``perturbation.bfloat16_signature``) by more than ``BF16_SIGNATURE_FACTOR = 16`` times that
 float32 run's own distance from the float64 run at step 1, ``g32`` (plus ``4 * 2**-24`` for
 ``g32 = 0``). A run that computes in float32 is another float32 computation of the step:
 within ``2 g32`` of it by the triangle inequality through float64 (and in practice
@@ -95,7 +95,7 @@ this replaces fired on correct runs (gaps 5e-7 to 2.3e-4). 16 is 8 times the flo
 envelope and 8 times below the smallest bfloat16 ratio seen.
 
 Without a float64 run of a side (an implementation that declares no float64), the pair is
-judged by the perturbation rule alone (``tolerance.judge_perturbation`` with the first rerun).
+judged by the perturbation rule alone (``perturbation.judge_perturbation`` with the first rerun).
 """
 
 from __future__ import annotations
@@ -108,30 +108,26 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR
 from parity_tests.judging.compare import describe_key, describe_step, step_of_row
-from parity_tests.judging.tolerance import (
-    BF16_SIGNATURE,
-    FLOAT32_ABS_FLOOR,
+from parity_tests.judging.gaps import _gaps, _judged_keys, _row_max, _scales
+from parity_tests.judging.guards import _check_dtype, _structure
+from parity_tests.judging.loss_channel import (
     LOSS_KEY,
-    Verdict,
-    _check_dtype,
-    _finished,
-    _gaps,
-    _judged_keys,
     _judges_loss,
-    _known,
     _loss_channel_floor,
     _loss_gap,
     _loss_scale,
-    _row_max,
-    _scales,
-    _spread,
-    _structure,
     _with_loss,
+)
+from parity_tests.judging.perturbation import (
+    BF16_SIGNATURE,
+    _spread,
     bfloat16_signature,
-    judge_float64,
     round_bfloat16,
 )
+from parity_tests.judging.rules import judge_float64
+from parity_tests.judging.verdict import Verdict, _finished, _known
 
 __all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "BF16_STORAGE_FACTOR", "BF16_SIGNATURE_FACTOR", "Side", "judge_bfloat16",
            "float64_reference", "rounded_reference", "signature_bound"]
@@ -198,8 +194,8 @@ def signature_bound(f32: Mapping[str, Any], f64: Mapping[str, Any] | None) -> tu
     """``(bound, why)``: how far a mixed run must be from its float32 run at step 1 to compute in bfloat16.
 
     ``BF16_SIGNATURE_FACTOR * g32 + FLOAT32_ABS_FLOOR`` with ``g32`` the float32 run's step-1 gap
-    to the float64 run (``tolerance.bfloat16_signature``; module docstring); without a float64
-    run, ``tolerance.BF16_SIGNATURE``.
+    to the float64 run (``perturbation.bfloat16_signature``; module docstring); without a float64
+    run, ``perturbation.BF16_SIGNATURE``.
     """
     if f64 is None:
         return BF16_SIGNATURE, "bfloat16 rounds every operand by up to 2^-8 (no float64 run to measure float32's own rounding)"

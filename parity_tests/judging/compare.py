@@ -1,6 +1,6 @@
 """The one comparator: two trajectories, element by element, with messages a person can act on.
 
-A trajectory is a ``dict[str, np.ndarray]`` (CONTRACT.md section 2):
+A trajectory is a ``dict[str, np.ndarray]`` (docs/case-format.md, "Trajectories"):
 
 * ``loss`` ``[steps]`` and ``grad/<name>`` ``[steps, *shape]``: row ``k`` belongs to
   step ``k + 1`` (the loss and gradient of that step, before its update);
@@ -30,7 +30,7 @@ Warning:
     (:attr:`Comparison.first_nonfinite`), whether or not they are accepted.
 
 :func:`relative_gap` is the normwise per-row metric that the tolerance model
-(:mod:`parity_tests.judging.tolerance`) judges with; :func:`compare_arrays` is the
+(:mod:`parity_tests.judging.gaps`, :mod:`parity_tests.judging.rules`) judges with; :func:`compare_arrays` is the
 elementwise check of one step's array that both this module and the tolerance
 model use to produce the mismatch message.
 """

@@ -1,4 +1,4 @@
-"""Where two runs first part: the ``localisation`` of a verdict (CONTRACT §6), from what both recorded.
+"""Where two runs first part: the ``localisation`` of a verdict (docs/localisation.md), from what both recorded.
 
 A step runs ``inputs -> forward -> loss -> device_grads -> combined_grads ->
 clip -> update -> state``, and an implementation reports some of it: the
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.tolerance import SCALE_FLOOR
 from parity_tests.protocol.rows import RowArray, row_norms
 
 __all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at"]
@@ -104,11 +104,11 @@ def _result(step: int | None, stage: str | None, device: int | None, name: str |
 
 
 def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
-    """The CONTRACT §6 ``localisation`` of ``verdict`` between trajectories ``a`` (reference) and ``b``.
+    """The ``localisation`` (docs/localisation.md) of ``verdict`` between trajectories ``a`` (reference) and ``b``.
 
     Args:
         a, b: the judged trajectories (the case dtype); ``findings`` on either are read too.
-        verdict: the pair's :class:`~parity_tests.judging.tolerance.Verdict` (its bounds are used).
+        verdict: the pair's :class:`~parity_tests.judging.verdict.Verdict` (its bounds are used).
     Returns:
         ``{"first_bad_step", "stage", "device", "name", "gap", "bound", "explanation"}``;
         ``first_bad_step`` and ``stage`` are ``None`` when no channel is over its bound.
@@ -301,9 +301,9 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         spec: the case (per-device gradients are not compared under synchronized batch norm,
             where a tower's gradient of its own loss and a DDP rank's share differ by design).
     Returns:
-        ``None`` when either side captured nothing; else a CONTRACT §6 localisation (``stage``,
+        ``None`` when either side captured nothing; else a localisation (docs/localisation.md): ``stage``,
         ``device``, ``name``, ``gap``, ``bound``, ``explanation``; ``stage`` ``None`` when every
-        captured stage agrees) plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
+        captured stage agrees, plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
         the greatest gap of every stage compared, in step order.
     """
     da = {k[len("device/"):]: np.asarray(v) for k, v in a.items() if k.startswith("device/")}

@@ -6,14 +6,14 @@ through :func:`resolve`, so neither can pass what the other fails.
 
 :func:`judge_sides` applies, in order:
 
-1. the rule the pair is judged by (``tolerance``: float64 bound, float32 noise floor or
+1. the rule the pair is judged by (``rules``/``perturbation``: float64 bound, float32 noise floor or
    perturbation floor), with no expectation attached;
 2. the non-finite guard: a NaN or Inf anywhere (loss and gradients included) is never
    parity: one side is a divergence, both alike is no verdict (``error``);
 3. the findings guard: a run that found a divergence within itself (DDP replicas out of
    sync) makes every pair it is in a divergence;
 4. the vacuity guard (:func:`vacuity`): a pair in which nothing was really compared is
-   ``inconclusive`` (CONTRACT section 8), never parity.
+   ``inconclusive`` (docs/tolerance.md, "The verdict"), never parity.
 
 :func:`resolve` then applies the prediction (``theory.predict``): a divergence is an
 ``expected_difference`` only where a predicted difference explains the whole gap. Where a
@@ -33,17 +33,13 @@ from typing import Any
 import numpy as np
 
 from parity_tests.judging.bfloat16 import judge_bfloat16
+from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import compare_trajectories, first_nonfinite
 from parity_tests.judging.localise import STAGES, bound_at
+from parity_tests.judging.perturbation import judge_perturbation
+from parity_tests.judging.rules import judge_float32, judge_float64
 from parity_tests.judging.theory import Prediction
-from parity_tests.judging.tolerance import (
-    RULE_NONFINITE,
-    SCALE_FLOOR,
-    Verdict,
-    judge_float32,
-    judge_float64,
-    judge_perturbation,
-)
+from parity_tests.judging.verdict import RULE_NONFINITE, Verdict
 from parity_tests.protocol.rows import iter_rows
 
 __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPLICAS", "RULE_VACUOUS",
@@ -51,7 +47,7 @@ __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPL
 
 RULE_REPLICAS = "replicas in sync"
 RULE_VACUOUS = "nothing compared"
-#: ``tfpar compare`` exits 0 when every pair has one of these (CONTRACT section 8)
+#: ``tfpar compare`` exits 0 when every pair has one of these (docs/tolerance.md, "The verdict")
 OK_STATUSES = ("parity", "expected_difference")
 
 
@@ -94,8 +90,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
             ``perturbation`` (a side that runs only float32, and mixed_bfloat16).
         known: documented differences to name in the verdict.
         grads: other runs of the case whose gradients may bound the loss's sensitivity
-            (``tolerance.loss_sensitivity``).
-        perturbation: keyword arguments of ``tolerance.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
+            (``loss_channel.loss_sensitivity``).
+        perturbation: keyword arguments of ``perturbation.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
         bfloat16: for a mixed_bfloat16 pair whose sides ran float64 and their reruns, the two
             ``judging.bfloat16.Side``: judged by ``judge_bfloat16`` (``perturbation``'s ``loss`` applies).
     """
@@ -188,14 +184,14 @@ def _moved(traj: Mapping[str, Any], bound: float) -> bool:
 
 
 def vacuity(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Verdict) -> str | None:
-    """Why nothing was really compared between ``a`` and ``b`` (CONTRACT section 8), or ``None``.
+    """Why nothing was really compared between ``a`` and ``b`` (docs/tolerance.md, "The verdict"), or ``None``.
 
     In order: no steps; a loss non-finite on both sides from the first step; every recorded
     gradient exactly zero at every step; no parameter or state array moving beyond the
     verdict's bound on either side (a learning rate of 0, or too small to move a float32
     number); a loss exactly constant over two or more steps on both sides (a logged constant,
     or a loss that nothing changes). A divergence found in the logged loss alone is no
-    comparison of training either where nothing moves (CONTRACT section 8): the first four
+    comparison of training either where nothing moves (docs/tolerance.md, "The verdict"): the first four
     apply to it too; a constant loss only to a pair that would otherwise pass.
     """
     nonfinite_error = verdict.status == "error" and verdict.rule == RULE_NONFINITE

@@ -27,7 +27,7 @@ __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards"
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus"]
 
-#: where each predicted cause must first show in a step (CONTRACT §6 stages), by the words that name it
+#: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
     ("per-device sample-weight sums", "combined_grads"),  # each device's loss is right for its shard
     ("per-device weight sums", "combined_grads"),
@@ -59,7 +59,7 @@ class Difference:
         text: its name and how it arises (what the report prints).
         expected: ``True``: the two compute different updates in exact arithmetic (the judge
             must find it); ``False``: a *known* small effect, named where it shows.
-        stage: the CONTRACT section 6 stage where it must appear first (:func:`stage_of`).
+        stage: the docs/localisation.md stage where it must appear first (:func:`stage_of`).
         certain: present whenever its condition holds, and of a size no bound can hide
             (it changes what is logged at step 1: the loss or the moving statistics);
             otherwise its size depends on the values, and a run where it stays within the
@@ -377,7 +377,7 @@ def reported_loss_differs(spec: dict[str, Any], a: str, b: str) -> bool:
     logits; torch's (bfloat16 product + float32 bias) are float32: the two losses differ
     by the logits' bfloat16 rounding even where the gradients, which both sides round
     to bfloat16 on the way back, agree. The judge then reports the loss beside the
-    verdict instead of judging it (``tolerance``, "Mixed precision").
+    verdict instead of judging it (``perturbation``, "Mixed precision").
     """
     layers = spec["model"]["layers"]
     return (spec["dtype"] == "mixed_bfloat16" and _framework(a) != _framework(b)

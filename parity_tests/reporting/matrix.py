@@ -1,10 +1,10 @@
 """``tfpar matrix``: the built-in scenario matrix, written as a report.
 
-Rows: the seeds' scenarios (polynomial regression with Adam, the 5-10-1 binary
+Rows: the classic tower programs' scenarios (polynomial regression with Adam, the 5-10-1 binary
 MLP with SGD, a softmax classifier with momentum) x device counts 1, 2, 4, 8 x
 both combine rules x float32 and float64; in every row ``tf.towers`` is the
 reference and ``torch.ddp``, ``tf.single``, ``torch.single``, ``tf.v1`` (the
-seeds' graph towers) and ``tf.mirrored`` are judged against it (a path that
+classic tower programs' graph towers) and ``tf.mirrored`` are judged against it (a path that
 does not implement a row's features is listed as ``unsupported``). Then the rows where theory predicts a difference: sum reduction
 under data parallelism, uneven shards with equal weighting (and the
 ``by_size`` weighting that removes it), and native Adam across frameworks

@@ -110,7 +110,7 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
                  "*divergence* when it does not; *expected_difference* is a divergence that theory "
                  "predicts and that explains the whole gap (with it mapped away the rest is parity), "
                  "*unexpected_parity* a predicted difference it did not find, *inconclusive* a pair in which "
-                 "nothing was really compared (CONTRACT section 8).")
+                 "nothing was really compared (docs/tolerance.md).")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
     if meta.get("cpu"):
         lines += [_cpu_line(meta["cpu"], meta.get("kernels")), ""]
@@ -135,7 +135,7 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
         lines += ["", "## Where the runs part", "",
                   "For every pair not at parity: the first bad step and the earliest stage of the step"
                   " (inputs, forward, loss, device_grads, combined_grads, clip, update, state, record) whose"
-                  " values differ beyond their bound (CONTRACT §6); inside the step, from both sides re-run"
+                  " values differ beyond their bound (docs/localisation.md); inside the step, from both sides re-run"
                   " recording that step's per-device values.", "",
                   "| case | pair | step | stage | device | name | gap | bound | why |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in located:

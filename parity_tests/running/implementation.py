@@ -36,7 +36,7 @@ class Implementation:
         rerunnable: ``False`` for a recorded run (it cannot be run again from perturbed weights).
         declared: a built-in's :class:`EngineSpec` (``tfpar.engines``, ``torchref.engines``).
         captures: whether a run of a case with ``capture = k`` may record step k's per-device
-            values (``device/...``: inputs, activations, losses, gradients; CONTRACT §6 stages).
+            values (``device/...``: inputs, activations, losses, gradients; docs/localisation.md stages).
     """
 
     name: str

@@ -14,7 +14,7 @@ The ``implementation`` object says what ran: ``name``, ``kind`` (``builtin``,
 ``plugin``, ``recorded``), ``framework``, ``parallel``, ``dtypes`` and ``keras``,
 and for a plugin also its ``source`` (absolute path), ``source_sha256`` and
 ``location`` (how it is imported: ``{"path", "module_name", "attr"}`` or
-``{"module", "attr"}``). A recorded run (``recorded:RUN.npz``, CONTRACT §6)
+``{"module", "attr"}``). A recorded run (``recorded:RUN.npz``, docs/testing-your-code.md)
 reads it to know which framework the run was; older manifests without it are
 read as before (built-in names say it themselves).
 

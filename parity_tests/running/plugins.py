@@ -1,4 +1,4 @@
-"""Users' plugins (CONTRACT §5): finding them by name, and checking what they recorded.
+"""Users' plugins (docs/plugins.md): finding them by name, and checking what they recorded.
 
 A plugin name is ``path/to/file.py:function`` (relative to the current folder,
 or absolute) or ``package.module:function``. :func:`resolve_plugin` imports it
@@ -235,7 +235,7 @@ def _check_named(values: Mapping[str, np.ndarray], want: list[str], initial: Map
 
 def assemble(records: Mapping[str, Any], spec: Mapping[str, Any], initial: Mapping[str, np.ndarray],
              impl: str) -> dict[str, np.ndarray]:
-    """Check a plugin's records and build its trajectory (CONTRACT §2).
+    """Check a plugin's records and build its trajectory (docs/case-format.md, "Trajectories").
 
     Args:
         records: ``{"begin": {"params", "state"} | None, "steps": [{"loss", "params", "grads", "state"}, ...]}``.
@@ -375,7 +375,7 @@ def hooks_line_up(spec: Mapping[str, Any]) -> bool:
 
 def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, impl: str,
                   initial: Mapping[str, np.ndarray], *, hooks: bool = True) -> dict[str, np.ndarray]:
-    """The ``device/...`` arrays (CONTRACT §6 stages) of what a plugin reported per device at ``step``.
+    """The ``device/...`` arrays (docs/localisation.md stages) of what a plugin reported per device at ``step``.
 
     Args:
         per_device: per tower / rank ``{"grads": {name: array} | None, "acts": {layer: array} | None,

@@ -1,4 +1,4 @@
-"""Recorded runs as implementations (CONTRACT §6): ``recorded:path/to/run.npz``.
+"""Recorded runs as implementations (docs/testing-your-code.md, docs/cluster.md): ``recorded:path/to/run.npz``.
 
 A trajectory written by ``tfpar run`` (with its manifest beside it,
 ``run.manifest.json``) stands wherever an implementation name is accepted::

@@ -6,10 +6,10 @@ An implementation name is one of:
   ``torch.ddp``, ``torch.single``), registered by :mod:`.builtins` through
   :func:`register` like anything else;
 * a plugin, ``path/to/file.py:function`` or ``package.module:function``
-  (CONTRACT §5, :mod:`.plugins`);
+  (docs/plugins.md, :mod:`.plugins`);
 * a short name an installed package declares in the entry-point group
   ``tfpar.implementations`` (its value is ``package.module:function``);
-* a recorded run, ``recorded:path/run.npz`` (CONTRACT §6, :mod:`.recorded`).
+* a recorded run, ``recorded:path/run.npz`` (docs/testing-your-code.md, :mod:`.recorded`).
 
 :func:`resolve` turns a name into an :class:`Implementation`, whose ``run``
 the harness calls; the command line, ``compare_case``, the strategies and the

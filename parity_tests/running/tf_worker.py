@@ -13,7 +13,7 @@ plugin several times per comparison (each dtype, the perturbed rerun, the
 localisation rerun, the spread reruns of a nondeterministic plugin), so each run
 gets a process of its own, as running the program again would.
 
-How, and what it costs (``benchmarks/plugin_isolation.py``, docs/plugins.md
+How, and what it costs (``benchmarks/bench_plugin_isolation.py``, docs/plugins.md
 "Every run starts clean"): a *server* process (``python -m
 parity_tests.running.tf_worker``) imports TensorFlow, Keras and ``tfpar`` once,
 without starting TensorFlow's runtime (no op has run: no device, no thread pool,

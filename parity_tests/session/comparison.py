@@ -3,9 +3,9 @@
 The first implementation is the reference; every other one is judged against
 it. A float64 case is judged by the float64 rule. A float32 case is also run
 in float64 on every implementation, so each side's own float32 noise floor is
-known (``tolerance.judge_float32``) -- unless a side of a pair declares only
+known (``rules.judge_float32``) -- unless a side of a pair declares only
 float32 (its registry ``dtypes``, e.g. a user's plugin): that pair is judged by
-the perturbation floor (``tolerance.judge_perturbation``), each side re-run in
+the perturbation floor (``perturbation.judge_perturbation``), each side re-run in
 float32 with its initial weights, inputs and hyperparameters moved by one float32
 ulp and the rows of each device's shard reordered (:func:`perturbed_case`, seeded
 by the case seed), and no float64 run is
@@ -44,9 +44,18 @@ from parity_tests.judging.bfloat16 import (
     signature_bound,
 )
 from parity_tests.judging.bfloat16 import Side as BF16Side
+from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.compare import first_nonfinite
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
+from parity_tests.judging.perturbation import (
+    bfloat16_signature,
+    judge_perturbation,
+    perturb_bf16_ulp,
+    perturb_scalars,
+    perturb_ulp,
+    shard_permutation,
+)
 from parity_tests.judging.theory import (
     Prediction,
     mapping_changes,
@@ -54,20 +63,13 @@ from parity_tests.judging.theory import (
     reported_loss_differs,
     stage_of,
 )
-from parity_tests.judging.tolerance import (
-    FLOAT64_RTOL,
+from parity_tests.judging.verdict import (
     RULE_BF16_PERTURBATION,
     RULE_BF16_SIGNATURE,
     RULE_CONDITIONING,
     RULE_FLOAT64,
     Verdict,
     _json,
-    bfloat16_signature,
-    judge_perturbation,
-    perturb_bf16_ulp,
-    perturb_scalars,
-    perturb_ulp,
-    shard_permutation,
 )
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
@@ -90,7 +92,7 @@ BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RE
 BF16_RERUN64_KEYS = tuple(f"float64+{key}" for key in BF16_RERUN_KEYS)
 #: the float64 run from the inputs and initial weights rounded to bfloat16 (judging.bfloat16: the storage term)
 BF16_ROUNDED64 = "float64+bfloat16-rounded"
-#: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``tolerance``): how far one rounding
+#: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``bounds``): how far one rounding
 #: of every input, measured, can grow in a step (``_Judged.conditioned``)
 CONDITIONING_ROUNDINGS = 20 * 100
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
@@ -108,7 +110,7 @@ class PairResult:
     prediction: Prediction
     mapping: str | None = None  # what was mapped before judging again, if anything
     unmapped_gap: float | None = None  # the gap with nothing mapped (the pair as it ran)
-    #: CONTRACT §6: where the two runs first part (``judging.localise``), for every verdict but parity
+    #: docs/localisation.md: where the two runs first part (``judging.localise``), for every verdict but parity
     localisation: dict[str, Any] | None = None
     #: the pair judged with the predicted differences mapped away (``pair.resolve``), or ``None``
     residual: Verdict | None = None
@@ -127,7 +129,7 @@ class PairResult:
         return {
             "reference": self.reference,
             "impl": self.impl,
-            "status": self.verdict.status,  # CONTRACT section 8
+            "status": self.verdict.status,  # docs/tolerance.md, "The verdict"
             "verdict": {**self.verdict.to_dict(),
                         **({"localisation": self.localisation} if self.localisation is not None else {})},
             "expected_differences": list(self.prediction.expected),
@@ -172,7 +174,7 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        """Every pair at parity or an expected difference (``compare``'s exit status 0, CONTRACT section 8)."""
+        """Every pair at parity or an expected difference (``compare``'s exit status 0, docs/tolerance.md, "The verdict")."""
         return all(p.verdict.status in OK_STATUSES for p in self.pairs)
 
     @property
@@ -252,7 +254,7 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
     ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
     arithmetic, so the bfloat16 rule cannot find it; this check does. Its mixed run must part
     from its float32 run at step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32
-    run's own distance from float64 (``tolerance.BF16_SIGNATURE`` where no float64 run was made).
+    run's own distance from float64 (``perturbation.BF16_SIGNATURE`` where no float64 run was made).
     """
     if verdict.status in ("error", "inconclusive", UNSUPPORTED):  # nothing moved: no signature to read either
         return verdict
@@ -311,20 +313,20 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
     """``case`` with every number a float32 run stores moved by one float32 ulp (seeded by the case seed).
 
     The initial weights, the inputs ``x`` and the optimizer's real hyperparameters
-    (``tolerance.perturb_ulp``, ``tolerance.perturb_scalars``): the rounding of each is
+    (``perturbation.perturb_ulp``, ``perturbation.perturb_scalars``): the rounding of each is
     part of a float32 run's error (docs/tolerance.md, rule 3). The targets stay: they
     are labels with a valid range (``[0, 1]`` for ``sigmoid_ce``) more often than
     rounded measurements, and the inputs already make every forward pass round anew.
 
     A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
     round them to bfloat16; the weights and hyperparameters stay float32 storage, moved by
-    a float32 ulp): ``tolerance.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
+    a float32 ulp): ``perturbation.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
     in float64 too and says why the weights' rounding is measured apart. ``seed``
     (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
     ``seed + 2**32`` (``judging.bfloat16``).
 
     A float32 case in ``split`` order also reads the rows of each device's shard in another
-    seeded order (``tolerance.shard_permutation``; the dropout masks follow their rows): the
+    seeded order (``perturbation.shard_permutation``; the dropout masks follow their rows): the
     same examples on the same device, so the same computation in exact arithmetic, but every
     sum over examples (loss mean, gradient sums, batch-norm statistics) is accumulated in
     another order. A one-ulp move cannot sample that rounding: it moves a long sum's partial
@@ -450,7 +452,7 @@ def _perturbed_text(case: Case, pair: tuple[str, str]) -> str:
 
 @dataclasses.dataclass
 class _Reordered(Case):
-    """A case whose data rows are read in the order ``rows`` (``tolerance.shard_permutation``).
+    """A case whose data rows are read in the order ``rows`` (``perturbation.shard_permutation``).
 
     ``x``, ``y`` and the sample weights ``w`` are already reordered; the dropout keep-masks
     are drawn from the spec by data row (``generators.dropout_masks``) and follow the same
@@ -458,7 +460,7 @@ class _Reordered(Case):
     """
 
     rows: np.ndarray | None = dataclasses.field(default=None)
-    across: bool = False  # rows moved between devices too (``tolerance.shard_permutation``)
+    across: bool = False  # rows moved between devices too (``perturbation.shard_permutation``)
     run_devices: int | None = None  # the original case's device count, when this one computes on one device
 
     def payload(self) -> dict[str, Any]:
@@ -469,7 +471,7 @@ class _Reordered(Case):
 
 
 def _reorderable(case: Case) -> bool:
-    """Whether :func:`perturbed_case` also reorders the rows of each device's shard (``tolerance.shard_permutation``).
+    """Whether :func:`perturbed_case` also reorders the rows of each device's shard (``perturbation.shard_permutation``).
 
     A float32 case reading its batches in ``split`` order. Not ``mixed_bfloat16`` (its floor
     is bfloat16 rounding, 2**15 times float32's, and its figures are documented without
@@ -663,7 +665,7 @@ def _capture_key(name: str, case: Case) -> str:
 
 def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
                  runner: Runner, captured: dict) -> dict[str, Any]:
-    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (CONTRACT §6), when both sides capture.
+    """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (docs/localisation.md), when both sides capture.
 
     ``sides``: ``(name, case)`` of the reference and the judged implementation, each the case
     that side ran (the case dtype or float64, mapped where the verdict judged a mapped run).
@@ -943,7 +945,7 @@ class _Judged:
                                                  f" compute as: {plain.detail}"), (stand, own)
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
-        """CONTRACT section 6 localisation of ``verdict`` from the arrays its rule judged (refined by a capture)."""
+        """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
         # float64 when the float64 rule decided (also in a float32 case, where 1e-10 would call
         # float32 rounding a difference), mapped as judged
         d = "float64" if verdict.rule == RULE_FLOAT64 and f"{a[0]}@float64{a[1]}" in self.trajs else self.case.spec["dtype"]
@@ -982,7 +984,7 @@ class _Judged:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).
 
         The float64 bound assumes a stable run: rounding carried from step to step without
-        growing (``tolerance``: ``gap <= 2 u D sqrt(n) T``). An ill-conditioned run (Adam with
+        growing (``bounds``: ``gap <= 2 u D sqrt(n) T``). An ill-conditioned run (Adam with
         ``beta2 = 0`` dividing by a gradient element that cancels to ``1e-10``, a chaotic learning
         rate) amplifies the last bit of a sum into the leading digits, and two correct
         implementations part by as much. Each side that can run again does so in float64 from
@@ -1078,7 +1080,7 @@ def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: di
                   refused: dict[str, str]) -> str | None:
     """A built-in whose float64 run gives the loss channel a gradient where neither side of a float64-rule pair records one.
 
-    ``tolerance.loss_sensitivity``: the loss of step ``k`` is judged against its bound only where a
+    ``loss_channel.loss_sensitivity``: the loss of step ``k`` is judged against its bound only where a
     gradient bounds how the parameters' rounding moves it (or where both sides start the step from
     the same numbers). ``None`` when every such pair has a gradient, the model is external (no
     built-in runs it), or the built-ins refuse the case.

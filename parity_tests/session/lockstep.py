@@ -12,7 +12,7 @@ position) after step ``k - 1``, and only that one step is judged::
     gap_k(X)   = gap(Ref(S_{k-1}, batch k), X(S_{k-1}, batch k))
 
 so a gap cannot be carried from one step into the next. The first step whose one-step
-gap exceeds its bound is the first bad step (CONTRACT §6 ``first_bad_step``). Where that
+gap exceeds its bound is the first bad step (``first_bad_step``, docs/localisation.md). Where that
 step breaks inside the step (``localise.refinable``), both sides run it once more from the
 same start with capture on (:func:`captured_step`) and its stage chain names the stage and
 device (``comparison.inside_step``, as a free comparison does at its first bad step).
@@ -28,10 +28,10 @@ is exact), so the reference's one-step gap against itself is 0 by construction.
 
 Bounds, per step (``docs/lockstep.md``):
 
-* float64 case: the float64 rule of :func:`~parity_tests.judging.tolerance.judge_float64`
+* float64 case: the float64 rule of :func:`~parity_tests.judging.rules.judge_float64`
   on the two one-step runs (bound ``FLOAT64_RTOL``, derived for up to 200 steps: one step
   is far inside it; the loss's bound is ``FLOAT64_RTOL`` since both start alike).
-* float32 case: the float32 rule of :func:`~parity_tests.judging.tolerance.judge_float32`
+* float32 case: the float32 rule of :func:`~parity_tests.judging.rules.judge_float32`
   with one-step float64 runs *from the same float32 start state* (exact in float64)::
 
       floor_X[k] = gap(X32(S_{k-1}), X64(S_{k-1}))
@@ -65,18 +65,12 @@ import numpy as np
 
 from parity_tests.contract.case import Case
 from parity_tests.contract.generators import dropout_masks
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.localise import localise, refinable
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
-from parity_tests.judging.tolerance import (
-    FLOAT32_ABS_FLOOR,
-    FLOAT32_FACTOR,
-    FLOAT64_RTOL,
-    RULE_FLOAT32,
-    RULE_FLOAT64,
-    SCALE_FLOOR,
-)
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
 from parity_tests.running import registry
@@ -272,7 +266,7 @@ class LockstepPair:
     #: the first bad step's one-step runs and verdict ``(ref, impl, verdict)`` (the arrays the deciding
     #: rule judged: the float64 runs where the float64 rule decided), for its localisation
     first_runs: Any = field(default=None, repr=False, compare=False)
-    #: CONTRACT §6 localisation of the first bad step (its stage chain where both sides capture), or ``None``
+    #: the localisation (docs/localisation.md) of the first bad step (its stage chain where both sides capture), or ``None``
     localisation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -320,7 +314,7 @@ class LockstepResult:
             if p.first_bad_step is not None:
                 rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
             where = p.localisation or {}
-            if where.get("stage"):  # CONTRACT §6, from the stage chain of the first bad step where both sides capture
+            if where.get("stage"):  # docs/localisation.md, from the stage chain of the first bad step where both sides capture
                 device = "" if where.get("device") is None else f", device {where['device']}"
                 rows.append(f"  {p.impl}: where: {where['stage']}{device}"
                             + (f" ({where['name']})" if where.get("name") else ""))
@@ -478,7 +472,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
 
 
 def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> None:
-    """The CONTRACT §6 localisation of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
+    """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
     by the stage chain of that step re-run from the same start with capture on (``comparison.inside_step``).

@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.tolerance import SCALE_FLOOR, Verdict
+from parity_tests.judging.verdict import Verdict
 
 __all__ = ["SPREAD_RERUNS", "SPREAD_FACTOR", "RULE_SPREAD", "nondeterministic", "spread_rows", "within_spread",
            "judge_with_spread"]

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from parity_tests.judging.bounds import FLOAT64_RTOL
+from parity_tests.judging.rules import judge_float64
 from parity_tests.judging.theory import predict
-from parity_tests.judging.tolerance import FLOAT64_RTOL, judge_float64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.session.comparison import compare_case

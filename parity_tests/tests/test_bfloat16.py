@@ -17,7 +17,9 @@ from parity_tests.judging.bfloat16 import (
     judge_bfloat16,
     signature_bound,
 )
-from parity_tests.judging.tolerance import BF16_SIGNATURE, FLOAT32_ABS_FLOOR, RULE_FLOAT64
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR
+from parity_tests.judging.perturbation import BF16_SIGNATURE
+from parity_tests.judging.verdict import RULE_FLOAT64
 from parity_tests.tests.helpers import MLP, make
 
 STEPS = 4

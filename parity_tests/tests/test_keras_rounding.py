@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 
-from parity_tests.judging.tolerance import judge_float64
+from parity_tests.judging.rules import judge_float64
 from parity_tests.protocol.hyper import keras_float32
 from parity_tests.running.backends import tf_module
 from parity_tests.running.harness import run_impl

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.localise import STAGES, localise
-from parity_tests.judging.tolerance import judge_float64
+from parity_tests.judging.rules import judge_float64
 from parity_tests.protocol.trajectory import Trajectory
 
 

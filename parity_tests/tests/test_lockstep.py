@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict
-from parity_tests.judging.tolerance import FLOAT32_ABS_FLOOR
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.session import lockstep as ls

@@ -3,7 +3,7 @@
 Keras' ``mixed_bfloat16`` policy on the TensorFlow side (``tfpar.models``), ``torch.autocast("cpu",
 dtype=torch.bfloat16)`` around the DDP forward on the torch side (``torchref.ddp``), float32 master
 weights on both; each side held against its float64 run (``parity_tests.judging.bfloat16``) plus its
-bfloat16 signature (``parity_tests.judging.tolerance``, "Mixed precision"). Every expected figure below
+bfloat16 signature (``parity_tests.judging.perturbation``, "Mixed precision"). Every expected figure below
 comes from the bfloat16 format itself (unit roundoff ``u_b = 2**-8``: 8 significant bits) or from
 torch/TensorFlow's own casts, never from the code under test. The seeded bugs are bugs on every CPU;
 the one that relies on a kernel's precision reads that premise from the kernel probe where it runs
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.bfloat16 import RULE_BF16_FLOAT64
-from parity_tests.judging.theory import BFLOAT16_OPS, predict, reported_loss_differs, stage_of
-from parity_tests.judging.tolerance import (
+from parity_tests.judging.perturbation import (
     BF16_SIGNATURE,
-    RULE_BF16_SIGNATURE,
     bfloat16_signature,
     perturb_bf16_ulp,
     round_bfloat16,
 )
+from parity_tests.judging.theory import BFLOAT16_OPS, predict, reported_loss_differs, stage_of
+from parity_tests.judging.verdict import RULE_BF16_SIGNATURE
 from parity_tests.protocol.errors import CaseError
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.reporting.report import write_report
@@ -134,7 +134,7 @@ def test_towers_and_ddp_keep_float32_masters_and_differ_by_bfloat16_sized_gaps()
     for traj in (tm, dm):
         assert all(v.dtype == np.float32 for k, v in traj.items() if k.startswith(("param/", "grad/", "loss")))
     # each side computes in bfloat16: its step-1 loss/gradients are >= 2^-12 from its own float32 run
-    # (two float32 computations of one step differ by <= 2.4e-4 ~ 2^-12, tolerance.py "signature")
+    # (two float32 computations of one step differ by <= 2.4e-4 ~ 2^-12, perturbation.py "The bfloat16 signature")
     assert bfloat16_signature(tm, tf32)[0] >= BF16_SIGNATURE
     assert bfloat16_signature(dm, d32)[0] >= BF16_SIGNATURE
     # and the two frameworks' mixed runs part by bfloat16-sized amounts: above float32 rounding (4 float32 unit

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from parity_tests.judging.tolerance import FLOAT64_RTOL
+from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.running.registry import resolve
 from parity_tests.session.comparison import compare_case
 from parity_tests.tests.mutants.table import (

@@ -34,7 +34,7 @@ from parity_tests.tests.helpers import MLP, POLY, SOFTMAX, make
 # a handful of float64 ulps: the same formula evaluated in a different op order.
 # Measured: every exact rule is within 2e-16 of the oracle on the typical case.
 RTOL = 1e-12
-# two frameworks computing one rule: the project's float64 bound (tolerance.FLOAT64_RTOL)
+# two frameworks computing one rule: the project's float64 bound (bounds.FLOAT64_RTOL)
 CROSS_RTOL, CROSS_ATOL = 1e-10, 1e-12
 
 P0, GRADS = typical_case()

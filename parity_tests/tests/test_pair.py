@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from parity_tests.judging.pair import RULE_VACUOUS, Side, judge_sides, resolve, vacuity
+from parity_tests.judging.rules import judge_float64
 from parity_tests.judging.theory import Difference, Prediction
-from parity_tests.judging.tolerance import judge_float64
 from parity_tests.running.harness import run_impl
 from parity_tests.session import lockstep as ls
 from parity_tests.session.comparison import compare_case

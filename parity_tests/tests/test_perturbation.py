@@ -16,19 +16,16 @@ the loss bound carries the parameters' accepted gap, and no more.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from parity_tests.contract.case import Case
-from parity_tests.judging.tolerance import (
-    FLOAT64_RTOL,
-    RULE_FLOAT32,
-    RULE_PERTURBATION,
-    judge_perturbation,
-    shard_permutation,
-)
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT64_RTOL
+from parity_tests.judging.perturbation import judge_perturbation, perturb_ulp, shard_permutation
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_PERTURBATION
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
@@ -40,6 +37,7 @@ from parity_tests.session.comparison import (
     perturbed_case,
 )
 from parity_tests.tests.helpers import CNN, MLP, POLY, make
+from parity_tests.tests.synthetic_runs import perturbation_runs, truth
 
 pytestmark = pytest.mark.usefixtures("pool")
 
@@ -352,3 +350,61 @@ def test_a_hyperparameter_at_the_end_of_its_range_is_moved_inward():
     for seed in range(4):  # both coins of the perturbation: never out of range
         moved = perturbed_case(case.replace(seed=seed)).spec["optimizer"]["momentum"]
         assert moved == float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+
+
+
+# ---------------------------------------------------------------- the rule on synthetic runs
+
+
+def test_perturb_ulp_moves_every_element_by_one_float32_ulp_seeded() -> None:
+    init = {"0.kernel": np.random.default_rng(0).normal(size=(4, 3)), "0.bias": np.zeros(3)}
+    p = perturb_ulp(init, seed=5)
+    k32 = init["0.kernel"].astype(np.float32)
+    moved = p["0.kernel"].astype(np.float32)
+    assert p["0.kernel"].dtype == np.float64 and (moved.astype(np.float64) == p["0.kernel"]).all()
+    ups = moved == np.nextafter(k32, np.float32(np.inf))
+    downs = moved == np.nextafter(k32, np.float32(-np.inf))
+    assert (ups | downs).all() and ups.any() and downs.any()
+    assert (p["0.bias"] == 0).all()  # an exact zero is not rounded by storage: it stays
+    assert all((perturb_ulp(init, seed=5)[k] == p[k]).all() for k in p)  # reproducible
+    assert not (perturb_ulp(init, seed=6)["0.kernel"] == p["0.kernel"]).all()
+
+
+
+def test_perturbation_floor_parity_and_figures() -> None:
+    a32, b32, a32p, b32p = perturbation_runs()
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=b32p)
+    assert (v.status, v.rule) == ("parity", RULE_PERTURBATION), v.detail
+    assert v.floor_a is not None and 1e-7 < v.floor_a < 1e-5
+    assert v.per_step_floor is not None and v.per_step_bound is not None
+    np.testing.assert_allclose(v.per_step_bound, 2 * v.per_step_floor + FLOAT32_ABS_FLOOR)
+    assert "one-ulp perturbation" in v.detail
+    json.dumps(v.to_dict(), allow_nan=False)
+
+
+
+def test_perturbation_floor_catches_what_is_above_float32_noise() -> None:
+    # a bug is reproduced by the buggy side's perturbed rerun too
+    a32, b32, a32p, b32p = perturbation_runs()
+    for t in (b32, b32p):
+        t["param/1.kernel"][3:] *= np.float32(1 + 1e-3)
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=b32p)
+    assert (v.status, v.rule, v.first_step, v.key) == ("divergence", RULE_PERTURBATION, 3, "param/1.kernel")
+    a32, b32, a32p, b32p = perturbation_runs()
+    for t in (b32, b32p):
+        t["loss"][1:] *= np.float32(1 + 1e-3)
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=b32p, expect_difference=True)
+    assert (v.status, v.key, v.first_step) == ("expected_difference", "loss", 2)
+
+
+
+def test_a_side_that_cannot_rerun_takes_the_other_sides_floor() -> None:
+    a32, b32, a32p, _ = perturbation_runs()
+    v = judge_perturbation(a32, b32, a32p=a32p, b32p=None)
+    assert v.status == "parity" and v.floor_a == v.floor_b
+    assert "side B cannot be re-run" in v.detail
+    with pytest.raises(ValueError, match="needs a perturbed run"):
+        judge_perturbation(a32, b32, a32p=None, b32p=None)
+    with pytest.raises(ValueError, match=r"side A32 perturbed, param/0\.bias: expected float32"):
+        judge_perturbation(a32, b32, a32p=truth(), b32p=None)
+

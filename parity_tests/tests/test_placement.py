@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from parity_tests.contract.case import case_from_dict
-from parity_tests.judging.tolerance import judge_float64
+from parity_tests.judging.rules import judge_float64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import CNN, MLP, make, set_path

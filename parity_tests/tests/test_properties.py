@@ -13,7 +13,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from parity_tests.contract.case import Case, case_from_dict
-from parity_tests.judging.tolerance import FLOAT64_RTOL, judge_float64
+from parity_tests.judging.bounds import FLOAT64_RTOL
+from parity_tests.judging.rules import judge_float64
 from parity_tests.running.harness import run_impl
 from parity_tests.session.comparison import compare_case
 from parity_tests.testing.failures import replayable

@@ -8,7 +8,7 @@ import pytest
 
 from parity_tests.contract.case import case_from_dict, load_case, write_case
 from parity_tests.judging.compare import assert_trajectories_close
-from parity_tests.judging.tolerance import judge_float64
+from parity_tests.judging.rules import judge_float64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
 from parity_tests.session.comparison import compare_case

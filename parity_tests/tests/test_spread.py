@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.judging.tolerance import Verdict
+from parity_tests.judging.verdict import Verdict
 from parity_tests.running.registry import resolve
 from parity_tests.session.comparison import compare_case
 from parity_tests.session.spread import (

@@ -12,7 +12,7 @@ torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); no launcher of our own.
 Rank 0 writes the trajectory and its manifest exactly as ``tfpar run`` does
 (plus a ``launch`` object: nodes, ranks, hosts, backend, interface), so the
-file is a recorded run (CONTRACT §6). Every rank takes part in the
+file is a recorded run (docs/testing-your-code.md, docs/cluster.md). Every rank takes part in the
 replicas-in-sync check: each rank digests its parameters before step 1 and
 after every step, and rank 0 reports the first step, rank and parameter that
 is not bitwise equal to its own (a finding: exit 1, as ``tfpar run``).

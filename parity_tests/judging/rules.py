@@ -1,0 +1,372 @@
+"""The float64 and float32 rules: when is a gap between two trajectories rounding, and when not.
+
+Two rules on the per-step gap of :mod:`parity_tests.judging.gaps`, in two channels: the
+``param/*`` and ``state/*`` arrays (the outcome of training) and the ``loss``
+(:mod:`parity_tests.judging.loss_channel`). A third, for code that cannot run float64, is
+:mod:`parity_tests.judging.perturbation`; the bounds are derived in
+:mod:`parity_tests.judging.bounds`, and all of it is explained in docs/tolerance.md.
+
+**Float64 rule** (``"float64 bound"``): divergence when ``gap_k(A64, B64) > FLOAT64_RTOL``
+at any step. Two float64 implementations of the same update rule differ only by
+rounding, far below the bound; anything above it is a semantic difference.
+
+**Float32 rule** (``"float32 noise floor"``): each side's own float32 rounding error is
+measured against its own float64 run, ``floor_X[k] = gap_k(X32, X64)``, and::
+
+    bound[k] = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR
+
+Divergence when ``gap_k(A32, B32) > bound[k]`` at any step. In :func:`judge_float32`
+the float64 rule is applied to ``(A64, B64)`` first: a semantic difference is
+reported by the rule that proves it.
+
+What is judged:
+    ``param/*`` and ``state/*`` arrays by default (``keys=`` to change), and the ``loss``
+    channel (``loss=`` to change; by default when ``keys`` is not given). Gradients are
+    compared by :mod:`parity_tests.judging.compare` but do not decide: near a minimum they
+    are sums of terms that cancel, and their relative rounding error is unbounded, while
+    parameters (the accumulated updates) and the loss (a mean of non-negative terms) keep
+    a bounded one. A semantic difference in a gradient shows in the parameters one step
+    later. When both channels break, the first to break names the verdict's ``key``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
+from parity_tests.judging.compare import describe_key, describe_step, step_of_row
+from parity_tests.judging.gaps import _gaps, _judged_keys, _mismatch_text, _row_max, _scales
+from parity_tests.judging.guards import (
+    _check_dtype,
+    _first_nonfinite_row,
+    _nonfinite_verdict,
+    _structure,
+)
+from parity_tests.judging.loss_channel import (
+    LOSS_KEY,
+    _judges_loss,
+    _loss_channel64,
+    _loss_channel_floor,
+    _loss_gap,
+    _loss_scale,
+    _loss_structure,
+    _with_loss,
+)
+from parity_tests.judging.verdict import (
+    RULE_FLOAT32,
+    RULE_FLOAT64,
+    RULE_STRUCTURE,
+    Verdict,
+    _error,
+    _finished,
+    _first_line_plus,
+    _known,
+)
+
+__all__ = ["judge_float64", "judge_float32"]
+
+
+def _judge64(
+    a64: Mapping[str, Any], b64: Mapping[str, Any], keys: list[str], label: str = "float64"
+) -> Verdict:
+    """The float64 rule (structure already checked), before expectations are applied."""
+    scales = _scales(a64, b64, keys)
+    per_step, arg = _row_max(_gaps(a64, b64, keys, scales))
+    rows = per_step.shape[0]
+    stop = _first_nonfinite_row((a64, b64), keys, rows)
+    head = per_step[:stop]
+    bound = FLOAT64_RTOL
+    worst = int(np.argmax(head)) if stop else 0
+    gap = float(head[worst]) if stop else 0.0
+    common: dict[str, Any] = {
+        "floor_a": None,
+        "floor_b": None,
+        "per_step_gap": per_step,
+        "per_step_floor": None,
+    }
+    over = np.flatnonzero(head > bound)
+    if over.size:
+        first = int(over[0])
+        first_key, worst_key = keys[int(arg[first])], keys[int(arg[worst])]
+        allowed = bound * max(float(scales[first_key][first]), SCALE_FLOOR)
+        first_step, worst_step = step_of_row(first_key, first), step_of_row(worst_key, worst)
+        detail = (
+            f"{label}: relative gap {per_step[first]:.2e} > bound {bound:.2g} first at "
+            f"{describe_step(first_key, first_step)} ({describe_key(first_key)}); greatest "
+            f"{gap:.2e} at step {worst_step} ({describe_key(worst_key)})"
+            + _mismatch_text(a64, b64, first_key, first, allowed)
+        )
+        return Verdict(
+            "divergence",
+            RULE_FLOAT64,
+            gap,
+            bound,
+            detail=detail,
+            step=worst_step,
+            key=worst_key,
+            first_step=first_step,
+            **common,
+        )
+    if stop < rows:
+        status, rule, g, detail, step = _nonfinite_verdict(a64, b64, keys, label, stop, gap, bound)
+        first_step = step if status == "divergence" else None
+        return Verdict(
+            status, rule, g, bound, detail=detail, step=step, first_step=first_step, **common
+        )
+    key = keys[int(arg[worst])]
+    step = step_of_row(key, worst)
+    detail = (
+        f"{label}: greatest relative gap {gap:.2e} <= bound {bound:.2g} "
+        f"(at {describe_step(key, step)}, {describe_key(key)})"
+    )
+    return Verdict("parity", RULE_FLOAT64, gap, bound, detail=detail, step=step, key=key, **common)
+
+
+def _check_factor(factor: Any) -> float:
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)):
+        raise TypeError(f"factor must be a real number, got {factor!r}")
+    if not (math.isfinite(float(factor)) and factor > 0):
+        raise ValueError(f"factor must be finite and > 0, got {factor!r}")
+    return float(factor)
+
+
+def judge_float64(
+    a64: Mapping[str, Any],
+    b64: Mapping[str, Any],
+    *,
+    expect_difference: bool = False,
+    known_differences: Iterable[str] = (),
+    keys: Iterable[str] | None = None,
+    loss: bool | None = None,
+    grads: Iterable[Mapping[str, Any]] = (),
+) -> Verdict:
+    """Judge two float64 trajectories of one case by the float64 rule.
+
+    ``gap_k = max_p ||A_p[k] - B_p[k]||_inf / max(||A_p[k]||_inf, ||B_p[k]||_inf, SCALE_FLOOR)``;
+    divergence when ``gap_k > FLOAT64_RTOL`` at any step ``k``, or when the loss of a step
+    ``k`` breaks its bound ``FLOAT64_RTOL + S[k] * pgap[k-1]`` (:func:`loss_sensitivity`).
+
+    Args:
+        a64, b64: float64 trajectories (the judged arrays must be float64).
+        expect_difference: theory predicts a difference: a divergence becomes
+            ``"expected_difference"``, parity ``"unexpected_parity"``.
+        known_differences: names of documented differences, carried into the verdict.
+        keys: arrays to judge; by default every ``param/*`` and ``state/*`` key.
+        loss: judge the ``loss`` channel too; by default when ``keys`` is not given
+            and both runs hold a loss.
+        grads: other runs of the same case whose recorded ``grad/*`` may bound the loss's
+            sensitivity where neither side records one (:func:`loss_sensitivity`).
+
+    Returns:
+        A :class:`Verdict`. Missing arrays or different shapes give status ``"error"``
+        (rule ``"structure"``); NaN/Inf on one side only is a divergence, on both
+        sides alike an error (rule ``"non-finite values"``), unless the gap already
+        exceeded the bound at an earlier step.
+
+    Raises:
+        ValueError: a judged array is not float64.
+    """
+    known = _known(known_differences)
+    judged = _judged_keys((a64, b64), keys)
+    with_loss = _judges_loss((a64, b64), keys, loss)
+    problem = _structure([("float64 runs A64 vs B64", a64, b64)], judged)
+    problem = problem or (_loss_structure((a64, b64)) if with_loss else None)
+    if problem:
+        return _error(RULE_STRUCTURE, problem, known)
+    _check_dtype(a64, judged, np.float64, "A")
+    _check_dtype(b64, judged, np.float64, "B")
+    v = _judge64(a64, b64, judged)
+    if with_loss:
+        v = _with_loss(v, _loss_channel64(a64, b64, judged, "float64", tuple(grads)))
+    return _finished(v, expect_difference, known)
+
+
+def _judge_floor(
+    a32: Mapping[str, Any],
+    b32: Mapping[str, Any],
+    judged: list[str],
+    scales: dict[str, np.ndarray],
+    fa_rows: np.ndarray,
+    fb_rows: np.ndarray,
+    factor: float,
+    rule: str,
+    context: str,
+    abs_floor: float = FLOAT32_ABS_FLOOR,
+    label: str = "float32",
+) -> Verdict:
+    """A floor rule on the parameter channel: divergence when ``gap_k(A32, B32) > bound[k]``,
+
+    ``bound[k] = factor * max(floor_A[k], floor_B[k]) + abs_floor``; ``context``
+    is appended to the detail (what was established before, e.g. the float64 runs agree).
+    """
+    per_step, arg = _row_max(_gaps(a32, b32, judged, scales))
+    rows = per_step.shape[0]
+    with np.errstate(invalid="ignore"):
+        floor_rows = np.fmax(fa_rows, fb_rows)
+        bound_rows = factor * floor_rows + abs_floor
+
+    def figures(row: int) -> str:
+        return (
+            f"{factor:g} x max(floor A {fa_rows[row]:.2e}, floor B {fb_rows[row]:.2e}) "
+            f"+ {abs_floor:.2e}"
+        )
+
+    def step_at(row: int) -> int:
+        return step_of_row(judged[0], row)
+
+    stop = _first_nonfinite_row((a32, b32), judged, rows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = per_step[:stop] / bound_rows[:stop]
+    worst = int(np.argmax(ratio)) if stop else 0
+    floor_a = float(np.max(fa_rows[:stop])) if stop else 0.0
+    floor_b = float(np.max(fb_rows[:stop])) if stop else 0.0
+    gap, bound = (
+        (float(per_step[worst]), float(bound_rows[worst])) if stop else (0.0, abs_floor)
+    )
+    worst_key = judged[int(arg[worst])]
+    common: dict[str, Any] = {
+        "floor_a": floor_a,
+        "floor_b": floor_b,
+        "per_step_gap": per_step,
+        "per_step_floor": floor_rows,
+        "per_step_bound": bound_rows,
+    }
+    over = np.flatnonzero(ratio > 1.0)
+    if over.size:
+        first = int(over[0])
+        first_key = judged[int(arg[first])]
+        allowed = float(bound_rows[first]) * max(float(scales[first_key][first]), SCALE_FLOOR)
+        detail = (
+            f"{label}: relative gap {per_step[first]:.2e} > noise bound {bound_rows[first]:.2e} = "
+            f"{figures(first)} first at {describe_step(first_key, step_at(first))} "
+            f"({describe_key(first_key)}); greatest gap/bound {gap:.2e} / {bound:.2e} at step "
+            f"{step_at(worst)}; {context}" + _mismatch_text(a32, b32, first_key, first, allowed)
+        )
+        return Verdict("divergence", rule, gap, bound, detail=detail, step=step_at(worst), key=worst_key,
+                       first_step=step_at(first), **common)
+    if stop < rows:
+        status, nrule, g, detail, step = _nonfinite_verdict(a32, b32, judged, label, stop, gap, bound)
+        detail = _first_line_plus(detail, f"; {context}")
+        first_step = step if g == math.inf else None
+        return Verdict(status, nrule, g, bound, detail=detail, step=step, first_step=first_step, **common)
+    detail = (
+        f"{label}: relative gap {gap:.2e} <= noise bound {bound:.2e} = {figures(worst)} "
+        f"(tightest at {describe_step(worst_key, step_at(worst))}, {describe_key(worst_key)}); "
+        f"{context}; greatest floors A {floor_a:.2e}, B {floor_b:.2e}"
+    )
+    return Verdict("parity", rule, gap, bound, detail=detail, step=step_at(worst), key=worst_key, **common)
+
+
+def judge_float32(
+    a32: Mapping[str, Any],
+    b32: Mapping[str, Any],
+    *,
+    a64: Mapping[str, Any],
+    b64: Mapping[str, Any],
+    factor: float = FLOAT32_FACTOR,
+    expect_difference: bool = False,
+    known_differences: Iterable[str] = (),
+    keys: Iterable[str] | None = None,
+    loss: bool | None = None,
+    grads: Iterable[Mapping[str, Any]] = (),
+) -> Verdict:
+    """Judge two float32 trajectories against each side's own float32 noise floor.
+
+    First the float64 rule on ``(a64, b64)`` (loss channel included): a semantic
+    difference is a divergence by that rule, and the detail says whether it is also
+    visible above the float32 noise. Otherwise, per step ``k`` and per channel::
+
+        floor_X[k] = gap_k(X32, X64)
+        bound[k]   = factor * max(floor_A[k], floor_B[k]) + FLOAT32_ABS_FLOOR
+
+    and divergence when ``gap_k(A32, B32) > bound[k]`` at any step, for the
+    parameters (``param/*``, ``state/*``) or for the loss.
+
+    Args:
+        a32, b32: the float32 trajectories of the two implementations.
+        a64, b64: the same case run in float64 by the same implementations.
+        factor: multiple of the larger floor; ``FLOAT32_FACTOR`` (2) is the smallest
+            value for which rounding can never be reported as a divergence.
+        expect_difference, known_differences, keys, loss, grads: as in :func:`judge_float64`.
+
+    Returns:
+        A :class:`Verdict`; for the float32 rule ``floor_a``/``floor_b`` are each
+        side's greatest floor and ``per_step_floor``/``per_step_bound`` the curves.
+
+    Raises:
+        ValueError: ``factor`` is not finite and ``> 0``, or a judged array has the
+        wrong dtype (float32 for ``a32``/``b32``, float64 for ``a64``/``b64``).
+    """
+    factor = _check_factor(factor)
+    known = _known(known_differences)
+    runs = (a32, b32, a64, b64)
+    judged = _judged_keys(runs, keys)
+    with_loss = _judges_loss(runs, keys, loss)
+    problem = _structure(
+        [
+            ("float64 runs A64 vs B64", a64, b64),
+            ("float32 runs A32 vs B32", a32, b32),
+            ("side A float32 vs float64", a32, a64),
+            ("side B float32 vs float64", b32, b64),
+        ],
+        judged,
+    )
+    problem = problem or (_loss_structure(runs) if with_loss else None)
+    if problem:
+        return _error(RULE_STRUCTURE, problem, known)
+    for side, traj, dtype in (
+        ("A32", a32, np.float32),
+        ("B32", b32, np.float32),
+        ("A64", a64, np.float64),
+        ("B64", b64, np.float64),
+    ):
+        _check_dtype(traj, judged, dtype, side)
+
+    scales = _scales(a64, b64, judged)
+    fa_rows, _ = _row_max(_gaps(a32, a64, judged, scales))
+    fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
+    v64 = _judge64(a64, b64, judged, label="float64 runs")
+    if with_loss:
+        v64 = _with_loss(v64, _loss_channel64(a64, b64, judged, "float64 runs", tuple(grads)))
+    if v64.status != "parity":
+        if v64.status == "divergence" and v64.rule == RULE_FLOAT64:
+            v64 = replace(v64, detail=_visibility_note(v64, a32, b32, judged, scales, fa_rows, fb_rows, factor))
+        return _finished(v64, expect_difference, known)
+
+    agree64 = f"float64 runs agree (gap {v64.gap:.2e} <= {FLOAT64_RTOL:.2g})"
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, RULE_FLOAT32, agree64)
+    if with_loss:
+        scale = _loss_scale(a64, b64)
+        ch = _loss_channel_floor(a32, b32, _loss_gap(a32, a64, scale), _loss_gap(b32, b64, scale), scale,
+                                 factor, RULE_FLOAT32, "float32")
+        v = _with_loss(v, ch)
+    return _finished(v, expect_difference, known)
+
+
+def _visibility_note(
+    v64: Verdict, a32: Mapping[str, Any], b32: Mapping[str, Any], judged: list[str],
+    scales: dict[str, np.ndarray], fa_rows: np.ndarray, fb_rows: np.ndarray, factor: float,
+) -> str:
+    """``v64``'s detail, saying whether its parameter difference is also visible above the float32 noise.
+
+    (A divergence that the loss decided keeps its detail: it names the loss's own figures.)
+    """
+    if v64.key == LOSS_KEY:
+        return v64.detail
+    per_step, _ = _row_max(_gaps(a32, b32, judged, scales))
+    with np.errstate(invalid="ignore"):
+        bound_rows = factor * np.fmax(fa_rows, fb_rows) + FLOAT32_ABS_FLOOR
+        visible = np.flatnonzero(per_step > bound_rows)
+    note = (
+        f"; visible in float32 from step {step_of_row(judged[0], int(visible[0]))} "
+        f"(gap {per_step[visible[0]]:.2e} > noise bound {bound_rows[visible[0]]:.2e})"
+        if visible.size
+        else "; below the float32 noise at every step (gap <= noise bound)"
+    )
+    return _first_line_plus(v64.detail, note)
+
