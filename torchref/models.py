@@ -211,7 +211,7 @@ class CaseModel(nn.Module):
         return self.params[f"{i}_{kind}".replace(".", "_")]
 
     def _layer(self, path: str, layer: dict, h: torch.Tensor) -> torch.Tensor:
-        """A layer of the section 7 vocabulary at ``path`` (``3``, ``3.body.1``) on ``h`` (NCHW when 4-D)."""
+        """A layer of the architecture vocabulary (docs/layers.md) at ``path`` (``3``, ``3.body.1``) on ``h`` (NCHW when 4-D)."""
         kind = layer["type"]
         if kind == "dense":  # the last axis of any rank
             kernel, bias = self._p(path, "kernel"), self._p(path, "bias") if layer["use_bias"] else None

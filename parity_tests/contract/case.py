@@ -398,7 +398,7 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
 
 
 def _refuse_mixed_architecture(layers: list[dict]) -> None:
-    """dtype ``mixed_bfloat16`` with a section 7 layer (or a GELU/SiLU dense activation): not implemented
+    """dtype ``mixed_bfloat16`` with an architecture layer (or a GELU/SiLU dense activation): not implemented
     (which ops Keras' policy and torch's autocast round there is not derived yet; docs/mixed-precision.md)."""
     for i, layer in enumerate(layers):
         if layer["type"] in ARCHITECTURE_TYPES or layer.get("activation") in ("gelu", "gelu_tanh", "silu"):

@@ -14,7 +14,7 @@ Layers (fields, defaults):
                 update, ``tf``: both use the biased batch variance, ``torch``: both the unbiased).
 ``dropout``     ``rate``; the masks are data drawn from the case ``seed``.
 
-Architecture layers (``shared/CONTRACT.md`` section 7; ``docs/layers.md``):
+Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 
 ``activation``  ``fn``: relu, tanh, sigmoid, gelu (erf), gelu_tanh, silu, softmax (last axis);
                 ``semantics`` (native) for the GELUs: which framework's constants both use.
@@ -69,7 +69,7 @@ __all__ = [
     "validate_model",
 ]
 
-#: the section 7 layers this module adds to the first vocabulary (mixed_bfloat16 refuses them)
+#: the architecture layers (docs/layers.md) this module adds to the first vocabulary (mixed_bfloat16 refuses them)
 ARCHITECTURE_TYPES = ("activation", "layer_norm", "rms_norm", "residual", "repeat", "avg_pool2d",
                       "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token",
                       "depthwise_conv2d")

@@ -1,7 +1,7 @@
 """Parameter names and shapes implied by a layer list (numpy only).
 
 Canonical names are ``<layer index>.<kind>``, and inside the nesting layers
-(``shared/CONTRACT.md`` section 7) ``<path>.<kind>``: layer 3's body layer 1 is
+(``docs/case-format.md``) ``<path>.<kind>``: layer 3's body layer 1 is
 ``3.body.1.kernel``, its shortcut layer 0 ``3.shortcut.0.kernel``, repetition 2
 of a ``repeat`` at index 5, body layer 0, ``5.2.0.kernel``. Canonical layouts are
 TensorFlow's (dense kernel ``[in, out]``, conv kernel ``[kh, kw, in, out]``,
@@ -152,7 +152,7 @@ def _layer(path: str, layer: dict, shape: tuple[int, ...]) -> tuple[list[ParamSp
         shape = shape[:-1] + (shape[-1] + layer["before"] + layer["after"],)
     elif kind == "reshape":
         shape = reshape_target(shape, layer["shape"])
-    elif kind == "position_embedding":  # drawn as a dense kernel [length, D] (CONTRACT section 7)
+    elif kind == "position_embedding":  # drawn as a dense kernel [length, D] (docs/layers.md)
         params.append(ParamSpec(f"{path}.embeddings", (layer["length"], shape[-1]), True, "embeddings"))
     elif kind == "class_token":
         params.append(ParamSpec(f"{path}.token", (1, shape[-1]), True, "token"))

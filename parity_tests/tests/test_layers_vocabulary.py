@@ -1,4 +1,4 @@
-"""The section 7 layer vocabulary (first slice): TensorFlow vs torch, each side pinned to its framework's class.
+"""The architecture layer vocabulary (first slice): TensorFlow vs torch, each side pinned to its framework's class.
 
 Three levels, as ``test_layers.py`` does for the first layers:
 
@@ -68,7 +68,7 @@ RESIDUAL_IN_REPEAT = [
 
 
 def test_nested_parameter_names_follow_the_contract():
-    """CONTRACT section 7: ``<i>.<r>.<j>`` for a repeat, ``.body.<j>`` / ``.shortcut.<j>`` for a residual."""
+    """docs/case-format.md: ``<i>.<r>.<j>`` for a repeat, ``.body.<j>`` / ``.shortcut.<j>`` for a residual."""
     layers = _layers([5], RESIDUAL_IN_REPEAT)
     names = [s.name for s in param_specs([5], layers)]
     want = ["0.kernel", "0.bias"]
@@ -521,7 +521,7 @@ def main() -> None:
     from parity_tests.running.backends import tf_device_count
 
     tf_device_count()
-    print("| section 7 layer (probe) | largest gap TF vs torch (where) |")
+    print("| architecture layer (probe) | largest gap TF vs torch (where) |")
     print("| --- | --- |")
     for name, (shape, raw) in {**DIRECT, **GELU_PROBES}.items():
         gaps = _direct_gaps(shape, raw)
