@@ -31,6 +31,45 @@ dropout
     ``y = where(keep, x * (1 / (1 - rate)), 0)``, ``tf.nn.dropout``'s arithmetic,
     with the keep-mask given as data.
 
+Architecture layers (``docs/layers.md``; each the arithmetic of the Keras layer named,
+pinned equal to it by ``tests/test_layers_vocabulary.py``):
+
+dense
+    on the last axis of any rank: ``tf.matmul(x, kernel) + bias`` (Keras ``Dense``).
+activation
+    ``tf.nn.relu``, ``tf.tanh``, ``tf.sigmoid``, ``tf.nn.gelu`` (``approximate`` False for
+    ``gelu``, True for ``gelu_tanh``), ``tf.nn.silu``, ``tf.nn.softmax`` (last axis): what
+    ``keras.activations`` calls. In float64 ``tf.nn.gelu`` rounds its constant
+    ``1/sqrt(2)`` (erf) or ``0.044715`` (tanh) through float32 (``math_ops.cast`` of a
+    Python float makes a float32 tensor first); ``semantics: torch`` uses exact constants.
+layer_norm
+    ``keras.ops.layer_normalization`` (Keras ``LayerNormalization``): ``mu, var`` over the
+    last axis, ``inv = rsqrt(var + eps) gamma``, ``y = x inv + (beta - mu inv)``.
+rms_norm
+    ``keras.ops.rms_normalization`` (Keras ``RMSNormalization``): ``y = x rsqrt(mean(x^2) + eps) scale``.
+residual
+    ``act(body(x) + shortcut(x))``, the sum of Keras ``Add``.
+repeat
+    the body ``count`` times, each copy with its own parameters (``<i>.<r>.<j>.*``).
+avg_pool2d
+    ``tf.nn.avg_pool2d`` (Keras ``AveragePooling2D``): SAME divides by the real values in
+    the window; ``count_padding`` pads with zeros first and divides by the window size;
+    explicit padding without ``count_padding`` divides the window sum by its real count.
+global_avg_pool2d
+    ``reduce_mean`` over height and width (Keras ``GlobalAveragePooling2D``).
+channel_pad
+    zeros before and after on the last axis (``tf.pad``).
+reshape
+    ``tf.reshape`` to ``[batch, *shape]`` (channels-last order).
+depthwise_conv2d
+    ``tf.nn.depthwise_conv2d`` + ``tf.nn.bias_add`` (Keras ``DepthwiseConv2D``); output channel
+    ``c M + m`` is input channel ``c``'s filter ``m``.
+position_embedding, class_token, take_token
+    ``x + embeddings[:T]``; ``concat([token] * B, x)`` on the token axis; ``x[:, index]``.
+explicit padding
+    ``tf.pad`` (zeros for conv and average pooling, ``-inf`` for max pooling), then a
+    'VALID' op: Keras' ``ZeroPadding2D`` followed by the layer.
+
 Batch norm across towers (:func:`forward_towers`): ``local`` normalises every
 tower with its own shard's statistics and keeps the *first* tower's update of
 the moving statistics (what DDP keeps: it broadcasts rank 0's buffers at every
@@ -88,7 +127,64 @@ __all__ = [
 STATE_KINDS = ("moving_mean", "moving_variance")
 # when a list: forward_towers appends (layer index, [tower outputs]) after every layer (the capture step)
 _ACTIVATIONS: list[tuple[int, list[tf.Tensor]]] | None = None
-_ACT = {"none": lambda t: t, "relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}
+_ACT = {"none": lambda t: t, "relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid, "silu": tf.nn.silu,
+        "softmax": lambda t: tf.nn.softmax(t, axis=-1)}
+_SQRT_HALF = 0.7071067811865476  # 1/sqrt(2), as tf.nn.gelu spells it
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+
+def gelu(h: tf.Tensor, approximate: bool, semantics: str = "native") -> tf.Tensor:
+    """GELU: ``tf.nn.gelu`` under ``native`` and ``tf``; under ``torch`` the same formula with the
+    constants in ``h``'s dtype exactly (what ``F.gelu`` computes), instead of through float32.
+
+    ``gelu``: ``0.5 x erfc(-x / sqrt(2))``; ``gelu_tanh``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
+    """
+    if semantics != "torch":
+        return tf.nn.gelu(h, approximate=approximate)
+    if approximate:
+        inner = tf.constant(_SQRT_2_OVER_PI, h.dtype) * (h + tf.constant(_GELU_CUBIC, h.dtype) * tf.pow(h, 3))
+        return 0.5 * h * (1.0 + tf.tanh(inner))
+    return 0.5 * h * tf.math.erfc(-h * tf.constant(_SQRT_HALF, h.dtype))
+
+
+def _activate(h: tf.Tensor, fn: str, layer: Mapping) -> tf.Tensor:
+    if fn in ("gelu", "gelu_tanh"):
+        return gelu(h, fn == "gelu_tanh", layer.get("semantics", "native"))
+    return _ACT[fn](h)
+
+
+def _same_padding(n: int, k: int, s: int) -> list[int]:
+    """TensorFlow's SAME padding ``[before, after]`` along one axis (the odd extra row after)."""
+    total = max((math.ceil(n / s) - 1) * s + k - n, 0)
+    return [total // 2, total - total // 2]
+
+
+def _explicit_pad(h: tf.Tensor, padding, value: float = 0.0) -> tf.Tensor:
+    """NHWC ``h`` padded ``[[top, bottom], [left, right]]`` with ``value``."""
+    return tf.pad(h, [[0, 0], list(padding[0]), list(padding[1]), [0, 0]], constant_values=value)
+
+
+def _avg_pool(h: tf.Tensor, layer: Mapping) -> tf.Tensor:
+    pool, strides, padding = layer["pool_size"], layer["strides"], layer["padding"]
+    if padding == "valid" or (padding == "same" and not layer["count_padding"]):
+        return tf.nn.avg_pool2d(h, ksize=pool, strides=strides, padding=padding.upper())
+    if padding == "same":  # counted: zeros in the window count as values
+        padding = [_same_padding(h.shape[1], pool[0], strides[0]), _same_padding(h.shape[2], pool[1], strides[1])]
+    padded = tf.nn.avg_pool2d(_explicit_pad(h, padding), ksize=pool, strides=strides, padding="VALID")
+    if layer["count_padding"]:
+        return padded
+    ones = _explicit_pad(tf.ones_like(h[:1, :, :, :1]), padding)
+    real = tf.nn.avg_pool2d(ones, ksize=pool, strides=strides, padding="VALID")  # real values / window size
+    return padded / real
+
+
+def _apply_list(prefix: str, layers: Sequence[Mapping], params: Mapping[str, tf.Tensor], h: tf.Tensor,
+                compute: tf.DType | None) -> tf.Tensor:
+    """A nested layer list (no batch_norm or dropout: the case refuses them there) at path ``prefix``."""
+    for j, layer in enumerate(layers):
+        h = _apply(f"{prefix}.{j}", layer, params, h, None, compute)
+    return h
 
 
 def is_state(name: str) -> bool:
@@ -148,9 +244,10 @@ def _mixed_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
     return h + bias
 
 
-def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None,
+def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None,
            compute: tf.DType | None = None) -> tf.Tensor:
-    """Layer ``i`` on one tower's activations (every type but batch_norm), in ``compute`` when given."""
+    """Layer ``i`` (its index, or its path ``3.body.1``) on one tower's activations (every type but
+    batch_norm), in ``compute`` when given."""
     kind = layer["type"]
     if compute is not None and h.dtype.is_floating and h.dtype != compute:
         h = tf.cast(h, compute)  # Layer.__call__'s convert_input: floating inputs in the compute dtype
@@ -164,18 +261,70 @@ def _apply(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor
             h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
         elif layer["use_bias"]:
             h = h + params[f"{i}.bias"]
-        return _ACT[layer["activation"]](h)
+        return _activate(h, layer["activation"], layer)
     if kind == "conv2d":
         (sh, sw) = layer["strides"]
+        padding = layer["padding"]
+        if not isinstance(padding, str):
+            h, padding = _explicit_pad(h, padding), "valid"
         h = tf.nn.conv2d(h, _param(params, f"{i}.kernel", compute), strides=[1, sh, sw, 1],
-                         padding=layer["padding"].upper())
+                         padding=padding.upper())
         if layer["use_bias"] and compute is not None:
             h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
         elif layer["use_bias"]:
             h = tf.nn.bias_add(h, params[f"{i}.bias"])
         return _ACT[layer["activation"]](h)
+    if kind == "depthwise_conv2d":  # Keras' DepthwiseConv2D: tf.nn.depthwise_conv2d, then bias_add
+        (sh, sw) = layer["strides"]
+        padding = layer["padding"]
+        if not isinstance(padding, str):
+            h, padding = _explicit_pad(h, padding), "valid"
+        h = tf.nn.depthwise_conv2d(h, params[f"{i}.kernel"], strides=[1, sh, sw, 1], padding=padding.upper())
+        if layer["use_bias"]:
+            h = tf.nn.bias_add(h, params[f"{i}.bias"])
+        return _ACT[layer["activation"]](h)
     if kind == "max_pool2d":
-        return tf.nn.max_pool2d(h, ksize=layer["pool_size"], strides=layer["strides"], padding=layer["padding"].upper())
+        padding = layer["padding"]
+        if not isinstance(padding, str):  # -inf: a padded position is never the maximum
+            h, padding = _explicit_pad(h, padding, -math.inf), "valid"
+        return tf.nn.max_pool2d(h, ksize=layer["pool_size"], strides=layer["strides"], padding=padding.upper())
+    if kind == "avg_pool2d":
+        return _avg_pool(h, layer)
+    if kind == "global_avg_pool2d":
+        return tf.reduce_mean(h, axis=[1, 2])
+    if kind == "activation":
+        return _activate(h, layer["fn"], layer)
+    if kind == "layer_norm":
+        import keras
+
+        gamma = params[f"{i}.gamma"] if layer["scale"] else None
+        beta = params[f"{i}.beta"] if layer["center"] else None
+        return keras.ops.layer_normalization(h, gamma, beta, axis=-1, epsilon=layer["epsilon"])
+    if kind == "rms_norm":
+        import keras
+
+        return keras.ops.rms_normalization(h, params[f"{i}.scale"], axis=-1, epsilon=layer["epsilon"])
+    if kind == "residual":
+        body = _apply_list(f"{i}.body", layer["body"], params, h, compute)
+        shortcut = _apply_list(f"{i}.shortcut", layer["shortcut"], params, h, compute)
+        return _ACT[layer["activation"]](body + shortcut)  # keras.layers.Add: the sum of its inputs
+    if kind == "repeat":
+        for r in range(layer["count"]):
+            h = _apply_list(f"{i}.{r}", layer["body"], params, h, compute)
+        return h
+    if kind == "channel_pad":
+        return tf.pad(h, [[0, 0]] * (h.shape.rank - 1) + [[layer["before"], layer["after"]]])
+    if kind == "position_embedding":  # the first T rows of [length, D], added (keras.layers.Add)
+        return h + params[f"{i}.embeddings"][: h.shape[1]]
+    if kind == "class_token":  # the learned token, broadcast over the batch, before the tokens
+        token = params[f"{i}.token"]
+        return tf.concat([tf.broadcast_to(token[None], [tf.shape(h)[0], 1, token.shape[-1]]), h], axis=1)
+    if kind == "take_token":
+        return h[:, layer["index"]]
+    if kind == "reshape":  # the case's one -1 resolved from the static shape (the batch axis is the other -1)
+        target = layer["shape"]
+        known = math.prod(d for d in target if d != -1)
+        return tf.reshape(h, [-1, *(math.prod(h.shape[1:]) // known if d == -1 else d for d in target)])
     if kind == "flatten":
         return tf.reshape(h, [-1, math.prod(h.shape[1:])])  # row-major over [H, W, C]: channels fastest
     if kind == "dropout":

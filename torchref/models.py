@@ -13,6 +13,26 @@ where they are used; ``flatten`` permutes NCHW -> NHWC before flattening, so
 its order is TensorFlow's (channels fastest); dropout masks arrive NHWC and are
 permuted like the activations.
 
+Architecture layers (``docs/layers.md``; each what the torch class named computes,
+pinned by ``tests/test_layers_vocabulary.py``): ``dense`` on the last axis of any rank
+(``h @ kernel + bias``; a 4-D input is turned NHWC for it and back); ``activation``
+(``torch.relu``, ``tanh``, ``sigmoid``, ``F.gelu`` with ``approximate`` ``none``/``tanh``,
+``F.silu``, ``torch.softmax`` over the canonical last axis); ``layer_norm``
+(``F.layer_norm``, ``nn.LayerNorm``'s function) and ``rms_norm`` (``F.rms_norm``,
+``nn.RMSNorm``'s) over the canonical last axis; ``residual`` (``body(x) + shortcut(x)``);
+``repeat``; ``avg_pool2d`` (``F.avg_pool2d``; where TensorFlow's padding is not what
+torch's symmetric ``padding=`` expresses, ``F.pad`` with zeros first, and without
+``count_padding`` the window sums divided by the real values' count, as
+``count_include_pad=False`` divides); ``global_avg_pool2d``
+(``F.adaptive_avg_pool2d(h, 1)``, ``nn.AdaptiveAvgPool2d``'s); ``channel_pad``
+(``F.pad`` on the channel axis); ``reshape`` (in NHWC order); ``position_embedding``
+(``x + embeddings[:T]``), ``class_token`` (``torch.cat`` of the expanded token before
+the tokens), ``take_token`` (``x[:, index]``); ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
+depthwise form, with the kernel ``[kh, kw, C, M]`` turned into ``[C*M, 1, kh, kw]``). Under ``semantics: tf`` a
+GELU uses TensorFlow's float32-rounded constants (``1/sqrt(2)`` or ``0.044715``).
+Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_kernel``
+inside the module, and :meth:`CaseModel.canonical` maps it back).
+
 TensorFlow's SAME padding puts the odd extra row at the bottom/right
 (``parity_tests.contract.specs.same_padding``); torch's ``padding=`` pads both sides
 equally, so SAME is done as ``F.pad`` (zeros for conv, ``-inf`` for max
@@ -67,7 +87,62 @@ from torch import nn
 __all__ = ["CaseModel", "same_padding", "STATE_KINDS"]
 
 STATE_KINDS = ("moving_mean", "moving_variance")
-_ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+_ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu}
+# TensorFlow's tf.nn.gelu constants as they reach a float64 tensor: through float32
+_TF_SQRT_HALF = float(np.float32(0.7071067811865476))
+_TF_GELU_CUBIC = float(np.float32(0.044715))
+
+
+def gelu(h: torch.Tensor, approximate: bool, semantics: str = "native") -> torch.Tensor:
+    """GELU: ``F.gelu`` under ``native`` and ``torch``; under ``tf`` the formula of ``tf.nn.gelu``
+    with its float32-rounded constant (``0.5 x erfc(-x c)``, ``c = float32(1/sqrt(2))``; tanh form
+    with ``float32(0.044715)``), so both sides compute TensorFlow's function."""
+    if semantics != "tf":
+        return F.gelu(h, approximate="tanh" if approximate else "none")
+    if approximate:
+        return 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + _TF_GELU_CUBIC * torch.pow(h, 3))))
+    return 0.5 * h * torch.erfc(-h * _TF_SQRT_HALF)
+
+
+def _activate(h: torch.Tensor, fn: str, layer: dict) -> torch.Tensor:
+    """Activation ``fn`` on ``h`` (NCHW when 4-D: softmax over the canonical last axis, channels)."""
+    if fn in ("gelu", "gelu_tanh"):
+        return gelu(h, fn == "gelu_tanh", layer.get("semantics", "native"))
+    if fn == "softmax":
+        return torch.softmax(h, dim=1 if h.dim() == 4 else -1)
+    return _ACT[fn](h)
+
+
+def _last_axis(h: torch.Tensor, fn) -> torch.Tensor:
+    """``fn`` applied over the canonical last axis (channels: dim 1 of an NCHW tensor)."""
+    if h.dim() != 4:
+        return fn(h)
+    return fn(h.movedim(1, -1)).movedim(-1, 1)
+
+
+def _pads(h: torch.Tensor, padding, window: list[int], strides: list[int]) -> tuple[int, int, int, int]:
+    """``(left, right, top, bottom)`` for NCHW ``h``: TensorFlow's SAME, explicit, or none for valid."""
+    if padding == "valid":
+        return 0, 0, 0, 0
+    if padding == "same":
+        (top, bottom), (left, right) = same_padding(h.shape[2], window[0], strides[0]), same_padding(h.shape[3], window[1], strides[1])
+    else:
+        (top, bottom), (left, right) = padding
+    return left, right, top, bottom
+
+
+def _avg_pool(h: torch.Tensor, layer: dict) -> torch.Tensor:
+    pool, strides = tuple(layer["pool_size"]), tuple(layer["strides"])
+    pads = _pads(h, layer["padding"], layer["pool_size"], layer["strides"])
+    if not any(pads):
+        return F.avg_pool2d(h, pool, strides)
+    padded = F.pad(h, pads)
+    if layer["count_padding"]:  # count_include_pad=True: the window size divides
+        return F.avg_pool2d(padded, pool, strides)
+    # count_include_pad=False: the window's sum over its real values' count
+    sums = F.avg_pool2d(padded, pool, strides, divisor_override=1)
+    counts = F.avg_pool2d(F.pad(torch.ones_like(h[:1, :1]), pads), pool, strides, divisor_override=1)
+    return sums / counts
 
 
 def same_padding(n: int, k: int, s: int) -> tuple[int, int]:
@@ -115,6 +190,8 @@ class CaseModel(nn.Module):
         #: when a dict: every layer's output (canonical layout, detached copy) by layer index, set by
         #: the capture step of a run (docs/localisation.md ``forward`` stage)
         self.trace: dict[str, np.ndarray] | None = None
+        #: module name (``3_body_1_kernel``) -> canonical name (``3.body.1.kernel``); torch reserves the dot
+        self._canonical = {k.replace(".", "_"): k for k in init}
         self.params = nn.ParameterDict(
             {k.replace(".", "_"): nn.Parameter(torch.tensor(np.asarray(v), dtype=dtype)) for k, v in init.items() if not _is_state(k)}
         )
@@ -124,14 +201,82 @@ class CaseModel(nn.Module):
 
     def canonical(self) -> dict[str, nn.Parameter]:
         """Canonical name -> trainable parameter, in creation order."""
-        return {k.replace("_", ".", 1): p for k, p in self.params.items()}
+        return {self._canonical[k]: p for k, p in self.params.items()}
 
     def state(self) -> dict[str, torch.Tensor]:
         """Canonical name -> moving-statistics buffer, in creation order."""
-        return {k.replace("_", ".", 1): b for k, b in self.named_buffers()}
+        return {self._canonical[k]: b for k, b in self.named_buffers()}
 
-    def _p(self, i: int, kind: str) -> torch.Tensor:
-        return self.params[f"{i}_{kind}"]
+    def _p(self, i: int | str, kind: str) -> torch.Tensor:
+        return self.params[f"{i}_{kind}".replace(".", "_")]
+
+    def _layer(self, path: str, layer: dict, h: torch.Tensor) -> torch.Tensor:
+        """A layer of the architecture vocabulary (docs/layers.md) at ``path`` (``3``, ``3.body.1``) on ``h`` (NCHW when 4-D)."""
+        kind = layer["type"]
+        if kind == "dense":  # the last axis of any rank
+            kernel, bias = self._p(path, "kernel"), self._p(path, "bias") if layer["use_bias"] else None
+            h = _last_axis(h, lambda t: t @ kernel if bias is None else t @ kernel + bias)
+            return _activate(h, layer["activation"], layer)
+        if kind == "activation":
+            return _activate(h, layer["fn"], layer)
+        if kind == "conv2d":
+            h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
+            w = self._p(path, "kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
+            h = F.conv2d(h, w, self._p(path, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]))
+            return _ACT[layer["activation"]](h)
+        if kind == "depthwise_conv2d":  # nn.Conv2d(C, C*M, groups=C): kernel [kh, kw, C, M] -> [C*M, 1, kh, kw]
+            h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
+            kernel = self._p(path, "kernel")
+            kh, kw, c, m = kernel.shape
+            w = kernel.permute(2, 3, 0, 1).reshape(c * m, 1, kh, kw)
+            h = F.conv2d(h, w, self._p(path, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]), groups=c)
+            return _ACT[layer["activation"]](h)
+        if kind == "max_pool2d":
+            h = F.pad(h, _pads(h, layer["padding"], layer["pool_size"], layer["strides"]), value=-math.inf)
+            return F.max_pool2d(h, tuple(layer["pool_size"]), tuple(layer["strides"]))
+        if kind == "avg_pool2d":
+            return _avg_pool(h, layer)
+        if kind == "global_avg_pool2d":
+            return F.adaptive_avg_pool2d(h, 1).flatten(1)
+        if kind == "layer_norm":
+            gamma = self._p(path, "gamma") if layer["scale"] else None
+            beta = self._p(path, "beta") if layer["center"] else None
+            return _last_axis(h, lambda t: F.layer_norm(t, (t.shape[-1],), gamma, beta, layer["epsilon"]))
+        if kind == "rms_norm":
+            return _last_axis(h, lambda t: F.rms_norm(t, (t.shape[-1],), self._p(path, "scale"), layer["epsilon"]))
+        if kind == "residual":
+            body = self._sequence(f"{path}.body", layer["body"], h)
+            shortcut = self._sequence(f"{path}.shortcut", layer["shortcut"], h)
+            return _ACT[layer["activation"]](body + shortcut)
+        if kind == "repeat":
+            for r in range(layer["count"]):
+                h = self._sequence(f"{path}.{r}", layer["body"], h)
+            return h
+        if kind == "channel_pad":
+            pads = (0, 0, 0, 0, layer["before"], layer["after"]) if h.dim() == 4 else (layer["before"], layer["after"])
+            return F.pad(h, pads)
+        if kind == "reshape":
+            h = h.permute(0, 2, 3, 1) if h.dim() == 4 else h  # channels-last order, as TensorFlow reshapes
+            known = math.prod(d for d in layer["shape"] if d != -1)
+            target = [math.prod(h.shape[1:]) // known if d == -1 else d for d in layer["shape"]]
+            h = h.reshape(h.shape[0], *target)
+            return h.permute(0, 3, 1, 2) if h.dim() == 4 else h
+        if kind == "position_embedding":  # [B, T, D]: the first T rows of [length, D]
+            return h + self._p(path, "embeddings")[: h.shape[1]]
+        if kind == "class_token":
+            token = self._p(path, "token")
+            return torch.cat([token.expand(h.shape[0], 1, token.shape[-1]), h], dim=1)
+        if kind == "take_token":
+            return h[:, layer["index"]]
+        if kind == "flatten":
+            return (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).reshape(h.shape[0], -1)
+        raise ValueError(f"layer {path}: unknown type {kind!r}")
+
+    def _sequence(self, prefix: str, layers: list[dict], h: torch.Tensor) -> torch.Tensor:
+        """A nested layer list (no batch_norm or dropout: the case refuses them there)."""
+        for j, layer in enumerate(layers):
+            h = self._layer(f"{prefix}.{j}", layer, h)
+        return h
 
     def _batch_norm(self, i: int, layer: dict, h: torch.Tensor) -> torch.Tensor:
         gamma, beta = self._p(i, "gamma"), self._p(i, "beta")
@@ -193,14 +338,15 @@ class CaseModel(nn.Module):
                 powers = torch.arange(d, -1, -1, dtype=h.dtype)
                 h = torch.pow(h[:, None], powers)  # x^d ... x, 1
             elif kind == "dense":
-                h = h @ self._p(i, "kernel")
-                if layer["use_bias"]:
-                    h = h + self._p(i, "bias")
+                kernel, bias = self._p(i, "kernel"), self._p(i, "bias") if layer["use_bias"] else None
+                h = _last_axis(h, lambda t, kernel=kernel, bias=bias: t @ kernel if bias is None else t @ kernel + bias)
                 pre = h
-                h = _ACT[layer["activation"]](h)
+                h = _activate(h, layer["activation"], layer)
             elif kind == "conv2d":
                 if layer["padding"] == "same":
                     h = _pad_same(h, layer["kernel_size"], layer["strides"], 0.0)
+                elif layer["padding"] != "valid":  # explicit [[top, bottom], [left, right]]
+                    h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
                 w = self._p(i, "kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
                 h = F.conv2d(h, w, self._p(i, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]))
                 pre = h
@@ -208,6 +354,8 @@ class CaseModel(nn.Module):
             elif kind == "max_pool2d":
                 if layer["padding"] == "same":
                     h = _pad_same(h, layer["pool_size"], layer["strides"], -math.inf)
+                elif layer["padding"] != "valid":
+                    h = F.pad(h, _pads(h, layer["padding"], layer["pool_size"], layer["strides"]), value=-math.inf)
                 h = F.max_pool2d(h, tuple(layer["pool_size"]), tuple(layer["strides"]))
             elif kind == "flatten":
                 h = (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).reshape(h.shape[0], -1)  # NHWC order
@@ -222,7 +370,7 @@ class CaseModel(nn.Module):
                     # torch's dropout arithmetic: noise = bernoulli(1-p) / (1-p); input * noise
                     h = h * (keep.to(h.dtype) / (1.0 - layer["rate"]))
             else:
-                raise ValueError(f"layer {i}: unknown type {kind!r}")
+                h = self._layer(str(i), layer, h)
             if self.trace is not None:
                 out = h.permute(0, 2, 3, 1) if h.dim() == 4 else h
                 out = out.detach()

@@ -184,12 +184,14 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
     classic tower programs' ``tf.random_normal`` initialisation does). ``glorot_uniform``:
     kernels ~ U[-l, l] with ``l = sqrt(6 / (fan_in + fan_out))``, biases zero
     (Keras' defaults). Batch-norm state starts at mean 0, variance 1;
-    ``gamma`` at 1 and ``beta`` at 0 in both kinds.
+    ``gamma`` (batch and layer norm) and ``scale`` (rms norm) at 1 and ``beta`` at 0 in both kinds.
+    Position embeddings ``[T, D]`` and the class token ``[1, D]`` are drawn as dense kernels
+    of that shape (normal, or glorot with fan-in and fan-out ``T``/``1`` and ``D``).
     """
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for s in specs:
-        if s.kind in ("gamma", "moving_variance"):
+        if s.kind in ("gamma", "scale", "moving_variance"):
             out[s.name] = np.ones(s.shape)
         elif s.kind in ("beta", "moving_mean"):
             out[s.name] = np.zeros(s.shape)

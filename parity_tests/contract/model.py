@@ -14,6 +14,30 @@ Layers (fields, defaults):
                 update, ``tf``: both use the biased batch variance, ``torch``: both the unbiased).
 ``dropout``     ``rate``; the masks are data drawn from the case ``seed``.
 
+Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
+
+``activation``  ``fn``: relu, tanh, sigmoid, gelu (erf), gelu_tanh, silu, softmax (last axis);
+                ``semantics`` (native) for the GELUs: which framework's constants both use.
+``dense``       acts on the last axis of any rank; ``activation`` also gelu, gelu_tanh, silu.
+``layer_norm``  ``epsilon`` (required), ``center`` (true), ``scale`` (true); last axis.
+``rms_norm``    ``epsilon`` (required); last axis.
+``residual``    ``body`` (layers), ``shortcut`` (layers, [] = identity), ``activation`` (none):
+                ``act(body(x) + shortcut(x))``; parameters ``<i>.body.<j>.*``, ``<i>.shortcut.<j>.*``.
+``repeat``      ``count``, ``body``: independent copies; parameters ``<i>.<r>.<j>.*``.
+``avg_pool2d``  ``pool_size`` (2), ``strides`` (= pool_size), ``padding`` (valid), ``count_padding`` (false).
+``global_avg_pool2d``  mean over height and width.
+``channel_pad`` ``before``, ``after``: zero channels appended on the last axis.
+``reshape``     ``shape`` per example (one -1 allowed), channels-last order.
+``position_embedding``  ``length`` (>= T): learned ``[length, D]``, its first T rows added to ``[T, D]``.
+``class_token`` prepends a learned token ``[1, D]``: ``[T, D] -> [T + 1, D]``.
+``take_token``  ``index`` (0): ``[T, D] -> [D]``.
+``depthwise_conv2d``  ``kernel_size``, ``strides`` (1, equal along both axes: TensorFlow's kernel
+                needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``.
+
+``conv2d``, ``max_pool2d`` and ``avg_pool2d`` take an explicit ``padding``
+``[[top, bottom], [left, right]]`` too. Inside a ``residual`` or ``repeat`` body
+``batch_norm`` and ``dropout`` are refused (not implemented there yet).
+
 Loss options (model level): ``from_logits`` (true), ``label_smoothing`` (0), ``class_weights``
 (null, or one positive weight per class, ``softmax_ce`` only), ``loss_semantics`` (``native``:
 each framework's own loss function, ``tf`` / ``torch``: both follow that framework's formula).
@@ -22,10 +46,11 @@ See ``docs/layers.md`` for the formulas.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
-from parity_tests.contract.specs import output_shape, spatial_output
+from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
 from parity_tests.protocol.errors import CaseError
 
 __all__ = [
@@ -37,11 +62,24 @@ __all__ = [
     "REDUCTIONS",
     "PADDINGS",
     "LAYER_SEMANTICS",
+    "DENSE_ACTIVATIONS",
+    "ACTIVATION_FNS",
+    "GELUS",
+    "ARCHITECTURE_TYPES",
     "validate_model",
 ]
 
-LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout")
+#: the architecture layers (docs/layers.md) this module adds to the first vocabulary (mixed_bfloat16 refuses them)
+ARCHITECTURE_TYPES = ("activation", "layer_norm", "rms_norm", "residual", "repeat", "avg_pool2d",
+                      "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token",
+                      "depthwise_conv2d")
+LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout", *ARCHITECTURE_TYPES)
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid")
+GELUS = ("gelu", "gelu_tanh")
+DENSE_ACTIVATIONS = (*ACTIVATIONS, *GELUS, "silu")
+ACTIVATION_FNS = ("relu", "tanh", "sigmoid", *GELUS, "silu", "softmax")
+MAX_REPEAT = 1000
+_NOT_NESTED = ("batch_norm", "dropout")
 LOSSES = ("mse", "sigmoid_ce", "softmax_ce")
 REDUCTIONS = ("mean", "sum")
 PADDINGS = ("valid", "same")
@@ -73,22 +111,152 @@ def _image(shape: tuple[int, ...], p: str, kind: str) -> None:
 
 
 def _window(shape, win, strides, padding, p: str, field: str, kind: str) -> None:
-    """A 'valid' window must fit the input along both axes."""
-    for axis, n, k, s in zip(("height", "width"), shape[:2], win, strides, strict=True):
-        if spatial_output(n, k, s, padding) < 1:
-            raise CaseError(f"{p}.{field}", f"a {kind} window that fits the input {axis} {n} with padding 'valid' (or padding 'same')", list(win))
+    """A 'valid' (or explicitly padded) window must fit the input along both axes."""
+    for axis, n, k, s, pad in zip(("height", "width"), shape[:2], win, strides, axis_paddings(padding), strict=True):
+        if spatial_output(n, k, s, pad) < 1:
+            with_pad = f"padding {padding!r}" if isinstance(padding, str) else f"padding {list(pad)}"
+            raise CaseError(f"{p}.{field}", f"a {kind} window that fits the input {axis} {n} with {with_pad} (or padding 'same')", list(win))
+
+
+def _padding(v: Any, p: str, window: list[int] | None = None) -> str | list[list[int]]:
+    """``valid``, ``same`` or explicit ``[[top, bottom], [left, right]]`` (non-negative integers).
+
+    For a pooling ``window``, each explicit padding must be smaller than the window
+    along its axis, so that no window covers padding only.
+    """
+    if isinstance(v, str):
+        return choice(v, p, PADDINGS)
+    ok = (isinstance(v, list) and len(v) == 2 and all(
+        isinstance(a, list) and len(a) == 2 and all(isinstance(q, int) and not isinstance(q, bool) and 0 <= q <= 10_000 for q in a)
+        for a in v))
+    if not ok:
+        raise CaseError(p, "valid, same, or explicit padding [[top, bottom], [left, right]] (non-negative integers)", v)
+    if window is not None and any(q >= k for a, k in zip(v, window, strict=True) for q in a):
+        raise CaseError(p, f"explicit padding smaller than the pooling window {window} along each axis", v)
+    return [list(a) for a in v]
+
+
+def _gelu_semantics(layer: dict, fn: str, p: str) -> dict:
+    """``semantics`` of a layer whose activation is ``fn``: kept only for a GELU (whose constants
+    TensorFlow rounds through float32 in float64); ``native`` elsewhere, and then not stored."""
+    sem = choice(layer.get("semantics", "native"), f"{p}.semantics", LAYER_SEMANTICS)
+    if fn in GELUS:
+        return {"semantics": sem}
+    if sem != "native":
+        raise CaseError(f"{p}.semantics", f"native for activation {fn!r} (semantics chooses whose GELU constants"
+                        " both sides use)", sem)
+    return {}
 
 
 def _dense(layer: dict, shape: tuple[int, ...], p: str) -> dict:
-    no_extra(layer, {"type", "units", "activation", "use_bias"}, p)
-    if len(shape) != 1:
-        raise CaseError(p, f"a 1-D input for a dense layer (add a flatten layer first); the input here has shape {list(shape)}")
+    no_extra(layer, {"type", "units", "activation", "use_bias", "semantics"}, p)
+    if not shape:
+        raise CaseError(p, "an input with at least one axis for a dense layer (it acts on the last axis); the input here is a scalar")
+    act = choice(layer.get("activation", "none"), f"{p}.activation", DENSE_ACTIVATIONS)
     return {
         "type": "dense",
         "units": integer(need(layer, "units", p), f"{p}.units", 1, 100_000),
-        "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+        "activation": act,
         "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
+        **_gelu_semantics(layer, act, p),
     }
+
+
+def _activation(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "fn", "semantics"}, p)
+    fn = choice(need(layer, "fn", p), f"{p}.fn", ACTIVATION_FNS)
+    if fn == "softmax" and not shape:
+        raise CaseError(p, "an input with at least one axis for a softmax activation (it acts on the last axis); the input here is a scalar")
+    return {"type": "activation", "fn": fn, **_gelu_semantics(layer, fn, p)}
+
+
+def _last_axis(shape: tuple[int, ...], p: str, kind: str) -> None:
+    if not shape:
+        raise CaseError(p, f"an input with a last axis for a {kind} layer; the input here is a scalar")
+
+
+def _layer_norm(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "epsilon", "center", "scale"}, p)
+    _last_axis(shape, p, "layer_norm")
+    return {
+        "type": "layer_norm",
+        # required: Keras' default is 1e-3, torch's 1e-5 (a 7e-4 to 0.3 gap; docs/layers.md)
+        "epsilon": number(need(layer, "epsilon", p), f"{p}.epsilon", lo=0.0, lo_open=True),
+        "center": _flag(layer.get("center", True), f"{p}.center"),
+        "scale": _flag(layer.get("scale", True), f"{p}.scale"),
+    }
+
+
+def _rms_norm(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "epsilon"}, p)
+    _last_axis(shape, p, "rms_norm")
+    return {"type": "rms_norm", "epsilon": number(need(layer, "epsilon", p), f"{p}.epsilon", lo=0.0, lo_open=True)}
+
+
+def _layer_list(v: Any, shape: tuple[int, ...], p: str, *, empty: bool = False) -> tuple[list[dict], tuple[int, ...]]:
+    """A nested layer list (a ``residual``'s body or shortcut, a ``repeat``'s body) on inputs of ``shape``.
+
+    Returns the normalised layers and their output shape. ``batch_norm`` and ``dropout``
+    are refused inside (their state and masks are keyed by top-level index today).
+    """
+    if not isinstance(v, list) or (not v and not empty):
+        raise CaseError(p, "a list of layers" + ("" if empty else " (at least one)"), v)
+    out: list[dict] = []
+    for j, layer in enumerate(v):
+        q = f"{p}[{j}]"
+        layer = obj(layer, q)
+        kind = choice(need(layer, "type", q), f"{q}.type", LAYER_TYPES)
+        if kind in _NOT_NESTED:
+            raise CaseError(f"{q}.type", "a layer other than batch_norm and dropout inside a residual or repeat body"
+                            " (not implemented there yet; put it at the top level)", kind)
+        out.append(_LAYERS[kind](layer, output_shape(shape, out) if out else shape, q))
+    return out, output_shape(shape, out) if out else shape
+
+
+def _tokens(shape: tuple[int, ...], p: str, kind: str) -> None:
+    if len(shape) != 2:
+        raise CaseError(p, f"a token input [tokens, width] for a {kind} layer (a reshape layer makes one); the input"
+                        f" here has shape {list(shape)}")
+
+
+def _position_embedding(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "length"}, p)
+    _tokens(shape, p, "position_embedding")
+    return {"type": "position_embedding", "length": integer(need(layer, "length", p), f"{p}.length", shape[0], 1_000_000)}
+
+
+def _class_token(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type"}, p)
+    _tokens(shape, p, "class_token")
+    return {"type": "class_token"}
+
+
+def _take_token(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "index"}, p)
+    _tokens(shape, p, "take_token")
+    return {"type": "take_token", "index": integer(layer.get("index", 0), f"{p}.index", 0, shape[0] - 1)}
+
+
+def _residual(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "body", "shortcut", "activation"}, p)
+    body, body_shape = _layer_list(need(layer, "body", p), shape, f"{p}.body")
+    shortcut, short_shape = _layer_list(layer.get("shortcut", []), shape, f"{p}.shortcut", empty=True)
+    if body_shape != short_shape:
+        raise CaseError(f"{p}.shortcut", f"layers whose output shape equals the body's {list(body_shape)} (an empty "
+                        f"shortcut is the identity); the shortcut gives {list(short_shape)}")
+    return {"type": "residual", "body": body, "shortcut": shortcut,
+            "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS)}
+
+
+def _repeat(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "count", "body"}, p)
+    count = integer(need(layer, "count", p), f"{p}.count", 1, MAX_REPEAT)
+    body, h = _layer_list(need(layer, "body", p), shape, f"{p}.body")
+    for _ in range(count - 1):  # every copy must fit the shape the previous one gives
+        again, h = _layer_list(layer["body"], h, f"{p}.body")
+        if again != body:  # cannot happen today (no field normalises by shape); kept as a guard
+            raise CaseError(f"{p}.body", "layers that normalise the same in every repetition", layer["body"])
+    return {"type": "repeat", "count": count, "body": body}
 
 
 def _poly(layer: dict, shape: tuple[int, ...], p: str) -> dict:
@@ -106,7 +274,7 @@ def _conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
         "filters": integer(need(layer, "filters", p), f"{p}.filters", 1, 100_000),
         "kernel_size": _pair(need(layer, "kernel_size", p), f"{p}.kernel_size", "[kernel height, kernel width]"),
         "strides": _pair(layer.get("strides", 1), f"{p}.strides", "[stride along height, along width]"),
-        "padding": choice(layer.get("padding", "valid"), f"{p}.padding", PADDINGS),
+        "padding": _padding(layer.get("padding", "valid"), f"{p}.padding"),
         "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
         "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
     }
@@ -114,18 +282,73 @@ def _conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
     return out
 
 
-def _max_pool2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
-    no_extra(layer, {"type", "pool_size", "strides", "padding"}, p)
-    _image(shape, p, "max_pool2d")
+def _pool2d(layer: dict, shape: tuple[int, ...], p: str, kind: str) -> dict:
+    extra = {"count_padding"} if kind == "avg_pool2d" else set()
+    no_extra(layer, {"type", "pool_size", "strides", "padding", *extra}, p)
+    _image(shape, p, kind)
     pool = _pair(layer.get("pool_size", 2), f"{p}.pool_size", "[pool height, pool width]")
     out = {
-        "type": "max_pool2d",
+        "type": kind,
         "pool_size": pool,
         "strides": _pair(layer.get("strides", pool), f"{p}.strides", "[stride along height, along width]"),
-        "padding": choice(layer.get("padding", "valid"), f"{p}.padding", PADDINGS),
+        "padding": _padding(layer.get("padding", "valid"), f"{p}.padding", pool),
     }
+    if kind == "avg_pool2d":  # TensorFlow's default (padding not counted); torch's count_include_pad is True
+        out["count_padding"] = _flag(layer.get("count_padding", False), f"{p}.count_padding")
     _window(shape, pool, out["strides"], out["padding"], p, "pool_size", "pooling")
     return out
+
+
+def _depthwise_conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "kernel_size", "strides", "padding", "depth_multiplier", "use_bias", "activation"}, p)
+    _image(shape, p, "depthwise_conv2d")
+    out = {
+        "type": "depthwise_conv2d",
+        "kernel_size": _pair(need(layer, "kernel_size", p), f"{p}.kernel_size", "[kernel height, kernel width]"),
+        "strides": _pair(layer.get("strides", 1), f"{p}.strides", "[stride along height, along width]"),
+        "padding": _padding(layer.get("padding", "valid"), f"{p}.padding"),
+        "depth_multiplier": integer(layer.get("depth_multiplier", 1), f"{p}.depth_multiplier", 1, 10_000),
+        "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
+        "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+    }
+    if out["strides"][0] != out["strides"][1]:  # tf.nn.depthwise_conv2d refuses unequal strides
+        raise CaseError(f"{p}.strides", "the same stride along height and width for a depthwise_conv2d layer", out["strides"])
+    _window(shape, out["kernel_size"], out["strides"], out["padding"], p, "kernel_size", "kernel")
+    return out
+
+
+def _max_pool2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    return _pool2d(layer, shape, p, "max_pool2d")
+
+
+def _avg_pool2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    return _pool2d(layer, shape, p, "avg_pool2d")
+
+
+def _global_avg_pool2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type"}, p)
+    _image(shape, p, "global_avg_pool2d")
+    return {"type": "global_avg_pool2d"}
+
+
+def _channel_pad(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "before", "after"}, p)
+    _last_axis(shape, p, "channel_pad")
+    return {"type": "channel_pad", "before": integer(need(layer, "before", p), f"{p}.before", 0, 100_000),
+            "after": integer(need(layer, "after", p), f"{p}.after", 0, 100_000)}
+
+
+def _reshape(layer: dict, shape: tuple[int, ...], p: str) -> dict:
+    no_extra(layer, {"type", "shape"}, p)
+    target = need(layer, "shape", p)
+    ok = (isinstance(target, list) and target and all(isinstance(d, int) and not isinstance(d, bool) and (d >= 1 or d == -1)
+                                                      for d in target) and target.count(-1) <= 1)
+    if not ok:
+        raise CaseError(f"{p}.shape", "a non-empty list of positive integers per example, at most one -1", target)
+    if reshape_target(shape, target) is None:
+        raise CaseError(f"{p}.shape", f"a shape with as many values as the input {list(shape)} "
+                        f"({math.prod(shape)} per example)", target)
+    return {"type": "reshape", "shape": list(target)}
 
 
 def _flatten(layer: dict, shape: tuple[int, ...], p: str) -> dict:
@@ -160,6 +383,19 @@ _LAYERS = {
     "flatten": _flatten,
     "batch_norm": _batch_norm,
     "dropout": _dropout,
+    "activation": _activation,
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "residual": _residual,
+    "repeat": _repeat,
+    "avg_pool2d": _avg_pool2d,
+    "global_avg_pool2d": _global_avg_pool2d,
+    "channel_pad": _channel_pad,
+    "reshape": _reshape,
+    "position_embedding": _position_embedding,
+    "class_token": _class_token,
+    "take_token": _take_token,
+    "depthwise_conv2d": _depthwise_conv2d,
 }
 
 

@@ -1,6 +1,9 @@
 """Parameter names and shapes implied by a layer list (numpy only).
 
-Canonical names are ``<layer index>.<kind>``; canonical layouts are
+Canonical names are ``<layer index>.<kind>``, and inside the nesting layers
+(``docs/case-format.md``) ``<path>.<kind>``: layer 3's body layer 1 is
+``3.body.1.kernel``, its shortcut layer 0 ``3.shortcut.0.kernel``, repetition 2
+of a ``repeat`` at index 5, body layer 0, ``5.2.0.kernel``. Canonical layouts are
 TensorFlow's (dense kernel ``[in, out]``, conv kernel ``[kh, kw, in, out]``,
 images ``[H, W, C]`` per example, channels last). Both framework packages
 build their models from the same layer list and must produce exactly these
@@ -13,7 +16,8 @@ reproduces):
 ``same``:  ``out = ceil(n / s)``, padded with ``p = max((out - 1) s + k - n, 0)``
 rows, ``floor(p / 2)`` before and the rest after: when ``p`` is odd the extra
 row goes to the bottom (right), which torch's symmetric ``padding=`` cannot
-express.
+express;
+explicit ``[[top, bottom], [left, right]]``: ``out = floor((n + before + after - k) / s) + 1``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ __all__ = [
     "layer_shapes",
     "spatial_output",
     "same_padding",
+    "axis_paddings",
+    "reshape_target",
     "STATE_KINDS",
 ]
 
@@ -41,20 +47,40 @@ class ParamSpec:
     name: str
     shape: tuple[int, ...]
     trainable: bool = True
-    kind: str = "kernel"  # kernel, bias, gamma, beta, moving_mean, moving_variance
+    kind: str = "kernel"  # kernel, bias, gamma, beta, scale, embeddings, token, moving_mean, moving_variance
 
 
-def spatial_output(n: int, k: int, s: int, padding: str) -> int:
+def spatial_output(n: int, k: int, s: int, padding: str | tuple[int, int] | list[int]) -> int:
     """Output length along one spatial axis of a conv or pool (TensorFlow's rule).
 
     Args:
-        n: input length; k: window (kernel) length; s: stride; padding: ``same`` or ``valid``.
+        n: input length; k: window (kernel) length; s: stride; padding: ``same``, ``valid``
+        or this axis's explicit ``(before, after)``.
     Returns:
         the output length; 0 when a ``valid`` window does not fit (``n < k``).
     """
     if padding == "same":
         return math.ceil(n / s)
+    if not isinstance(padding, str):
+        n = n + padding[0] + padding[1]
     return (n - k) // s + 1 if n >= k else 0
+
+
+def axis_paddings(padding: str | list[list[int]]) -> tuple:
+    """A layer's ``padding`` per spatial axis: ``(p, p)`` for ``same``/``valid``, else ``((top, bottom), (left, right))``."""
+    if isinstance(padding, str):
+        return padding, padding
+    return tuple(tuple(a) for a in padding)
+
+
+def reshape_target(shape: tuple[int, ...], target: list[int]) -> tuple[int, ...] | None:
+    """A ``reshape`` layer's output shape per example (its one ``-1`` resolved), or ``None`` when it cannot hold ``shape``."""
+    size, known = math.prod(shape), math.prod(d for d in target if d != -1)
+    if -1 in target:
+        if size % known:
+            return None
+        return tuple(size // known if d == -1 else d for d in target)
+    return tuple(target) if known == size else None
 
 
 def same_padding(n: int, k: int, s: int) -> tuple[int, int]:
@@ -63,44 +89,95 @@ def same_padding(n: int, k: int, s: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
+def _spatial(shape: tuple[int, ...], win: list[int], strides: list[int], padding, channels: int) -> tuple[int, ...]:
+    h, w, _ = shape
+    ph, pw = axis_paddings(padding)
+    return (spatial_output(h, win[0], strides[0], ph), spatial_output(w, win[1], strides[1], pw), channels)
+
+
+def _layer(path: str, layer: dict, shape: tuple[int, ...]) -> tuple[list[ParamSpec], tuple[int, ...]]:
+    """Layer at ``path`` (``3``, ``3.body.1``, ``5.2.0``) on per-example inputs ``shape``: its parameters and output shape."""
+    kind = layer["type"]
+    params: list[ParamSpec] = []
+    if kind == "poly":
+        # a scalar becomes [x^d, ..., x, 1]; no parameters of its own
+        shape = (layer["degree"] + 1,)
+    elif kind == "dense":
+        fan_in = shape[-1]
+        params.append(ParamSpec(f"{path}.kernel", (fan_in, layer["units"]), True, "kernel"))
+        if layer.get("use_bias", True):
+            params.append(ParamSpec(f"{path}.bias", (layer["units"],), True, "bias"))
+        shape = shape[:-1] + (layer["units"],)
+    elif kind == "conv2d":
+        kh, kw = layer["kernel_size"]
+        params.append(ParamSpec(f"{path}.kernel", (kh, kw, shape[2], layer["filters"]), True, "kernel"))
+        if layer.get("use_bias", True):
+            params.append(ParamSpec(f"{path}.bias", (layer["filters"],), True, "bias"))
+        shape = _spatial(shape, layer["kernel_size"], layer["strides"], layer["padding"], layer["filters"])
+    elif kind == "depthwise_conv2d":  # Keras' DepthwiseConv2D: kernel [kh, kw, C, M], bias [C*M]
+        (kh, kw), c, m = layer["kernel_size"], shape[2], layer["depth_multiplier"]
+        params.append(ParamSpec(f"{path}.kernel", (kh, kw, c, m), True, "kernel"))
+        if layer["use_bias"]:
+            params.append(ParamSpec(f"{path}.bias", (c * m,), True, "bias"))
+        shape = _spatial(shape, layer["kernel_size"], layer["strides"], layer["padding"], c * m)
+    elif kind in ("max_pool2d", "avg_pool2d"):
+        shape = _spatial(shape, layer["pool_size"], layer["strides"], layer["padding"], shape[2])
+    elif kind == "flatten":
+        shape = (math.prod(shape),)
+    elif kind == "batch_norm":
+        # Keras creates them in this order: gamma, beta, then the two moving statistics
+        c = shape[-1]
+        params.append(ParamSpec(f"{path}.gamma", (c,), True, "gamma"))
+        params.append(ParamSpec(f"{path}.beta", (c,), True, "beta"))
+        params.append(ParamSpec(f"{path}.moving_mean", (c,), False, "moving_mean"))
+        params.append(ParamSpec(f"{path}.moving_variance", (c,), False, "moving_variance"))
+    elif kind == "layer_norm":  # Keras' LayerNormalization creates gamma, then beta
+        if layer["scale"]:
+            params.append(ParamSpec(f"{path}.gamma", (shape[-1],), True, "gamma"))
+        if layer["center"]:
+            params.append(ParamSpec(f"{path}.beta", (shape[-1],), True, "beta"))
+    elif kind == "rms_norm":
+        params.append(ParamSpec(f"{path}.scale", (shape[-1],), True, "scale"))
+    elif kind == "residual":
+        body, out = _list(f"{path}.body", layer["body"], shape)
+        short, _ = _list(f"{path}.shortcut", layer["shortcut"], shape)
+        params, shape = body + short, out
+    elif kind == "repeat":
+        for r in range(layer["count"]):
+            more, shape = _list(f"{path}.{r}", layer["body"], shape)
+            params += more
+    elif kind == "global_avg_pool2d":
+        shape = (shape[-1],)
+    elif kind == "channel_pad":
+        shape = shape[:-1] + (shape[-1] + layer["before"] + layer["after"],)
+    elif kind == "reshape":
+        shape = reshape_target(shape, layer["shape"])
+    elif kind == "position_embedding":  # drawn as a dense kernel [length, D] (docs/layers.md)
+        params.append(ParamSpec(f"{path}.embeddings", (layer["length"], shape[-1]), True, "embeddings"))
+    elif kind == "class_token":
+        params.append(ParamSpec(f"{path}.token", (1, shape[-1]), True, "token"))
+        shape = (shape[0] + 1, shape[1])
+    elif kind == "take_token":
+        shape = (shape[-1],)
+    elif kind in ("dropout", "activation"):
+        pass  # no parameters (dropout's masks are data: generators.dropout_masks)
+    else:  # validated earlier; a new layer type must be added here and in both packages
+        raise AssertionError(f"unhandled layer type {kind!r}")
+    return params, tuple(shape)
+
+
+def _list(prefix: str, layers: list[dict], shape: tuple[int, ...]) -> tuple[list[ParamSpec], tuple[int, ...]]:
+    params: list[ParamSpec] = []
+    for j, layer in enumerate(layers):
+        more, shape = _layer(f"{prefix}.{j}", layer, shape)
+        params += more
+    return params, shape
+
+
 def _walk(input_shape: tuple[int, ...], layers: list[dict]):
     shape = tuple(input_shape)
     for i, layer in enumerate(layers):
-        kind = layer["type"]
-        params: list[ParamSpec] = []
-        if kind == "poly":
-            # a scalar becomes [x^d, ..., x, 1]; no parameters of its own
-            shape = (layer["degree"] + 1,)
-        elif kind == "dense":
-            fan_in = shape[-1]
-            params.append(ParamSpec(f"{i}.kernel", (fan_in, layer["units"]), True, "kernel"))
-            if layer.get("use_bias", True):
-                params.append(ParamSpec(f"{i}.bias", (layer["units"],), True, "bias"))
-            shape = shape[:-1] + (layer["units"],)
-        elif kind == "conv2d":
-            (kh, kw), (sh, sw) = layer["kernel_size"], layer["strides"]
-            h, w, c = shape
-            params.append(ParamSpec(f"{i}.kernel", (kh, kw, c, layer["filters"]), True, "kernel"))
-            if layer.get("use_bias", True):
-                params.append(ParamSpec(f"{i}.bias", (layer["filters"],), True, "bias"))
-            shape = (spatial_output(h, kh, sh, layer["padding"]), spatial_output(w, kw, sw, layer["padding"]), layer["filters"])
-        elif kind == "max_pool2d":
-            (ph, pw), (sh, sw) = layer["pool_size"], layer["strides"]
-            h, w, c = shape
-            shape = (spatial_output(h, ph, sh, layer["padding"]), spatial_output(w, pw, sw, layer["padding"]), c)
-        elif kind == "flatten":
-            shape = (math.prod(shape),)
-        elif kind == "batch_norm":
-            # Keras creates them in this order: gamma, beta, then the two moving statistics
-            c = shape[-1]
-            params.append(ParamSpec(f"{i}.gamma", (c,), True, "gamma"))
-            params.append(ParamSpec(f"{i}.beta", (c,), True, "beta"))
-            params.append(ParamSpec(f"{i}.moving_mean", (c,), False, "moving_mean"))
-            params.append(ParamSpec(f"{i}.moving_variance", (c,), False, "moving_variance"))
-        elif kind == "dropout":
-            pass  # no parameters; the masks are data (see generators.dropout_masks)
-        else:  # validated earlier; a new layer type must be added here and in both packages
-            raise AssertionError(f"unhandled layer type {kind!r}")
+        params, shape = _layer(str(i), layer, shape)
         yield i, params, shape
 
 

@@ -25,7 +25,7 @@ from parity_tests.protocol.shards import shard_sizes
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
-           "mixed_precision_differences", "reported_loss_differs"]
+           "mixed_precision_differences", "reported_loss_differs", "native_gelus"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -35,6 +35,7 @@ _STAGE_OF = (
     ("probabilities", "loss"),
     ("DistributedSampler padding", "inputs"),
     ("mixed precision", "forward"),
+    ("GELU", "forward"),
     ("local batch-norm statistics", "forward"),
     ("class weights", "loss"),
     ("label smoothing", "loss"),
@@ -65,7 +66,7 @@ class Difference:
             bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
         mapping: how a side the tool controls can be made to compute what the other side
             computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
-            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``; ``None``: no
+            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``; ``None``: no
             field of the case can express it.
     """
 
@@ -495,6 +496,17 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
                 " Keras' moving_variance the batch variance itself)", certain=True, mapping="bn_semantics"))
         else:
             absent.append("moving variance unbiased vs biased: momentum 1 never updates the moving statistics")
+    gelus = native_gelus(model["layers"])
+    if gelus and _framework(a) != _framework(b):
+        if spec["dtype"] == "float64":
+            out.append(_diff(
+                "float64 GELU constants: TensorFlow's tf.nn.gelu (Keras' gelu) rounds 1/sqrt(2) (erf form) or"
+                " 0.044715 (tanh form) through float32, torch's F.gelu computes them exactly (about 5e-10"
+                f" relative on the activation; model.layers.{', model.layers.'.join(gelus)})",
+                expected=False, mapping="gelu_semantics"))
+        else:
+            absent.append("float64 GELU constants: the case computes in "
+                          f"{spec['dtype']}, where both sides' GELU constants are float32 values")
     ra, rb = _loss_rule(spec, a), _loss_rule(spec, b)
     weights = model.get("class_weights")
     if weights is not None and any(w != 1.0 for w in weights):
@@ -526,6 +538,20 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
             "probabilities: Keras recovers the logits from the final sigmoid, torch's BCELoss uses the"
             " rounded probabilities and clamps its logs at -100 (visible once |logit| is large)",
             expected=False, mapping="loss_semantics"))
+    return out
+
+
+def native_gelus(layers: list[dict], prefix: str = "") -> list[str]:
+    """Spec paths (``3``, ``1.body.0``) of every layer whose GELU computes each framework's own
+    constants (``semantics: native``), nested bodies and shortcuts included."""
+    out: list[str] = []
+    for j, layer in enumerate(layers):
+        path = f"{prefix}{j}"
+        if layer.get("activation", layer.get("fn")) in ("gelu", "gelu_tanh") and layer.get("semantics") == "native":
+            out.append(path)
+        for field in ("body", "shortcut"):
+            if field in layer:
+                out += native_gelus(layer[field], f"{path}.{field}.")
     return out
 
 
@@ -659,6 +685,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     if kind == "bn_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{i}.semantics": _framework(other) for i, layer in enumerate(spec["model"]["layers"])
                 if layer["type"] == "batch_norm" and layer["semantics"] == "native"}
+    if kind == "gelu_semantics" and _framework(side) != _framework(other):
+        return {f"model.layers.{path}.semantics": _framework(other) for path in native_gelus(spec["model"]["layers"])}
     if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):
         return {"model.loss_semantics": _loss_rule(spec, other)}
     return None

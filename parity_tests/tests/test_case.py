@@ -78,7 +78,7 @@ BAD = [
     ("model.layers", [], "model.layers"),
     ("model.layers.0.type", "lstm", "model.layers[0].type"),
     ("model.layers.0.units", -3, "model.layers[0].units"),
-    ("model.layers.0.activation", "gelu", "model.layers[0].activation"),
+    ("model.layers.0.activation", "elu", "model.layers[0].activation"),
     ("model.loss", "hinge", "model.loss"),
     ("model.reduction", "max", "model.reduction"),
     ("model.input_shape", [0], "model.input_shape"),
