@@ -49,6 +49,8 @@ class EngineSpec:
     orders: tuple[str, ...] | None = None
     #: ``optimizer.name`` values it runs
     optimizers: tuple[str, ...] | None = None
+    #: ``model.layers[*].type`` values it builds, nested ones included (``None``: not declared)
+    layers: tuple[str, ...] | None = None
     #: lockstep: one trainer runs on and loads each start state (``tfpar.lockstep``)
     stepwise: bool = False
     #: lockstep: loads and exports optimizer state (so it takes part whatever the optimizer)

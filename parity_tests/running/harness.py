@@ -40,8 +40,9 @@ def parse_impls(text: str, field: str = "--impls") -> list[str]:
 
 
 def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
-    """Refuse, before anything runs, an implementation that does not declare the case's dtype, and a built-in
-    asked to run an optimizer only plugins know (``contract.optimizer.builtin_refusal``)."""
+    """Refuse, before anything runs, an implementation that does not declare the case's dtype or one of its
+    layers (``EngineSpec``), and a built-in asked to run an optimizer only plugins know
+    (``contract.optimizer.builtin_refusal``)."""
     from parity_tests.contract.optimizer import builtin_refusal
 
     dtype = case.spec["dtype"]
@@ -52,6 +53,21 @@ def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
             raise refused
         if dtype not in found.dtypes:
             raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {name} (the dtypes it declares)", dtype)
+        declared = found.spec.layers
+        for path, kind in _layer_types(case.spec["model"].get("layers", []), "model.layers"):
+            if declared is not None and kind not in declared:
+                raise CaseError(f"{path}.type", f"one of the layers {name} declares ({', '.join(declared)})", kind)
+
+
+def _layer_types(layers: list[dict], path: str) -> list[tuple[str, str]]:
+    """``(path, type)`` of every layer, nested bodies and shortcuts included, in order."""
+    out = []
+    for i, layer in enumerate(layers):
+        here = f"{path}[{i}]"
+        out.append((here, layer["type"]))
+        for key in ("body", "shortcut"):
+            out.extend(_layer_types(layer.get(key) or [], f"{here}.{key}"))
+    return out
 
 
 def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:

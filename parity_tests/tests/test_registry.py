@@ -132,3 +132,30 @@ def test_an_engine_refuses_what_it_does_not_declare():
     case = case_from_dict(dict(MLP, steps=1, optimizer={"name": "rmsprop", "lr": 0.01, "semantics": "tf"}))
     with pytest.raises(CaseError, match="optimizer"):
         run_impl(case, "tf.v1")
+
+
+def test_every_builtin_declares_the_whole_layer_vocabulary_and_undeclared_layers_are_refused(monkeypatch):
+    """The built-ins build every layer type the case format knows (docs/layers.md): a type added to the
+    contract without being declared by the engines fails here. A layer an engine does not declare is
+    refused before anything runs, in one line naming the nested layer."""
+    import dataclasses
+
+    from parity_tests.contract.case import case_from_dict
+    from parity_tests.contract.model import LAYER_TYPES
+    from parity_tests.protocol.errors import CaseError
+    from parity_tests.running.builtins import SPECS
+    from parity_tests.running.harness import check_dtypes
+    from parity_tests.tests.helpers import MLP
+
+    for s in SPECS:
+        assert set(s.layers) == set(LAYER_TYPES), s.name
+    found = registry.resolve("torch.single")
+    narrowed = dataclasses.replace(found, declared=dataclasses.replace(found.spec, layers=("dense", "residual")))
+    monkeypatch.setitem(registry._registry, "torch.single", narrowed)
+    layers = [{"type": "residual", "body": [{"type": "dense", "units": 5}, {"type": "layer_norm", "epsilon": 1e-5}]},
+              {"type": "dense", "units": 1}]
+    case = case_from_dict(dict(MLP, steps=1, model=dict(MLP["model"], layers=layers)))
+    with pytest.raises(CaseError, match=r"model\.layers\[0\]\.body\[1\]\.type: expected one of the layers torch\.single"):
+        check_dtypes(case, ["torch.single"])
+    plain = case_from_dict(dict(MLP, steps=1, model=dict(MLP["model"], layers=[{"type": "dense", "units": 1}])))
+    check_dtypes(plain, ["torch.single"])
