@@ -236,8 +236,8 @@ def _serve(fd: int) -> None:
 
             with contextlib.suppress(ImportError):
                 import keras  # noqa: F401
-            import tfpar  # noqa: F401
             import tfpar.plugin  # noqa: F401
+            import tfpar.run  # noqa: F401  (every engine module, as `import tfpar` did before it was lazy)
             from parity_tests.running import plugin_marks  # noqa: F401
     except BaseException as e:  # noqa: BLE001  (reported to the parent, which says it in one line)
         conn.send(("failed", traceback.format_exception_only(type(e), e)[-1].strip()))
