@@ -187,12 +187,16 @@ def test_cifar10_as_written_refuses_float64():
 @pytest.mark.parametrize("devices", DEVICES)
 def test_cifar10_with_lrn_in_ops_finds_the_float32_learning_rate(devices):
     """``tf.nn.lrn`` written out, so float64 runs: the schedule's float32 lr is found at step 1
-    (stage ``update``), besides the loss and the averages; all three fixed, parity. (In float32
-    this version is judged by the same float64 runs; the program's own float32 is the test above.)"""
+    (stage ``update``), besides the last tower's loss; all three fixes, parity. (In float32
+    this version is judged by the same float64 runs; the program's own float32 is the test above.)
+
+    The averages' race is fixed here: TensorFlow's inter-op threads decide it, so a rerun of the
+    racy program may take the other order (seen under load: its perturbed reruns then differ by
+    2e-4 to 7e-4 and the pair is inconclusive, a run that does not reproduce itself)."""
     pairs, result = _compare("cifar10-multi-gpu",
-                             ["torch_ddp.py:ddp", "tf_multi_gpu_train.py:multi_gpu_train_f64",
+                             ["torch_ddp.py:ddp", "tf_multi_gpu_train.py:multi_gpu_train_f64_race_fixed",
                               "tf_multi_gpu_train.py:multi_gpu_train_f64_fixed"], devices, "float64")
-    _assert_divergence(pairs["multi_gpu_train_f64"], result.summary(), step=1, stage="update")
+    _assert_divergence(pairs["multi_gpu_train_f64_race_fixed"], result.summary(), step=1, stage="update")
     assert pairs["multi_gpu_train_f64_fixed"].verdict.status == "parity", result.summary()
 
 

@@ -252,6 +252,17 @@ def multi_gpu_train_f64(run):
 
 
 @tfpar.plugin.tensorflow(dtypes=("float32", "float64"))
+def multi_gpu_train_f64_race_fixed(run):
+    """Fix 3 only, LRN in ops: the averages after the update; the last tower's loss and the float32 lr stay.
+
+    The race of the program as written is decided by TensorFlow's inter-op threads, so a rerun may
+    take the other order: the judge then sees a run that does not reproduce itself and answers
+    inconclusive. Without it the program's two deterministic differences are what a comparison finds.
+    """
+    _train(run, mean_loss=False, float64_lr=False, ema_after_update=True, lrn_in_ops=True)
+
+
+@tfpar.plugin.tensorflow(dtypes=("float32", "float64"))
 def multi_gpu_train_f64_mean_loss(run):
     """Fix 1, LRN in ops: the step's loss is the mean of the tower losses."""
     _train(run, mean_loss=True, float64_lr=False, ema_after_update=False, lrn_in_ops=True)
