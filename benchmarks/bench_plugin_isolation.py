@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 SPAWNED = """
 import sys, time
 t0 = time.perf_counter()
-from parity_tests.running.tf_worker import quiet_stderr
+from parity_tests.running.backends import quiet_stderr
 with quiet_stderr():
     import tensorflow, keras, tfpar
     tfpar.configure_devices({devices})

@@ -10,15 +10,18 @@ trajectories out. :mod:`.harness` runs an implementation by name on top of this.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from parity_tests.contract.case import Case
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.relay import BENIGN
 
 __all__ = ["RunError", "set_pool_timeout", "tf_module", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks", "tf_device_count", "check_tf_devices", "run_torch_job", "by_file", "RANK_MIB", "BY_FILE_BYTES", "pool_timeout", "release_memory"]
 
@@ -39,40 +42,51 @@ def set_pool_timeout(seconds: float | None) -> None:
     _POOL_TIMEOUT = seconds
 
 
-_BENIGN = ("All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
-           "This TensorFlow binary is optimized", "rebuild TensorFlow with the appropriate compiler flags")
+_STARTED: list[Any] = []  # tfpar, once tf_module started TensorFlow in this process
 
 
-def tf_module() -> Any:
-    """Import ``tfpar`` (and TensorFlow) once, without TensorFlow's start-up chatter.
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Drop TensorFlow's known start-up lines (``protocol.relay.BENIGN``) from file descriptor 2.
 
-    TensorFlow 2.21 logs through absl before ``TF_CPP_MIN_LOG_LEVEL`` is read, so
-    the C++ stderr is captured during the import and replayed without the known
-    informational lines (anything else is shown as it was).
+    TensorFlow 2.21 logs through absl before ``TF_CPP_MIN_LOG_LEVEL`` is read, so the C++
+    stderr is captured for the block and replayed without the known informational lines
+    (anything else is shown as it was).
     """
-    if "tfpar" in sys.modules:
-        return sys.modules["tfpar"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            import tfpar
-
-            tfpar.configure_devices(_TF_DEVICES or None)  # the first op logs too
-            # every case builds its own trainer, so each traces its step once by design:
-            # TensorFlow's retracing advice is noise here
-            import tensorflow as tf
-
-            tf.get_logger().setLevel("ERROR")
+            yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)
             for line in tmp.read().decode(errors="replace").splitlines():
-                if line.strip() and not any(b in line for b in _BENIGN):
+                if line.strip() and not any(b.decode() in line for b in BENIGN):
                     print(line, file=sys.stderr)
+
+
+def tf_module() -> Any:
+    """Import ``tfpar`` and start TensorFlow once in this process, without its start-up chatter.
+
+    ``"tfpar" in sys.modules`` says nothing here: the package is lazy, and the registry imports
+    ``tfpar.engines`` (no TensorFlow) long before a TensorFlow run.
+    """
+    if _STARTED:
+        return _STARTED[0]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with quiet_stderr():
+        import tfpar
+
+        tfpar.configure_devices(_TF_DEVICES or None)  # the first op logs too
+        # every case builds its own trainer, so each traces its step once by design:
+        # TensorFlow's retracing advice is noise here
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
+    _STARTED.append(tfpar)
     return tfpar
 
 

@@ -42,17 +42,17 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from parity_tests.protocol.relay import BENIGN, without_chatter, write_output
+from parity_tests.protocol.relay import without_chatter, write_output
 from parity_tests.protocol.rows import ensure_spill_root
+from parity_tests.running.backends import quiet_stderr
 
-__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "quiet_stderr", "job_context"]
+__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "job_context"]
 
 _JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
 
@@ -203,27 +203,6 @@ def job_context(devices: int = 1) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the server
-
-
-_BENIGN = tuple(b.decode() for b in BENIGN)
-
-
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """Drop TensorFlow's known start-up lines from file descriptor 2 (absl logs before its level is read)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            for line in tmp.read().decode(errors="replace").splitlines():
-                if line.strip() and not any(b in line for b in _BENIGN):
-                    print(line, file=sys.stderr)
 
 
 def _serve(fd: int) -> None:

@@ -97,7 +97,7 @@ def _check_machine(n: int) -> None:
     from parity_tests.running.backends import check_torch_ranks, reserve_tf_devices, tf_device_count
 
     reserve_tf_devices(n)  # enough towers whenever TensorFlow starts after this
-    if "tfpar" in sys.modules and (have := tf_device_count()) < n:
+    if "tensorflow" in sys.modules and (have := tf_device_count()) < n:  # started: its devices are fixed
         raise InvalidArgument(f"device_counts(max_value={n}): this process has {have} TensorFlow tower devices"
                               f" (TensorFlow fixed them when it started; set TFPAR_DEVICES={n} before it starts)")
     try:

@@ -130,3 +130,23 @@ def test_a_ddp_plugins_ranks_output_comes_through_in_whole_lines(tmp_path, capsy
     for line in err.splitlines():
         assert line in ("rank 0 unfinished", "rank 1 unfinished") or line.startswith("mlp: run "), line
     assert "\nrank 1 unfinished\n" in "\n" + err
+
+
+def test_a_fresh_command_shows_none_of_tensorflows_start_up_chatter(tmp_path):
+    """TensorFlow logs through absl before its log level is read; the tool starts it quietly
+    (running.backends.quiet_stderr). The check is on a fresh process: the registry imports
+    tfpar.engines (no TensorFlow) first, which must not pass for TensorFlow having started."""
+    import subprocess
+    import sys
+
+    from parity_tests.protocol.relay import BENIGN
+
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(dict(MLP, steps=1)))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-m", "parity_tests.cli", "run", str(case), "--impl", "tf.single",
+                          "--out", str(tmp_path / "t.npz")], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    shown = [b.decode() for b in BENIGN if b.decode() in out.stderr]
+    assert not shown, out.stderr[-2000:]
