@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.optimizer_state import OPTIMIZERS
+from parity_tests.protocol.vocabulary import ALL_COMBINES, COMBINES, LAYER_TYPES, ORDERS
 
 __all__ = ["SPECS", "by_name"]
 
-_ALL_COMBINES = ("grad_mean", "loss_mean", "param_mean", "async")
-_ORDERS = ("split", "distributed_sampler")
-#: the layer vocabulary (docs/layers.md, docs/case-format.md) every engine here builds
-_LAYERS = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout", "activation", "layer_norm",
-           "rms_norm", "residual", "repeat", "avg_pool2d", "global_avg_pool2d", "channel_pad", "reshape",
-           "position_embedding", "class_token", "take_token", "depthwise_conv2d")
 _DTYPES = ("float32", "float64")
 _MIXED = (*_DTYPES, "mixed_bfloat16")
 
@@ -26,25 +21,25 @@ SPECS: tuple[EngineSpec, ...] = (
     EngineSpec("tf.towers", "builtin", "tf", parallel=True, dtypes=_MIXED, keras=True, captures=True,
                description="the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients,"
                            " one update",
-               combines=_ALL_COMBINES, orders=_ORDERS, optimizers=OPTIMIZERS, layers=_LAYERS, stepwise=True, stateful=True,
+               combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stepwise=True, stateful=True,
                optimizer_family="keras", sync_bn_gradient="own_loss", entry="tfpar.towers:TowerTrainer"),
     EngineSpec("tf.single", "builtin", "tf", parallel=False, dtypes=_MIXED, keras=True, captures=True,
                description="one TensorFlow device, the whole global batch",
-               combines=_ALL_COMBINES, orders=_ORDERS, optimizers=OPTIMIZERS, layers=_LAYERS, stepwise=True, stateful=True,
+               combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stepwise=True, stateful=True,
                optimizer_family="keras", entry="tfpar.towers:TowerTrainer"),
     EngineSpec("tf.v1", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
                description="the classic tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower,"
                            " average_gradients)",
-               combines=("grad_mean", "loss_mean"), orders=("split",), optimizers=("sgd", "momentum", "adam"), layers=_LAYERS,
+               combines=COMBINES, orders=("split",), optimizers=("sgd", "momentum", "adam"), layers=LAYER_TYPES,
                optimizer_family="tf.compat.v1", entry="tfpar.v1:run_v1"),
     EngineSpec("tf.mirrored", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
                description="tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
-               combines=("grad_mean", "loss_mean"), orders=("split",), optimizers=OPTIMIZERS, layers=_LAYERS,
+               combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
                optimizer_family="keras", entry="tfpar.mirrored:run_mirrored"),
     EngineSpec("tf.multiworker", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True,
                description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker"
                            " (python -m parity_tests.launch.tf)",
-               combines=("grad_mean", "loss_mean"), orders=("split",), optimizers=OPTIMIZERS, layers=_LAYERS,
+               combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
                optimizer_family="keras", entry="tfpar.multiworker:run_multiworker", in_process=False),
 )
 

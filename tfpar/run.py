@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.vocabulary import LOCAL_COMBINES  # each device applies its own updates
 
 from .async_ import run_async
 from .devices import tower_devices
@@ -43,9 +44,6 @@ def _runs_on(runs: Any) -> str:
     names = [s.name for s in SPECS if s.in_process and runs(s)]
     return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
 
-
-# every device applies its own updates (tfpar.local_sgd, tfpar.async_); tf.towers only
-LOCAL_COMBINES = ("param_mean", "async")
 
 
 def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],

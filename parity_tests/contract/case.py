@@ -42,6 +42,7 @@ from parity_tests.contract.parallel import (
 from parity_tests.contract.specs import ParamSpec, output_shape, param_specs
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import OPTIMIZERS
+from parity_tests.protocol.vocabulary import ORDERS
 
 __all__ = [
     "SCHEMA",
@@ -75,9 +76,6 @@ MIXED_BFLOAT16 = "mixed_bfloat16"
 DTYPES = ("float32", "float64", MIXED_BFLOAT16)
 #: the combine rules a mixed-precision case runs with (tf.towers, tf.single, torch.ddp, torch.single)
 MIXED_COMBINES = ("grad_mean", "loss_mean")
-# data.order: split (the global batch split as parallel.shard says) or distributed_sampler
-# (torch's DistributedSampler + DataLoader order, padding included; docs/data-pipeline.md)
-ORDERS = ("split", "distributed_sampler")
 _TOP_KEYS = {"schema", "name", "dtype", "model", "init", "data", "optimizer", "parallel", "steps", "seed", "description"}
 
 

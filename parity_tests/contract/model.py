@@ -52,6 +52,7 @@ from typing import Any
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.vocabulary import ARCHITECTURE_TYPES, LAYER_TYPES
 
 __all__ = [
     "validate_external_model",
@@ -69,11 +70,6 @@ __all__ = [
     "validate_model",
 ]
 
-#: the architecture layers (docs/layers.md) this module adds to the first vocabulary (mixed_bfloat16 refuses them)
-ARCHITECTURE_TYPES = ("activation", "layer_norm", "rms_norm", "residual", "repeat", "avg_pool2d",
-                      "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token",
-                      "depthwise_conv2d")
-LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout", *ARCHITECTURE_TYPES)
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid")
 GELUS = ("gelu", "gelu_tanh")
 DENSE_ACTIVATIONS = (*ACTIVATIONS, *GELUS, "silu")

@@ -11,16 +11,11 @@ from typing import Any
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.vocabulary import ALL_COMBINES, COMBINES, LOCAL_COMBINES
 
 __all__ = ["COMBINES", "LOCAL_COMBINES", "ALL_COMBINES", "SHARDS", "WEIGHTINGS", "BATCH_NORMS", "CLIP_PLACES",
            "MAX_DEVICES", "validate_parallel", "validate_clip", "check_combine_model"]
 
-# the synchronous rules: one combined gradient per step (what the strategies draw by default)
-COMBINES = ("grad_mean", "loss_mean")
-# every device applies its own updates (docs/combine-rules.md): param_mean (local SGD,
-# parameters averaged every `period` steps) and async (a seeded order of applications)
-LOCAL_COMBINES = ("param_mean", "async")
-ALL_COMBINES = COMBINES + LOCAL_COMBINES
 SHARDS = ("contiguous", "strided")
 #: ``sum``: every device's loss weighted 1 (with a ``sum`` reduction, the full-batch sum: what one
 #: device computes); grad_mean and loss_mean only. The judge maps a predicted sum reduction with it.
