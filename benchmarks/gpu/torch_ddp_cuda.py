@@ -7,7 +7,9 @@ On a machine without CUDA it runs on the CPU, as the original does.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,17 +18,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchref
 
-NAMES = {"0.kernel": "hidden.weight", "0.bias": "hidden.bias", "1.kernel": "logits.weight", "1.bias": "logits.bias"}
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, dtype):
-        super().__init__()
-        self.hidden = torch.nn.Linear(5, 10, dtype=dtype)
-        self.logits = torch.nn.Linear(10, 1, dtype=dtype)
-
-    def forward(self, x):
-        return self.logits(torch.relu(self.hidden(x)))
+# the example's model and names, not a copy: the check compares this plugin with that one
+_spec = importlib.util.spec_from_file_location(
+    "byo_mlp_torch_ddp", Path(__file__).resolve().parents[2] / "examples" / "byo" / "mlp" / "torch_ddp.py")
+_byo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_byo)
+MLP, NAMES = _byo.MLP, _byo.NAMES
 
 
 @torchref.plugin.distributed(dtypes=("float32", "float64"))
