@@ -69,12 +69,18 @@ def ensure_spill_root() -> str:
     return root
 
 
+def _owns(root: str | None) -> bool:
+    """Whether this process named the spill folder ``root`` (a forked child did not, whatever it inherited)."""
+    owned = _owned[0]
+    return owned is not None and owned[0] == os.getpid() and owned[1] == root
+
+
 def remove_spill_root() -> None:
     """Remove this process's spill folder and everything in it, if this process named it (at exit;
     the ``tfpar`` command also calls it on its way out, which an interrupted exit may skip)."""
-    owned = _owned[0]
-    if owned is not None and owned[0] == os.getpid() and settings.spill_root() == owned[1]:
-        shutil.rmtree(owned[1], ignore_errors=True)
+    root = settings.spill_root()
+    if _owns(root):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def spill_root() -> Path:
@@ -86,9 +92,7 @@ def spill_root() -> Path:
     named (``TFPAR_SPILL_ROOT``, docs/settings.md) is created by whichever process needs it.
     """
     root = Path(ensure_spill_root())
-    owned = _owned[0]
-    mine = owned is not None and owned[0] == os.getpid() and owned[1] == str(root)
-    if mine or not root.name.startswith(_PREFIX):
+    if _owns(str(root)) or not root.name.startswith(_PREFIX):
         root.mkdir(parents=True, exist_ok=True)
     elif not root.is_dir():
         raise FileNotFoundError(f"the spill folder {root} is gone: the run that named it has ended")
