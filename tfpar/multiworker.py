@@ -37,7 +37,6 @@ its tower devices) refuses ``tf.multiworker``.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,7 +46,6 @@ import numpy as np
 import tensorflow as tf
 
 from parity_tests.protocol import settings
-from parity_tests.protocol.errors import CaseError
 
 from .errors import Unsupported, refuse_unimplemented
 from .mirrored import run_mirrored
@@ -136,13 +134,6 @@ def parse_tf_config(text: str | None) -> Cluster:
     return Cluster(tuple(tasks), task["type"], task["index"])
 
 
-def _local_wanted() -> int | None:
-    try:
-        return settings.local_devices()
-    except CaseError as e:
-        raise Unsupported(e.field, e.expected.replace(" (the environment variable)", "") + f", got {os.environ.get(e.field)!r}") from None
-
-
 def configure_local_devices(local: int | None = None) -> int:
     """Set up this worker's devices before TensorFlow starts; returns its replica count ``L``.
 
@@ -155,7 +146,7 @@ def configure_local_devices(local: int | None = None) -> int:
         Unsupported: more than one local replica asked for on a machine without GPUs, or
             more local replicas than GPUs with more than one GPU visible.
     """
-    local = local if local is not None else _local_wanted()
+    local = local if local is not None else settings.local_devices()
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         if local not in (None, 1):
