@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.engine import EngineSpec, declared
 from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.protocol.shards import shard_sizes
@@ -541,18 +542,11 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
     return out
 
 
-def native_gelus(layers: list[dict], prefix: str = "") -> list[str]:
+def native_gelus(layers: list[dict]) -> list[str]:
     """Spec paths (``3``, ``1.body.0``) of every layer whose GELU computes each framework's own
     constants (``semantics: native``), nested bodies and shortcuts included."""
-    out: list[str] = []
-    for j, layer in enumerate(layers):
-        path = f"{prefix}{j}"
-        if layer.get("activation", layer.get("fn")) in ("gelu", "gelu_tanh") and layer.get("semantics") == "native":
-            out.append(path)
-        for field in ("body", "shortcut"):
-            if field in layer:
-                out += native_gelus(layer[field], f"{path}.{field}.")
-    return out
+    return [".".join(map(str, path)) for path, layer in nested_layers(layers)
+            if layer.get("activation", layer.get("fn")) in ("gelu", "gelu_tanh") and layer.get("semantics") == "native"]
 
 
 def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: list[str]) -> list[Difference]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from parity_tests.contract.case import Case
+from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 from parity_tests.running.backends import check_torch_ranks, pool_timeout, release_memory
@@ -54,20 +55,11 @@ def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
         if dtype not in found.dtypes:
             raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {name} (the dtypes it declares)", dtype)
         declared = found.spec.layers
-        for path, kind in _layer_types(case.spec["model"].get("layers", []), "model.layers"):
-            if declared is not None and kind not in declared:
-                raise CaseError(f"{path}.type", f"one of the layers {name} declares ({', '.join(declared)})", kind)
-
-
-def _layer_types(layers: list[dict], path: str) -> list[tuple[str, str]]:
-    """``(path, type)`` of every layer, nested bodies and shortcuts included, in order."""
-    out = []
-    for i, layer in enumerate(layers):
-        here = f"{path}[{i}]"
-        out.append((here, layer["type"]))
-        for key in ("body", "shortcut"):
-            out.extend(_layer_types(layer.get(key) or [], f"{here}.{key}"))
-    return out
+        for path, layer in nested_layers(case.spec["model"].get("layers", [])):
+            if declared is not None and layer["type"] not in declared:
+                where = "model.layers" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+                raise CaseError(f"{where}.type", f"one of the layers {name} declares ({', '.join(declared)})",
+                                layer["type"])
 
 
 def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
