@@ -113,14 +113,6 @@ def _numpy(v: Any) -> np.ndarray:
     return np.array(v, copy=True)
 
 
-def _named(values: Any, what: str) -> dict[str, np.ndarray]:
-    if values is None:
-        return {}
-    if not isinstance(values, Mapping):
-        raise TypeError(f"run.{what} takes a dict {{name: value}}, got {type(values).__name__}")
-    return {str(k): _numpy(v) for k, v in values.items()}
-
-
 def _first_tensor(value: Any) -> Any:
     """``value``, or the first element of a tuple/list output (a layer returning ``(out, state)``)."""
     while isinstance(value, (tuple, list)) and value:
@@ -376,8 +368,8 @@ class Run(RunBase):
         self._record(loss, params, grads, state, optimizer_state)
         if self.capture_step == len(self._steps):
             self._device = {
-                "grads": None if device_grads is None else [_named(g, "record(device_grads=[...])") for g in device_grads],
-                "acts": None if activations is None else [_named(a, "record(activations=[...])") for a in activations],
+                "grads": None if device_grads is None else [self._named(g, "record(device_grads=[...])") for g in device_grads],
+                "acts": None if activations is None else [self._named(a, "record(activations=[...])") for a in activations],
                 "losses": None if device_losses is None else [_numpy(v) for v in device_losses],
                 "inputs": None if device_inputs is None else [_numpy(v) for v in device_inputs],
                 "leaves": self._layers.by_tower(self.devices) if activations is None and self._layers.passes else None,

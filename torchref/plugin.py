@@ -170,14 +170,6 @@ def _numpy(v: Any) -> np.ndarray:
     return np.array(v, copy=True)
 
 
-def _named(values: Any, what: str) -> dict[str, np.ndarray]:
-    if values is None:
-        return {}
-    if not isinstance(values, Mapping):
-        raise TypeError(f"run.{what} takes a dict {{name: value}}, got {type(values).__name__}")
-    return {str(k): _numpy(v) for k, v in values.items()}
-
-
 def _digest(a: np.ndarray) -> str:
     h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
     h.update(np.ascontiguousarray(a).tobytes())
@@ -436,8 +428,8 @@ class Run(RunBase):
         self._record(loss, params, grads, state, optimizer_state)
         if self.capture_step == len(self._steps):
             device_grads = self._hooked or None if device_grads is None else device_grads
-            self._device = {"grads": None if device_grads is None else _named(device_grads, "record(device_grads=...)"),
-                            "acts": None if activations is None else _named(activations, "record(activations=...)"),
+            self._device = {"grads": None if device_grads is None else self._named(device_grads, "record(device_grads=...)"),
+                            "acts": None if activations is None else self._named(activations, "record(activations=...)"),
                             "losses": None if device_loss is None else _numpy(device_loss),
                             "inputs": None if device_inputs is None else _numpy(device_inputs),
                             "leaves": self._layers.leaves if activations is None else None}
