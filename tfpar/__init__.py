@@ -44,34 +44,7 @@ _WHERE = {
     "make_v1_optimizer": "v1",
 }
 
-__all__ = [
-    "plugin",
-    "AsyncTrainer",
-    "LocalSGDTrainer",
-    "Unsupported",
-    "IMPLS",
-    "DeviceError",
-    "DeviceInfo",
-    "ExactRuleOptimizer",
-    "TowerTrainer",
-    "Towers",
-    "available_devices",
-    "average_gradients",
-    "build_towers",
-    "combine_losses",
-    "configure_devices",
-    "list_devices",
-    "make_optimizer",
-    "make_parallel",
-    "make_strategy",
-    "make_v1_optimizer",
-    "run_case",
-    "session_config",
-    "shard_sizes",
-    "split_batch",
-    "tower_devices",
-    "tower_weights",
-]
+__all__ = sorted(_WHERE)  # the public names are the table's keys
 
 
 def __getattr__(name: str) -> Any:
