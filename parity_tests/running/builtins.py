@@ -20,16 +20,12 @@ from parity_tests.running.implementation import Implementation
 from tfpar import engines as tfpar_engines
 from torchref import engines as torch_engines
 
-__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER", "CAPTURES", "MIXED"]
+__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER"]
 
 #: every built-in engine's declaration, TensorFlow's then torch's (each framework's list is beside its engines)
 SPECS: tuple[EngineSpec, ...] = (*tfpar_engines.SPECS, *torch_engines.SPECS)
 #: the built-ins ``compare`` and the matrix run in one process, in declaration order
 BUILTINS = {s.name: s.description for s in SPECS if s.in_process}
-#: the built-ins that record a captured step's per-device values (``case.capture``; docs/localisation.md)
-CAPTURES = tuple(s.name for s in SPECS if s.captures)
-#: the built-ins that run dtype mixed_bfloat16 (Keras' policy / torch CPU autocast; docs/mixed-precision.md)
-MIXED = tuple(s.name for s in SPECS if "mixed_bfloat16" in s.dtypes)
 
 
 def _refuse_external(case: Case, impl: str) -> None:
