@@ -77,7 +77,7 @@ from parity_tests.protocol.recorder import Recorder
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss, sparse_softmax_ce
-from .models import apply_layer, build_variables, is_state, layer_device, update_moving
+from .models import apply_layer, build_variables, is_state, layer_device, recording_activations, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
 
@@ -175,14 +175,17 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     gradient). ``stats[i]`` receives the layer's ``(mean, var, values per channel)``
     for the moving-statistics update, which the caller applies in cross-replica
     context. ``masks`` maps a dropout layer's index (str) to its keep-mask. ``acts``, when
-    given, receives every layer's output ``[n_r, ...]`` under the layer's index (str): the
-    capture step's ``forward`` stage.
+    given, receives every layer's output ``[n_r, ...]`` under the layer's index (str), and every
+    layer inside a ``residual`` or ``repeat`` under its path (``"3.body.1"``): the capture
+    step's ``forward`` stage.
     """
     h = x
     for i, layer in enumerate(layers):
         if layer["type"] != "batch_norm":
-            h = apply_layer(i, layer, params, h, masks.get(str(i)))
+            with recording_activations() if acts is not None else contextlib.nullcontext([]) as nested:
+                h = apply_layer(i, layer, params, h, masks.get(str(i)))
             if acts is not None:
+                acts.update({str(path): hs[0] for path, hs in nested})  # layers inside residual / repeat, by path
                 acts[str(i)] = h
             continue
         place = layer_device(layer)

@@ -125,8 +125,9 @@ __all__ = [
 ]
 
 STATE_KINDS = ("moving_mean", "moving_variance")
-# when a list: forward_towers appends (layer index, [tower outputs]) after every layer (the capture step)
-_ACTIVATIONS: list[tuple[int, list[tf.Tensor]]] | None = None
+# when a list: forward_towers appends (layer index, [tower outputs]) after every layer, and a nested
+# layer list (path such as "3.body.1", parity_tests.contract.paths) (path, [this tower's output]) (the capture step)
+_ACTIVATIONS: list[tuple[int | str, list[tf.Tensor]]] | None = None
 _ACT = {"none": lambda t: t, "relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid, "silu": tf.nn.silu,
         "softmax": lambda t: tf.nn.softmax(t, axis=-1)}
 _SQRT_HALF = 0.7071067811865476  # 1/sqrt(2), as tf.nn.gelu spells it
@@ -184,6 +185,8 @@ def _apply_list(prefix: str, layers: Sequence[Mapping], params: Mapping[str, tf.
     """A nested layer list (no batch_norm or dropout: the case refuses them there) at path ``prefix``."""
     for j, layer in enumerate(layers):
         h = _apply(f"{prefix}.{j}", layer, params, h, None, compute)
+        if _ACTIVATIONS is not None:  # the forward stage at block granularity: one tower's call, by path
+            _ACTIVATIONS.append((f"{prefix}.{j}", [tf.cast(h, tf.float32) if h.dtype == tf.bfloat16 else h]))
     return h
 
 
@@ -380,6 +383,9 @@ def recording_activations():
     Yields ``[(layer index, [tower outputs])]`` in call order: :func:`forward_towers`
     appends once per layer with all its towers; a tower engine that calls
     :func:`forward` once per tower appends ``(i, [h_r])`` per tower, in tower order.
+    Layers inside a ``residual`` or ``repeat`` append ``(path, [h_r])`` (``"3.body.1"``,
+    ``"5.2.0"``) per tower call, in tower order, so consumers that group by key get
+    every nested layer's output on every tower too.
     Used inside the traced capture step (symbolic tensors it returns as outputs).
     """
     global _ACTIVATIONS

@@ -187,8 +187,9 @@ class CaseModel(nn.Module):
             raise ValueError(f"batch_norm must be local or sync, got {batch_norm!r}")
         self.layers = layers
         self.batch_norm, self.group = batch_norm, group
-        #: when a dict: every layer's output (canonical layout, detached copy) by layer index, set by
-        #: the capture step of a run (docs/localisation.md ``forward`` stage)
+        #: when a dict: every layer's output (canonical layout, detached copy) by layer index, and by
+        #: path inside residual / repeat (``3.body.1``), set by the capture step of a run
+        #: (docs/localisation.md ``forward`` stage)
         self.trace: dict[str, np.ndarray] | None = None
         #: module name (``3_body_1_kernel``) -> canonical name (``3.body.1.kernel``); torch reserves the dot
         self._canonical = {k.replace(".", "_"): k for k in init}
@@ -276,7 +277,16 @@ class CaseModel(nn.Module):
         """A nested layer list (no batch_norm or dropout: the case refuses them there)."""
         for j, layer in enumerate(layers):
             h = self._layer(f"{prefix}.{j}", layer, h)
+            self._trace(f"{prefix}.{j}", h)  # the forward stage at block granularity, by path
         return h
+
+    def _trace(self, key: str, h: torch.Tensor) -> None:
+        """Keep ``h`` (canonical layout, detached copy) as layer ``key``'s output when tracing."""
+        if self.trace is None:
+            return
+        out = (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).detach()
+        # bfloat16 -> float32 is exact (numpy has no bfloat16); float64 stays float64
+        self.trace[key] = (out.float() if out.dtype == torch.bfloat16 else out).numpy().copy()
 
     def _batch_norm(self, i: int, layer: dict, h: torch.Tensor) -> torch.Tensor:
         gamma, beta = self._p(i, "gamma"), self._p(i, "beta")
@@ -371,11 +381,7 @@ class CaseModel(nn.Module):
                     h = h * (keep.to(h.dtype) / (1.0 - layer["rate"]))
             else:
                 h = self._layer(str(i), layer, h)
-            if self.trace is not None:
-                out = h.permute(0, 2, 3, 1) if h.dim() == 4 else h
-                out = out.detach()
-                # bfloat16 -> float32 is exact (numpy has no bfloat16); float64 stays float64
-                self.trace[str(i)] = (out.float() if out.dtype == torch.bfloat16 else out).numpy().copy()
+            self._trace(str(i), h)
         if h.dim() == 4:
             h = h.permute(0, 2, 3, 1)  # back to canonical NHWC
         if pre.dim() == 4:

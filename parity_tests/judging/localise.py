@@ -40,11 +40,12 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.paths import describe, execution_key
 from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.protocol.rows import RowArray, row_norms
 
-__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at"]
+__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at", "with_layer"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
@@ -289,6 +290,28 @@ def _combination(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], ca:
     return ""
 
 
+def _layer_name(key: str, spec: Mapping[str, Any] | None) -> str:
+    """A forward-stage layer as localisation names it: ``layer 5.2.0.body.1 layer_norm`` (path and type), or
+    ``layer 3`` where the case does not say (an external model's plugin layers)."""
+    return f"layer {describe(key, spec) or key}"
+
+
+def _layer_text(key: str, spec: Mapping[str, Any] | None, word: str = "layer ") -> str:
+    """``layer 5.2.0.body.1 (layer_norm)`` for an explanation."""
+    said = describe(key, spec)
+    return f"{word}{key}" + (f" ({said.split(' ', 1)[1]})" if said else "")
+
+
+def with_layer(where: Mapping[str, Any] | None, spec: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``where`` with ``"layer"``: the path and type of the layer its ``name`` belongs to
+    (``"5.2.0.body.1 layer_norm"`` for ``5.2.0.body.1.gamma`` or for that layer's output), when it names one."""
+    if not where or not where.get("name"):
+        return where
+    name = str(where["name"])
+    said = describe(name[len("layer "):] if name.startswith("layer ") else name, spec)
+    return {**where, "layer": said} if said else where
+
+
 def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: float,
                 spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The stages of one captured step, each judged against ``bound``, and the first one that breaks.
@@ -348,8 +371,9 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
                          " (a sharding or sampler mismatch)")
         agreed.append("inputs agree")
     # forward: every layer's output, in layer order
+    # (nested layers by path, in the order the forward pass finishes them: parity_tests.contract.paths)
     layers = [k[len("act/"):] for k in da if k.startswith("act/") and k in db] if rows_line_up else []
-    layers.sort(key=lambda s: (0, int(s), "") if s.isdigit() else (1, 0, s))
+    layers.sort(key=execution_key)
     worst, last = 0.0, None
     for layer in layers:
         if da[f"act/{layer}"].shape != db[f"act/{layer}"].shape:
@@ -357,14 +381,18 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         gaps = _per_device(da[f"act/{layer}"], db[f"act/{layer}"], sizes)
         dev, over = _which(gaps, bound)
         if over:
-            chain.append({"stage": "forward", "device": dev, "name": f"layer {layer}", "gap": max(gaps), "bound": bound})
-            return broke("forward", dev, f"layer {layer}", max(gaps),
-                         f"the output of layer {layer} differs on {_devices_text(over, n, 'device')} (gap {max(gaps):.3g})"
-                         + (f" while layers up to {last} agree" if last is not None else " (the first layer)"))
+            name = _layer_name(layer, spec)
+            chain.append({"stage": "forward", "device": dev, "name": name, "gap": max(gaps), "bound": bound})
+            out = broke("forward", dev, name, max(gaps),
+                        f"the output of {_layer_text(layer, spec)} differs on {_devices_text(over, n, 'device')}"
+                        f" (gap {max(gaps):.3g})"
+                        + (f" while layers up to {_layer_text(last, spec, '')} agree" if last is not None
+                           else " (the first layer)"))
+            return out
         worst, last = max(worst, max(gaps)), layer
     if last is not None:
-        chain.append({"stage": "forward", "device": None, "name": f"layer {last}", "gap": worst, "bound": bound})
-        agreed.append(f"forward agrees to {worst:.1g} through layer {last}" + (" (all devices)" if n > 1 else ""))
+        chain.append({"stage": "forward", "device": None, "name": _layer_name(last, spec), "gap": worst, "bound": bound})
+        agreed.append(f"forward agrees to {worst:.1g} through {_layer_text(last, spec)}" + (" (all devices)" if n > 1 else ""))
     # loss: each device's own loss
     if same_n and "loss" in da and "loss" in db:
         gaps = [_gap(x, y) for x, y in zip(da["loss"], db["loss"], strict=True)]

@@ -37,6 +37,14 @@ def scenario_of(name: str) -> str:
     return name.split(":")[0]
 
 
+def _where_name(loc: dict) -> str:
+    """A localisation's name, with the layer (path and type) it belongs to: ``5.2.0.body.1.gamma (5.2.0.body.1 layer_norm)``."""
+    name, layer = loc.get("name"), loc.get("layer")
+    if not name:
+        return "-"
+    return f"{name} ({layer})" if layer and not str(name).startswith("layer ") else str(name)
+
+
 def _fmt(x: float | None) -> str:
     if x is None or np.isnan(x):
         return "-"
@@ -141,7 +149,7 @@ def render_markdown(results: Sequence[CaseResult], title: str, meta: dict[str, A
         for r in located:
             loc = r["localisation"]
             lines.append(f"| {r['case']} | {r['pair']} | {loc['first_bad_step']} | {loc['stage']} | "
-                         f"{'-' if loc['device'] is None else loc['device']} | {loc['name'] or '-'} | {_fmt(loc['gap'])} | "
+                         f"{'-' if loc['device'] is None else loc['device']} | {_where_name(loc)} | {_fmt(loc['gap'])} | "
                          f"{_fmt(loc['bound'])} | {loc['explanation']} |")
     chains = {k: v for k, v in plots.items() if k.startswith("stages: ")}
     if chains:

@@ -361,16 +361,24 @@ def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     return out
 
 
+_UNNUMBERED = ("dropout", "activation", "residual", "repeat")
+
+
 def hooks_line_up(spec: Mapping[str, Any]) -> bool:
     """Whether the layer hooks' numbering can be set beside the case's (and so the built-ins') layers.
 
     Not when the case lists a ``dropout`` layer: a plugin applies the case's masks in code between
     two layers, where no hook sees a boundary, so its layers would be numbered one short of the
-    case's from there and layer 0 would hold the masked output. External models have no case
-    numbering: both sides are plugins, numbered alike.
+    case's from there and layer 0 would hold the masked output. Nor when it lists a standalone
+    ``activation`` (the hooks fold it into the layer before, the case numbers it on its own) or a
+    ``residual`` / ``repeat`` (the built-ins record their inner layers by path, ``3.body.1``, and
+    the residual's add is code no hook sees: the hooks' flat numbers would sit beside other
+    layers' outputs). External models have no case numbering: both sides are plugins, numbered alike.
     """
     model = spec["model"]
-    return "external" in model or not any(layer.get("type") == "dropout" for layer in model.get("layers", ()))
+    # nor where the hooks' grouping cannot follow the case's list: a standalone activation joins the
+    # layer before it, and a residual's add or a repeat's copies are code and leaves the case numbers by path
+    return "external" in model or not any(layer.get("type") in _UNNUMBERED for layer in model.get("layers", ()))
 
 
 def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, impl: str,

@@ -46,7 +46,7 @@ from parity_tests.judging.bfloat16 import (
 from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.compare import first_nonfinite
-from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain
+from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain, with_layer
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
 from parity_tests.judging.perturbation import (
     bfloat16_signature,
@@ -193,8 +193,9 @@ class CaseResult:
             v = p.verdict
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {v.status:<20} {v.rule:<26} {v.gap:>10.3g} {v.bound:>10.3g}")
             if p.localisation and p.localisation.get("stage"):
+                layer = f", layer {p.localisation['layer']}" if p.localisation.get("layer") else ""
                 notes.append(f"  {p.impl}: where: {p.localisation['stage']} at step {p.localisation['first_bad_step']}"
-                             f" ({p.localisation['explanation']})")
+                             f"{layer} ({p.localisation['explanation']})")
             for e in p.prediction.expected:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
@@ -954,7 +955,7 @@ class _Judged:
         if self.stages and refinable(where, runs[0], runs[1]):
             cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
             where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured)
-        return where
+        return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
         """The pair judged as it ran and, with ``m``, with the predicted differences mapped away (``pair.resolve``)."""

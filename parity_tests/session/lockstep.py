@@ -67,7 +67,7 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
-from parity_tests.judging.localise import localise, refinable
+from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
@@ -317,7 +317,8 @@ class LockstepResult:
             if where.get("stage"):  # docs/localisation.md, from the stage chain of the first bad step where both sides capture
                 device = "" if where.get("device") is None else f", device {where['device']}"
                 rows.append(f"  {p.impl}: where: {where['stage']}{device}"
-                            + (f" ({where['name']})" if where.get("name") else ""))
+                            + (f" ({where['name']})" if where.get("name") else "")
+                            + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ") else ""))
         statuses = {p.status for p in self.pairs}
         verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
                    "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
@@ -471,7 +472,8 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     return pair
 
 
-def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> None:
+def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None,
+              pair_spec: Mapping[str, Any] | None = None) -> None:
     """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
@@ -492,6 +494,7 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     where["first_bad_step"] = pair.first_bad_step
     where["explanation"] = f"lockstep (from {pair.reference}'s state after step {pair.first_bad_step - 1}): " + (
         _renumber(str(where.get("explanation") or ""), pair.first_bad_step) or pair.detail.splitlines()[0])
+    where = dict(with_layer(where, pair_spec)) if pair_spec is not None else where
     pair.localisation = where
     if free_pair is not None:
         free_pair.localisation = where
@@ -588,6 +591,6 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result)
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
-        _localise(pair, free_pair, refine)
+        _localise(pair, free_pair, refine, case.spec)
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)
