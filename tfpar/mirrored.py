@@ -77,7 +77,14 @@ from parity_tests.protocol.recorder import Recorder
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss, sparse_softmax_ce
-from .models import apply_layer, build_variables, is_state, layer_device, recording_activations, update_moving
+from .models import (
+    apply_layer,
+    build_variables,
+    is_state,
+    layer_device,
+    recording_activations,
+    update_moving,
+)
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
 

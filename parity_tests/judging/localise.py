@@ -308,7 +308,7 @@ def with_layer(where: Mapping[str, Any] | None, spec: Mapping[str, Any] | None) 
     if not where or not where.get("name"):
         return where
     name = str(where["name"])
-    said = describe(name[len("layer "):] if name.startswith("layer ") else name, spec)
+    said = describe((name[len("layer "):] if name.startswith("layer ") else name).split(" ", 1)[0], spec)
     return {**where, "layer": said} if said else where
 
 

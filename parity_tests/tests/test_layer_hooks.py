@@ -144,20 +144,20 @@ def test_a_forward_bug_in_keras_towers_is_named_at_its_layer(pool, bad):
     where = compare_case(CASE, [f"{TORCH}:good", f"{TF}:{bad}"]).pairs[0].localisation
     # the bug changes layer 1's output by O(0.1) (sigmoid(h) - tanh(h) is 0.5 at h = 0) while
     # layer 0 agrees to rounding (~1e-16); the float64 bound is 1e-10
-    assert _forward(where) == (1, "forward", "layer 1", None)
-    assert "every device" in where["explanation"] and "while layers up to 0 agree" in where["explanation"]
+    assert _forward(where) == (1, "forward", "layer 1 dense", None)
+    assert "every device" in where["explanation"] and "while layers up to 0 (dense) agree" in where["explanation"]
     assert keras.Layer.__call__ is call and not tf.config.functions_run_eagerly()  # left as found
 
 
 def test_a_forward_bug_in_an_nn_sequential_is_named_at_its_layer(pool):
     where = compare_case(CASE, [f"{TF}:good", f"{TORCH}:sigmoid_layer_1"]).pairs[0].localisation
-    assert _forward(where) == (1, "forward", "layer 1", None)
+    assert _forward(where) == (1, "forward", "layer 1 dense", None)
 
 
 def test_a_bug_on_one_tower_names_that_tower(pool):
     """Passes are filed under the tower whose device holds the model's output."""
     where = compare_case(CASE, [f"{TORCH}:good", f"{TF}:sigmoid_layer_1_tower_2"]).pairs[0].localisation
-    assert _forward(where) == (1, "forward", "layer 1", 2)
+    assert _forward(where) == (1, "forward", "layer 1 dense", 2)
 
 
 def test_activations_given_by_hand_are_not_overridden(pool):
@@ -191,5 +191,5 @@ def test_a_plugin_with_its_activation_in_forward_lines_up_with_the_builtins(pool
     case = make(MLP, steps=2, optimizer={"name": "sgd", "lr": 0.01, "semantics": "tf"})
     where = compare_case(case, ["tf.towers", f"{PLUGINS / 'ddp_no_grads.py'}:train"]).pairs[0].localisation
     chain = {c["stage"]: c for c in where["chain"]}
-    assert chain["forward"]["name"] == "layer 1" and chain["forward"]["gap"] < 1e-12
+    assert chain["forward"]["name"] == "layer 1 dense" and chain["forward"]["gap"] < 1e-12
     assert where["stage"] == "device_grads" and "forward agrees" in where["explanation"]
