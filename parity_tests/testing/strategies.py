@@ -18,7 +18,8 @@ and replays exactly (``parity_tests.contract.case.write_case``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis import strategies as st
@@ -45,6 +46,9 @@ __all__ = [
     "init_specs",
     "dense_cases",
     "implementations",
+    "NESTED_VOCABULARY",
+    "nested_layer_lists",
+    "nested_cases",
 ]
 
 _OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -274,6 +278,250 @@ def dense_cases(
         }
         if raw["parallel"]["weighting"] == "sum" and raw["model"]["reduction"] != "sum":
             raw["parallel"]["weighting"] = "equal"  # sum adds the devices' sums: with a mean reduction it is refused
+        return case_from_dict(raw)
+
+    return build()
+
+
+# -- nested architectures (shared/CONTRACT.md section 7) --------------------------------------------------------
+#
+# A layer entry draws one layer for an input of ``shape`` (per example), or returns ``None`` where it does not
+# apply. ``keep``: the layer must give back ``shape`` (inside a residual body without a shortcut, and a repeat's
+# body, whose copies chain); ``depth``: how many nesting layers hold it. Adding a layer type to the drawn
+# vocabulary is one entry in NESTED_VOCABULARY.
+
+Shape = tuple[int, ...]
+LayerDraw = Callable[[Callable, Shape, bool, int], "dict | None"]
+_MAX_DEPTH = 2
+_NESTING = ("residual", "repeat")  # the entries that hold layer lists
+
+
+def _gelu_mapped(draw: Callable, fn: str) -> dict:
+    """A GELU's ``semantics`` mapped (``tf`` or ``torch``): both sides then use one convention's constants, where
+    ``native`` is a predicted float64 difference (docs/layers.md)."""
+    return {"semantics": draw(st.sampled_from(["torch", "tf"]))} if fn in ("gelu", "gelu_tanh") else {}
+
+
+def _draw_dense(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if not shape:
+        return None
+    act = draw(st.sampled_from(["none", "relu", "tanh", "gelu", "silu"]))
+    units = shape[-1] if keep else draw(st.integers(1, 6))
+    return {"type": "dense", "units": units, "activation": act, **_gelu_mapped(draw, act)}
+
+
+def _draw_layer_norm(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if not shape:
+        return None
+    return {"type": "layer_norm", "epsilon": draw(st.sampled_from([1e-5, 1e-3])),
+            "center": draw(st.booleans()), "scale": draw(st.booleans())}
+
+
+def _draw_rms_norm(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    return {"type": "rms_norm", "epsilon": draw(st.sampled_from([1e-6, 1e-3]))} if shape else None
+
+
+def _draw_activation(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    fn = draw(st.sampled_from(["relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "softmax"]))
+    return {"type": "activation", "fn": fn, **_gelu_mapped(draw, fn)} if shape else None
+
+
+def _draw_conv2d(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if len(shape) != 3:
+        return None
+    k = draw(st.integers(1, min(3, shape[0], shape[1])))
+    if keep:
+        return {"type": "conv2d", "filters": shape[2], "kernel_size": k, "padding": "same"}
+    return {"type": "conv2d", "filters": draw(st.integers(1, 4)), "kernel_size": k, "strides": draw(st.integers(1, 2)),
+            "padding": draw(st.sampled_from(["valid", "same"])), "activation": draw(st.sampled_from(["none", "relu"]))}
+
+
+def _draw_depthwise_conv2d(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if len(shape) != 3:
+        return None
+    k = draw(st.integers(1, min(3, shape[0], shape[1])))
+    if keep:
+        return {"type": "depthwise_conv2d", "kernel_size": k, "padding": "same"}
+    return {"type": "depthwise_conv2d", "kernel_size": k, "strides": draw(st.integers(1, 2)),
+            "padding": draw(st.sampled_from(["valid", "same"])), "depth_multiplier": draw(st.integers(1, 2))}
+
+
+def _draw_pool(kind: str) -> LayerDraw:
+    def entry(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+        if len(shape) != 3 or keep or min(shape[0], shape[1]) < 2:
+            return None
+        out = {"type": kind, "pool_size": 2, "padding": draw(st.sampled_from(["valid", "same"])),
+               "strides": draw(st.integers(1, 2))}
+        if kind == "avg_pool2d":
+            out["count_padding"] = draw(st.booleans())
+        return out
+
+    return entry
+
+
+def _draw_global_avg_pool2d(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    return {"type": "global_avg_pool2d"} if len(shape) == 3 and not keep else None
+
+
+def _draw_channel_pad(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if not shape or keep:
+        return None
+    return {"type": "channel_pad", "before": draw(st.integers(0, 2)), "after": draw(st.integers(1, 2))}
+
+
+def _draw_reshape(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    """To tokens ``[T, D]`` or a vector ``[-1]`` (the values per example, channels-last order)."""
+    if not shape or keep:
+        return None
+    n = math.prod(shape)
+    targets = [[-1]] + [[t, -1] for t in range(2, n) if n % t == 0]
+    return {"type": "reshape", "shape": draw(st.sampled_from(targets))}
+
+
+def _draw_position_embedding(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    return {"type": "position_embedding", "length": shape[0] + draw(st.integers(0, 2))} if len(shape) == 2 else None
+
+
+def _draw_class_token(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    return {"type": "class_token"} if len(shape) == 2 and not keep else None
+
+
+def _draw_take_token(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if len(shape) != 2 or keep:
+        return None
+    return {"type": "take_token", "index": draw(st.integers(0, shape[0] - 1))}
+
+
+def _draw_residual(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    """``act(body(x) + shortcut(x))``: a shape-keeping body with the identity, or a body that widens the last
+    axis with a projection (``dense``) or zero channels (``channel_pad``) as the shortcut."""
+    if not shape or depth >= _MAX_DEPTH:
+        return None
+    act = draw(st.sampled_from(["none", "relu"]))
+    if keep or not draw(st.booleans()):
+        body, _ = draw(_layer_lists(shape, keep=True, depth=depth + 1, min_size=1, max_size=2))
+        return {"type": "residual", "body": body, "activation": act}
+    width = shape[-1] + draw(st.integers(1, 2))
+    body = [{"type": "dense", "units": width}]
+    shortcut = draw(st.sampled_from([[{"type": "dense", "units": width}],
+                                     [{"type": "channel_pad", "before": 0, "after": width - shape[-1]}]]))
+    return {"type": "residual", "body": body, "shortcut": shortcut, "activation": act}
+
+
+def _draw_repeat(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    """``count`` independent copies of a shape-keeping body (``<i>.<r>.<j>.*``)."""
+    if not shape or depth >= _MAX_DEPTH:
+        return None
+    body, _ = draw(_layer_lists(shape, keep=True, depth=depth + 1, min_size=1, max_size=2))
+    return {"type": "repeat", "count": draw(st.integers(1, 3)), "body": body}
+
+
+#: the drawn vocabulary, simplest first (hypothesis shrinks a choice towards the first entry that applies)
+NESTED_VOCABULARY: dict[str, LayerDraw] = {
+    "dense": _draw_dense,
+    "layer_norm": _draw_layer_norm,
+    "rms_norm": _draw_rms_norm,
+    "activation": _draw_activation,
+    "residual": _draw_residual,
+    "repeat": _draw_repeat,
+    "conv2d": _draw_conv2d,
+    "depthwise_conv2d": _draw_depthwise_conv2d,
+    "max_pool2d": _draw_pool("max_pool2d"),
+    "avg_pool2d": _draw_pool("avg_pool2d"),
+    "global_avg_pool2d": _draw_global_avg_pool2d,
+    "channel_pad": _draw_channel_pad,
+    "reshape": _draw_reshape,
+    "position_embedding": _draw_position_embedding,
+    "class_token": _draw_class_token,
+    "take_token": _draw_take_token,
+}
+
+
+def _layer_lists(shape: Shape, *, keep: bool = False, depth: int = 0, min_size: int = 1, max_size: int = 3,
+                 vocabulary: Sequence[str] | None = None) -> st.SearchStrategy[tuple[list[dict], Shape]]:
+    """``(layers, output shape)``: a list of drawn layers on inputs of ``shape``, each fitting the shape before it."""
+    from parity_tests.contract.model import validate_model
+
+    names = list(NESTED_VOCABULARY) if vocabulary is None else list(vocabulary)
+
+    nesting = [k for k in names if k in _NESTING]
+    plain = [k for k in names if k not in _NESTING]
+
+    @st.composite
+    def build(draw) -> tuple[list[dict], Shape]:
+        layers: list[dict] = []
+        h = tuple(shape)
+        # one "another layer?" choice per layer, as st.lists draws: the shrinker deletes a layer with its choices
+        while len(layers) < max_size and (len(layers) < min_size or draw(st.booleans())):
+            drawn = None
+            while drawn is None:  # a nesting layer half the time (shrinking towards none), else any other
+                pool = (nesting if nesting and depth < _MAX_DEPTH and draw(st.booleans()) else plain) or names
+                drawn = NESTED_VOCABULARY[draw(st.sampled_from(pool))](draw, h, keep, depth)
+            layers.append(drawn)
+            # the shape it gives, by the case's own validation (which fills in the fields left to defaults)
+            h = tuple(validate_model({"input_shape": list(h), "layers": [drawn], "loss": "mse"})[2])
+        return layers, h
+
+    return build()
+
+
+def nested_layer_lists(input_shape: Sequence[int], *, max_layers: int = 3, outputs: int = 1,
+                       vocabulary: Sequence[str] | None = None) -> st.SearchStrategy[list[dict]]:
+    """Layer lists for inputs of ``input_shape`` drawn from :data:`NESTED_VOCABULARY` (residuals inside repeats
+    inside residuals, at most two deep), ending in ``flatten`` where needed and ``dense`` to ``outputs`` units.
+
+    ``vocabulary``: the layer types drawn (default: all; ``dense`` is always among them, so that every shape
+    has a layer that applies). Shapes always fit: each entry draws for the shape the layers before it give.
+    """
+    _int_arg("max_layers", max_layers, 1, 16)
+    _int_arg("outputs", outputs, 1, 4096)
+    names = list(NESTED_VOCABULARY) if vocabulary is None else _subset("vocabulary", vocabulary, list(NESTED_VOCABULARY))
+    if "dense" not in names:
+        names = ["dense", *names]
+
+    def head(drawn: tuple[list[dict], Shape]) -> list[dict]:
+        layers, h = drawn
+        return [*layers, *([{"type": "flatten"}] if len(h) > 1 else []), {"type": "dense", "units": outputs}]
+
+    return _layer_lists(tuple(input_shape), min_size=1, max_size=max_layers, vocabulary=names).map(head)
+
+
+def nested_cases(*, devices: st.SearchStrategy[int] | None = None, dtypes: Sequence[str] = ("float64",),
+                 max_layers: int = 3, max_batch: int = 16, max_steps: int = 2,
+                 vocabulary: Sequence[str] | None = None) -> st.SearchStrategy[Case]:
+    """Validated cases whose models are drawn nested architectures (:func:`nested_layer_lists`) on a vector
+    ``[d]``, tokens ``[T, D]`` or an image ``[H, W, C]``, small enough that a comparison takes about a second:
+    mse on gaussian data, SGD/momentum/Adam with ``tf`` or ``torch`` semantics (both sides one rule), GELUs
+    mapped, ``grad_mean`` over ``devices`` (default 1..8) with contiguous, evenly weighted shards."""
+    devices = devices if devices is not None else device_counts()
+    dts = _subset("dtypes", dtypes, ("float32", "float64"))
+    _int_arg("max_steps", max_steps, 1, 1000)
+    _int_arg("max_batch", max_batch, 2, 100_000)
+    if not isinstance(devices, st.SearchStrategy):
+        raise InvalidArgument(f"devices={devices!r}: expected a SearchStrategy of ints, e.g. device_counts(1, 8)")
+    shapes = st.one_of(st.integers(2, 6).map(lambda d: [d]),
+                       st.tuples(st.integers(2, 4), st.integers(2, 4)).map(list),
+                       st.tuples(st.integers(2, 4), st.integers(2, 4), st.integers(1, 3)).map(list))
+
+    @st.composite
+    def build(draw) -> Case:
+        n = draw(devices.filter(lambda k: k <= max_batch))
+        shape = draw(shapes)
+        outputs = draw(st.integers(1, 2))
+        raw = {
+            "schema": "parity-case/1",
+            "name": "generated-nested",
+            "dtype": draw(st.sampled_from(dts)),
+            "model": {"input_shape": shape, "loss": "mse", "reduction": "mean",
+                      "layers": draw(nested_layer_lists(shape, max_layers=max_layers, outputs=outputs,
+                                                        vocabulary=vocabulary))},
+            "init": draw(init_specs()),
+            "data": {"generator": "gaussian", "seed": draw(st.integers(0, 2**16)),
+                     "global_batch": draw(global_batches(n, max_value=max_batch))},
+            "optimizer": draw(optimizers()),
+            "parallel": {"devices": n, "combine": "grad_mean", "shard": "contiguous", "weighting": "by_size"},
+            "steps": draw(st.integers(1, max_steps)),
+        }
         return case_from_dict(raw)
 
     return build()
