@@ -136,9 +136,10 @@ class KerasLayerHooks:
 
     * a *pass* is an outermost layer call (no other layer call on this thread's stack) of a
       layer holding weights: ``model(x)`` of a ``Sequential``, functional or subclassed model;
-    * inside it every *leaf* layer (no sub-layers) appends ``{"name", "weights", "kept", "fed",
-      "in", "out"}`` (its name, whether it holds weights of its own, whether its output has its
-      first input's shape, whether its input is the very tensor the previous leaf returned (else
+    * inside it every *leaf* layer (no sub-layers) appends ``{"name", "kind", "weights", "kept", "fed",
+      "in", "out"}`` (its layer path, the names of the layers that called it from the pass's root
+      down: ``model/block_2/layer_normalization``; its class; whether it holds weights of its own,
+      whether its output has its first input's shape, whether its input is the very tensor the previous leaf returned (else
       code ran between them: ``tf.nn.relu`` in a subclassed model's ``call``), its input and
       output as numpy); a pass whose outputs are symbolic (a graph being traced) is dropped;
     * each pass is filed under the tower whose device holds the model's output (``tf.device``
@@ -194,7 +195,8 @@ class KerasLayerHooks:
         depth, current = getattr(st, "depth", 0), getattr(st, "current", None)
         if depth == 0:
             current = st.current = []
-            st.last = None
+            st.last, st.path = None, []
+        path = st.path = [*st.path[:depth], layer.name]  # the layer path: model/block_2/layer_normalization
         st.depth = depth + 1
         try:
             out = original(layer, *args, **kwargs)
@@ -211,20 +213,20 @@ class KerasLayerHooks:
         if depth == 0:
             st.current = None
             if leaf and eager:  # a layer called on its own is a pass of one layer
-                current.append(self._entry(layer, x, first, False))
+                current.append(self._entry(layer, x, first, False, path))
             if eager and layer.weights and current and all(e is not None for e in current):
                 with self._lock:
                     self.passes.append((str(first.device), current))
         elif leaf:
-            current.append(self._entry(layer, x, first, x is not None and x is getattr(st, "last", None))
+            current.append(self._entry(layer, x, first, x is not None and x is getattr(st, "last", None), path)
                            if eager else None)
             st.last = first
         return out
 
     @staticmethod
-    def _entry(layer: Any, x: Any, out: Any, fed: bool) -> dict[str, Any]:
+    def _entry(layer: Any, x: Any, out: Any, fed: bool, path: list[str]) -> dict[str, Any]:
         shape = getattr(x, "shape", None)
-        return {"name": layer.name, "weights": bool(layer.weights),
+        return {"name": "/".join(path), "kind": type(layer).__name__, "weights": bool(layer.weights),
                 "kept": shape is not None and tuple(shape) == tuple(out.shape), "fed": fed,
                 "in": None if x is None else _numpy(x), "out": _numpy(out)}
 

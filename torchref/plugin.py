@@ -211,8 +211,9 @@ class LayerHooks:
       module (``nn.MSELoss``) holds no parameters and a ``torch.no_grad()`` evaluation builds no
       graph, so neither starts one;
     * inside a pass, every *leaf* module (one without children) appends
-      ``{"name", "weights", "kept", "fed", "in", "out"}``: its qualified name under the pass's
-      root (for a person reading; ``module.0`` under DDP), whether it holds parameters or buffers
+      ``{"name", "kind", "weights", "kept", "fed", "in", "out"}``: its qualified name under the pass's
+      root (for a person reading; ``module.0`` under DDP, ``blocks.2.body.1`` in a nested model) and
+      its class (``LayerNorm``), whether it holds parameters or buffers
       of its own, whether its output has its first input's shape, whether its input is the very
       tensor the previous leaf returned, unchanged (else some code ran between them:
       ``torch.relu`` in a ``forward``, or in place), and its input and output (detached copies,
@@ -274,7 +275,8 @@ class LayerHooks:
             return
         own = next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) is not None
         x_in = None if x is None else _numpy(x.detach().movedim(1, -1) if x.dim() in (4, 5) else x.detach())
-        self._pass.append({"name": self._names.get(id(module), type(module).__name__), "weights": own,
+        self._pass.append({"name": self._names.get(id(module), type(module).__name__), "kind": type(module).__name__,
+                           "weights": own,
                            "kept": x is not None and tuple(x.shape) == tuple(out.shape),
                            "fed": x is not None and x is self._last and x._version == self._version,
                            "in": x_in, "out": _numpy(_channels_last(module, x, out))})

@@ -13,6 +13,7 @@ layer that computes something else.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,7 +49,8 @@ def execution_key(path: str) -> tuple:
     """Sort key: paths in the order the forward pass finishes them (children before the layer that holds them).
 
     ``0 < 1.body.0 < 1.body.1 < 1.shortcut.0 < 1 < 2.0.0 < 2.1.0 < 2``. A key that is not a path
-    (a plugin's own layer name) sorts after every path, by its text.
+    (a plugin's hook layer ``hooks.3``, a name it chose) sorts after every path, by its text with
+    its numbers in numeric order.
     """
     parts = path.split(".")
     key: list[tuple[int, int]] = []
@@ -57,8 +59,8 @@ def execution_key(path: str) -> tuple:
             key.append((0, int(part)))
         elif part in _BRANCH and key:
             key.append((1, _BRANCH[part]))
-        else:
-            return (1, path)
+        else:  # numbers in it in numeric order: hooks.2 before hooks.10
+            return (1, tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", path) if t))
     return (0, tuple(key) + ((2, 0),))
 
 

@@ -290,16 +290,23 @@ def _combination(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], ca:
     return ""
 
 
-def _layer_name(key: str, spec: Mapping[str, Any] | None) -> str:
+def _own_names(key: str, sides: tuple[Mapping[str, Any], ...]) -> str:
+    """`` (blocks.2.body.1 LayerNorm / model/block_2/layer_normalization LayerNormalization)``: what the
+    plugins' layer hooks call layer ``key`` (``device/name/<key>``), reference first; empty if none does."""
+    own = dict.fromkeys(str(d[f"name/{key}"]) for d in sides if f"name/{key}" in d)
+    return f" ({' / '.join(own)})" if own else ""
+
+
+def _layer_name(key: str, spec: Mapping[str, Any] | None, *sides: Mapping[str, Any]) -> str:
     """A forward-stage layer as localisation names it: ``layer 5.2.0.body.1 layer_norm`` (path and type), or
-    ``layer 3`` where the case does not say (an external model's plugin layers)."""
-    return f"layer {describe(key, spec) or key}"
+    ``layer hooks.6`` where the case does not say (a plugin's hook layers), with the plugins' own names."""
+    return f"layer {describe(key, spec) or key}{_own_names(key, sides)}"
 
 
-def _layer_text(key: str, spec: Mapping[str, Any] | None, word: str = "layer ") -> str:
+def _layer_text(key: str, spec: Mapping[str, Any] | None, word: str = "layer ", *sides: Mapping[str, Any]) -> str:
     """``layer 5.2.0.body.1 (layer_norm)`` for an explanation."""
     said = describe(key, spec)
-    return f"{word}{key}" + (f" ({said.split(' ', 1)[1]})" if said else "")
+    return f"{word}{key}" + (f" ({said.split(' ', 1)[1]})" if said else "") + _own_names(key, sides)
 
 
 def with_layer(where: Mapping[str, Any] | None, spec: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -381,17 +388,19 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         gaps = _per_device(da[f"act/{layer}"], db[f"act/{layer}"], sizes)
         dev, over = _which(gaps, bound)
         if over:
-            name = _layer_name(layer, spec)
+            name = _layer_name(layer, spec, da, db)
             chain.append({"stage": "forward", "device": dev, "name": name, "gap": max(gaps), "bound": bound})
             out = broke("forward", dev, name, max(gaps),
-                        f"the output of {_layer_text(layer, spec)} differs on {_devices_text(over, n, 'device')}"
+                        f"the output of {_layer_text(layer, spec, 'layer ', da, db)} differs on"
+                        f" {_devices_text(over, n, 'device')}"
                         f" (gap {max(gaps):.3g})"
                         + (f" while layers up to {_layer_text(last, spec, '')} agree" if last is not None
                            else " (the first layer)"))
             return out
         worst, last = max(worst, max(gaps)), layer
     if last is not None:
-        chain.append({"stage": "forward", "device": None, "name": _layer_name(last, spec), "gap": worst, "bound": bound})
+        chain.append({"stage": "forward", "device": None, "name": _layer_name(last, spec, da, db), "gap": worst,
+                      "bound": bound})
         agreed.append(f"forward agrees to {worst:.1g} through {_layer_text(last, spec)}" + (" (all devices)" if n > 1 else ""))
     # loss: each device's own loss
     if same_n and "loss" in da and "loss" in db:

@@ -329,7 +329,7 @@ def plugin_failure(impl: str, detail: str, rank: int | None = None) -> tuple[str
 # ------------------------------------------------------------------ running a plugin
 
 
-def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+def layer_outputs(leaves: list[Mapping[str, Any]], names: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """Leaf layers' outputs in call order, grouped into layers named ``"0"``, ``"1"``, ... (the forward stage's names).
 
     Args:
@@ -348,7 +348,9 @@ def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     writes ``nn.Linear(5, 6), nn.Tanh()``; grouping so, the same network gets the same layer
     numbers on both sides, and the numbers of the case's layer list (``dense`` with its
     ``activation``) that the built-ins record. Framework names (``dense_1``, ``module.2``)
-    cannot line up and are not used.
+    cannot line up and are not used to match; ``names``, when given, receives each layer's own
+    name for a person reading (the Keras layer path or the torch module's qualified name of
+    the leaf that starts it, and its class: ``blocks.2.body.1 LayerNorm``).
     """
     out: dict[str, np.ndarray] = {}
     i = -1
@@ -357,6 +359,8 @@ def layer_outputs(leaves: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
             if i >= 0 and not leaf.get("fed", True) and leaf.get("in") is not None:
                 out[str(i)] = np.asarray(leaf["in"])  # what ran between the two layers belongs to the first
             i += 1
+            if names is not None:  # the plugin's own name of the leaf that starts the layer, and its class
+                names[str(i)] = f"{leaf['name']} {leaf.get('kind', '')}".strip()
         out[str(i)] = np.asarray(leaf["out"])
     return out
 
@@ -391,11 +395,13 @@ def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, 
             and optionally ``"leaves"``: what the layer hooks saw, used when ``acts`` is ``None``
             (:func:`layer_outputs`).
         step: the captured step; initial: the initial weights (gradient names and shapes are checked).
-        hooks: use the ``"leaves"`` (:func:`hooks_line_up`).
+        hooks: the ``"leaves"`` are numbered as the case's layers (:func:`hooks_line_up`); else their
+            layers are ``hooks.0``, ``hooks.1``, ... (another plugin's hook layers are numbered alike).
     Returns:
         ``device/step``, and what every device reported: ``device/x`` ``[B, ...]`` and ``device/sizes``
         ``[N]``, ``device/loss`` ``[N]``, ``device/grad/<name>`` ``[N, ...]``, ``device/act/<layer>``
-        ``[B, ...]`` (rows concatenated in device order), as the built-ins record them. Without
+        ``[B, ...]`` (rows concatenated in device order), as the built-ins record them, and for the
+        hooks' layers ``device/name/<layer>``: the plugin's own name of the layer (a string). Without
         ``device_inputs``, ``device/sizes`` is the row count of the hooks' layer outputs per device.
     Raises:
         CaseError: a device gradient under a name that is not a parameter, or of the wrong shape.
@@ -420,12 +426,20 @@ def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, 
                                           f"step {step} run.record(device_grads=...): parameter names as in"
                                           f" run.begin(); {name!r} is not one", None if g is None else list(np.shape(g)))
             out[f"device/grad/{name}"] = np.stack([d["grads"][name] for d in per_device])
-    acts = [d["acts"] if d["acts"] is not None else (layer_outputs(d["leaves"]) if hooks and d.get("leaves") else None)
-            for d in per_device]
+    # hook layers are numbered as the case's top-level layers where the numbering lines up (hooks_line_up),
+    # else "hooks.<i>": compared only with another plugin's hook layers, never set beside a built-in's
+    prefix = "" if hooks else "hooks."
+    names: dict[str, str] = {}
+    acts = [d["acts"] if d["acts"] is not None else
+            ({f"{prefix}{k}": v for k, v in layer_outputs(d["leaves"], names if r == 0 else None).items()}
+             if d.get("leaves") else None)
+            for r, d in enumerate(per_device)]
     if all(a is not None for a in acts):
         for layer in acts[0]:
             if all(layer in a for a in acts):
                 out[f"device/act/{layer}"] = np.concatenate([np.asarray(a[layer]) for a in acts], axis=0)
+                if layer[len(prefix):] in names and per_device[0]["acts"] is None:
+                    out[f"device/name/{layer}"] = np.asarray(names[layer[len(prefix):]])  # for a person reading
         if "device/sizes" not in out and all(d["acts"] is None for d in per_device):
             # the hooks saw each device's rows: their count names a device without device_inputs=
             rows = [{len(v) for v in a.values() if np.ndim(v)} for a in acts]

@@ -34,7 +34,20 @@ CASE = make(MLP, model__layers=[{"type": "dense", "units": 6, "activation": "tan
 
 
 def _forward(where: dict) -> tuple:
-    return where["first_bad_step"], where["stage"], where["name"], where["device"]
+    return where["first_bad_step"], where["stage"], _case_layer(where["name"]), where["device"]
+
+
+def _case_layer(name: str) -> str:
+    """``layer 1 dense`` of ``layer 1 dense (module.2 Linear / sequential_3/dense_7 Dense)``: the hooks' own names
+    (Keras numbers its layer names per process) are checked by :func:`_own`."""
+    return name.split(" (", 1)[0]
+
+
+def _own(name: str, *kinds: str) -> list[str]:
+    """The plugins' own names in ``name``, reference first, each checked to end in its layer class."""
+    own = name.split(" (", 1)[1].rstrip(")").split(" / ")
+    assert [o.rsplit(" ", 1)[1] for o in own] == list(kinds), name
+    return own
 
 
 def test_leaf_outputs_group_into_layers_as_keras_folds_activations():
@@ -56,15 +69,26 @@ def test_leaf_outputs_group_into_layers_as_keras_folds_activations():
     assert {k: float(v[0]) for k, v in layer_outputs(fed).items()} == {"0": 2.0, "1": 2.0}
 
 
-def test_hook_activations_are_left_out_where_the_case_numbers_dropout_as_a_layer():
-    """A plugin applies the case's dropout masks in code: its numbering would run one short of the case's."""
+def test_hook_activations_are_kept_apart_where_the_case_numbers_layers_otherwise():
+    """A plugin applies the case's dropout masks in code: its numbering would run one short of the case's. A
+    standalone activation joins the layer before it; a residual's add is code and its inner layers have paths.
+    There the hooks' layers are ``hooks.<i>``: compared with another plugin's hooks, never with a built-in's."""
     dropout = make(MLP, model__layers=[{"type": "dense", "units": 6, "activation": "relu"},
                                        {"type": "dropout", "rate": 0.5}, {"type": "dense", "units": 1}])
-    assert hooks_line_up(CASE.spec) and not hooks_line_up(dropout.spec)
-    leaves = [{"name": "l0", "weights": True, "kept": False, "fed": False, "in": None, "out": np.ones((4, 6))}]
+    activation = make(MLP, model__layers=[{"type": "dense", "units": 6}, {"type": "activation", "fn": "relu"},
+                                          {"type": "dense", "units": 1}])
+    residual = make(MLP, model__layers=[{"type": "dense", "units": 6},
+                                        {"type": "residual", "body": [{"type": "dense", "units": 6}]},
+                                        {"type": "dense", "units": 1}])
+    assert hooks_line_up(CASE.spec) and not any(hooks_line_up(c.spec) for c in (dropout, activation, residual))
+    leaves = [{"name": "module.l0", "kind": "Linear", "weights": True, "kept": False, "fed": False, "in": None,
+               "out": np.ones((4, 6))}]
     device = [{"grads": None, "acts": None, "losses": None, "inputs": None, "leaves": leaves}]
-    assert sorted(device_arrays(device, 1, "p", {})) == ["device/act/0", "device/sizes", "device/step"]
-    assert device_arrays(device, 1, "p", {}, hooks=False) == {}
+    got = device_arrays(device, 1, "p", {})
+    assert sorted(got) == ["device/act/0", "device/name/0", "device/sizes", "device/step"]
+    assert str(got["device/name/0"]) == "module.l0 Linear"
+    assert sorted(device_arrays(device, 1, "p", {}, hooks=False)) == \
+        ["device/act/hooks.0", "device/name/hooks.0", "device/sizes", "device/step"]
 
 
 def test_torch_hooks_keep_the_first_training_pass_in_tensorflow_layout():
@@ -145,13 +169,17 @@ def test_a_forward_bug_in_keras_towers_is_named_at_its_layer(pool, bad):
     # the bug changes layer 1's output by O(0.1) (sigmoid(h) - tanh(h) is 0.5 at h = 0) while
     # layer 0 agrees to rounding (~1e-16); the float64 bound is 1e-10
     assert _forward(where) == (1, "forward", "layer 1 dense", None)
+    assert _own(where["name"], "Linear", "Dense")[0] == "module.2 Linear"  # nn.Sequential under DDP
     assert "every device" in where["explanation"] and "while layers up to 0 (dense) agree" in where["explanation"]
     assert keras.Layer.__call__ is call and not tf.config.functions_run_eagerly()  # left as found
 
 
 def test_a_forward_bug_in_an_nn_sequential_is_named_at_its_layer(pool):
     where = compare_case(CASE, [f"{TF}:good", f"{TORCH}:sigmoid_layer_1"]).pairs[0].localisation
-    assert _forward(where) == (1, "forward", "layer 1 dense", None)
+    # the case's path and type, then what each side's hooks call it (reference first)
+    assert _forward(where) == (1, "forward", "layer 1 dense", None) and where["layer"] == "1 dense"
+    own = _own(where["name"], "Dense", "Linear")
+    assert own[1] == "module.2 Linear" and own[0].count("/") == 1  # the Keras layer path: model/layer
 
 
 def test_a_bug_on_one_tower_names_that_tower(pool):
@@ -191,5 +219,5 @@ def test_a_plugin_with_its_activation_in_forward_lines_up_with_the_builtins(pool
     case = make(MLP, steps=2, optimizer={"name": "sgd", "lr": 0.01, "semantics": "tf"})
     where = compare_case(case, ["tf.towers", f"{PLUGINS / 'ddp_no_grads.py'}:train"]).pairs[0].localisation
     chain = {c["stage"]: c for c in where["chain"]}
-    assert chain["forward"]["name"] == "layer 1 dense" and chain["forward"]["gap"] < 1e-12
+    assert chain["forward"]["name"] == "layer 1 dense (module.l1 Linear)" and chain["forward"]["gap"] < 1e-12
     assert where["stage"] == "device_grads" and "forward agrees" in where["explanation"]

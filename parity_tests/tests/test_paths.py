@@ -107,3 +107,17 @@ def _report_md(result) -> str:  # noqa: ANN001
     from parity_tests.reporting.report import render_markdown
 
     return render_markdown([result], "paths", {"versions": {}}, {})
+
+
+def test_plugin_layer_hooks_name_the_block_by_the_modules_own_names(pool):
+    """The same network as ``nn.Module`` blocks (``blocks[r].body = Sequential(Linear, LayerNorm)``, the add in
+    ``forward``), no activations passed: the hooks number its layers ``hooks.<i>`` (a nested case does not line
+    up with the hooks' flat numbering) and name them by the modules' qualified names, so copy 2's layer norm is
+    found as ``blocks.2.body.1 LayerNorm`` (under DDP: ``module.blocks.2.body.1``)."""
+    where = compare_case(CASE, [f"{PLUGIN}:modules_good", f"{PLUGIN}:modules_planted_epsilon"]).pairs[0].localisation
+    assert (where["first_bad_step"], where["stage"], where["device"]) == (1, "forward", None)
+    # layers: inp+tanh 0, then per block its Linear and its LayerNorm (1-2, 3-4, 5-6), head 7
+    assert where["name"] == "layer hooks.6 (module.blocks.2.body.1 LayerNorm)", where
+    assert "while layers up to hooks.5 agree" in where["explanation"]
+    # the port without the mistake trains as the built-in does (the planted epsilon is the only difference)
+    assert compare_case(CASE, ["torch.ddp", f"{PLUGIN}:modules_good"]).pairs[0].verdict.status == "parity"
