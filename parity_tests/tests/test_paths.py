@@ -75,9 +75,9 @@ def test_parameter_names_carry_their_layer_in_the_report():
     assert _where_name(with_layer({"name": "layer 1.2.0 residual"}, CASE.spec)) == "layer 1.2.0 residual"
 
 
-@pytest.mark.parametrize("impl", ["tf.towers", "tf.mirrored", "torch.ddp"])
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.single", "tf.mirrored", "tf.v1", "torch.ddp", "torch.single"])
 def test_builtins_record_every_nested_layer_by_path(pool, impl):
-    """tf.towers and tf.mirrored against torch.ddp at the captured step: the same keys, every nested layer, and
+    """Every built-in against torch.ddp at the captured step: the same keys, every nested layer, and
     the same values to float64 rounding (~1e-16; a layer recorded under another path differs by O(1))."""
     captured = dataclasses.replace(CASE, capture=1)
     ref, got = run_impl(captured, "torch.ddp"), run_impl(captured, impl)

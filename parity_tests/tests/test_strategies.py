@@ -40,3 +40,33 @@ def test_even_cases_are_even_and_valid(case):
     assert case.spec["data"]["global_batch"] % case.devices == 0
     assert case.spec["dtype"] == "float32"
     assert case.x.shape[0] == case.spec["steps"] * case.spec["data"]["global_batch"]
+
+
+@pytest.mark.parametrize("kind", list(S.NESTED_VOCABULARY))
+def test_every_nested_vocabulary_entry_is_drawn_into_a_valid_case(kind):
+    """Each entry of the vocabulary is reachable and gives cases the contract accepts (nested_cases validates
+    every case it returns), ending in its dense head. (Found without shrinking: the search is what is tested.)"""
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis import strategies as st
+
+    from parity_tests.contract.model import LAYER_TYPES
+    from parity_tests.contract.paths import layer_paths
+
+    assert kind in LAYER_TYPES
+
+    def types(case):
+        return {layer["type"] for _, layer in layer_paths(case.spec["model"]["layers"])}
+
+    found = find(S.nested_cases(devices=st.just(1), vocabulary=[kind]), lambda case: kind in types(case),
+                 settings=settings(max_examples=500, database=None, phases=[Phase.generate],
+                                   suppress_health_check=list(HealthCheck)))
+    assert kind in types(found) and found.spec["model"]["layers"][-1]["type"] == "dense"
+
+
+def test_nested_arguments_are_checked():
+    with pytest.raises(InvalidArgument, match="vocabulary"):
+        S.nested_layer_lists([4], vocabulary=["dense", "attention_v9"])
+    with pytest.raises(InvalidArgument, match="max_layers"):
+        S.nested_layer_lists([4], max_layers=0)
+    with pytest.raises(InvalidArgument, match="devices"):
+        S.nested_cases(devices=3)
