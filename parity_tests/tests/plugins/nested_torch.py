@@ -3,7 +3,8 @@ one layer computing something else (``test_paths.py``): the forward stage must n
 
 ``planted_epsilon``: the layer norm of repeat copy 2's residual body (path ``1.2.0.body.1``) uses Keras'
 default epsilon 1e-3 where the case says torch's 1e-5, the mistake a port makes in one block. ``good``:
-the case as it is. Both pass their layer outputs by path (``CaseModel.trace``) as ``activations=``.
+the case as it is. ``every_layer_norm_epsilon``: any case, every layer norm with 100x its epsilon (one rank or
+equal shards: the logged loss is the mean of the ranks'). Both pass their layer outputs by path (``CaseModel.trace``) as ``activations=``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def _train(run, planted: str | None) -> None:
     layer = model._layer
 
     def _layer(path, spec, h):  # noqa: ANN001, ANN202
+        if planted == "every layer_norm" and spec["type"] == "layer_norm":
+            return layer(path, {**spec, "epsilon": spec["epsilon"] * 100}, h)
         return layer(path, {**spec, "epsilon": 1e-3} if path == planted else spec, h)
 
     model._layer = _layer
@@ -53,6 +56,12 @@ def good(run) -> None:
 @torchref.plugin.distributed(dtypes=("float64",))
 def planted_epsilon(run) -> None:
     _train(run, PLANTED)
+
+
+@torchref.plugin.distributed(dtypes=("float64",))
+def every_layer_norm_epsilon(run) -> None:
+    """Every layer norm, at any depth, with 100x the case's epsilon (benchmarks/bench_shrink_nested.py)."""
+    _train(run, "every layer_norm")
 
 
 # -- the same network written as a user writes it: nn.Modules, no activations passed (the layer hooks see it) --
