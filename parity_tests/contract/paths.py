@@ -1,4 +1,4 @@
-"""Layer paths of a nested model (shared/CONTRACT.md section 7), in the order the forward pass finishes them.
+"""Layer paths of a nested model (docs/case-format.md), in the order the forward pass finishes them.
 
 A path indexes the nesting: top-level layer ``3``; its ``residual`` body layer 1
 ``3.body.1``, shortcut layer 0 ``3.shortcut.0``; copy 2 of a ``repeat`` at index

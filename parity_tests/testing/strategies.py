@@ -283,7 +283,7 @@ def dense_cases(
     return build()
 
 
-# -- nested architectures (shared/CONTRACT.md section 7) --------------------------------------------------------
+# -- nested architectures (docs/case-format.md) -----------------------------------------------------------------
 #
 # A layer entry draws one layer for an input of ``shape`` (per example), or returns ``None`` where it does not
 # apply. ``keep``: the layer must give back ``shape`` (inside a residual body without a shortcut, and a repeat's

@@ -75,8 +75,10 @@ def test_shrinking_gives_the_smallest_network_with_the_mistake(planted, block):
     one device: a case is failing when the mutant's output differs by more than the float64 bound 1e-10
     (relative); epsilon 1e-5 against 1e-3 moves a normalised output by ~5e-4 of its size.
     """
-    found = find(nested_cases(devices=st.just(1)), lambda case: _differs(case, planted),
-                 settings=settings(max_examples=400, database=None, deadline=None,
+    # derandomized: hypothesis stops after 500 successful shrinks, so from an unlucky first example a random
+    # search can end one step short; a fixed search shrinks the same way on every run
+    found = find(nested_cases(devices=st.just(1), max_layers=2, max_batch=4), lambda case: _differs(case, planted),
+                 settings=settings(max_examples=400, database=None, deadline=None, derandomize=True,
                                    suppress_health_check=list(HealthCheck)))
     hidden = _hidden(found)
     assert len(hidden) == 1, hidden
