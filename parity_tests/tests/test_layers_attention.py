@@ -369,3 +369,27 @@ def _assert_close(a: dict, b: dict, lr: float = 0.1, steps: int = 2) -> None:
 def test_every_engine_runs_attention(_pool, impl):
     case = _case(NESTED)
     _assert_close(run_impl(case, "tf.towers"), run_impl(case, impl))
+
+
+# ---------------------------------------------------------------- the measured table of docs/layers.md
+
+
+def main() -> None:
+    """Print each probe's largest normwise relative gap, TF vs torch, float64 (docs/layers.md, "Attention");
+    the key bias's gradient measured against the query bias's (module docstring)."""
+    from parity_tests.running.backends import tf_device_count
+
+    tf_device_count()
+    print("| attention (probe), semantics | largest gap TF vs torch (where) |")
+    print("| --- | --- |")
+    for name, fields in {**DIRECT, "key_dim 4 (exact scale)": {"key_dim": 4}}.items():
+        for semantics in ("native", "tf", "torch"):
+            layers = _attention(**fields, semantics=semantics)
+            params, x = _init(layers), _x()
+            gaps = _gaps(_tf_run(layers, params, x, masks=_keep(layers)), _torch_run(layers, params, x, masks=_keep(layers)))
+            worst = max(gaps, key=gaps.get)
+            print(f"| {name}, {semantics} | {gaps[worst]:.2g} ({worst}) |")
+
+
+if __name__ == "__main__":
+    main()
