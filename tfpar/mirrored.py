@@ -82,6 +82,7 @@ from .models import (
     build_variables,
     is_state,
     layer_device,
+    layer_mask,
     recording_activations,
     update_moving,
 )
@@ -190,7 +191,7 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     for i, layer in enumerate(layers):
         if layer["type"] != "batch_norm":
             with recording_activations() if acts is not None else contextlib.nullcontext([]) as nested:
-                h = apply_layer(i, layer, params, h, masks.get(str(i)))
+                h = apply_layer(i, layer, params, h, layer_mask(masks, str(i), layer))
             if acts is not None:
                 acts.update({str(path): hs[0] for path, hs in nested})  # layers inside residual / repeat, by path
                 acts[str(i)] = h

@@ -33,6 +33,8 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 ``take_token``  ``index`` (0): ``[T, D] -> [D]``.
 ``depthwise_conv2d``  ``kernel_size``, ``strides`` (1, equal along both axes: TensorFlow's kernel
                 needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``.
+``attention``   ``num_heads``, ``key_dim``, ``value_dim`` (key_dim), ``use_bias`` (true), ``causal`` (false),
+                ``dropout`` (0), ``semantics`` (native): self-attention on ``[T, D]`` (``contract.attention``).
 
 ``conv2d``, ``max_pool2d`` and ``avg_pool2d`` take an explicit ``padding``
 ``[[top, bottom], [left, right]]`` too. Inside a ``residual`` or ``repeat`` body
@@ -50,6 +52,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from parity_tests.contract.attention import validate_attention
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
 from parity_tests.protocol.errors import CaseError
@@ -394,6 +397,7 @@ _LAYERS = {
     "class_token": _class_token,
     "take_token": _take_token,
     "depthwise_conv2d": _depthwise_conv2d,
+    "attention": validate_attention,
 }
 
 
