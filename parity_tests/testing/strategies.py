@@ -287,8 +287,9 @@ def dense_cases(
 #
 # A layer entry draws one layer for an input of ``shape`` (per example), or returns ``None`` where it does not
 # apply. ``keep``: the layer must give back ``shape`` (inside a residual body without a shortcut, and a repeat's
-# body, whose copies chain); ``depth``: how many nesting layers hold it. Adding a layer type to the drawn
-# vocabulary is one entry in NESTED_VOCABULARY.
+# body, whose copies chain); ``depth``: how many nesting layers hold it. An entry decides whether it applies
+# before its first draw (the list only picks among entries that apply, so a shrunk network carries no choices
+# of entries that did not). Adding a layer type to the drawn vocabulary is one entry in NESTED_VOCABULARY.
 
 Shape = tuple[int, ...]
 LayerDraw = Callable[[Callable, Shape, bool, int], "dict | None"]
@@ -322,8 +323,10 @@ def _draw_rms_norm(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict
 
 
 def _draw_activation(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    if not shape:
+        return None
     fn = draw(st.sampled_from(["relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "softmax"]))
-    return {"type": "activation", "fn": fn, **_gelu_mapped(draw, fn)} if shape else None
+    return {"type": "activation", "fn": fn, **_gelu_mapped(draw, fn)}
 
 
 def _draw_conv2d(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
@@ -392,6 +395,16 @@ def _draw_take_token(draw: Callable, shape: Shape, keep: bool, depth: int) -> di
     return {"type": "take_token", "index": draw(st.integers(0, shape[0] - 1))}
 
 
+def _draw_attention(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
+    """Self-attention on tokens ``[T, D]`` (keeps the shape); the scale's convention mapped (``semantics``), as
+    float64 ``native`` rounds ``1/sqrt(key_dim)`` through float32 on TensorFlow's side (docs/layers.md)."""
+    if len(shape) != 2:
+        return None
+    return {"type": "attention", "num_heads": draw(st.integers(1, 2)), "key_dim": draw(st.integers(1, 3)),
+            "value_dim": draw(st.integers(1, 3)), "use_bias": draw(st.booleans()), "causal": draw(st.booleans()),
+            "dropout": draw(st.sampled_from([0.0, 0.25])), "semantics": draw(st.sampled_from(["torch", "tf"]))}
+
+
 def _draw_residual(draw: Callable, shape: Shape, keep: bool, depth: int) -> dict | None:
     """``act(body(x) + shortcut(x))``: a shape-keeping body with the identity, or a body that widens the last
     axis with a projection (``dense``) or zero channels (``channel_pad``) as the shortcut."""
@@ -434,7 +447,34 @@ NESTED_VOCABULARY: dict[str, LayerDraw] = {
     "position_embedding": _draw_position_embedding,
     "class_token": _draw_class_token,
     "take_token": _draw_take_token,
+    "attention": _draw_attention,
 }
+
+
+class _Draws(Exception):
+    """Raised by :func:`_applies`'s draw: the entry reached its first draw, so it applies."""
+
+
+def _applies(kind: str, shape: Shape, keep: bool, depth: int) -> bool:
+    """Whether vocabulary entry ``kind`` gives a layer for ``shape`` (an entry decides before its first draw)."""
+    def probe(strategy: Any) -> Any:
+        raise _Draws
+
+    try:
+        return NESTED_VOCABULARY[kind](probe, shape, keep, depth) is not None
+    except _Draws:
+        return True
+
+
+@st.composite
+def _one_layer(draw: Callable, shape: Shape, keep: bool, depth: int, names: tuple[str, ...]) -> dict:
+    """One layer among the entries of ``names`` that fit ``shape``: a nesting layer half the time (shrinking
+    towards none), else any other. One strategy for every depth, so that hypothesis' shrinker can put a
+    layer drawn inside a block in the block's place (its pass to a descendant of the same strategy)."""
+    fits = [k for k in names if _applies(k, shape, keep, depth)]
+    nest, other = [k for k in fits if k in _NESTING], [k for k in fits if k not in _NESTING]
+    pool = nest if nest and (not other or draw(st.booleans())) else other
+    return NESTED_VOCABULARY[draw(st.sampled_from(pool))](draw, shape, keep, depth)
 
 
 def _layer_lists(shape: Shape, *, keep: bool = False, depth: int = 0, min_size: int = 1, max_size: int = 3,
@@ -444,19 +484,14 @@ def _layer_lists(shape: Shape, *, keep: bool = False, depth: int = 0, min_size: 
 
     names = list(NESTED_VOCABULARY) if vocabulary is None else list(vocabulary)
 
-    nesting = [k for k in names if k in _NESTING]
-    plain = [k for k in names if k not in _NESTING]
-
     @st.composite
     def build(draw) -> tuple[list[dict], Shape]:
         layers: list[dict] = []
         h = tuple(shape)
-        # one "another layer?" choice per layer, as st.lists draws: the shrinker deletes a layer with its choices
-        while len(layers) < max_size and (len(layers) < min_size or draw(st.booleans())):
-            drawn = None
-            while drawn is None:  # a nesting layer half the time (shrinking towards none), else any other
-                pool = (nesting if nesting and depth < _MAX_DEPTH and draw(st.booleans()) else plain) or names
-                drawn = NESTED_VOCABULARY[draw(st.sampled_from(pool))](draw, h, keep, depth)
+        # "another layer?" after every layer past min_size, asked at max_size too (then ignored, so the shrinker
+        # sets it to no): a layer and the answer after it are deleted together and what follows still lines up
+        while not (len(layers) >= min_size and not draw(st.booleans())) and len(layers) < max_size:
+            drawn = draw(_one_layer(h, keep, depth, tuple(names)))
             layers.append(drawn)
             # the shape it gives, by the case's own validation (which fills in the fields left to defaults)
             h = tuple(validate_model({"input_shape": list(h), "layers": [drawn], "loss": "mse"})[2])
@@ -488,20 +523,25 @@ def nested_layer_lists(input_shape: Sequence[int], *, max_layers: int = 3, outpu
 
 def nested_cases(*, devices: st.SearchStrategy[int] | None = None, dtypes: Sequence[str] = ("float64",),
                  max_layers: int = 3, max_batch: int = 16, max_steps: int = 2,
-                 vocabulary: Sequence[str] | None = None) -> st.SearchStrategy[Case]:
+                 vocabulary: Sequence[str] | None = None,
+                 shapes: st.SearchStrategy[list[int]] | None = None) -> st.SearchStrategy[Case]:
     """Validated cases whose models are drawn nested architectures (:func:`nested_layer_lists`) on a vector
     ``[d]``, tokens ``[T, D]`` or an image ``[H, W, C]``, small enough that a comparison takes about a second:
     mse on gaussian data, SGD/momentum/Adam with ``tf`` or ``torch`` semantics (both sides one rule), GELUs
-    mapped, ``grad_mean`` over ``devices`` (default 1..8) with contiguous, evenly weighted shards."""
+    mapped, ``grad_mean`` over ``devices`` (default 1..8) with contiguous shards weighted by size.
+    ``shapes``: the input shapes to draw (default: vectors, tokens and images, in that order)."""
     devices = devices if devices is not None else device_counts()
     dts = _subset("dtypes", dtypes, ("float32", "float64"))
     _int_arg("max_steps", max_steps, 1, 1000)
     _int_arg("max_batch", max_batch, 2, 100_000)
     if not isinstance(devices, st.SearchStrategy):
         raise InvalidArgument(f"devices={devices!r}: expected a SearchStrategy of ints, e.g. device_counts(1, 8)")
-    shapes = st.one_of(st.integers(2, 6).map(lambda d: [d]),
-                       st.tuples(st.integers(2, 4), st.integers(2, 4)).map(list),
-                       st.tuples(st.integers(2, 4), st.integers(2, 4), st.integers(1, 3)).map(list))
+    if shapes is None:
+        shapes = st.one_of(st.integers(2, 6).map(lambda d: [d]),
+                           st.tuples(st.integers(2, 4), st.integers(2, 4)).map(list),
+                           st.tuples(st.integers(2, 4), st.integers(2, 4), st.integers(1, 3)).map(list))
+    elif not isinstance(shapes, st.SearchStrategy):
+        raise InvalidArgument(f"shapes={shapes!r}: expected a SearchStrategy of input shapes, e.g. st.just([4])")
 
     @st.composite
     def build(draw) -> Case:

@@ -50,8 +50,12 @@ def _outputs(case: Case, planted: str | None) -> np.ndarray:
         return layer(path, {**spec, "epsilon": spec["epsilon"] * 100} if hit else spec, h)
 
     model._layer = _layer
+    from parity_tests.contract.attention import attention_masks
+
+    rows = len(case.x)  # an attention layer's dropout keep-masks for these rows, by path
+    masks = {p: torch.as_tensor(m[:rows]) for p, m in attention_masks(case.spec).items()}
     with torch.no_grad():
-        return model(torch.as_tensor(case.x)).numpy()
+        return model(torch.as_tensor(case.x), masks).numpy()
 
 
 def _differs(case: Case, planted: str) -> bool:
@@ -66,27 +70,27 @@ def _hidden(case: Case) -> list[dict]:
     return layers[:-1] if layers and layers[-1]["type"] == "flatten" else layers
 
 
-@pytest.mark.parametrize(("planted", "block"), [("any", None), ("nested", "residual")])
-def test_shrinking_gives_the_smallest_network_with_the_mistake(planted, block):
-    """A layer norm with the wrong epsilon shrinks to one layer norm (planted everywhere), or to one residual
-    whose body is that one layer norm (planted only inside blocks): the smallest failing network, nothing else.
+@pytest.mark.parametrize(("planted", "blocks"), [("any", ("layer_norm",)), ("nested", ("residual", "repeat"))])
+def test_shrinking_gives_the_smallest_network_with_the_mistake(planted, blocks):
+    """A layer norm with the wrong epsilon shrinks to one layer norm (planted everywhere), or to one block (a
+    residual with the identity shortcut, or a repeat of one copy) whose body is that one layer norm (planted
+    only inside blocks): the smallest failing network, nothing else.
 
     The search runs the real torch layers (``torchref.models.CaseModel``) in this process, forward only, on
-    one device: a case is failing when the mutant's output differs by more than the float64 bound 1e-10
-    (relative); epsilon 1e-5 against 1e-3 moves a normalised output by ~5e-4 of its size.
+    one device, vector inputs: a case is failing when the mutant's output differs by more than the float64
+    bound 1e-10 (relative); epsilon 1e-5 against 1e-3 moves a normalised output by ~5e-4 of its size.
     """
-    # derandomized: hypothesis stops after 500 successful shrinks, so from an unlucky first example a random
-    # search can end one step short; a fixed search shrinks the same way on every run
-    found = find(nested_cases(devices=st.just(1), max_layers=2, max_batch=4), lambda case: _differs(case, planted),
+    # derandomized: hypothesis' shrinker is a local search, and from some first examples a random search
+    # stops one layer short (an extra dense before the layer norm: 3 of 10 random searches measured,
+    # docs/testing-your-code.md); a fixed search shrinks the same way on every run
+    found = find(nested_cases(devices=st.just(1), max_layers=2, max_batch=4, shapes=st.integers(2, 6).map(lambda d: [d])),
+                 lambda case: _differs(case, planted),
                  settings=settings(max_examples=400, database=None, deadline=None, derandomize=True,
                                    suppress_health_check=list(HealthCheck)))
     hidden = _hidden(found)
-    assert len(hidden) == 1, hidden
+    assert len(hidden) == 1 and hidden[0]["type"] in blocks, hidden
     leaves = [layer for _, layer in layer_paths(hidden) if layer["type"] not in ("residual", "repeat")]
     assert [layer["type"] for layer in leaves] == ["layer_norm"], hidden
-    if block is None:
-        assert hidden[0]["type"] == "layer_norm"
-    else:
-        assert hidden[0]["type"] == block and hidden[0]["shortcut"] == [], hidden
+    assert hidden[0].get("shortcut", []) == [] and hidden[0].get("count", 1) == 1, hidden
     # and the same network without the mistake is not failing: the shrunk case needs the planted layer
     assert not _differs(found, "none") and _differs(found, planted)
