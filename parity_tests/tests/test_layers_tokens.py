@@ -496,3 +496,49 @@ def test_verdict_names_the_sparse_moment_and_maps_it(_pool, x, layers, status):
     if status == "expected_difference":
         assert _sparse(pair.prediction) and "sparse embedding second moment" in pair.verdict.detail
         assert "model.layers.0.gradient dense): parity" in pair.verdict.detail, pair.verdict.detail
+
+
+def _gap(a: dict, b: dict, prefix: str = "") -> tuple[float, str]:
+    """Largest per-key ``max |a - b| / max |b|`` over the shared keys starting with ``prefix``."""
+    gaps = {k: float(np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(b[k])), 1e-300))
+            for k in a if k in b and k.startswith(prefix) and np.asarray(a[k]).dtype.kind == "f"}
+    where = max(gaps, key=gaps.get)
+    return gaps[where], where
+
+
+def main() -> None:
+    """The figures of docs/layers.md "Token layers": direct gaps, then tf.towers vs torch.ddp (2 devices,
+    float64, 3 steps, lr 0.25) with a repeated id, natively and with ``gradient: dense``."""
+    from parity_tests.running.backends import tf_device_count
+    from torchref.pool import shutdown_pool
+
+    tf_device_count()
+    for tied in (True, False):
+        layers = validate_model(_raw(_gpt(tied))["model"])[0]["layers"]
+        params = draw_init(param_specs([T], layers), 0, "normal", 0.5)
+        a, b, _ = _both_sides(layers, params, _ids())
+        print(f"direct, tiny GPT {'tied' if tied else 'untied'}: {_gap(a, b)[0]:.2g} ({_gap(a, b)[1]})")
+    optimizers = {
+        "adam": {"name": "adam", "lr": 0.25, "semantics": "native"},
+        "rmsprop": {"name": "rmsprop", "lr": 0.25, "semantics": "native"},
+        "adagrad": ADAGRAD,
+    }
+    try:
+        for name, opt in optimizers.items():
+            row = []
+            for gradient in ("native", "dense"):
+                case = _arrays_case(REPEAT_ACROSS * 3, layers=_gpt(tied=False, gradient=gradient), optimizer=opt)
+                tf_side = run_impl(case, "tf.towers")
+                mapped = case.replace(**{"optimizer.semantics": "torch"}) if name != "adagrad" else case
+                ddp = run_impl(mapped if gradient == "dense" else case, "torch.ddp")
+                if gradient == "dense" and name != "adagrad":  # the epsilon placement mapped too: torch's rule on tf
+                    tf_side = run_impl(case.replace(**{"optimizer.semantics": "torch"}), "tf.towers")
+                row.append(_gap(tf_side, ddp, "param/"))
+            print(f"{name}: native {row[0][0]:.3g} ({row[0][1]}), gradient dense (and optimizer mapped) "
+                  f"{row[1][0]:.2g} ({row[1][1]})")
+    finally:
+        shutdown_pool()
+
+
+if __name__ == "__main__":
+    main()
