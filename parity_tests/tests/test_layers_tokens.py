@@ -513,29 +513,28 @@ def main() -> None:
     from torchref.pool import shutdown_pool
 
     tf_device_count()
+    print("| tiny GPT (probe) | largest gap TF vs torch (where) |\n| --- | --- |")
     for tied in (True, False):
         layers = validate_model(_raw(_gpt(tied))["model"])[0]["layers"]
         params = draw_init(param_specs([T], layers), 0, "normal", 0.5)
         a, b, _ = _both_sides(layers, params, _ids())
-        print(f"direct, tiny GPT {'tied' if tied else 'untied'}: {_gap(a, b)[0]:.2g} ({_gap(a, b)[1]})")
+        gap, where = _gap(a, b)
+        print(f"| {'tied' if tied else 'untied'} | {gap:.2g} ({where}) |")
     optimizers = {
-        "adam": {"name": "adam", "lr": 0.25, "semantics": "native"},
-        "rmsprop": {"name": "rmsprop", "lr": 0.25, "semantics": "native"},
-        "adagrad": ADAGRAD,
+        "Adam": {"name": "adam", "lr": 0.25, "semantics": "native"},
+        "RMSprop": {"name": "rmsprop", "lr": 0.25, "semantics": "native"},
+        "Adagrad (epsilon 0, initial accumulator 0.5)": ADAGRAD,
     }
+    print("\n| optimizer | native | `gradient: dense` (and the optimizer mapped) |\n| --- | --- | --- |")
     try:
         for name, opt in optimizers.items():
             row = []
             for gradient in ("native", "dense"):
                 case = _arrays_case(REPEAT_ACROSS * 3, layers=_gpt(tied=False, gradient=gradient), optimizer=opt)
-                tf_side = run_impl(case, "tf.towers")
-                mapped = case.replace(**{"optimizer.semantics": "torch"}) if name != "adagrad" else case
-                ddp = run_impl(mapped if gradient == "dense" else case, "torch.ddp")
-                if gradient == "dense" and name != "adagrad":  # the epsilon placement mapped too: torch's rule on tf
-                    tf_side = run_impl(case.replace(**{"optimizer.semantics": "torch"}), "tf.towers")
-                row.append(_gap(tf_side, ddp, "param/"))
-            print(f"{name}: native {row[0][0]:.3g} ({row[0][1]}), gradient dense (and optimizer mapped) "
-                  f"{row[1][0]:.2g} ({row[1][1]})")
+                if gradient == "dense" and opt is not ADAGRAD:  # Adam's, RMSprop's epsilon placement mapped too
+                    case = case.replace(**{"optimizer.semantics": "torch"})
+                row.append(_gap(run_impl(case, "tf.towers"), run_impl(case, "torch.ddp"), "param/"))
+            print(f"| {name} | {row[0][0]:.3g} ({row[0][1]}) | {row[1][0]:.2g} ({row[1][1]}) |")
     finally:
         shutdown_pool()
 
