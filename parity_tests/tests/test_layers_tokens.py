@@ -482,6 +482,20 @@ def test_every_engine_runs_the_token_path(_pool, impl, ref):
     assert_trajectories_close(run_impl(case, ref), run_impl(case, impl), rtol=RTOL, atol=ATOL)
 
 
+def test_per_token_mean_combines_as_the_contract_says(_pool):
+    """loss_mean with an ignored label (each device's mean over its labelled positions, averaged), and
+    by_size weighting of uneven shards with label smoothing (tf.mirrored flattens the positions for
+    compute_average_loss): tf.towers, tf.mirrored and torch.ddp agree."""
+    loss_mean = case_from_dict(_raw(_gpt(tied=False), ignore=0, combine="loss_mean"))
+    assert_trajectories_close(run_impl(loss_mean, "tf.towers"), run_impl(loss_mean, "torch.ddp"), rtol=RTOL, atol=ATOL)
+    raw = _raw(_gpt(tied=False), batch=5, weighting="by_size")
+    raw["model"]["label_smoothing"] = 0.1
+    smoothed = case_from_dict(raw)
+    ref = run_impl(smoothed, "tf.towers")
+    for impl in ("tf.mirrored", "torch.ddp"):
+        assert_trajectories_close(ref, run_impl(smoothed, impl), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize(("x", "layers", "status"), [
     (REPEAT_ACROSS, _gpt(tied=False), "expected_difference"),
     (NO_REPEAT, _gpt(tied=False), "parity"),
