@@ -29,7 +29,9 @@ Labelled counts (``ignore_label``): each device's loss is the mean over its labe
 positions; devices combine their means with weights ``w_r`` (1/N, or n_r/B for ``by_size``),
 one device takes the mean over all of them. The two agree exactly when ``w_r = c_r / C``
 for every step (``c_r`` labelled positions on device r, ``C`` in all): equal counts under
-``equal`` weighting, counts proportional to rows under ``by_size``. No field maps it.
+``equal`` weighting, counts proportional to rows under ``by_size``. No field maps it. Predicted
+when some step's counts are not so, as not certain: the steps whose counts are agree (a
+lockstep run judges each step alone).
 """
 
 from __future__ import annotations

@@ -451,7 +451,8 @@ def test_labelled_counts_are_predicted_between_n_devices_and_one():
     uneven = _bad(**{"model.ignore_label": 0, "y": np.array([[1, 2, 3], [4, 0, 0]])})
     even = _bad(**{"model.ignore_label": 0, "y": np.array([[1, 2, 0], [4, 0, 5]])})
     (d,) = predict(uneven.spec, "tf.towers", "tf.single").differences
-    assert "per-device labelled counts" in d.text and d.certain and d.stage == "combined_grads"
+    # not certain: a step whose shards hold equal counts has no gap (lockstep judges steps alone)
+    assert "per-device labelled counts" in d.text and not d.certain and d.stage == "combined_grads"
     assert predict(uneven.spec, "tf.towers", "torch.ddp").differences == ()  # both average per-device means
     assert predict(even.spec, "torch.ddp", "torch.single").differences == ()
 
