@@ -497,6 +497,19 @@ def test_per_token_mean_combines_as_the_contract_says(_pool):
         assert_trajectories_close(ref, run_impl(smoothed, impl), rtol=RTOL, atol=ATOL)
 
 
+def test_lockstep_judges_labelled_counts_step_by_step(_pool):
+    """Step 1's shards hold equal labelled counts, step 2's do not: judged alone, step 1 is parity (not an
+    unexpected parity: the prediction is not certain) and step 2 the predicted difference."""
+    from parity_tests.session.lockstep import lockstep_compare
+
+    x = np.array([[0, 1, 2], [3, 4, 5]] * 2)
+    y = np.array([[1, 0, 3], [4, 5, 0], [1, 2, 3], [0, 0, 5]])
+    raw = _raw(_gpt(tied=False), ignore=0, data={"arrays": True, "global_batch": 2}, steps=2)
+    case = case_from_dict(raw, x=x, y=y)
+    (pair,) = lockstep_compare(case, ["tf.towers", "tf.single"], free=False, stages=False).pairs
+    assert list(pair.step_status) == ["parity", "expected_difference"], pair.step_status
+
+
 @pytest.mark.parametrize(("x", "layers", "status"), [
     (REPEAT_ACROSS, _gpt(tied=False), "expected_difference"),
     (NO_REPEAT, _gpt(tied=False), "parity"),
