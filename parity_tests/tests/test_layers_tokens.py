@@ -447,6 +447,33 @@ def test_param_mean_sees_a_repeat_within_a_shard():
     assert "a device's shard" in _sparse(predict(case.spec, "tf.towers", "torch.ddp"))[0]
 
 
+SGD_TF = {"name": "sgd", "lr": 0.5, "semantics": "tf"}
+SHARD_REPEAT = [[0, 1, 1], [3, 4, 5]]  # id 1 twice on device 0
+
+
+def _clip_text(pred) -> list[str]:
+    return [t for t in pred.expected if "sparse embedding clipping norm" in t]
+
+
+def test_sparse_clipping_norm_is_predicted_where_it_is_real():
+    """TensorFlow's global norm of an IndexedSlices is over its slices: after_combine sees the global batch's
+    slices (tf.v1's classic average_gradients densifies them under grad_mean), per_device a shard's."""
+    after = _arrays_case(REPEAT_ACROSS, optimizer=SGD_TF, clip={"global_norm": 0.05, "where": "after_combine"})
+    for a, b in (("tf.towers", "torch.ddp"), ("tf.mirrored", "torch.ddp"), ("tf.towers", "tf.v1")):
+        (d,) = [d for d in predict(after.spec, a, b).differences if "clipping norm" in d.text]
+        assert d.expected and not d.certain and d.stage == "clip" and d.mapping == "embedding_gradient", (a, b)
+    assert mapping_changes("embedding_gradient", after.spec, "tf.v1", "tf.towers") is None  # v1 clips the dense sum
+    assert mapping_changes("embedding_gradient", after.spec, "tf.towers", "tf.v1") == {"model.layers.0.gradient": "dense"}
+    per_device = after.replace(**{"parallel.clip": {"global_norm": 0.05, "where": "per_device"}})
+    pred = predict(per_device.spec, "tf.towers", "torch.ddp")
+    assert not _clip_text(pred) and any("clipping norm" in t and "a device's shard" in t for t in pred.absent)
+    shard = _arrays_case(SHARD_REPEAT, optimizer=SGD_TF, clip={"global_norm": 0.05, "where": "per_device"})
+    assert _clip_text(predict(shard.spec, "tf.towers", "torch.ddp"))
+    assert not _clip_text(predict(shard.spec, "tf.towers", "tf.v1"))  # both clip each tower's slices
+    torch_rule = after.replace(**{"optimizer.semantics": "torch"})  # torch's clipping densifies first
+    assert not _clip_text(predict(torch_rule.spec, "tf.towers", "torch.ddp"))
+
+
 def test_labelled_counts_are_predicted_between_n_devices_and_one():
     uneven = _bad(**{"model.ignore_label": 0, "y": np.array([[1, 2, 3], [4, 0, 0]])})
     even = _bad(**{"model.ignore_label": 0, "y": np.array([[1, 2, 0], [4, 0, 5]])})
@@ -508,6 +535,16 @@ def test_lockstep_judges_labelled_counts_step_by_step(_pool):
     case = case_from_dict(raw, x=x, y=y)
     (pair,) = lockstep_compare(case, ["tf.towers", "tf.single"], free=False, stages=False).pairs
     assert list(pair.step_status) == ["parity", "expected_difference"], pair.step_status
+
+
+def test_sparse_clipping_norm_verdict(_pool):
+    """SGD with after_combine clipping at 0.05 (reached): expected_difference, parity once mapped."""
+    from parity_tests.session.comparison import compare_case
+
+    case = _arrays_case(REPEAT_ACROSS, optimizer=SGD_TF, clip={"global_norm": 0.05, "where": "after_combine"})
+    (pair,) = compare_case(case, ["tf.towers", "torch.ddp"]).pairs
+    assert pair.verdict.status == "expected_difference", pair.verdict.detail
+    assert "model.layers.0.gradient dense): parity" in pair.verdict.detail, pair.verdict.detail
 
 
 @pytest.mark.parametrize(("x", "layers", "status"), [
