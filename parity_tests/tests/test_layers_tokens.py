@@ -102,6 +102,22 @@ def test_token_ids_from_npz_and_arrays(tmp_path):
     assert e.value.field == "data.x" and "integer token ids" in str(e.value)
 
 
+def test_plugins_receive_token_ids_as_integers():
+    """An external model's integer x (token ids for a plugin's embedding) stays int64 up to ``run.dataset()``;
+    float x still arrives in the case dtype."""
+    from parity_tests.protocol.plugin_run import RunBase
+
+    raw = {"schema": "parity-case/1", "name": "ext", "dtype": "float32", "model": {"external": "a plugin's GPT"},
+           "init": {"arrays": True}, "data": {"arrays": True, "global_batch": 2},
+           "optimizer": {"name": "sgd", "lr": 0.1}, "parallel": {"devices": 2}, "steps": 1}
+    ids = np.array([[0, 1, 2], [3, 4, 5]], np.int32)
+    for x, want in ((ids, np.int64), (ids.astype(np.float64), np.float32)):
+        case = case_from_dict(raw, x=x, y=np.roll(ids, -1, axis=1), init={"e": np.zeros((6, 3))})
+        got, labels = RunBase(case.payload()).dataset()
+        assert got.dtype == want and labels.dtype == np.int64
+        np.testing.assert_array_equal(got, ids)
+
+
 def _bad(**changes):
     raw = _raw(_gpt(), data={"arrays": True, "global_batch": 2}, steps=1)
     x = changes.pop("x", np.array([[0, 1, 2], [3, 4, 5]]))
