@@ -49,6 +49,7 @@ __all__ = [
     "NESTED_VOCABULARY",
     "nested_layer_lists",
     "nested_cases",
+    "nested_token_cases",
 ]
 
 _OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -559,6 +560,51 @@ def nested_cases(*, devices: st.SearchStrategy[int] | None = None, dtypes: Seque
             "data": {"generator": "gaussian", "seed": draw(st.integers(0, 2**16)),
                      "global_batch": draw(global_batches(n, max_value=max_batch))},
             "optimizer": draw(optimizers()),
+            "parallel": {"devices": n, "combine": "grad_mean", "shard": "contiguous", "weighting": "by_size"},
+            "steps": draw(st.integers(1, max_steps)),
+        }
+        return case_from_dict(raw)
+
+    return build()
+
+
+def nested_token_cases(*, devices: st.SearchStrategy[int] | None = None, max_layers: int = 2, max_batch: int = 8,
+                       max_steps: int = 2, vocabulary: Sequence[str] | None = None) -> st.SearchStrategy[Case]:
+    """Validated token models (GPT-like): ``embedding`` (``model.layers[0]``, integer ids ``[T]``), drawn
+    shape-keeping blocks on ``[T, D]`` (:data:`NESTED_VOCABULARY`: residuals, repeats, attention, norms, ...),
+    then per-token logits, a ``dense`` layer or ``tied_logits`` to the embedding, and per-token ``softmax_ce``
+    on the ``tokens`` generator, float64. The embedding's gradient is ``dense`` (mapped: TensorFlow's sparse
+    second moment under Adam is a predicted difference) except under plain SGD, where ``native`` and
+    ``dense`` train alike."""
+    devices = devices if devices is not None else device_counts()
+    _int_arg("max_steps", max_steps, 1, 1000)
+    _int_arg("max_batch", max_batch, 2, 100_000)
+    _int_arg("max_layers", max_layers, 1, 16)
+    if not isinstance(devices, st.SearchStrategy):
+        raise InvalidArgument(f"devices={devices!r}: expected a SearchStrategy of ints, e.g. device_counts(1, 8)")
+    names = list(NESTED_VOCABULARY) if vocabulary is None else _subset("vocabulary", vocabulary, list(NESTED_VOCABULARY))
+    names = names if "dense" in names else ["dense", *names]
+
+    @st.composite
+    def build(draw) -> Case:
+        n = draw(devices.filter(lambda k: k <= max_batch))
+        t, v, d = draw(st.integers(2, 4)), draw(st.integers(3, 6)), draw(st.integers(2, 4))
+        body, _ = draw(_layer_lists((t, d), keep=True, min_size=1, max_size=max_layers, vocabulary=names))
+        head = ({"type": "tied_logits", "embedding": "0"} if draw(st.booleans())
+                else {"type": "dense", "units": draw(st.integers(2, v))})
+        optimizer = draw(optimizers())
+        gradient = draw(st.sampled_from(["native", "dense"])) if optimizer["name"] == "sgd" else "dense"
+        raw = {
+            "schema": "parity-case/1",
+            "name": "generated-tokens",
+            "dtype": "float64",
+            "model": {"input_shape": [t], "loss": "softmax_ce", "reduction": "mean",
+                      "layers": [{"type": "embedding", "input_dim": v, "output_dim": d, "gradient": gradient},
+                                 *body, head]},
+            "init": draw(init_specs()),
+            "data": {"generator": "tokens", "seed": draw(st.integers(0, 2**16)),
+                     "global_batch": draw(global_batches(n, max_value=max_batch))},
+            "optimizer": optimizer,
             "parallel": {"devices": n, "combine": "grad_mean", "shard": "contiguous", "weighting": "by_size"},
             "steps": draw(st.integers(1, max_steps)),
         }

@@ -22,7 +22,7 @@ from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.compare import relative_gap
 from parity_tests.session.comparison import compare_case
 from parity_tests.testing.failures import replayable
-from parity_tests.testing.strategies import device_counts, nested_cases
+from parity_tests.testing.strategies import device_counts, nested_cases, nested_token_cases
 
 
 @pytest.mark.usefixtures("pool")
@@ -31,6 +31,19 @@ def test_towers_and_ddp_agree_on_generated_architectures(case):
     with replayable(case):
         result = compare_case(case, ["tf.towers", "torch.ddp"])
         # a drawn case can compare nothing (every gradient exactly zero through a dead ReLU): no evidence either way
+        assume(result.pairs[0].verdict.status != "inconclusive")
+        assert result.parity, result.summary()
+
+
+@pytest.mark.usefixtures("pool")
+@settings(max_examples=min(6, settings().max_examples))  # about 2 s each: half the profile's count at most
+@given(nested_token_cases(devices=device_counts(1, 8)))
+def test_towers_and_ddp_agree_on_generated_token_models(case):
+    """GPT-like: embedding, drawn blocks on [T, D] (attention with causal masks and dropout among them), per-token
+    logits (dense or tied to the embedding), per-token softmax_ce; the embedding gradient mapped where Adam's
+    sparse second moment would differ."""
+    with replayable(case):
+        result = compare_case(case, ["tf.towers", "torch.ddp"])
         assume(result.pairs[0].verdict.status != "inconclusive")
         assert result.parity, result.summary()
 

@@ -70,3 +70,7 @@ def test_nested_arguments_are_checked():
         S.nested_layer_lists([4], max_layers=0)
     with pytest.raises(InvalidArgument, match="devices"):
         S.nested_cases(devices=3)
+    with pytest.raises(InvalidArgument, match="shapes"):
+        S.nested_cases(shapes=[4])
+    with pytest.raises(InvalidArgument, match="vocabulary"):
+        S.nested_token_cases(vocabulary=["embedding_v2"])
