@@ -49,6 +49,9 @@ def average_gradients(tower_grads: Sequence[Sequence[tf.Tensor]], weights: Seque
     for grads in zip(*tower_grads, strict=True):
         if any(g is None for g in grads):
             raise ValueError("a tower produced no gradient for a variable (is it used in the loss?)")
+        if all(isinstance(g, tf.IndexedSlices) for g in grads):
+            out.append(_sparse_mean(grads, weights))
+            continue
         stacked = tf.stack(list(grads), axis=0)  # [N, *shape]
         if weights is None:
             out.append(tf.reduce_mean(stacked, axis=0))
@@ -56,6 +59,22 @@ def average_gradients(tower_grads: Sequence[Sequence[tf.Tensor]], weights: Seque
             w = tf.reshape(tf.constant(list(weights), dtype=stacked.dtype), [-1] + [1] * (stacked.shape.rank - 1))
             out.append(tf.reduce_sum(stacked * w, axis=0))
     return out
+
+
+def _sparse_mean(grads: Sequence[tf.IndexedSlices], weights: Sequence[float] | None) -> tf.IndexedSlices:
+    """Towers' ``IndexedSlices`` (an embedding's gradient) combined as tf.distribute's all-reduce combines them.
+
+    ``MirroredStrategy`` (and Keras' optimizer under it) concatenates the replicas' slices,
+    duplicate ids kept; the mean scales the values by ``1/N`` (or ``w_r``). One tower's slices
+    pass unchanged: what a one-device Keras model hands its optimizer. (The classic
+    ``average_gradients``' ``tf.stack`` would densify them, summing duplicates, and hide
+    Keras' sparse second moment; docs/layers.md "Token layers".)
+    """
+    if len(grads) == 1 and weights is None:
+        return grads[0]
+    scale = [1.0 / len(grads)] * len(grads) if weights is None else list(weights)
+    values = tf.concat([g.values * tf.constant(w, g.values.dtype) for g, w in zip(grads, scale, strict=True)], axis=0)
+    return tf.IndexedSlices(values, tf.concat([g.indices for g in grads], axis=0), grads[0].dense_shape)
 
 
 def combine_losses(losses: Sequence[tf.Tensor], weights: Sequence[float] | None = None) -> tf.Tensor:

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from parity_tests.protocol.recorder import Recorder
 
+from . import tokens
 from .combine import combine_losses, tower_weights
 from .devices import tower_devices
 from .losses import model_loss
@@ -176,7 +177,7 @@ def step_batches(payload: Mapping[str, Any]) -> tuple[tf.DType, Callable[[int], 
     """The case dtype and ``batches(k) -> (x, y, masks)``: step k's rows of the data and dropout masks."""
     spec = payload["spec"]
     dtype = tf.float64 if spec["dtype"] == "float64" else tf.float32
-    x = np.asarray(payload["x"], dtype.as_numpy_dtype)
+    x = tokens.inputs(payload["x"], dtype.as_numpy_dtype)  # token ids stay int64
     y = np.asarray(payload["y"])
     y = y.astype(np.int64) if spec["model"]["loss"] == "softmax_ce" else y.astype(dtype.as_numpy_dtype)
     masks = payload.get("masks") or {}

@@ -53,6 +53,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .tokens import flatten_tokens, ignore_label_ce
+
 __all__ = ["device_loss", "elementwise_loss", "model_loss", "sparse_softmax_ce", "TORCH_BCE_EPS"]
 
 #: torch's BCE backward divides by max(p (1 - p), EPSILON), EPSILON = 1e-12 as a C++ float (measured)
@@ -151,6 +153,7 @@ def device_loss(
     class_weights: Sequence[float] | None = None,
     semantics: str = "native",
     sample_weight: tf.Tensor | None = None,
+    ignore_label: int | None = None,
 ) -> tf.Tensor:
     """The loss of one shard.
 
@@ -164,6 +167,8 @@ def device_loss(
             ``model`` options (validated: class weights only for softmax_ce,
             probabilities only for sigmoid_ce).
         sample_weight: ``[n]`` per-example weights, or ``None`` (module docstring).
+        ignore_label: ``softmax_ce``'s excluded label (Keras' ``ignore_class``), or ``None``.
+            ``softmax_ce`` also takes per-token logits ``[n, ..., k]`` with labels ``[n, ...]``.
     Returns:
         a scalar.
     """
@@ -174,6 +179,9 @@ def device_loss(
         return _reduce(per, reduction, sample_weight, rule)
     if loss != "softmax_ce":
         raise ValueError(f"unknown loss {loss!r}")
+    out, y = flatten_tokens(out, y)  # per-token logits [n, ..., k]: every position (tfpar.tokens)
+    if ignore_label is not None:
+        return ignore_label_ce(out, y, ignore_label, reduction)
     if not label_smoothing and class_weights is None:
         return _reduce(sparse_softmax_ce(y, out), reduction, sample_weight, rule)
     if sample_weight is not None:
@@ -207,4 +215,5 @@ def model_loss(model: Mapping[str, Any], out: tf.Tensor, y: tf.Tensor,
         class_weights=model.get("class_weights"),
         semantics=model.get("loss_semantics", "native"),
         sample_weight=sample_weight,
+        ignore_label=model.get("ignore_label"),
     )

@@ -74,6 +74,7 @@ import tensorflow as tf
 
 from parity_tests.protocol.recorder import Recorder
 
+from . import tokens
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss, sparse_softmax_ce
@@ -281,7 +282,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     bn_layers = {i: layer for i, layer in enumerate(layers) if layer["type"] == "batch_norm"}
 
     def scaled_loss(out: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None) -> tf.Tensor:
-        if model["reduction"] == "mean" and model.get("loss_semantics", "native") != "torch":
+        if (model["reduction"] == "mean" and model.get("loss_semantics", "native") != "torch"
+                and out.shape.rank == 2 and model.get("ignore_label") is None):
             per = per_example_loss(model["loss"], out, y, from_logits=model.get("from_logits", True),
                                    label_smoothing=model.get("label_smoothing", 0.0),
                                    class_weights=model.get("class_weights"))
@@ -292,8 +294,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             if par["weighting"] == "by_size":
                 return tf.nn.compute_average_loss(per, global_batch_size=batch)
             return tf.nn.compute_average_loss(per)  # default: n_r * N, i.e. l_r / N
-        # a sum (compute_average_loss divides a sum), or torch's loss formula (a weighted
-        # mean has no per-example form): weight the shard's loss itself
+        # a sum (compute_average_loss divides a sum), torch's loss formula (a weighted mean has no
+        # per-example form), or a per-token mean (over labelled positions): weight the shard's loss itself
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
         w = tf.gather(tf.constant(weights, dtype=out.dtype), r)
         return w * model_loss(model, out, y, sample_weight=v)
@@ -314,7 +316,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         if capture:
             # the replica differentiated its scaled loss w_r l_r; divided by w_r (what DDP's capture
             # hook does with N w_r) it records l_r and d l_r / d param, as tf.towers' towers do
-            cap = {"x": x, "loss": loss / w, "grad": [g / w for g in grads], "act": acts}
+            cap = {"x": x, "loss": loss / w, "grad": [tf.convert_to_tensor(g) / w for g in grads], "act": acts}
         if per_device:
             grads = clip_scaled(grads, w, clip)
             if capture:
@@ -367,7 +369,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     # a second trace, used for the one captured step (docs/localisation.md stages), as TowerTrainer does
     capture_step = tf.function(lambda x, y, extras: step_impl(x, y, extras, True), autograph=False)
 
-    x_all = np.asarray(payload["x"], np_dtype)
+    x_all = tokens.inputs(payload["x"], np_dtype)  # token ids stay int64
     y_all = payload["y"]
     y_all = y_all.astype(np.int64) if model["loss"] == "softmax_ce" else np.asarray(y_all, np_dtype)
     by_row = {k: np.asarray(m) for k, m in (payload.get("masks") or {}).items()}  # dropout keep-masks
@@ -421,7 +423,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             loss, grads = step(distribute(x_all[rows]), distribute(y_all[rows]), extras)
         rec.loss(loss.numpy())
         for name, g, val in zip(names, grads, read(params), strict=True):
-            rec.grad(name, g.numpy())
+            rec.grad(name, tf.convert_to_tensor(g).numpy())  # an embedding's IndexedSlices: its sum
             rec.param(name, val)
         rec.states(zip(state, read(list(state.items())), strict=True))
         agree(k + 1)

@@ -64,6 +64,9 @@ reshape
 depthwise_conv2d
     ``tf.nn.depthwise_conv2d`` + ``tf.nn.bias_add`` (Keras ``DepthwiseConv2D``); output channel
     ``c M + m`` is input channel ``c``'s filter ``m``.
+embedding, tied_logits
+    ``keras.ops.take(embeddings, ids, axis=0)`` (sparse ``IndexedSlices`` gradient, or dense under
+    ``gradient: dense``) and ``h @ embeddings^T``: :mod:`tfpar.tokens`.
 position_embedding, class_token, take_token
     ``x + embeddings[:T]``; ``concat([token] * B, x)`` on the token axis; ``x[:, index]``.
 explicit padding
@@ -110,6 +113,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from . import tokens
 
 __all__ = [
     "STATE_KINDS",
@@ -249,6 +254,8 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     """Layer ``i`` (its index, or its path ``3.body.1``) on one tower's activations (every type but
     batch_norm), in ``compute`` when given."""
     kind = layer["type"]
+    if kind in tokens.TOKEN_LAYERS:  # embedding, tied_logits (tfpar.tokens; docs/layers.md "Token layers")
+        return tokens.layer(kind, str(i), layer, params, h)
     if compute is not None and h.dtype.is_floating and h.dtype != compute:
         h = tf.cast(h, compute)  # Layer.__call__'s convert_input: floating inputs in the compute dtype
     if kind == "poly":

@@ -226,6 +226,8 @@ class _Rule:
 
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
         self.t.assign_add(1)
+        # an embedding's IndexedSlices made dense (duplicates summed): the exact rule is the formula on G
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
             g = tf.cast(g, v.dtype)
             lr = schedule_lr(self.schedule, self.lr, self.t, v.dtype)
@@ -451,6 +453,7 @@ def clip_by_global_norm(grads: Sequence[tf.Tensor], clip_norm: float, semantics:
     grads = list(grads)
     if semantics != "torch":
         return list(tf.clip_by_global_norm(grads, clip_norm)[0])
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     dtype = grads[0].dtype
     norm = tf.norm(tf.stack([tf.norm(tf.reshape(g, [-1])) for g in grads]))
     coef = tf.minimum(tf.constant(clip_norm, dtype) / (norm + tf.constant(1e-6, dtype)), tf.constant(1.0, dtype))

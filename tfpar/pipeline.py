@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from . import tokens
+
 __all__ = [
     "Field",
     "write_tfrecord",
@@ -314,7 +316,7 @@ def case_batches(payload: Mapping[str, Any], *, towers: int | None,
     data = spec["data"]
     batch, order = data["global_batch"], data.get("order", "split")
     np_dtype = np.float64 if spec["dtype"] == "float64" else np.float32
-    x = np.asarray(payload["x"], np_dtype)
+    x = tokens.inputs(payload["x"], np_dtype)  # token ids stay int64
     y = payload["y"]
     y = np.asarray(y, np.int64) if spec["model"]["loss"] == "softmax_ce" else np.asarray(y, np_dtype)
     masks = payload.get("masks") or {}

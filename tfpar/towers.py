@@ -273,11 +273,12 @@ class TowerTrainer:
             for key, prefix in (("grads", "grad"), ("clipped", "clipped")):
                 if key in cap:
                     out.update({f"{prefix}/{k}": g.numpy() for k, g in zip(self.names, cap[key], strict=True)})
-            out.update({f"combined/{k}": g.numpy() for k, g in zip(self.names, cap["combined"], strict=True)})
+            out.update({f"combined/{k}": tf.convert_to_tensor(g).numpy() for k, g in zip(self.names, cap["combined"], strict=True)})
             self.captured = out
         else:
             loss, grads = self._step(x, y, extra)
-        return loss.numpy(), {k: g.numpy() for k, g in zip(self.names, grads, strict=True)}
+        # an embedding's IndexedSlices gradient is recorded as the dense sum it stands for
+        return loss.numpy(), {k: tf.convert_to_tensor(g).numpy() for k, g in zip(self.names, grads, strict=True)}
 
     def values(self) -> dict[str, np.ndarray]:
         """Current parameter values by canonical name."""

@@ -491,7 +491,7 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
 
         graph = tf.Graph()
         with graph.as_default():
-            x = v1.placeholder(dtype, [batch, *x0.shape[1:]], name="x")
+            x = v1.placeholder(tf.as_dtype(x0.dtype), [batch, *x0.shape[1:]], name="x")  # int64 token ids too
             y = v1.placeholder(tf.as_dtype(y0.dtype), [batch, *y0.shape[1:]], name="y")
             extra_in = [v1.placeholder(tf.as_dtype(extras0[k].dtype), [batch, *extras0[k].shape[1:]], name=f"extra_{i}")
                         for i, k in enumerate(extra_keys)]

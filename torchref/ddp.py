@@ -41,6 +41,7 @@ from parity_tests.protocol.recorder import Recorder
 from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
 from parity_tests.protocol.shards import shard_rows
 
+from . import tokens
 from .data import rank_batches, single_batches
 from .jobs import merge_captures
 from .losses import model_loss
@@ -54,7 +55,7 @@ __all__ = ["train_rank", "train_single", "merge_captures"]
 def _arrays(payload: dict[str, Any]) -> tuple[torch.dtype, torch.Tensor, torch.Tensor]:
     spec = payload["spec"]
     dtype = torch.float64 if spec["dtype"] == "float64" else torch.float32
-    x = torch.as_tensor(np.asarray(payload["x"]), dtype=dtype)
+    x = tokens.inputs(payload["x"], dtype)  # token ids stay int64
     y = payload["y"]
     y = torch.as_tensor(np.asarray(y, np.int64)) if spec["model"]["loss"] == "softmax_ce" else torch.as_tensor(np.asarray(y), dtype=dtype)
     return dtype, x, y

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .tokens import flatten_tokens, ignore_label_ce
+
 __all__ = ["shard_loss", "model_loss"]
 
 
@@ -55,6 +57,7 @@ def shard_loss(
     semantics: str = "native",
     logits: torch.Tensor | None = None,
     sample_weight: torch.Tensor | None = None,
+    ignore_label: int | None = None,
 ) -> torch.Tensor:
     """The loss of one shard.
 
@@ -71,6 +74,8 @@ def shard_loss(
             ``(v * l).sum() / v.sum()`` (per element: divided by ``k sum v``);
             ``tf`` is Keras' ``sum_over_batch_size`` (divided by ``n k``).
             See ``tfpar.losses`` for the formulas.
+        ignore_label: ``softmax_ce``'s excluded label (``ignore_index``), or ``None``. ``softmax_ce``
+            also takes per-token logits ``[n, ..., k]`` with labels ``[n, ...]``.
     Returns:
         a scalar.
     """
@@ -90,6 +95,9 @@ def shard_loss(
         return F.binary_cross_entropy(out, t, reduction=reduction)
     if loss != "softmax_ce":
         raise ValueError(f"unknown loss {loss!r}")
+    out, y = flatten_tokens(out, y)  # per-token logits [n, ..., k]: every position (torchref.tokens)
+    if ignore_label is not None:
+        return ignore_label_ce(out, y, ignore_label, reduction)
     cw = None if class_weights is None else torch.tensor(list(class_weights), dtype=out.dtype)
     if semantics == "tf" and (label_smoothing or cw is not None):
         return _keras_softmax(out, y, reduction, label_smoothing, cw)
@@ -128,4 +136,5 @@ def model_loss(model: Mapping[str, Any], out: torch.Tensor, y: torch.Tensor, log
         semantics=model.get("loss_semantics", "native"),
         logits=logits,
         sample_weight=sample_weight,
+        ignore_label=model.get("ignore_label"),
     )

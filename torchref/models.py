@@ -27,7 +27,8 @@ torch's symmetric ``padding=`` expresses, ``F.pad`` with zeros first, and withou
 (``F.adaptive_avg_pool2d(h, 1)``, ``nn.AdaptiveAvgPool2d``'s); ``channel_pad``
 (``F.pad`` on the channel axis); ``reshape`` (in NHWC order); ``position_embedding``
 (``x + embeddings[:T]``), ``class_token`` (``torch.cat`` of the expanded token before
-the tokens), ``take_token`` (``x[:, index]``); ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
+the tokens), ``take_token`` (``x[:, index]``); ``embedding`` (``F.embedding``, ``nn.Embedding``'s, on
+int64 token ids) and ``tied_logits`` (``h @ embeddings.T``): :mod:`torchref.tokens`; ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
 depthwise form, with the kernel ``[kh, kw, C, M]`` turned into ``[C*M, 1, kh, kw]``). Under ``semantics: tf`` a
 GELU uses TensorFlow's float32-rounded constants (``1/sqrt(2)`` or ``0.044715``).
 Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_kernel``
@@ -83,6 +84,8 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import nn
+
+from . import tokens
 
 __all__ = ["CaseModel", "same_padding", "STATE_KINDS"]
 
@@ -213,6 +216,8 @@ class CaseModel(nn.Module):
     def _layer(self, path: str, layer: dict, h: torch.Tensor) -> torch.Tensor:
         """A layer of the architecture vocabulary (docs/layers.md) at ``path`` (``3``, ``3.body.1``) on ``h`` (NCHW when 4-D)."""
         kind = layer["type"]
+        if kind in tokens.TOKEN_LAYERS:  # embedding, tied_logits (torchref.tokens)
+            return tokens.layer(kind, layer, self._p, path, h)
         if kind == "dense":  # the last axis of any rank
             kernel, bias = self._p(path, "kernel"), self._p(path, "bias") if layer["use_bias"] else None
             h = _last_axis(h, lambda t: t @ kernel if bias is None else t @ kernel + bias)

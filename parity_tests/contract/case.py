@@ -40,6 +40,7 @@ from parity_tests.contract.parallel import (
     validate_parallel,
 )
 from parity_tests.contract.specs import ParamSpec, output_shape, param_specs
+from parity_tests.contract.tokens import check_labelled, per_token, takes_tokens, token_ids
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import OPTIMIZERS
 from parity_tests.protocol.vocabulary import ORDERS
@@ -106,8 +107,10 @@ class Case:
 
     Attributes:
         spec: the normalised case dictionary (plain JSON data, defaults filled in).
-        x: inputs, float64 ``[steps * global_batch, *input_shape]``.
-        y: targets, float64 ``[rows, *output_shape]``, or int64 ``[rows]`` for ``softmax_ce``.
+        x: inputs, float64 ``[steps * global_batch, *input_shape]``; int64 token ids when the
+            model's first layer is an ``embedding`` (``contract.tokens``).
+        y: targets, float64 ``[rows, *output_shape]``, or int64 ``[rows, *output_shape[:-1]]`` for
+            ``softmax_ce`` (one label per row, or per token).
         init: initial value of every parameter by canonical name, float64.
         source: the case file it was loaded from, if any.
         perm: with ``data.order: distributed_sampler``, optional int64 ``[epochs, rows]``:
@@ -244,7 +247,8 @@ def _external_data(d: Any, base: Path | None, steps: int, devices: int,
     y = _check_array(y[:rows], "data.y", integer=y.dtype.kind in "iu")
     if order != "split":  # carried only when not the default, so older cases keep their spec
         spec.update(order=order, rows=rows)
-    return spec, _check_array(x[:rows], "data.x"), y, _perm(perm, order, rows)
+    # integer x (token ids for a plugin's embedding) stays integer, as integer labels do
+    return spec, _check_array(x[:rows], "data.x", integer=x.dtype.kind in "iu"), y, _perm(perm, order, rows)
 
 
 def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -361,28 +365,35 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
             raise CaseError("model.loss", f"one of {', '.join(losses)} for data.generator {gen!r}", loss)
         if gen == "blobs" and len(in_shape) != 1:
             raise CaseError("model.input_shape", "a 1-D input for data.generator 'blobs'", list(in_shape))
+        if (gen == "tokens") != takes_tokens(model) or (gen == "tokens" and (len(in_shape) != 1 or len(out_shape) != 2)):
+            raise CaseError("data.generator", "'tokens' exactly for a token model (model.layers[0] an embedding) with"
+                            " input [T] and per-token logits [T, k]", gen)
         spec = {"generator": gen, "seed": seed, "global_batch": batch}
-        x, y = generate_data(gen, seed, rows, in_shape, out_shape, loss)
+        x, y = generate_data(gen, seed, rows, in_shape, out_shape, loss,
+                             vocab=model["layers"][0]["input_dim"] if gen == "tokens" else None)
     else:
         raise CaseError("data", 'either {"npz": FILE, "global_batch": B} or {"generator": NAME, "seed": S, "global_batch": B}', d)
     x = np.asarray(x)
     y = np.asarray(y)
     if x.ndim < 1 or tuple(x.shape[1:]) != tuple(in_shape):
         raise CaseError("data.x", f"shape [rows, {', '.join(map(str, in_shape))}] (rows first, then model.input_shape)".replace(", ]", "]"), f"shape {list(x.shape)}")
-    want_y = (x.shape[0],) if loss == "softmax_ce" else (x.shape[0], *out_shape)
+    want_y = (x.shape[0], *out_shape[:-1]) if loss == "softmax_ce" else (x.shape[0], *out_shape)
     if tuple(y.shape) != want_y:
-        what = "one integer label per row" if loss == "softmax_ce" else "targets shaped like the model output"
+        what = ("one integer label per row" + (" and token" if len(out_shape) > 1 else "") if loss == "softmax_ce"
+                else "targets shaped like the model output")
         raise CaseError("data.y", f"shape {list(want_y)} ({what})", f"shape {list(y.shape)}")
     if x.shape[0] < rows:
         need_rows = f"steps x global_batch = {steps} x {batch} = {rows}" if order == "split" else f"data.rows = {rows}"
         raise CaseError("data.x", f"at least {need_rows} rows", f"{x.shape[0]} rows")
-    x = _check_array(x[:rows], "data.x")
+    x = token_ids(x[:rows], model) if takes_tokens(model) else _check_array(x[:rows], "data.x")
     if loss == "softmax_ce":
         y = _check_array(y[:rows], "data.y", integer=True)
-        k = out_shape[0]
-        if y.size and (y.min() < 0 or y.max() >= k):
-            bad = int(y[(y < 0) | (y >= k)][0])
-            raise CaseError("data.y", f"class labels in [0, {k}) for a {k}-way softmax_ce", bad)
+        k = out_shape[-1]
+        outside = ((y < 0) | (y >= k)) & (y != model.get("ignore_label", 0))
+        if outside.any():
+            bad = int(y[outside][0])
+            also = f" or ignore_label {model['ignore_label']}" if "ignore_label" in model else ""
+            raise CaseError("data.y", f"class labels in [0, {k}){also} for a {k}-way softmax_ce", bad)
     else:
         y = _check_array(y[:rows], "data.y")
         if loss == "sigmoid_ce" and y.size and (y.min() < 0 or y.max() > 1):
@@ -539,6 +550,10 @@ def case_from_dict(
     data_spec, xs, ys, perms = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"],
                                      (x, y, perm) if x is not None else None)
     _check_batch_norm_rows(model, in_shape, data_spec["global_batch"], parallel["devices"])
+    check_labelled(ys, model, data_spec, parallel, steps)
+    if per_token(model, out_shape) and need(raw, "data", "").get("sample_weights") is not None:
+        raise CaseError("data.sample_weights", "none with a per-token softmax_ce (one weight per row, not per token)",
+                        raw["data"]["sample_weights"])
     weights = _sample_weights(need(raw, "data", ""), base, len(xs), model, parallel, data_spec, w)
     if weights is not None:
         data_spec["sample_weights"] = raw["data"]["sample_weights"]

@@ -33,6 +33,13 @@ Generators (``data.generator``):
     noise, clipped to [0, 1]. Drawn in numpy, any size, no files; ``digits``
     below gives real handwritten digits instead.
 
+``tokens``
+    A synthetic next-token task for a token model (first layer ``embedding``, input
+    ``[T]``, per-token ``softmax_ce`` over logits ``[T, k]``): each row is a sequence
+    ``s_0 .. s_T`` over ``m = min(V, k)`` symbols, ``s_0`` uniform, then
+    ``s_{t+1} = (a s_t + c) mod m`` with probability 0.8 (``a``, ``c`` drawn once per
+    case) and uniform otherwise; ``x = s_0 .. s_{T-1}`` (int64 ids), ``y = s_1 .. s_T``.
+
 Dropout masks (:func:`dropout_masks`) are drawn here too, from the case's
 top-level ``seed``, and handed to both frameworks as data.
 """
@@ -152,6 +159,19 @@ def _images(rng, rows, in_shape, out_shape, loss):
     return x, y.astype(np.int64)
 
 
+def _tokens(rng, rows, in_shape, out_shape, loss, vocab: int):
+    (t,), k = in_shape, out_shape[-1]
+    m = min(vocab, k)
+    a, c = int(rng.integers(1, max(m, 2))), int(rng.integers(0, m))
+    seq = np.empty((rows, t + 1), np.int64)
+    seq[:, 0] = rng.integers(0, m, size=rows)
+    follow = rng.random((rows, t)) < 0.8
+    noise = rng.integers(0, m, size=(rows, t))
+    for j in range(t):
+        seq[:, j + 1] = np.where(follow[:, j], (a * seq[:, j] + c) % m, noise[:, j])
+    return seq[:, :-1], seq[:, 1:]
+
+
 # name -> (function, required input shape or None, required output shape or None, losses allowed)
 GENERATORS: dict[str, tuple[Callable, tuple | None, tuple | None, tuple[str, ...]]] = {
     "poly": (_poly, (), (1,), ("mse",)),
@@ -160,19 +180,25 @@ GENERATORS: dict[str, tuple[Callable, tuple | None, tuple | None, tuple[str, ...
     "gaussian": (_gaussian, None, None, ("mse", "sigmoid_ce", "softmax_ce")),
     "images": (_images, None, None, ("softmax_ce",)),
     "digits": (lambda *a: _digits(*a), None, (10,), ("softmax_ce",)),
+    "tokens": (_tokens, None, None, ("softmax_ce",)),
 }
 
 
 def generate_data(
-    name: str, seed: int, rows: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], loss: str
+    name: str, seed: int, rows: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], loss: str,
+    vocab: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Draw ``rows`` examples from a built-in generator (validated beforehand).
 
+    ``vocab``: the embedding's ``input_dim``, for ``tokens``.
+
     Returns:
-        ``x`` float64 ``[rows, *in_shape]`` and ``y``: float64 ``[rows, *out_shape]``,
-        or int64 ``[rows]`` for ``softmax_ce``.
+        ``x`` float64 ``[rows, *in_shape]`` (int64 token ids for ``tokens``) and ``y``: float64
+        ``[rows, *out_shape]``, or int64 ``[rows, *out_shape[:-1]]`` for ``softmax_ce``.
     """
     fn = GENERATORS[name][0]
+    if name == "tokens":
+        return fn(np.random.default_rng(seed), rows, in_shape, out_shape, loss, vocab)
     x, y = fn(np.random.default_rng(seed), rows, in_shape, out_shape, loss)
     return np.asarray(x, np.float64), y
 

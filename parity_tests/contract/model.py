@@ -34,11 +34,17 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 ``depthwise_conv2d``  ``kernel_size``, ``strides`` (1, equal along both axes: TensorFlow's kernel
                 needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``.
 
+``embedding``   ``input_dim``, ``output_dim``, ``gradient`` (native: TensorFlow's sparse ``IndexedSlices``,
+                or dense); only as ``model.layers[0]``: it reads the integer token ids of ``data.x``.
+``tied_logits`` ``embedding``: the path of an embedding layer (``"0"``); logits ``h @ embeddings.T``.
+                Top level only.
+
 ``conv2d``, ``max_pool2d`` and ``avg_pool2d`` take an explicit ``padding``
 ``[[top, bottom], [left, right]]`` too. Inside a ``residual`` or ``repeat`` body
 ``batch_norm`` and ``dropout`` are refused (not implemented there yet).
 
-Loss options (model level): ``from_logits`` (true), ``label_smoothing`` (0), ``class_weights``
+Loss options (model level): ``ignore_label`` (null: an integer label of ``softmax_ce`` whose
+positions the loss excludes; per-token ``softmax_ce`` takes logits ``[..., k]``), ``from_logits`` (true), ``label_smoothing`` (0), ``class_weights``
 (null, or one positive weight per class, ``softmax_ce`` only), ``loss_semantics`` (``native``:
 each framework's own loss function, ``tf`` / ``torch``: both follow that framework's formula).
 See ``docs/layers.md`` for the formulas.
@@ -50,6 +56,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from parity_tests.contract import tokens
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
 from parity_tests.protocol.errors import CaseError
@@ -83,7 +90,7 @@ REDUCTIONS = ("mean", "sum")
 PADDINGS = ("valid", "same")
 LAYER_SEMANTICS = ("native", "tf", "torch")
 _MODEL_KEYS = {"input_shape", "layers", "loss", "reduction", "from_logits", "label_smoothing", "class_weights",
-               "loss_semantics", "placement"}
+               "loss_semantics", "placement", "ignore_label"}
 MAX_PLACEMENT_DEVICE = 63
 
 
@@ -207,6 +214,8 @@ def _layer_list(v: Any, shape: tuple[int, ...], p: str, *, empty: bool = False) 
         if kind in _NOT_NESTED:
             raise CaseError(f"{q}.type", "a layer other than batch_norm and dropout inside a residual or repeat body"
                             " (not implemented there yet; put it at the top level)", kind)
+        if kind in tokens.TOP_LEVEL_ONLY:
+            raise CaseError(f"{q}.type", tokens.TOP_LEVEL_ONLY[kind], kind)
         out.append(_LAYERS[kind](layer, output_shape(shape, out) if out else shape, q))
     return out, output_shape(shape, out) if out else shape
 
@@ -394,6 +403,8 @@ _LAYERS = {
     "class_token": _class_token,
     "take_token": _take_token,
     "depthwise_conv2d": _depthwise_conv2d,
+    "embedding": tokens.embedding,
+    "tied_logits": tokens.tied_logits,
 }
 
 
@@ -417,7 +428,7 @@ def _loss_options(m: dict, loss: str, layers: list[dict], out_shape: tuple[int, 
     if weights is not None:
         if loss != "softmax_ce":
             raise CaseError("model.class_weights", f"null for {loss} (class weights apply to softmax_ce)", weights)
-        k = out_shape[0]
+        k = out_shape[-1]
         if not isinstance(weights, list) or len(weights) != k:
             raise CaseError("model.class_weights", f"a list of {k} positive numbers, one per class", weights)
         weights = [number(w, f"model.class_weights[{j}]", lo=0.0, lo_open=True) for j, w in enumerate(weights)]
@@ -483,15 +494,21 @@ def validate_model(m: Any) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
             given_devices[i] = layer.pop("device")
         kind = choice(need(layer, "type", p), f"{p}.type", LAYER_TYPES)
         shape = output_shape(in_shape, layers) if layers else in_shape
-        layers.append(_LAYERS[kind](layer, shape, p))
+        tokens.check_place(kind, i, p)
+        if kind == "tied_logits":
+            layers.append(tokens.tied_logits(layer, shape, p, layers))
+        else:
+            layers.append(_LAYERS[kind](layer, shape, p))
     loss = choice(need(m, "loss", "model"), "model.loss", LOSSES)
     reduction = choice(m.get("reduction", "mean"), "model.reduction", REDUCTIONS)
     out_shape = output_shape(in_shape, layers)
     if loss == "softmax_ce":
-        if len(out_shape) != 1 or out_shape[0] < 2:
-            raise CaseError("model.loss", f"an output of shape [k] with k >= 2 classes for softmax_ce; the model outputs {list(out_shape)}")
+        if len(out_shape) < 1 or out_shape[-1] < 2:
+            raise CaseError("model.loss", f"an output of shape [..., k] with k >= 2 classes for softmax_ce (one"
+                            f" distribution per example, or per token); the model outputs {list(out_shape)}")
     model = {"input_shape": list(in_shape), "layers": layers, "loss": loss, "reduction": reduction}
     model.update(_loss_options(m, loss, layers, out_shape))
+    model.update(tokens.loss_options(m, model, out_shape))
     if "placement" in m:
         model["placement"] = _placement(m["placement"], layers)
     for i, device in given_devices.items():  # what Case.replace re-validates: it must say what placement says

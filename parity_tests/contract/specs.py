@@ -95,11 +95,19 @@ def _spatial(shape: tuple[int, ...], win: list[int], strides: list[int], padding
     return (spatial_output(h, win[0], strides[0], ph), spatial_output(w, win[1], strides[1], pw), channels)
 
 
-def _layer(path: str, layer: dict, shape: tuple[int, ...]) -> tuple[list[ParamSpec], tuple[int, ...]]:
-    """Layer at ``path`` (``3``, ``3.body.1``, ``5.2.0``) on per-example inputs ``shape``: its parameters and output shape."""
+def _layer(path: str, layer: dict, shape: tuple[int, ...], top: list[dict] | None = None) -> tuple[list[ParamSpec], tuple[int, ...]]:
+    """Layer at ``path`` (``3``, ``3.body.1``, ``5.2.0``) on per-example inputs ``shape``: its parameters and output shape.
+
+    ``top``: the model's top-level layers (a ``tied_logits`` reads its embedding's vocabulary there).
+    """
     kind = layer["type"]
     params: list[ParamSpec] = []
-    if kind == "poly":
+    if kind == "embedding":  # token ids [...] -> [..., D]; Keras' Embedding: embeddings [V, D]
+        params.append(ParamSpec(f"{path}.embeddings", (layer["input_dim"], layer["output_dim"]), True, "embeddings"))
+        shape = tuple(shape) + (layer["output_dim"],)
+    elif kind == "tied_logits":  # [..., D] -> [..., V], the named embedding's parameters
+        shape = tuple(shape[:-1]) + (top[int(layer["embedding"])]["input_dim"],)
+    elif kind == "poly":
         # a scalar becomes [x^d, ..., x, 1]; no parameters of its own
         shape = (layer["degree"] + 1,)
     elif kind == "dense":
@@ -177,7 +185,7 @@ def _list(prefix: str, layers: list[dict], shape: tuple[int, ...]) -> tuple[list
 def _walk(input_shape: tuple[int, ...], layers: list[dict]):
     shape = tuple(input_shape)
     for i, layer in enumerate(layers):
-        params, shape = _layer(str(i), layer, shape)
+        params, shape = _layer(str(i), layer, shape, layers)
         yield i, params, shape
 
 

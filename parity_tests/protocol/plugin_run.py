@@ -57,7 +57,8 @@ class RunBase:
         self.dropout_masks: dict[int, np.ndarray] = {int(k): np.asarray(v) for k, v in (payload.get("masks") or {}).items()}
         w = payload.get("w")
         self.sample_weights: np.ndarray | None = None if w is None else np.asarray(w, np_dtype)
-        self._x = np.asarray(payload["x"]).astype(np_dtype)
+        x = np.asarray(payload["x"])
+        self._x = x if x.dtype.kind in "iu" else x.astype(np_dtype)  # token ids stay integers
         y = np.asarray(payload["y"])
         self._y = y.astype(np_dtype) if y.dtype.kind == "f" else y  # class labels stay integers
         self._perm = payload.get("perm")

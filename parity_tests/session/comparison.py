@@ -352,7 +352,9 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
         case = _moved_within_range(case, opt, moved)
     if case.spec["dtype"] == MIXED_BFLOAT16:  # x is rounded to bfloat16 by the layers: move it by a bfloat16 ulp
         return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_bf16_ulp({"x": case.x}, seed)["x"])
-    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_ulp({"x": case.x}, seed)["x"])
+    # token ids (an embedding's integer x) are not rounded by anything: only the weights move
+    x = case.x if np.asarray(case.x).dtype.kind != "f" else perturb_ulp({"x": case.x}, seed)["x"]
+    case = dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=x)
     if not _reorderable(case):
         return case
     # the rows may also change device (each device then adds up other examples: another blocking
