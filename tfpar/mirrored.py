@@ -78,7 +78,7 @@ from . import tokens
 from .devices import DeviceError, tower_devices
 from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss, sparse_softmax_ce
-from .models import apply_layer, build_variables, is_state, layer_device, update_moving
+from .models import apply_layer, build_variables, is_state, layer_device, layer_mask, update_moving
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
 from .sharding import shard_sizes
 
@@ -182,7 +182,7 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     h = x
     for i, layer in enumerate(layers):
         if layer["type"] != "batch_norm":
-            h = apply_layer(i, layer, params, h, masks.get(str(i)))
+            h = apply_layer(i, layer, params, h, layer_mask(masks, str(i), layer))
             if acts is not None:
                 acts[str(i)] = h
             continue

@@ -67,6 +67,8 @@ depthwise_conv2d
 embedding, tied_logits
     ``keras.ops.take(embeddings, ids, axis=0)`` (sparse ``IndexedSlices`` gradient, or dense under
     ``gradient: dense``) and ``h @ embeddings^T``: :mod:`tfpar.tokens`.
+attention
+    Keras' ``MultiHeadAttention``, op for op (:mod:`tfpar.attention`).
 position_embedding, class_token, take_token
     ``x + embeddings[:T]``; ``concat([token] * B, x)`` on the token axis; ``x[:, index]``.
 explicit padding
@@ -125,6 +127,7 @@ __all__ = [
     "forward_towers",
     "is_state",
     "layer_device",
+    "layer_mask",
     "needs_towers_fn",
     "recording_activations",
 ]
@@ -185,11 +188,20 @@ def _avg_pool(h: tf.Tensor, layer: Mapping) -> tf.Tensor:
 
 
 def _apply_list(prefix: str, layers: Sequence[Mapping], params: Mapping[str, tf.Tensor], h: tf.Tensor,
-                compute: tf.DType | None) -> tf.Tensor:
-    """A nested layer list (no batch_norm or dropout: the case refuses them there) at path ``prefix``."""
+                compute: tf.DType | None, masks: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
+    """A nested layer list (no batch_norm or dropout: the case refuses them there) at path ``prefix``;
+    ``masks``: the tower's keep-masks by path (a nested attention layer's)."""
     for j, layer in enumerate(layers):
-        h = _apply(f"{prefix}.{j}", layer, params, h, None, compute)
+        h = _apply(f"{prefix}.{j}", layer, params, h, layer_mask(masks, f"{prefix}.{j}", layer), compute)
     return h
+
+
+def layer_mask(masks: Mapping[str, tf.Tensor] | None, path: str, layer: Mapping):
+    """What layer ``path`` takes as its ``mask``: a residual or repeat all the masks (its nested attention
+    layers find theirs by path), any other layer its own keep-mask, or ``None``."""
+    if masks is None:
+        return None
+    return masks if layer["type"] in ("residual", "repeat") else masks.get(path)
 
 
 def is_state(name: str) -> bool:
@@ -199,7 +211,8 @@ def is_state(name: str) -> bool:
 
 def needs_towers_fn(layers: Sequence[Mapping]) -> bool:
     """True when towers must run in lockstep (batch norm, whose state and statistics cross towers, or dropout masks)."""
-    return any(layer["type"] in ("batch_norm", "dropout") for layer in layers)
+    return any(layer["type"] in ("batch_norm", "dropout") or (layer["type"] == "attention" and layer["dropout"] > 0)
+               or needs_towers_fn([*layer.get("body", ()), *layer.get("shortcut", ())]) for layer in layers)
 
 
 def build_variables(init: Mapping[str, np.ndarray], dtype: tf.DType, *, device: str = "/device:CPU:0") -> dict[str, tf.Variable]:
@@ -311,13 +324,17 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         import keras
 
         return keras.ops.rms_normalization(h, params[f"{i}.scale"], axis=-1, epsilon=layer["epsilon"])
+    if kind == "attention":  # Keras' MultiHeadAttention (tfpar.attention)
+        from .attention import attention
+
+        return attention(str(i), layer, params, h, mask)
     if kind == "residual":
-        body = _apply_list(f"{i}.body", layer["body"], params, h, compute)
-        shortcut = _apply_list(f"{i}.shortcut", layer["shortcut"], params, h, compute)
+        body = _apply_list(f"{i}.body", layer["body"], params, h, compute, mask)
+        shortcut = _apply_list(f"{i}.shortcut", layer["shortcut"], params, h, compute, mask)
         return _ACT[layer["activation"]](body + shortcut)  # keras.layers.Add: the sum of its inputs
     if kind == "repeat":
         for r in range(layer["count"]):
-            h = _apply_list(f"{i}.{r}", layer["body"], params, h, compute)
+            h = _apply_list(f"{i}.{r}", layer["body"], params, h, compute, mask)
         return h
     if kind == "channel_pad":
         return tf.pad(h, [[0, 0]] * (h.shape.rank - 1) + [[layer["before"], layer["after"]]])
@@ -349,7 +366,8 @@ def apply_layer(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.T
     """Layer ``i`` (any type but ``batch_norm``) on one device's activations ``[n, ...]``.
 
     A layer placed by ``model.placement`` runs on its own device, whatever
-    ``device`` says; ``mask`` is a dropout layer's keep-mask ``[n, ...]``;
+    ``device`` says; ``mask`` is a dropout layer's keep-mask ``[n, ...]``,
+    an attention layer's ``[n, H, T, T]``, and a residual's or repeat's the tower's masks by path;
     ``compute``: the mixed-precision compute dtype (``tf.bfloat16``), or ``None``
     to compute in the variables' dtype (module docstring).
     """
@@ -473,7 +491,7 @@ def forward_towers(
             devices = [layer_device(layer, dev) for dev in towers]
             hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device, compute)
         else:
-            hs = [apply_layer(i, layer, params, h, None if masks is None else masks[r].get(str(i)), towers[r], compute)
+            hs = [apply_layer(i, layer, params, h, None if masks is None else layer_mask(masks[r], str(i), layer), towers[r], compute)
                   for r, h in enumerate(hs)]
         if _ACTIVATIONS is not None:  # bfloat16 activations recorded as float32 (exact), so numpy reads them
             _ACTIVATIONS.append((i, [tf.cast(h, tf.float32) if h.dtype == tf.bfloat16 else h for h in hs]))

@@ -28,7 +28,8 @@ torch's symmetric ``padding=`` expresses, ``F.pad`` with zeros first, and withou
 (``F.pad`` on the channel axis); ``reshape`` (in NHWC order); ``position_embedding``
 (``x + embeddings[:T]``), ``class_token`` (``torch.cat`` of the expanded token before
 the tokens), ``take_token`` (``x[:, index]``); ``embedding`` (``F.embedding``, ``nn.Embedding``'s, on
-int64 token ids) and ``tied_logits`` (``h @ embeddings.T``): :mod:`torchref.tokens`; ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
+int64 token ids) and ``tied_logits`` (``h @ embeddings.T``): :mod:`torchref.tokens`; ``attention`` (``nn.MultiheadAttention``'s computation,
+:mod:`torchref.attention`, its parameters ``<path>.q.kernel``... converted from Keras' layout there); ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
 depthwise form, with the kernel ``[kh, kw, C, M]`` turned into ``[C*M, 1, kh, kw]``). Under ``semantics: tf`` a
 GELU uses TensorFlow's float32-rounded constants (``1/sqrt(2)`` or ``0.044715``).
 Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_kernel``
@@ -193,6 +194,8 @@ class CaseModel(nn.Module):
         #: when a dict: every layer's output (canonical layout, detached copy) by layer index, set by
         #: the capture step of a run (docs/localisation.md ``forward`` stage)
         self.trace: dict[str, np.ndarray] | None = None
+        #: the keep-masks of the forward pass running (dropout and attention layers, by path)
+        self._masks: Mapping[str, torch.Tensor] | None = None
         #: module name (``3_body_1_kernel``) -> canonical name (``3.body.1.kernel``); torch reserves the dot
         self._canonical = {k.replace(".", "_"): k for k in init}
         self.params = nn.ParameterDict(
@@ -273,6 +276,10 @@ class CaseModel(nn.Module):
             return torch.cat([token.expand(h.shape[0], 1, token.shape[-1]), h], dim=1)
         if kind == "take_token":
             return h[:, layer["index"]]
+        if kind == "attention":  # nn.MultiheadAttention's computation (torchref.attention)
+            from torchref.attention import attention
+
+            return attention(path, layer, lambda name: self._p(path, name), h, (self._masks or {}).get(path))
         if kind == "flatten":
             return (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).reshape(h.shape[0], -1)
         raise ValueError(f"layer {path}: unknown type {kind!r}")
@@ -334,6 +341,7 @@ class CaseModel(nn.Module):
         ``masks``: layer index (str) -> bool keep-mask ``[batch, *layer_input_shape]`` (canonical).
         With ``with_logits``, also returns the last layer's value before its activation.
         """
+        self._masks = masks  # nested attention layers find their keep-masks by path
         h = x.permute(0, 3, 1, 2) if x.dim() == 4 else x  # NHWC -> NCHW, once
         pre = h
         for i, layer in enumerate(self.layers):

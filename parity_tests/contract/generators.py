@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity_tests.contract.attention import attention_masks
 from parity_tests.contract.specs import ParamSpec, layer_shapes
 from parity_tests.protocol.errors import CaseError
 
@@ -212,7 +213,8 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
     (Keras' defaults). Batch-norm state starts at mean 0, variance 1;
     ``gamma`` (batch and layer norm) and ``scale`` (rms norm) at 1 and ``beta`` at 0 in both kinds.
     Position embeddings ``[T, D]`` and the class token ``[1, D]`` are drawn as dense kernels
-    of that shape (normal, or glorot with fan-in and fan-out ``T``/``1`` and ``D``).
+    of that shape (normal, or glorot with fan-in and fan-out ``T``/``1`` and ``D``); attention
+    kernels as dense layers ``[D, H*key_dim]`` and ``[H*value_dim, D]`` (``ParamSpec.fans``).
     """
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
@@ -228,7 +230,9 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
         else:
             fan_in = int(np.prod(s.shape[:-1]))
             fan_out = s.shape[-1]
-            if len(s.shape) > 2:  # conv kernels [kh, kw, in, out], as Keras counts fans
+            if s.fans is not None:  # attention kernels: as the dense layers they are (specs.ParamSpec.fans)
+                fan_in, fan_out = s.fans
+            elif len(s.shape) > 2:  # conv kernels [kh, kw, in, out], as Keras counts fans
                 receptive = int(np.prod(s.shape[:-2]))
                 fan_in, fan_out = receptive * s.shape[-2], receptive * s.shape[-1]
             lim = np.sqrt(6.0 / (fan_in + fan_out))
@@ -244,6 +248,9 @@ def dropout_masks(spec: dict) -> dict[str, np.ndarray]:
     ``tf.nn.dropout`` makes. Row ``j`` belongs to data row ``j``, so a device
     gets the mask rows of the data rows it gets, whatever the sharding.
 
+    Attention layers with ``dropout > 0`` get theirs too, keyed by their path, ``[rows, H, T, T]``
+    (:func:`parity_tests.contract.attention.attention_masks`).
+
     Returns:
         layer index (as a string) -> bool ``[steps * global_batch, *layer_input_shape]``.
     """
@@ -255,4 +262,5 @@ def dropout_masks(spec: dict) -> dict[str, np.ndarray]:
         if layer["type"] == "dropout":
             rng = np.random.default_rng([spec.get("seed", 0), i])
             out[str(i)] = rng.random(size=(rows, *shapes[i])) >= layer["rate"]
+    out.update(attention_masks(spec))
     return out

@@ -33,6 +33,8 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 ``take_token``  ``index`` (0): ``[T, D] -> [D]``.
 ``depthwise_conv2d``  ``kernel_size``, ``strides`` (1, equal along both axes: TensorFlow's kernel
                 needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``.
+``attention``   ``num_heads``, ``key_dim``, ``value_dim`` (key_dim), ``use_bias`` (true), ``causal`` (false),
+                ``dropout`` (0), ``semantics`` (native): self-attention on ``[T, D]`` (``contract.attention``).
 
 ``embedding``   ``input_dim``, ``output_dim``, ``gradient`` (native: TensorFlow's sparse ``IndexedSlices``,
                 or dense); only as ``model.layers[0]``: it reads the integer token ids of ``data.x``.
@@ -57,6 +59,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from parity_tests.contract import tokens
+from parity_tests.contract.attention import validate_attention
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
 from parity_tests.protocol.errors import CaseError
@@ -405,6 +408,7 @@ _LAYERS = {
     "depthwise_conv2d": _depthwise_conv2d,
     "embedding": tokens.embedding,
     "tied_logits": tokens.tied_logits,
+    "attention": validate_attention,
 }
 
 

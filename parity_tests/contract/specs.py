@@ -48,6 +48,8 @@ class ParamSpec:
     shape: tuple[int, ...]
     trainable: bool = True
     kind: str = "kernel"  # kernel, bias, gamma, beta, scale, embeddings, token, moving_mean, moving_variance
+    #: glorot's ``(fan_in, fan_out)`` where the shape does not say it (attention kernels: those of a dense layer)
+    fans: tuple[int, int] | None = None
 
 
 def spatial_output(n: int, k: int, s: int, padding: str | tuple[int, int] | list[int]) -> int:
@@ -167,6 +169,15 @@ def _layer(path: str, layer: dict, shape: tuple[int, ...], top: list[dict] | Non
         shape = (shape[0] + 1, shape[1])
     elif kind == "take_token":
         shape = (shape[-1],)
+    elif kind == "attention":  # Keras' MultiHeadAttention creates query, key, value, then the output dense
+        d, h, dk, dv = shape[-1], layer["num_heads"], layer["key_dim"], layer["value_dim"]
+        for name, width in (("q", dk), ("k", dk), ("v", dv)):
+            params.append(ParamSpec(f"{path}.{name}.kernel", (d, h, width), True, "kernel", (d, h * width)))
+            if layer["use_bias"]:
+                params.append(ParamSpec(f"{path}.{name}.bias", (h, width), True, "bias"))
+        params.append(ParamSpec(f"{path}.o.kernel", (h, dv, d), True, "kernel", (h * dv, d)))
+        if layer["use_bias"]:
+            params.append(ParamSpec(f"{path}.o.bias", (d,), True, "bias"))
     elif kind in ("dropout", "activation"):
         pass  # no parameters (dropout's masks are data: generators.dropout_masks)
     else:  # validated earlier; a new layer type must be added here and in both packages

@@ -20,6 +20,11 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.model import nested_layers
+from parity_tests.judging.attention_theory import (
+    attention_scale_absent,
+    attention_scale_text,
+    native_attention_scales,
+)
 from parity_tests.protocol.engine import EngineSpec, declared
 from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.protocol.shards import shard_sizes
@@ -37,6 +42,7 @@ _STAGE_OF = (
     ("DistributedSampler padding", "inputs"),
     ("mixed precision", "forward"),
     ("GELU", "forward"),
+    ("attention scale", "forward"),
     ("local batch-norm statistics", "forward"),
     ("class weights", "loss"),
     ("label smoothing", "loss"),
@@ -67,7 +73,7 @@ class Difference:
             bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
         mapping: how a side the tool controls can be made to compute what the other side
             computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
-            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``; ``None``: no
+            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``, ``attention_semantics``; ``None``: no
             field of the case can express it.
     """
 
@@ -508,6 +514,12 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
         else:
             absent.append("float64 GELU constants: the case computes in "
                           f"{spec['dtype']}, where both sides' GELU constants are float32 values")
+    scales = native_attention_scales(spec)
+    if scales and _framework(a) != _framework(b):
+        if spec["dtype"] == "float64" and any(delta > 0.0 for _, delta in scales):
+            out.append(_diff(attention_scale_text(scales), expected=False, mapping="attention_semantics"))
+        else:
+            absent.append(attention_scale_absent(spec["dtype"], scales))
     ra, rb = _loss_rule(spec, a), _loss_rule(spec, b)
     weights = model.get("class_weights")
     if weights is not None and any(w != 1.0 for w in weights):
@@ -679,6 +691,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     if kind == "bn_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{i}.semantics": _framework(other) for i, layer in enumerate(spec["model"]["layers"])
                 if layer["type"] == "batch_norm" and layer["semantics"] == "native"}
+    if kind == "attention_semantics" and _framework(side) != _framework(other):
+        return {f"model.layers.{path}.semantics": _framework(other) for path, _ in native_attention_scales(spec)}
     if kind == "gelu_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{path}.semantics": _framework(other) for path in native_gelus(spec["model"]["layers"])}
     if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):

@@ -1,0 +1,101 @@
+"""Self-attention as Keras 3's ``MultiHeadAttention`` computes it, on canonical parameters.
+
+``x``: ``[B, T, D]``; H heads, ``dk = key_dim``, ``dv = value_dim``; parameters (``docs/layers.md``)
+``q.kernel [D, H, dk]``, ``q.bias [H, dk]``, ``k.*`` alike, ``v.kernel [D, H, dv]``, ``v.bias [H, dv]``,
+``o.kernel [H, dv, D]``, ``o.bias [D]``::
+
+    q = einsum("abc,cde->abde", x, Wq) + bq            # EinsumDense (multi_head_attention.py:294), [B, T, H, dk]
+    k, v likewise
+    s = scale * q k^T per head                         # [B, H, T, T]
+    s = where(causal_ok, s, large negative)
+    w = softmax(s over keys)                           # dropout: where(keep, w / (1 - rate), 0)
+    o = einsum("abcd,cde->abe", w v, Wo) + bo          # the output EinsumDense (line 352)
+
+Keras has two code paths and this follows both, op for op (``tests/test_layers_attention.py`` pins each
+bit for bit against the class):
+
+* ``dropout == 0``: ``ops.dot_product_attention`` (keras/src/backend/tensorflow/nn.py 1704-1721): the
+  logits ``einsum("BTNH,BSNH->BNTS", q, k)`` multiplied by the scale afterwards; causal positions set
+  to ``-0.7 * 3.38953e38`` (``_apply_masks``); ``tf.nn.softmax``; ``einsum("BNTS,BSNH->BTNH")``.
+* ``dropout > 0``: the explicit path (multi_head_attention.py 576-608): the *query* multiplied by the
+  scale first, ``einsum("aecd,abcd->acbe", k, q)``, the ``Softmax`` layer with the causal mask
+  (-1e9 in masked logits, masked weights zeroed afterwards), ``Dropout`` on the weights (the case's
+  keep-mask, ``tf.nn.dropout``'s arithmetic ``where(keep, w * (1 / (1 - rate)), 0)``), then
+  ``einsum("acbe,aecd->abcd", w, v)``.
+
+The scale: Keras keeps ``1/sqrt(key_dim)`` as a Python float and applies it as
+``tf.cast(scale, dtype)``, which makes a float32 tensor first: in float64 the scale is
+``float32(1/sqrt(key_dim))`` (exact when key_dim is a power of 4). ``semantics: torch`` uses the
+float64 scale ``sqrt(1/key_dim)`` as torch's ``F.multi_head_attention_forward`` computes it in Python
+double; ``native`` and ``tf`` use Keras'.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["attention", "attention_scale"]
+
+_KERAS_LARGE_NEGATIVE = -0.7 * 3.38953e38  # keras/src/backend/tensorflow/nn.py _get_large_negative
+_SOFTMAX_LARGE_NEGATIVE = -1e9  # keras/src/layers/activations/softmax.py _large_negative_number
+
+
+def attention_scale(key_dim: int, dtype: tf.DType, semantics: str = "native") -> tf.Tensor:
+    """The logits' scale in ``dtype``: Keras' ``tf.cast(1/sqrt(key_dim))`` (through float32) unless ``semantics`` is torch."""
+    if semantics == "torch":
+        return tf.constant(math.sqrt(1.0 / float(key_dim)), dtype)  # torch/nn/functional.py: math.sqrt(1.0 / E)
+    return tf.cast(1.0 / math.sqrt(float(key_dim)), dtype)
+
+
+def _causal(t: int, path: str) -> np.ndarray:
+    """``[T, T]`` True where query ``i`` attends to key ``j <= i``; a row attending to nothing is refused."""
+    allowed = np.tril(np.ones((t, t), bool))
+    if not allowed.any(axis=-1).all():  # cannot happen for self-attention (contract.attention): kept as a guard
+        raise ValueError(f"layer {path}: an attention row with every key masked (no framework agrees on it: Keras"
+                         " gives uniform or zero weights, torch NaN)")
+    return allowed
+
+
+def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor,
+              keep: tf.Tensor | None) -> tf.Tensor:
+    """Layer ``path`` (an ``attention`` layer) on one device's tokens ``h`` ``[n, T, D]`` -> ``[n, T, D]``.
+
+    ``keep``: the dropout keep-mask ``[n, H, T, T]`` when ``layer["dropout"] > 0``.
+    """
+    def p(name: str) -> tf.Tensor:
+        return params[f"{path}.{name}"]
+
+    bias = layer["use_bias"]
+
+    def project(name: str) -> tf.Tensor:
+        out = tf.einsum("abc,cde->abde", h, p(f"{name}.kernel"))
+        return out + p(f"{name}.bias") if bias else out
+
+    q, k, v = project("q"), project("k"), project("v")
+    scale = attention_scale(layer["key_dim"], h.dtype, layer["semantics"])
+    t = h.shape[1]
+    allowed = tf.constant(_causal(t, path)[None, None]) if layer["causal"] else None
+    if layer["dropout"] == 0.0:  # ops.dot_product_attention's path
+        logits = tf.einsum("BTNH,BSNH->BNTS", q, k) * scale
+        if allowed is not None:
+            logits = tf.where(allowed, logits, tf.constant(_KERAS_LARGE_NEGATIVE, logits.dtype))
+        weights = tf.nn.softmax(logits, axis=-1)
+        mixed = tf.einsum("BNTS,BSNH->BTNH", weights, v)
+    else:  # the explicit path: scaled query, the Softmax layer, Dropout on the weights
+        if keep is None:
+            raise ValueError(f"layer {path}: an attention layer with dropout needs its keep-mask (payload['masks'][{path!r}])")
+        scores = tf.einsum("aecd,abcd->acbe", k, q * scale)
+        if allowed is not None:
+            scores = tf.where(allowed, scores, tf.constant(_SOFTMAX_LARGE_NEGATIVE, scores.dtype))
+        weights = tf.nn.softmax(scores, axis=-1)
+        if allowed is not None:
+            weights = tf.where(allowed, weights, tf.zeros_like(weights))
+        rate = tf.constant(1.0 / (1.0 - layer["dropout"]), weights.dtype)
+        weights = tf.where(keep, weights * rate, tf.zeros_like(weights))
+        mixed = tf.einsum("acbe,aecd->abcd", weights, v)
+    out = tf.einsum("abcd,cde->abe", mixed, p("o.kernel"))
+    return out + p("o.bias") if bias else out
