@@ -54,7 +54,9 @@ class RunBase:
         self.seed: int = spec.get("seed", 0)
         np_dtype = np.dtype(self.dtype)
         self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
-        self.dropout_masks: dict[int, np.ndarray] = {int(k): np.asarray(v) for k, v in (payload.get("masks") or {}).items()}
+        # top-level dropout by its index (int); one inside a residual or repeat body by its path ("3.body.1")
+        self.dropout_masks: dict[int | str, np.ndarray] = {int(k) if k.isdigit() else k: np.asarray(v)
+                                                           for k, v in (payload.get("masks") or {}).items()}
         w = payload.get("w")
         self.sample_weights: np.ndarray | None = None if w is None else np.asarray(w, np_dtype)
         self._x = np.asarray(payload["x"]).astype(np_dtype)
