@@ -39,7 +39,7 @@ from parity_tests.contract.parallel import (
     check_combine_model,
     validate_parallel,
 )
-from parity_tests.contract.specs import ParamSpec, output_shape, param_specs
+from parity_tests.contract.specs import ParamSpec, nested_inputs, param_specs
 from parity_tests.contract.tokens import check_labelled, per_token, takes_tokens, token_ids
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import OPTIMIZERS
@@ -417,16 +417,18 @@ def _refuse_mixed_architecture(layers: list[dict]) -> None:
 
 
 def _check_batch_norm_rows(model: dict, in_shape: tuple[int, ...], batch: int, devices: int) -> None:
-    """Batch statistics need two values per channel on every device (torch refuses one; a variance of one value is 0)."""
+    """Batch statistics need two values per channel on every device (torch refuses one; a variance of one value is 0).
+
+    Nested batch norm (``3.body.1``) counts too, with its own input shape."""
     rows = batch // devices  # the smallest shard, in either shard order
-    for i, layer in enumerate(model["layers"]):
+    for path, layer, shape in nested_inputs(in_shape, model["layers"]):
         if layer["type"] != "batch_norm":
             continue
-        shape = output_shape(in_shape, model["layers"][:i])
         per_channel = rows * int(np.prod(shape[:-1], dtype=np.int64))
         if per_channel < 2:
+            where = f"model.layers[{path}]" if path.isdigit() else f"layer {path}"
             raise CaseError("data.global_batch", f"at least {2 * devices} rows ({devices} devices x 2) so that "
-                            f"batch norm (model.layers[{i}]) sees 2 values per channel on every device", batch)
+                            f"batch norm ({where}) sees 2 values per channel on every device", batch)
 
 
 def _check_sampler_batch_norm(model: dict, in_shape: tuple[int, ...], data: dict, devices: int, steps: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
+from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import ALL_COMBINES, COMBINES, LOCAL_COMBINES
 
@@ -81,7 +82,7 @@ def check_combine_model(parallel: dict, layers: list[dict], data: Any = None) ->
     combine = parallel["combine"]
     if combine not in LOCAL_COMBINES:
         return
-    bn = [i for i, layer in enumerate(layers) if layer["type"] == "batch_norm"]
+    bn = [".".join(map(str, path)) for path, layer in nested_layers(layers) if layer["type"] == "batch_norm"]
     if bn:
         raise CaseError("parallel.combine", f"grad_mean or loss_mean for a model with batch_norm layers (layer {bn[0]});"
                         " param_mean and async do not define how moving statistics combine", combine)

@@ -326,7 +326,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                     mapping="clip"))
             else:
                 absent.append("clipping before vs after averaging: no step moves the parameters")
-        has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
+        has_bn = any(layer["type"] == "batch_norm" for _, layer in nested_layers(spec["model"]["layers"]))
         if (clip["where"] == "per_device" and n > 1 and has_bn and par.get("batch_norm", "local") == "sync"
                 and is_parallel(a) and is_parallel(b) and _sync_bn_gradient(a) != _sync_bn_gradient(b)
                 and moves):
@@ -489,7 +489,7 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
     out: list[Difference] = []
     model, par = spec["model"], spec["parallel"]
     n = par["devices"]
-    bns = [(i, layer) for i, layer in enumerate(model["layers"]) if layer["type"] == "batch_norm"]
+    bns = [(path, layer) for path, layer in nested_layers(model["layers"]) if layer["type"] == "batch_norm"]
     if bns and one_parallel and par.get("batch_norm", "local") == "local":
         out.append(_diff(
             f"local batch-norm statistics: each of the {n} devices normalises with its own shard's mean and"
@@ -689,7 +689,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     if kind == "batch_norm" and parallel_side:
         return {"parallel.batch_norm": "sync"}
     if kind == "bn_semantics" and _framework(side) != _framework(other):
-        return {f"model.layers.{i}.semantics": _framework(other) for i, layer in enumerate(spec["model"]["layers"])
+        return {f"model.layers.{'.'.join(map(str, path))}.semantics": _framework(other)
+                for path, layer in nested_layers(spec["model"]["layers"])
                 if layer["type"] == "batch_norm" and layer["semantics"] == "native"}
     if kind == "attention_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{path}.semantics": _framework(other) for path, _ in native_attention_scales(spec)}
