@@ -222,7 +222,7 @@ def nested_inputs(input_shape: tuple[int, ...] | list[int], layers: list[dict],
             for r in range(layer["count"]):
                 out += nested_inputs(h, layer["body"], f"{path}.{r}.")
                 h = _list(f"{path}.{r}", layer["body"], h)[1]
-        shape = _layer(path, layer, shape)[1]
+        shape = _layer(path, layer, shape, None if prefix else list(layers))[1]  # tied_logits: top level only
     return out
 
 
