@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, number
-from parity_tests.contract.specs import output_shape
+from parity_tests.contract.specs import layer_shapes, output_shape
 from parity_tests.protocol.errors import CaseError
 
 __all__ = ["validate_attention", "attention_layers", "attention_masks", "causal_mask", "fully_masked_rows",
@@ -69,9 +69,9 @@ def attention_layers(input_shape: tuple[int, ...] | list[int], layers: list[dict
 
     ``path`` is the parameter path (``3``, ``3.body.1``, ``5.2.0``: repetition 2 of a repeat at 5).
     """
-    shape = tuple(input_shape)
+    shapes = layer_shapes(input_shape, layers)  # the whole list at once: a tied_logits reads its embedding's
     for i, layer in enumerate(layers):
-        path = f"{prefix}{i}"
+        path, shape = f"{prefix}{i}", shapes[i]
         kind = layer["type"]
         if kind == "attention":
             yield path, layer, shape
@@ -83,7 +83,6 @@ def attention_layers(input_shape: tuple[int, ...] | list[int], layers: list[dict
             for r in range(layer["count"]):
                 yield from attention_layers(h, layer["body"], f"{path}.{r}.")
                 h = output_shape(h, layer["body"])
-        shape = output_shape(shape, [layer])
 
 
 def path_seed(seed: int, path: str) -> list[int]:
