@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["attention", "attention_scale"]
+__all__ = ["attention", "attention_scale", "refuse_fully_masked"]
 
 _KERAS_LARGE_NEGATIVE = -0.7 * 3.38953e38  # keras/src/backend/tensorflow/nn.py _get_large_negative
 _SOFTMAX_LARGE_NEGATIVE = -1e9  # keras/src/layers/activations/softmax.py _large_negative_number
@@ -51,13 +51,22 @@ def attention_scale(key_dim: int, dtype: tf.DType, semantics: str = "native") ->
     return tf.cast(1.0 / math.sqrt(float(key_dim)), dtype)
 
 
-def _causal(t: int, path: str) -> np.ndarray:
-    """``[T, T]`` True where query ``i`` attends to key ``j <= i``; a row attending to nothing is refused."""
-    allowed = np.tril(np.ones((t, t), bool))
-    if not allowed.any(axis=-1).all():  # cannot happen for self-attention (contract.attention): kept as a guard
-        raise ValueError(f"layer {path}: an attention row with every key masked (no framework agrees on it: Keras"
-                         " gives uniform or zero weights, torch NaN)")
+def refuse_fully_masked(allowed: np.ndarray, path: str) -> np.ndarray:
+    """``allowed`` (``[T, S]``, True attends), refused in one line when a query row attends to no key.
+
+    No case can build one (``parity_tests.contract.attention``: causal self-attention always attends to
+    key 0); kept as a guard, since Keras gives such a row uniform or zero weights and torch NaN.
+    """
+    empty = np.flatnonzero(~np.asarray(allowed, bool).any(axis=-1))
+    if empty.size:
+        raise ValueError(f"layer {path}: attention query row(s) {empty.tolist()} attend to no key (every key masked);"
+                         " Keras gives such a row uniform or zero weights and torch NaN, so it is refused")
     return allowed
+
+
+def _causal(t: int, path: str) -> np.ndarray:
+    """``[T, T]`` True where query ``i`` attends to key ``j <= i`` (Keras' sense)."""
+    return refuse_fully_masked(np.tril(np.ones((t, t), bool)), path)
 
 
 def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor,
@@ -66,13 +75,15 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
 
     ``keep``: the dropout keep-mask ``[n, H, T, T]`` when ``layer["dropout"] > 0``.
     """
+    import keras  # its einsum: what EinsumDense and the explicit path call (matmuls for these equations)
+
     def p(name: str) -> tf.Tensor:
         return params[f"{path}.{name}"]
 
     bias = layer["use_bias"]
 
     def project(name: str) -> tf.Tensor:
-        out = tf.einsum("abc,cde->abde", h, p(f"{name}.kernel"))
+        out = keras.ops.einsum("abc,cde->abde", h, p(f"{name}.kernel"))
         return out + p(f"{name}.bias") if bias else out
 
     q, k, v = project("q"), project("k"), project("v")
@@ -80,15 +91,15 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     t = h.shape[1]
     allowed = tf.constant(_causal(t, path)[None, None]) if layer["causal"] else None
     if layer["dropout"] == 0.0:  # ops.dot_product_attention's path
-        logits = tf.einsum("BTNH,BSNH->BNTS", q, k) * scale
+        logits = tf.einsum("BTNH,BSNH->BNTS", q, k, optimize="optimal") * scale
         if allowed is not None:
             logits = tf.where(allowed, logits, tf.constant(_KERAS_LARGE_NEGATIVE, logits.dtype))
         weights = tf.nn.softmax(logits, axis=-1)
-        mixed = tf.einsum("BNTS,BSNH->BTNH", weights, v)
+        mixed = tf.einsum("BNTS,BSNH->BTNH", weights, v, optimize="optimal")
     else:  # the explicit path: scaled query, the Softmax layer, Dropout on the weights
         if keep is None:
             raise ValueError(f"layer {path}: an attention layer with dropout needs its keep-mask (payload['masks'][{path!r}])")
-        scores = tf.einsum("aecd,abcd->acbe", k, q * scale)
+        scores = keras.ops.einsum("aecd,abcd->acbe", k, q * scale)
         if allowed is not None:
             scores = tf.where(allowed, scores, tf.constant(_SOFTMAX_LARGE_NEGATIVE, scores.dtype))
         weights = tf.nn.softmax(scores, axis=-1)
@@ -96,6 +107,6 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
             weights = tf.where(allowed, weights, tf.zeros_like(weights))
         rate = tf.constant(1.0 / (1.0 - layer["dropout"]), weights.dtype)
         weights = tf.where(keep, weights * rate, tf.zeros_like(weights))
-        mixed = tf.einsum("acbe,aecd->abcd", weights, v)
-    out = tf.einsum("abcd,cde->abe", mixed, p("o.kernel"))
+        mixed = keras.ops.einsum("acbe,aecd->abcd", weights, v)
+    out = keras.ops.einsum("abcd,cde->abe", mixed, p("o.kernel"))
     return out + p("o.bias") if bias else out

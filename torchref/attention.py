@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention", "attention_scale"]
+__all__ = ["attention", "attention_scale", "refuse_fully_masked"]
 
 
 def attention_scale(key_dim: int, semantics: str = "native") -> float:
@@ -40,13 +40,22 @@ def attention_scale(key_dim: int, semantics: str = "native") -> float:
     return math.sqrt(1.0 / float(key_dim))
 
 
-def _causal(t: int, path: str) -> torch.Tensor:
-    """``[T, T]`` bool, ``True`` where key ``j > i`` is blocked (torch's sense); a row blocking every key is refused."""
-    blocked = torch.ones(t, t, dtype=torch.bool).triu(1)
-    if bool(blocked.all(dim=-1).any()):  # cannot happen for self-attention (contract.attention): kept as a guard
-        raise ValueError(f"layer {path}: an attention row with every key masked (no framework agrees on it: Keras"
-                         " gives uniform or zero weights, torch NaN)")
+def refuse_fully_masked(blocked: torch.Tensor, path: str) -> torch.Tensor:
+    """``blocked`` (``[T, S]``, ``True`` blocks: torch's sense), refused in one line when a query row blocks every key.
+
+    No case can build one (``parity_tests.contract.attention``); kept as a guard: torch's softmax
+    over a row of ``-inf`` is NaN.
+    """
+    empty = torch.nonzero(blocked.all(dim=-1)).flatten()
+    if empty.numel():
+        raise ValueError(f"layer {path}: attention query row(s) {empty.tolist()} attend to no key (every key masked);"
+                         " Keras gives such a row uniform or zero weights and torch NaN, so it is refused")
     return blocked
+
+
+def _causal(t: int, path: str) -> torch.Tensor:
+    """``[T, T]`` bool, ``True`` where key ``j > i`` is blocked (torch's sense)."""
+    return refuse_fully_masked(torch.ones(t, t, dtype=torch.bool).triu(1), path)
 
 
 def attention(path: str, layer: dict, p: Callable[[str], torch.Tensor], h: torch.Tensor,

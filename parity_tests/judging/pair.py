@@ -40,6 +40,7 @@ from parity_tests.judging.perturbation import judge_perturbation
 from parity_tests.judging.rules import judge_float32, judge_float64
 from parity_tests.judging.theory import Prediction
 from parity_tests.judging.verdict import RULE_NONFINITE, Verdict
+from parity_tests.judging.zero_gradient import ZeroGradients
 from parity_tests.protocol.rows import iter_rows
 
 __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPLICAS", "RULE_VACUOUS",
@@ -80,7 +81,7 @@ def with_findings(src: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]
 
 def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str] = (),
                 grads: Iterable[Mapping[str, Any]] = (), perturbation: Mapping[str, Any] | None = None,
-                bfloat16: tuple[Any, Any] | None = None) -> Verdict:
+                bfloat16: tuple[Any, Any] | None = None, zero: ZeroGradients | None = None) -> Verdict:
     """The verdict on ``b`` against ``a`` by ``rule``, with every guard (module docstring); no expectation.
 
     Args:
@@ -94,6 +95,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
         perturbation: keyword arguments of ``perturbation.judge_perturbation`` (``rule``, ``perturbed``, ``loss``).
         bfloat16: for a mixed_bfloat16 pair whose sides ran float64 and their reruns, the two
             ``judging.bfloat16.Side``: judged by ``judge_bfloat16`` (``perturbation``'s ``loss`` applies).
+        zero: the case's parameters whose exact gradient is zero (``zero_gradient.zero_gradients``), judged
+            against their rounding drift by the float64 rule.
     """
     known = tuple(known)
     if any(np.size(s.run.get("loss", ())) == 0 for s in (a, b)):
@@ -102,14 +105,14 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
                        "inconclusive: no steps were run", known)
     if dtype == "float64":
         v = judge_float64(a.f64 if a.f64 is not None else a.run, b.f64 if b.f64 is not None else b.run,
-                          known_differences=known, grads=grads)
+                          known_differences=known, grads=grads, zero=zero)
     elif bfloat16 is not None:
         v = judge_bfloat16(*bfloat16, known_differences=known, loss=(perturbation or {}).get("loss"))
     elif rule == "perturbation":
         v = judge_perturbation(a.run, b.run, a32p=a.perturbed, b32p=b.perturbed, known_differences=known,
                                **(perturbation or {}))
     else:
-        v = judge_float32(a.run, b.run, a64=a.f64, b64=b.f64, known_differences=known, grads=grads)
+        v = judge_float32(a.run, b.run, a64=a.f64, b64=b.f64, known_differences=known, grads=grads, zero=zero)
     v = _nonfinite_guard(v, a.run, b.run)
     v = _both_nonfinite(v, a.run, b.run)
     v = _findings_guard(v, a.run, b.run)

@@ -67,8 +67,32 @@ from parity_tests.judging.verdict import (
     _first_line_plus,
     _known,
 )
+from parity_tests.judging.zero_gradient import Check, ZeroGradients
 
 __all__ = ["judge_float64", "judge_float32"]
+
+
+def _without_zero(zero: ZeroGradients | None, a64: Mapping[str, Any], b64: Mapping[str, Any],
+                  judged: list[str]) -> tuple[Check | None, list[str]]:
+    """The zero-gradient parameters judged on their own (:mod:`parity_tests.judging.zero_gradient`), and the rest."""
+    found = zero.check(a64, b64, judged) if zero is not None else None
+    rest = [k for k in judged if found is None or k not in found.exempt]
+    return (found, rest) if rest else (None, judged)
+
+
+def _with_zero(v: Verdict, found: Check | None, label: str) -> Verdict:
+    """``v`` with the zero-gradient parameters' lines, or a divergence at the first that parts beyond its bound."""
+    if found is None:
+        return v
+    lines = "\n" + "\n".join(found.lines)
+    if found.over is None or v.status == "divergence":
+        return replace(v, detail=v.detail + lines)
+    key, step, gap, bound = found.over
+    name = key.split("/", 1)[1]
+    detail = (f"{label}: {describe_key(key)} parts by {gap:.2e} > {bound:.2e}, the most rounding can move it at step"
+              f" {step} ({name}'s exact gradient is zero: its drift is each side's rounding, bounded through the"
+              f" optimizer's rule)" + lines)
+    return replace(v, status="divergence", gap=gap, bound=bound, detail=detail, step=step, key=key, first_step=step)
 
 
 def _judge64(
@@ -144,6 +168,7 @@ def judge_float64(
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
     grads: Iterable[Mapping[str, Any]] = (),
+    zero: ZeroGradients | None = None,
 ) -> Verdict:
     """Judge two float64 trajectories of one case by the float64 rule.
 
@@ -161,6 +186,8 @@ def judge_float64(
             and both runs hold a loss.
         grads: other runs of the same case whose recorded ``grad/*`` may bound the loss's
             sensitivity where neither side records one (:func:`loss_sensitivity`).
+        zero: the case's parameters whose exact gradient is zero (``zero_gradient.zero_gradients``):
+            each judged against the drift rounding can make through the optimizer, not the bound.
 
     Returns:
         A :class:`Verdict`. Missing arrays or different shapes give status ``"error"``
@@ -180,10 +207,11 @@ def judge_float64(
         return _error(RULE_STRUCTURE, problem, known)
     _check_dtype(a64, judged, np.float64, "A")
     _check_dtype(b64, judged, np.float64, "B")
+    found, judged = _without_zero(zero, a64, b64, judged)
     v = _judge64(a64, b64, judged)
     if with_loss:
         v = _with_loss(v, _loss_channel64(a64, b64, judged, "float64", tuple(grads)))
-    return _finished(v, expect_difference, known)
+    return _finished(_with_zero(v, found, "float64"), expect_difference, known)
 
 
 def _judge_floor(
@@ -274,6 +302,7 @@ def judge_float32(
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
     grads: Iterable[Mapping[str, Any]] = (),
+    zero: ZeroGradients | None = None,
 ) -> Verdict:
     """Judge two float32 trajectories against each side's own float32 noise floor.
 
@@ -292,7 +321,8 @@ def judge_float32(
         a64, b64: the same case run in float64 by the same implementations.
         factor: multiple of the larger floor; ``FLOAT32_FACTOR`` (2) is the smallest
             value for which rounding can never be reported as a divergence.
-        expect_difference, known_differences, keys, loss, grads: as in :func:`judge_float64`.
+        expect_difference, known_differences, keys, loss, grads, zero: as in :func:`judge_float64` (``zero``
+            applies to the float64 runs; each side's float32 floor holds its own drift there).
 
     Returns:
         A :class:`Verdict`; for the float32 rule ``floor_a``/``floor_b`` are each
@@ -330,9 +360,11 @@ def judge_float32(
     scales = _scales(a64, b64, judged)
     fa_rows, _ = _row_max(_gaps(a32, a64, judged, scales))
     fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
-    v64 = _judge64(a64, b64, judged, label="float64 runs")
+    found, judged64 = _without_zero(zero, a64, b64, judged)
+    v64 = _judge64(a64, b64, judged64, label="float64 runs")
     if with_loss:
-        v64 = _with_loss(v64, _loss_channel64(a64, b64, judged, "float64 runs", tuple(grads)))
+        v64 = _with_loss(v64, _loss_channel64(a64, b64, judged64, "float64 runs", tuple(grads)))
+    v64 = _with_zero(v64, found, "float64 runs")
     if v64.status != "parity":
         if v64.status == "divergence" and v64.rule == RULE_FLOAT64:
             v64 = replace(v64, detail=_visibility_note(v64, a32, b32, judged, scales, fa_rows, fb_rows, factor))

@@ -71,6 +71,7 @@ from parity_tests.judging.verdict import (
     Verdict,
     _json,
 )
+from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
@@ -918,7 +919,7 @@ class _Judged:
         if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
             bf16 = tuple(_bf16_side(self.case, n, self.trajs, x) for n, x in (a or (ref, ""), b or (impl, "")))
         v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
-                        bfloat16=bf16)
+                        bfloat16=bf16, zero=zero_gradients(self.case.spec))
         if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
             v = _within_spread(v, ref, impl, self.variants, dtype, self.trajs, self.runner)
         if loss_differs:

@@ -71,6 +71,7 @@ from parity_tests.judging.localise import localise, refinable
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
+from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
 from parity_tests.running import registry
@@ -426,11 +427,12 @@ _WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
 
 
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
-                 mapping: SideMapping | None, free: CaseResult) -> LockstepPair:
+                 mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None) -> LockstepPair:
     """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
 
     ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64), and with a mapping the
     mapped built-in's ``sm``/``sm64`` and, when it stands in for a plugin, its own ``s``/``s64``.
+    ``zero``: the case's zero-gradient parameters (``judging.zero_gradient``).
     """
     steps = len(runs["b"])
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
@@ -442,13 +444,13 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
 
     for k in range(steps):
         a, b = side("a", k), side("b", k)
-        v = judge_sides(dtype, a, b, rule=rule)
+        v = judge_sides(dtype, a, b, rule=rule, zero=zero)
         residual = None
         if mapping is not None:  # as the free compare judges it (session.comparison._Judged.residual)
-            residual = judge_sides(dtype, a, side("sm", k), rule=rule) if mapping.side == impl else \
-                judge_sides(dtype, side("sm", k), b, rule=rule)
+            residual = judge_sides(dtype, a, side("sm", k), rule=rule, zero=zero) if mapping.side == impl else \
+                judge_sides(dtype, side("sm", k), b, rule=rule, zero=zero)
             if mapping.stand_in and residual.status == "parity":
-                plain = judge_sides(dtype, side("s", k), b if mapping.side == impl else a, rule=rule)
+                plain = judge_sides(dtype, side("s", k), b if mapping.side == impl else a, rule=rule, zero=zero)
                 residual = residual if plain.status in ("parity", "inconclusive") else plain
         v = resolve(v, pred, residual=residual, mapping=mapping.text if mapping else None).verdict
         gaps[k], bounds[k] = v.gap, v.bound
@@ -585,7 +587,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                         mapping.plain.apply(case) if mapping.plain else case, mapping.runs_as, starts, runner=runner)
             except CaseError:
                 mapping = None  # the side cannot run the mapped case: judged without a residual
-        pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result)
+        pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result, zero_gradients(case.spec))
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
         _localise(pair, free_pair, refine)

@@ -1,7 +1,7 @@
 """The reference pages cannot drift: their measured tables are regenerated from the tests' own tables.
 
 ``docs/optimizers.md`` is checked whole in ``test_optimizers.py``; here, every
-line that ``python -m parity_tests.tests.test_layers``, ``... test_layers_vocabulary`` and
+line that ``python -m parity_tests.tests.test_layers``, ``... test_layers_vocabulary``, ``... test_layers_attention`` and
 ``python -m parity_tests.tests.test_losses`` print must stand verbatim in
 ``docs/layers.md`` (the runs are deterministic, so the printed gaps are too).
 """
@@ -28,7 +28,7 @@ def _normalise(line: str) -> str:
 
 @pytest.mark.usefixtures("pool")
 @pytest.mark.parametrize("module", ["parity_tests.tests.test_layers", "parity_tests.tests.test_losses",
-                                    "parity_tests.tests.test_layers_vocabulary"])
+                                    "parity_tests.tests.test_layers_vocabulary", "parity_tests.tests.test_layers_attention"])
 def test_layers_page_tables_are_up_to_date(module, capsys):
     importlib.import_module(module).main()
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
