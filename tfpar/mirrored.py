@@ -308,6 +308,10 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
                  if layer["type"] == "batch_norm"}
 
     def scaled_loss(out: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None) -> tf.Tensor:
+        positions = 1  # per-token softmax_ce: every position of an example is one term of the mean
+        if out.shape.rank > 2 and model["loss"] == "softmax_ce" and model.get("ignore_label") is None:
+            positions = math.prod(out.shape[1:-1])
+            out, y = tokens.flatten_tokens(out, y)
         if (model["reduction"] == "mean" and model.get("loss_semantics", "native") != "torch"
                 and out.shape.rank == 2 and model.get("ignore_label") is None):
             per = per_example_loss(model["loss"], out, y, from_logits=model.get("from_logits", True),
@@ -318,10 +322,11 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
                 # round every weighted loss to float32 (see the module docstring)
                 per = per * tf.cast(v, per.dtype)
             if par["weighting"] == "by_size":
-                return tf.nn.compute_average_loss(per, global_batch_size=batch)
+                return tf.nn.compute_average_loss(per, global_batch_size=batch * positions)
             return tf.nn.compute_average_loss(per)  # default: n_r * N, i.e. l_r / N
         # a sum (compute_average_loss divides a sum), torch's loss formula (a weighted mean has no
-        # per-example form), or a per-token mean (over labelled positions): weight the shard's loss itself
+        # per-example form), or a mean over labelled positions (ignore_label; tfpar.tokens writes Keras'
+        # formula out: the Keras class inside a replica divides by the replicas too): weight the shard's loss
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
         w = tf.gather(tf.constant(weights, dtype=out.dtype), r)
         return w * model_loss(model, out, y, sample_weight=v)

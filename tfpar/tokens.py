@@ -68,15 +68,23 @@ def flatten_tokens(out: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def ignore_label_ce(out: tf.Tensor, y: tf.Tensor, label: int, reduction: str) -> tf.Tensor:
-    """Keras' ``SparseCategoricalCrossentropy(from_logits=True, ignore_class=label)`` on ``[m, k]`` logits.
+    """What Keras' ``SparseCategoricalCrossentropy(from_logits=True, ignore_class=label)`` computes, on ``[m, k]`` logits.
 
-    ``mean``: ``sum_{i: y_i != c} l_i / #{i: y_i != c}``; ``sum``: the numerator. (The case
-    refuses a shard without a labelled position, where Keras gives 0 and torch NaN.)
+    ``mean``: ``sum_{i: y_i != c} l_i / #{i: y_i != c}``; ``sum``: the numerator. Keras zeroes the
+    ignored positions' losses and weights the rest by ``total / valid`` before its
+    ``sum_over_batch_size``. Written out here because the Keras class, called inside a
+    ``tf.distribute`` replica, also multiplies its mean by ``1 / num_replicas``
+    (``keras/src/losses/loss.py`` 160, ``scale_loss_for_distribution``), which ``tf.mirrored``
+    weights itself; pinned to the class outside one by ``test_layers_tokens``. (The case refuses a shard without a labelled
+    position, where Keras gives 0 and torch NaN.)
     """
-    loss = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, ignore_class=int(label), reduction="sum_over_batch_size" if reduction == "mean" else "sum",
-        dtype=out.dtype.name)
-    return loss(y, out)
+    valid = tf.not_equal(y, tf.constant(int(label), y.dtype))
+    safe = tf.where(valid, y, tf.zeros_like(y))
+    logp = tf.nn.log_softmax(out, axis=-1)
+    per = -tf.reduce_sum(logp * tf.one_hot(safe, int(out.shape[-1]), dtype=out.dtype), axis=-1)
+    mask = tf.cast(valid, out.dtype)
+    total = tf.reduce_sum(per * mask)
+    return total / tf.reduce_sum(mask) if reduction == "mean" else total
 
 
 def densify(grads: list[Any]) -> list[Any]:

@@ -40,7 +40,14 @@ from parity_tests.contract.parallel import (
     validate_parallel,
 )
 from parity_tests.contract.specs import ParamSpec, nested_inputs, param_specs
-from parity_tests.contract.tokens import check_labelled, per_token, takes_tokens, token_ids
+from parity_tests.contract.tokens import (
+    FACTS_KEY,
+    check_labelled,
+    per_token,
+    takes_tokens,
+    token_facts,
+    token_ids,
+)
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import OPTIMIZERS
 from parity_tests.protocol.vocabulary import ORDERS
@@ -553,6 +560,9 @@ def case_from_dict(
                                      (x, y, perm) if x is not None else None)
     _check_batch_norm_rows(model, in_shape, data_spec["global_batch"], parallel["devices"])
     check_labelled(ys, model, data_spec, parallel, steps)
+    facts = token_facts(xs, ys, model, data_spec, parallel, steps)
+    if facts is not None:  # derived here every time (replace and write_case drop it), for theory
+        data_spec[FACTS_KEY] = facts
     if per_token(model, out_shape) and need(raw, "data", "").get("sample_weights") is not None:
         raise CaseError("data.sample_weights", "none with a per-token softmax_ce (one weight per row, not per token)",
                         raw["data"]["sample_weights"])

@@ -23,6 +23,8 @@ position has no mean (torch gives NaN, Keras 0): the case is refused
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from parity_tests.contract.fields import choice, integer, need, no_extra
@@ -30,7 +32,10 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.shards import shard_rows
 
 __all__ = ["EMBEDDING_GRADIENTS", "TOP_LEVEL_ONLY", "embedding", "tied_logits", "check_place", "loss_options",
-           "takes_tokens", "token_ids", "check_labelled", "per_token", "MAX_VOCABULARY"]
+           "takes_tokens", "token_ids", "check_labelled", "per_token", "MAX_VOCABULARY", "token_facts", "FACTS_KEY"]
+
+#: ``spec["data"][FACTS_KEY]``: what theory needs to know of a token case's data (:func:`token_facts`)
+FACTS_KEY = "token_facts"
 
 EMBEDDING_GRADIENTS = ("native", "dense")
 MAX_VOCABULARY = 10_000_000
@@ -145,3 +150,47 @@ def check_labelled(y: np.ndarray, model: dict, data: dict, parallel: dict, steps
                 raise CaseError("data.y", f"a label other than ignore_label {label} in every device's shard of every"
                                 f" step (step {k + 1}, device {r} of {n} has none: its mean loss over labelled"
                                 " positions is 0/0, NaN in torch and 0 in Keras)")
+
+
+def _has_repeat(ids: np.ndarray) -> bool:
+    flat = ids.reshape(-1)
+    return len(np.unique(flat)) < flat.size
+
+
+def token_facts(x: np.ndarray, y: np.ndarray, model: dict, data: dict, parallel: dict, steps: int) -> dict | None:
+    """What theory needs of the data (``judging.tokens``), derived at every validation, never read from a file.
+
+    ``repeat_in_batch``: some step's global batch looks up one token id twice (Keras' sparse
+    second moment is then not G^2 for an optimizer that sees the whole step, docs/layers.md);
+    ``repeat_in_shard``: some device's shard does (what one device's own update sees under
+    ``param_mean``/``async``). ``labelled_equal`` / ``labelled_by_size``: with ``ignore_label``,
+    whether every step's shards hold equal numbers of labelled positions / numbers proportional to
+    their rows (then the devices' mean of per-shard means is the full batch's mean under
+    ``weighting`` equal / by_size). ``None`` for a model without token ids or ignored labels.
+    ``data.order: distributed_sampler`` (no ignore_label there) reads rows in epoch orders
+    the split below does not follow: both repeat facts are then whether any id repeats in
+    the whole dataset (a superset: a prediction of a gap that may not appear is judged by
+    size, never an unexpected parity; ``judging.tokens``).
+    """
+    tokens, label = takes_tokens(model), model.get("ignore_label")
+    if not tokens and label is None:
+        return None
+    out: dict[str, Any] = {}
+    batch, n, shard = data["global_batch"], parallel["devices"], parallel["shard"]
+    if tokens:
+        if data.get("order", "split") != "split":
+            out["repeat_in_batch"] = out["repeat_in_shard"] = _has_repeat(x)
+        else:
+            out["repeat_in_batch"] = any(_has_repeat(x[k * batch:(k + 1) * batch]) for k in range(steps))
+            out["repeat_in_shard"] = any(_has_repeat(x[k * batch + shard_rows(batch, n, r, shard)])
+                                         for k in range(steps) for r in range(n))
+    if label is not None:
+        equal = by_size = True
+        for k in range(steps):
+            rows = [k * batch + shard_rows(batch, n, r, shard) for r in range(n)]
+            counts = [int(np.sum(y[r] != label)) for r in rows]
+            equal &= len(set(counts)) == 1
+            total = sum(counts)
+            by_size &= all(c * batch == total * len(r) for c, r in zip(counts, rows, strict=True))
+        out.update(labelled_equal=equal, labelled_by_size=by_size)
+    return out

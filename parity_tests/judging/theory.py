@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.model import nested_layers
+from parity_tests.judging import tokens
 from parity_tests.judging.attention_theory import (
     attention_scale_absent,
     attention_scale_text,
@@ -48,6 +49,7 @@ _STAGE_OF = (
     ("label smoothing", "loss"),
     ("sum reduction", "combined_grads"),
     ("uneven shards with equal weighting", "combined_grads"),
+    ("per-device labelled counts", "combined_grads"),
     ("per-device gradients under synchronized batch norm", "clip"),
     ("clipping before vs after averaging", "clip"),
     ("clip_grad_norm_", "clip"),
@@ -73,7 +75,8 @@ class Difference:
             bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
         mapping: how a side the tool controls can be made to compute what the other side
             computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
-            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``, ``attention_semantics``; ``None``: no
+            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``,
+            ``attention_semantics``, ``embedding_gradient``; ``None``: no
             field of the case can express it.
     """
 
@@ -140,6 +143,7 @@ def stage_of(cause: str) -> str:
 _EARLIEST = (
     ("sum reduction", "loss"),
     ("uneven shards with equal weighting", "loss"),
+    ("per-device labelled counts", "loss"),
     ("per-device weight sums", "loss"),
     ("per-device sample-weight sums", "loss"),
     ("clipping before vs after averaging", "combined_grads"),
@@ -343,6 +347,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     if one_parallel:
         found.extend(_combine_differences(spec, moves, absent))
     found.extend(_model_differences(spec, a, b, one_parallel, absent))
+    found.extend(_token_differences(spec, a, b, one_parallel, moves, absent))
     mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)
     found.extend(_diff(t) for t in mixed_expected)
     found.extend(_diff(t, expected=False) for t in mixed_known)
@@ -554,6 +559,26 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
     return out
 
 
+def _keras_sparse(impl: str) -> bool:
+    """A built-in TensorFlow engine whose optimizers are Keras' classes: they receive an embedding's
+    ``IndexedSlices`` as Keras' ``apply_gradients`` does (``judging.tokens``)."""
+    found = _engine(impl)
+    return bool(found and found.kind == "builtin" and found.framework == "tf" and found.optimizer_family == "keras")
+
+
+def _token_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool, moves: bool,
+                       absent: list[str]) -> list[Difference]:
+    """Keras' sparse embedding second moment and per-device labelled counts (``judging.tokens``)."""
+    out: list[Difference] = []
+    text = tokens.sparse_moment(spec, _keras_sparse(a), _keras_sparse(b), moves, absent)
+    if text:
+        out.append(_diff(text, mapping="embedding_gradient"))
+    text = tokens.labelled_counts(spec, one_parallel)
+    if text:
+        out.append(_diff(text, certain=True))
+    return out
+
+
 def native_gelus(layers: list[dict]) -> list[str]:
     """Spec paths (``3``, ``1.body.0``) of every layer whose GELU computes each framework's own
     constants (``semantics: native``), nested bodies and shortcuts included."""
@@ -696,6 +721,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         return {f"model.layers.{path}.semantics": _framework(other) for path, _ in native_attention_scales(spec)}
     if kind == "gelu_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{path}.semantics": _framework(other) for path in native_gelus(spec["model"]["layers"])}
+    if kind == "embedding_gradient":
+        return tokens.embedding_mapping(spec, _keras_sparse(side) and tokens.runs_keras_class(spec))
     if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):
         return {"model.loss_semantics": _loss_rule(spec, other)}
     return None
