@@ -1,4 +1,4 @@
-"""``parallel.accumulate: k``: k micro-batches per optimizer step (issue 27, CONTRACT section 7).
+"""``parallel.accumulate: k``: k micro-batches per optimizer step (issue 27; docs/layers.md, "Gradient accumulation").
 
 ``global_batch`` stays the rows per optimizer step; each device cuts its shard into k equal
 contiguous micro-batches, runs each forward and backward (batch-norm statistics and moving
