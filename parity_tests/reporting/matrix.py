@@ -12,8 +12,11 @@ under data parallelism, uneven shards with equal weighting (and the
 ``param_mean`` and ``async``, and gradient clipping before and after the
 combine. Mixed precision (``mixed_bfloat16``: Keras' policy against torch's CPU
 autocast, each side held against its float64 run): the seed MLP and the CNN
-at 1, 2 and 4 devices (docs/mixed-precision.md). The exit status is 0 only when
-every verdict is the expected one.
+at 1, 2 and 4 devices (docs/mixed-precision.md). The real architectures of
+``examples/architectures/`` at their smallest sizes (:data:`ARCHITECTURES`: ResNet with option-A
+and with projection shortcuts, ViT, GPT), each at 1, 2, 4 and 8 devices, with float32/float64,
+grad_mean/loss_mean and native/mapped semantics (:func:`mapped`) drawn from a 2-level orthogonal
+array (:data:`ARCHITECTURE_ROWS`). The exit status is 0 only when every verdict is the expected one.
 """
 
 from __future__ import annotations
