@@ -79,7 +79,7 @@ def test_resume_reuses_finished_rows_and_reruns_missing_ones(tmp_path, capsys):
 def test_architecture_rows_cover_devices_dtypes_combines_and_semantics():
     """Each architecture at 1, 2, 4 and 8 devices, and over its four rows both dtypes, both combines and
     native and mapped semantics; every pair of values of two of those fields meets for some architecture."""
-    from parity_tests.reporting.matrix import ARCHITECTURES, ARCHITECTURE_ROWS
+    from parity_tests.reporting.matrix import ARCHITECTURE_ROWS, ARCHITECTURES
 
     cases = {c.name: c for c in matrix_cases()}
     for s in ARCHITECTURES:
