@@ -107,15 +107,16 @@ _BY_NAME[CNN.name] = CNN
 
 
 # the real architectures of examples/architectures/ (parity_tests.reporting.architectures) at the
-# smallest sizes that keep every block: ResNet-8 with option-A shortcuts and a two-stage ResNet with
-# projection shortcuts on 8x8 images, a one-block ViT (patch 4: 4 tokens + the class token) and a
+# smallest sizes that keep every kind of block: a two-stage ResNet-6 with option-A shortcuts (an identity block and a
+# downsampling one), a stem plus one projection-shortcut block (ResNet-18's downsampling block) on 8x8
+# images, a one-block ViT (patch 4: 4 tokens + the class token) and a
 # one-block GPT (vocabulary 16, 8 tokens); local batch norm, Adam or momentum, 2 steps
 ARCHITECTURES = [
     Scenario("resnet-a", arch_case("resnet-a", [8, 8, 3], resnet_cifar_a(1, (4, 8), classes=4),
                                    {"generator": "images", "seed": 11, "global_batch": 16},
                                    {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
                                    dtype="float64", devices=1, steps=2, seed=12)),
-    Scenario("resnet-b", arch_case("resnet-b", [8, 8, 3], resnet_cifar_b((1, 1), (4, 8), classes=4),
+    Scenario("resnet-b", arch_case("resnet-b", [8, 8, 3], resnet_cifar_b((0, 1), (4, 8), classes=4),
                                    {"generator": "images", "seed": 13, "global_batch": 16},
                                    {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
                                    dtype="float64", devices=1, steps=2, seed=14)),
