@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_gpt.py                          # the 29.5 M GPT: compare + plain runs
     .venv/bin/python benchmarks/bench_gpt.py --plain-only             # the plain Keras / torch runs alone
     .venv/bin/python benchmarks/bench_gpt.py --model gpt2-small --seq 128 --steps 2 --no-plain
+    .venv/bin/python benchmarks/bench_gpt.py --profile                # where the main process's memory goes
 
 The model is ``examples/architectures/<model>/case.json`` (``gpt-29m``: vocabulary 8192, context
 256, width 512, 8 pre-LN blocks of 8 heads, tied embeddings; ``gpt2-small``: 50257, 1024, 768, 12,
@@ -181,6 +182,51 @@ def make_case(folder: Path, model: str, steps: int, devices: int, batch: int, se
     return path
 
 
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+
+def profile(case_path: Path) -> None:
+    """The compare in this process, its resident memory sampled every 0.2 s and labelled by the runs
+    in flight (TensorFlow's in this thread, torch's in the pool beside it); no runs: judging."""
+    import threading
+
+    from parity_tests.contract.case import load_case
+    from parity_tests.running.harness import run_impl
+    from parity_tests.session.comparison import compare_case
+
+    active: list[str] = []
+    peaks: dict[str, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            label = " + ".join(sorted(active)) or "judging (no run in flight)"
+            peaks[label] = max(peaks.get(label, 0), _rss())
+
+    def runner(c, impl):
+        same = {k: v for k, v in c.spec.items() if k != "dtype"} == {k: v for k, v in case.spec.items() if k != "dtype"}
+        label = f"{impl}@{c.spec['dtype']}" + ("" if same else " mapped")
+        active.append(label)
+        try:
+            return run_impl(c, impl)
+        finally:
+            active.remove(label)
+            print(f"  after {label}: resident {_rss() / 1e9:.2f} GB", flush=True)
+
+    case = load_case(case_path)
+    print(f"  case loaded: resident {_rss() / 1e9:.2f} GB", flush=True)
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    result = compare_case(case, ["tf.towers", "torch.ddp"], runner=runner)
+    stop.set()
+    thread.join()
+    print(f"  verdict: {result.pairs[0].verdict.status}")
+    for label, peak in sorted(peaks.items(), key=lambda kv: -kv[1]):
+        print(f"  peak resident {peak / 1e9:6.2f} GB while {label}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(CONFIGS), default="gpt-29m")
@@ -190,8 +236,14 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the context)")
     ap.add_argument("--plain-only", action="store_true", help="only the plain Keras / torch runs")
     ap.add_argument("--no-plain", action="store_true", help="only the compare")
+    ap.add_argument("--profile", action="store_true",
+                    help="only the compare, in this process: resident memory by the runs in flight")
     args = ap.parse_args()
     seq = args.seq or CONFIGS[args.model][1]
+    if args.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile(make_case(Path(tmp), args.model, args.steps, args.devices, args.batch, seq))
+        return 0
     print(f"{args.model}: {args.steps} steps, global batch {args.batch} x {seq} tokens; "
           f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     wall = None
