@@ -144,13 +144,15 @@ def clip_scaled(grads: list[tf.Tensor], w: tf.Tensor, clip: GradientClip) -> lis
        ``N c`` with equal weights, not the clipping of the combined gradient.
     """
     dtype = grads[0].dtype
-    norm = tf.linalg.global_norm(grads) / w
+    if clip.semantics == "torch":  # torch's norm is of the dense gradient (an embedding's duplicates summed)
+        grads = tokens.densify(grads)
+    norm = tf.linalg.global_norm(grads) / w  # of an IndexedSlices: over its slices, as tf.clip_by_global_norm
     c = tf.constant(clip.global_norm, dtype)
     if clip.semantics == "torch":
         coef = tf.minimum(c / (norm + tf.constant(1e-6, dtype)), tf.constant(1.0, dtype))
     else:  # tf.clip_by_global_norm's arithmetic
         coef = c * tf.minimum(1.0 / norm, 1.0 / c)
-    return [g * coef for g in grads]
+    return [tokens.scaled(g, coef) for g in grads]
 
 
 def split_rows(a: np.ndarray, n: int, shard: str) -> list[np.ndarray]:

@@ -64,11 +64,11 @@ reshape
 depthwise_conv2d
     ``tf.nn.depthwise_conv2d`` + ``tf.nn.bias_add`` (Keras ``DepthwiseConv2D``); output channel
     ``c M + m`` is input channel ``c``'s filter ``m``.
+attention
+    Keras' ``MultiHeadAttention``, op for op (:mod:`tfpar.attention`).
 embedding, tied_logits
     ``keras.ops.take(embeddings, ids, axis=0)`` (sparse ``IndexedSlices`` gradient, or dense under
     ``gradient: dense``) and ``h @ embeddings^T``: :mod:`tfpar.tokens`.
-attention
-    Keras' ``MultiHeadAttention``, op for op (:mod:`tfpar.attention`).
 position_embedding, class_token, take_token
     ``x + embeddings[:T]``; ``concat([token] * B, x)`` on the token axis; ``x[:, index]``.
 explicit padding

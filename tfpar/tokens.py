@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["embed", "tied_logits", "flatten_tokens", "ignore_label_ce", "inputs", "densify", "layer", "TOKEN_LAYERS"]
+__all__ = ["embed", "tied_logits", "flatten_tokens", "ignore_label_ce", "inputs", "densify", "scaled", "layer", "TOKEN_LAYERS"]
 
 TOKEN_LAYERS = ("embedding", "tied_logits")
 
@@ -90,6 +90,13 @@ def ignore_label_ce(out: tf.Tensor, y: tf.Tensor, label: int, reduction: str) ->
 def densify(grads: list[Any]) -> list[Any]:
     """``IndexedSlices`` made dense (duplicates summed), other gradients as they are (for the formula optimizers)."""
     return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+
+def scaled(g: Any, coef: tf.Tensor) -> Any:
+    """``g * coef``, an ``IndexedSlices`` kept sparse (its values scaled), as ``tf.clip_by_global_norm`` scales one."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * coef, g.indices, g.dense_shape)
+    return g * coef
 
 
 def inputs(x: Any, np_dtype: Any) -> np.ndarray:

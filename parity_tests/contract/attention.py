@@ -69,9 +69,11 @@ def attention_layers(input_shape: tuple[int, ...] | list[int], layers: list[dict
 
     ``path`` is the parameter path (``3``, ``3.body.1``, ``5.2.0``: repetition 2 of a repeat at 5).
     """
-    shapes = layer_shapes(input_shape, layers)  # the whole list at once: a tied_logits reads its embedding's
+    # the shapes of the whole list at once: a top-level tied_logits needs the list to find its embedding
+    shapes = layer_shapes(tuple(input_shape), layers)
     for i, layer in enumerate(layers):
-        path, shape = f"{prefix}{i}", shapes[i]
+        path = f"{prefix}{i}"
+        shape = shapes[i]
         kind = layer["type"]
         if kind == "attention":
             yield path, layer, shape

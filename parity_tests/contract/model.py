@@ -401,9 +401,9 @@ _LAYERS = {
     "class_token": _class_token,
     "take_token": _take_token,
     "depthwise_conv2d": _depthwise_conv2d,
+    "attention": validate_attention,
     "embedding": tokens.embedding,
     "tied_logits": tokens.tied_logits,
-    "attention": validate_attention,
 }
 
 

@@ -53,6 +53,7 @@ _STAGE_OF = (
     ("per-device labelled counts", "combined_grads"),
     ("per-device gradients under synchronized batch norm", "clip"),
     ("clipping before vs after averaging", "clip"),
+    ("sparse embedding clipping norm", "clip"),
     ("clip_grad_norm_", "clip"),
     ("moving variance", "state"),
     ("param_mean", "update"),
@@ -577,6 +578,12 @@ def _keras_sparse(impl: str) -> bool:
     return bool(found and found.kind == "builtin" and found.framework == "tf" and found.optimizer_family == "keras")
 
 
+def _tf_builtin(impl: str) -> tuple[bool, str]:
+    """(a built-in TensorFlow engine, its optimizer family) for ``judging.tokens``."""
+    found = _engine(impl)
+    return bool(found and found.kind == "builtin" and found.framework == "tf"), found.optimizer_family if found else ""
+
+
 def _token_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool, moves: bool,
                        absent: list[str]) -> list[Difference]:
     """Keras' sparse embedding second moment and per-device labelled counts (``judging.tokens``)."""
@@ -584,9 +591,12 @@ def _token_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
     text = tokens.sparse_moment(spec, _keras_sparse(a), _keras_sparse(b), moves, absent)
     if text:
         out.append(_diff(text, mapping="embedding_gradient"))
-    text = tokens.labelled_counts(spec, one_parallel)
+    text = tokens.sparse_clip_norm(spec, _tf_builtin(a), _tf_builtin(b), moves, absent)
     if text:
-        out.append(_diff(text, certain=True))
+        out.append(_diff(text, mapping="embedding_gradient"))
+    text = tokens.labelled_counts(spec, one_parallel)
+    if text:  # not certain: only the steps whose shards hold unequal counts differ (lockstep judges each alone)
+        out.append(_diff(text))
     return out
 
 
@@ -735,7 +745,7 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     if kind == "gelu_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{path}.semantics": _framework(other) for path in native_gelus(spec["model"]["layers"])}
     if kind == "embedding_gradient":
-        return tokens.embedding_mapping(spec, _keras_sparse(side) and tokens.runs_keras_class(spec))
+        return tokens.embedding_mapping(spec, *_tf_builtin(side))
     if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):
         return {"model.loss_semantics": _loss_rule(spec, other)}
     return None

@@ -25,11 +25,18 @@ Its size depends on the gradients (first step, k equal occurrences: Adam ``lr (s
 per element), so it is predicted as an expected, not certain, difference at the ``update``
 stage, mapped by ``model.layers.<i>.gradient: dense`` on the sparse side.
 
+Sparse clipping norm. TensorFlow's global norm of an ``IndexedSlices`` (``tf.clip_by_global_norm``,
+``tf.linalg.global_norm``, Keras' ``clipnorm``) sums the squares of its slices, ``sum_i |g_i|^2``,
+where the dense gradient's norm has ``|G|^2``: with ``parallel.clip`` and a repeated id, the
+clipping coefficient differs on steps that reach the threshold (not certain; same mapping).
+
 Labelled counts (``ignore_label``): each device's loss is the mean over its labelled
 positions; devices combine their means with weights ``w_r`` (1/N, or n_r/B for ``by_size``),
 one device takes the mean over all of them. The two agree exactly when ``w_r = c_r / C``
 for every step (``c_r`` labelled positions on device r, ``C`` in all): equal counts under
-``equal`` weighting, counts proportional to rows under ``by_size``. No field maps it.
+``equal`` weighting, counts proportional to rows under ``by_size``. No field maps it. Predicted
+when some step's counts are not so, as not certain: the steps whose counts are agree (a
+lockstep run judges each step alone).
 """
 
 from __future__ import annotations
@@ -38,13 +45,14 @@ from typing import Any
 
 from parity_tests.contract.tokens import FACTS_KEY
 
-__all__ = ["SECOND_MOMENT_OPTIMIZERS", "sparse_embeddings", "runs_keras_class", "sparse_moment", "labelled_counts",
-           "embedding_mapping"]
+__all__ = ["SECOND_MOMENT_OPTIMIZERS", "sparse_embeddings", "runs_keras_class", "sparse_moment", "sparse_clip_norm",
+           "labelled_counts", "embedding_mapping"]
 
 #: Keras optimizers whose state squares the gradient (``ops.square``: per occurrence on IndexedSlices)
 SECOND_MOMENT_OPTIMIZERS = ("adam", "amsgrad", "adamw", "rmsprop", "adagrad")
 _LABEL = {"adam": "Adam", "amsgrad": "AMSGrad", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 SPARSE_MOMENT = "sparse embedding second moment"
+SPARSE_CLIP = "sparse embedding clipping norm"
 
 
 def sparse_embeddings(layers: list[dict]) -> list[str]:
@@ -95,6 +103,52 @@ def sparse_moment(spec: dict[str, Any], sparse_a: bool, sparse_b: bool, moves: b
             f" repeats within {where}; {where_layers})")
 
 
+def _clips_slices(spec: dict[str, Any], tf_builtin: bool, family: str) -> bool:
+    """Whether a side clips an embedding's ``IndexedSlices`` with TensorFlow's norm (over its slices).
+
+    A built-in TensorFlow engine whose clipping is TensorFlow's (``tf.clip_by_global_norm``'s
+    arithmetic: optimizer ``semantics`` native or tf; ``torch`` densifies first). ``per_device``
+    clips each device's own gradient, sparse on every engine; ``after_combine`` the combined one,
+    still sparse where the combine concatenates slices (``tf.towers``, ``tf.single``, ``tf.mirrored``,
+    and ``tf.v1`` under ``loss_mean``; ``tf.v1``'s classic ``average_gradients`` densifies under ``grad_mean``).
+    """
+    clip = spec["parallel"].get("clip")
+    if not tf_builtin or clip is None or spec["optimizer"]["semantics"] == "torch":
+        return False
+    return clip["where"] == "per_device" or family == "keras" or spec["parallel"]["combine"] == "loss_mean"
+
+
+def sparse_clip_norm(spec: dict[str, Any], a: tuple[bool, str], b: tuple[bool, str], moves: bool,
+                     absent: list[str]) -> str | None:
+    """TensorFlow's global norm of an ``IndexedSlices`` is over its slices, ``sqrt(sum_i |g_i|^2)``, not of the
+    dense ``G``: clipping then scales by another coefficient once the threshold is reached (both
+    ``tf.clip_by_global_norm`` and Keras' ``clipnorm`` square per slice). ``a``/``b``: (built-in
+    TensorFlow engine, optimizer family) of each side."""
+    clip = spec["parallel"].get("clip")
+    if clip is None or not any(layer["type"] == "embedding" for layer in spec["model"]["layers"]):
+        return None
+    sa, sb = _clips_slices(spec, *a), _clips_slices(spec, *b)
+    if sa == sb:
+        return None
+    paths = sparse_embeddings(spec["model"]["layers"])
+    if not paths:
+        absent.append(f"{SPARSE_CLIP}: the embedding's gradient is dense")
+        return None
+    if not moves:
+        absent.append(f"{SPARSE_CLIP}: no step moves the parameters")
+        return None
+    facts = spec["data"].get(FACTS_KEY) or {}
+    own = clip["where"] == "per_device" or spec["parallel"]["combine"] in ("param_mean", "async")
+    where = "a device's shard" if own else "a step's global batch"
+    if not facts.get("repeat_in_shard" if own else "repeat_in_batch", True):
+        absent.append(f"{SPARSE_CLIP}: no token id repeats within {where}")
+        return None
+    return (f"{SPARSE_CLIP}: TensorFlow's global norm of an embedding's IndexedSlices gradient is taken over its"
+            f" slices, sqrt(sum |g_i|^2), not over the summed gradient as torch's clip_grad_norm_ takes it, so"
+            f" clipping scales by another coefficient on steps that reach the threshold (a token id repeats"
+            f" within {where}; {', '.join(f'model.layers.{p}' for p in paths)})")
+
+
 def labelled_counts(spec: dict[str, Any], one_parallel: bool) -> str | None:
     """The per-shard labelled-count difference of an ``ignore_label`` case between N devices and one, or ``None``."""
     model, par = spec["model"], spec["parallel"]
@@ -109,9 +163,11 @@ def labelled_counts(spec: dict[str, Any], one_parallel: bool) -> str | None:
             " is not the mean over the whole batch's labelled positions (the shards hold different counts)")
 
 
-def embedding_mapping(spec: dict[str, Any], side_sparse: bool) -> dict[str, Any] | None:
-    """``model.layers.<i>.gradient: dense`` for every sparse embedding, on the side that squares per occurrence."""
-    if not side_sparse:
+def embedding_mapping(spec: dict[str, Any], tf_builtin: bool, family: str) -> dict[str, Any] | None:
+    """``model.layers.<i>.gradient: dense`` for every sparse embedding, on the side that squares or clips an
+    ``IndexedSlices`` (a built-in TensorFlow engine: Keras' optimizer class, or TensorFlow's clipping norm)."""
+    keras_class = tf_builtin and family == "keras" and runs_keras_class(spec)
+    if not (keras_class or _clips_slices(spec, tf_builtin, family)):
         return None
     paths = sparse_embeddings(spec["model"]["layers"])
     return {f"model.layers.{p}.gradient": "dense" for p in paths} or None

@@ -23,11 +23,12 @@ over Adam's two averages (``|m_hat| / sqrt(v_hat) <= B_t``; ``B_1 = 1``, ``B_4 =
 ``1/sqrt(1-rho)`` and 1. ``eps' = min(eps, sqrt(eps))`` covers both placements (torch adds ``eps`` to
 the root, Keras' RMSprop and Adagrad put it under the root); Keras' Adam epsilon-hat
 ``eps / sqrt(1 - b2^t)`` is larger than ``eps``, so ``eps`` bounds both. ``lr_t`` is the larger of the
-schedule's float64 rate and Keras' float32 one. AdamW's decoupled decay multiplies both sides'
-parameter by the same ``1 - lr wd``; each side's arithmetic on the parameter itself rounds by at most
-``u |p|`` a step. Two correct runs therefore part by at most::
+schedule's float64 rate and Keras' float32 one, the largest so far (Keras' momentum forms accumulate
+``lr_s g_s``). AdamW's decoupled decay multiplies both sides' parameter by the same ``1 - lr wd``; each
+side's arithmetic on the parameter itself (the decay's product, the update's sum) rounds by at most
+``2 u |p|`` a step. Two correct runs therefore part by at most::
 
-    |pA_T - pB_T| <= sum_{t<=T} (|stepA_t| + |stepB_t|) + 2 T u max|p|
+    |pA_T - pB_T| <= sum_{t<=T} (|stepA_t| + |stepB_t|) + 4 T u max|p|
 
 elementwise (each step's bound times ``1 + D u`` for the optimizer's own arithmetic on it), from each
 side's own recorded gradients (where a side records none, its gradients are
@@ -158,8 +159,9 @@ class ZeroGradients:
 
     def _lrs(self, steps: int) -> np.ndarray:
         opt = self.optimizer
-        return np.array([max(lr_at(opt["schedule"], opt["lr"], t), keras_lr(opt["schedule"], opt["lr"], t))
-                         for t in range(1, steps + 1)])
+        lrs = [max(lr_at(opt["schedule"], opt["lr"], t), keras_lr(opt["schedule"], opt["lr"], t)) for t in range(1, steps + 1)]
+        # the largest rate so far: Keras' momentum forms accumulate lr_s g_s, torch's lr_t times the sum
+        return np.maximum.accumulate(np.array(lrs))
 
     def check(self, a: Mapping[str, Any], b: Mapping[str, Any], keys: list[str]) -> Check | None:
         """Judge each zero-gradient parameter among ``keys`` in the float64 runs ``a``, ``b`` (module docstring).
@@ -218,7 +220,7 @@ class ZeroGradients:
             # (1 + D u): the optimizer's own arithmetic rounds each step by a few units of its size
             drift += np.cumsum(lrs.reshape((steps,) + (1,) * (pa.ndim - 1)) * ratios, axis=0) * (1 + ROUNDING_STAGES * U64)
         scale = np.maximum(np.abs(pa), np.abs(pb)).max()
-        bound = drift + 2 * np.arange(1, steps + 1).reshape((steps,) + (1,) * (pa.ndim - 1)) * U64 * scale
+        bound = drift + 4 * np.arange(1, steps + 1).reshape((steps,) + (1,) * (pa.ndim - 1)) * U64 * scale
         diff = np.abs(pa[1:] - pb[1:])
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(diff > 0, diff / bound, 0.0).reshape(steps, -1).max(axis=1)

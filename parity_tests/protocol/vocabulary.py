@@ -20,5 +20,5 @@ ORDERS = ("split", "distributed_sampler")
 #: the architecture layers (docs/layers.md) added to the first vocabulary (mixed_bfloat16 refuses them)
 ARCHITECTURE_TYPES = ("activation", "layer_norm", "rms_norm", "residual", "repeat", "avg_pool2d",
                       "global_avg_pool2d", "channel_pad", "reshape", "position_embedding", "class_token", "take_token",
-                      "depthwise_conv2d", "embedding", "tied_logits", "attention")
+                      "depthwise_conv2d", "attention", "embedding", "tied_logits")
 LAYER_TYPES = ("dense", "poly", "conv2d", "max_pool2d", "flatten", "batch_norm", "dropout", *ARCHITECTURE_TYPES)

@@ -28,7 +28,8 @@ def _normalise(line: str) -> str:
 
 @pytest.mark.usefixtures("pool")
 @pytest.mark.parametrize("module", ["parity_tests.tests.test_layers", "parity_tests.tests.test_losses",
-                                    "parity_tests.tests.test_layers_vocabulary", "parity_tests.tests.test_layers_attention"])
+                                    "parity_tests.tests.test_layers_vocabulary", "parity_tests.tests.test_layers_attention",
+                                    "parity_tests.tests.test_layers_tokens"])
 def test_layers_page_tables_are_up_to_date(module, capsys):
     importlib.import_module(module).main()
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]

@@ -102,6 +102,22 @@ def test_token_ids_from_npz_and_arrays(tmp_path):
     assert e.value.field == "data.x" and "integer token ids" in str(e.value)
 
 
+def test_plugins_receive_token_ids_as_integers():
+    """An external model's integer x (token ids for a plugin's embedding) stays int64 up to ``run.dataset()``;
+    float x still arrives in the case dtype."""
+    from parity_tests.protocol.plugin_run import RunBase
+
+    raw = {"schema": "parity-case/1", "name": "ext", "dtype": "float32", "model": {"external": "a plugin's GPT"},
+           "init": {"arrays": True}, "data": {"arrays": True, "global_batch": 2},
+           "optimizer": {"name": "sgd", "lr": 0.1}, "parallel": {"devices": 2}, "steps": 1}
+    ids = np.array([[0, 1, 2], [3, 4, 5]], np.int32)
+    for x, want in ((ids, np.int64), (ids.astype(np.float64), np.float32)):
+        case = case_from_dict(raw, x=x, y=np.roll(ids, -1, axis=1), init={"e": np.zeros((6, 3))})
+        got, labels = RunBase(case.payload()).dataset()
+        assert got.dtype == want and labels.dtype == np.int64
+        np.testing.assert_array_equal(got, ids)
+
+
 def _bad(**changes):
     raw = _raw(_gpt(), data={"arrays": True, "global_batch": 2}, steps=1)
     x = changes.pop("x", np.array([[0, 1, 2], [3, 4, 5]]))
@@ -447,11 +463,39 @@ def test_param_mean_sees_a_repeat_within_a_shard():
     assert "a device's shard" in _sparse(predict(case.spec, "tf.towers", "torch.ddp"))[0]
 
 
+SGD_TF = {"name": "sgd", "lr": 0.5, "semantics": "tf"}
+SHARD_REPEAT = [[0, 1, 1], [3, 4, 5]]  # id 1 twice on device 0
+
+
+def _clip_text(pred) -> list[str]:
+    return [t for t in pred.expected if "sparse embedding clipping norm" in t]
+
+
+def test_sparse_clipping_norm_is_predicted_where_it_is_real():
+    """TensorFlow's global norm of an IndexedSlices is over its slices: after_combine sees the global batch's
+    slices (tf.v1's classic average_gradients densifies them under grad_mean), per_device a shard's."""
+    after = _arrays_case(REPEAT_ACROSS, optimizer=SGD_TF, clip={"global_norm": 0.05, "where": "after_combine"})
+    for a, b in (("tf.towers", "torch.ddp"), ("tf.mirrored", "torch.ddp"), ("tf.towers", "tf.v1")):
+        (d,) = [d for d in predict(after.spec, a, b).differences if "clipping norm" in d.text]
+        assert d.expected and not d.certain and d.stage == "clip" and d.mapping == "embedding_gradient", (a, b)
+    assert mapping_changes("embedding_gradient", after.spec, "tf.v1", "tf.towers") is None  # v1 clips the dense sum
+    assert mapping_changes("embedding_gradient", after.spec, "tf.towers", "tf.v1") == {"model.layers.0.gradient": "dense"}
+    per_device = after.replace(**{"parallel.clip": {"global_norm": 0.05, "where": "per_device"}})
+    pred = predict(per_device.spec, "tf.towers", "torch.ddp")
+    assert not _clip_text(pred) and any("clipping norm" in t and "a device's shard" in t for t in pred.absent)
+    shard = _arrays_case(SHARD_REPEAT, optimizer=SGD_TF, clip={"global_norm": 0.05, "where": "per_device"})
+    assert _clip_text(predict(shard.spec, "tf.towers", "torch.ddp"))
+    assert not _clip_text(predict(shard.spec, "tf.towers", "tf.v1"))  # both clip each tower's slices
+    torch_rule = after.replace(**{"optimizer.semantics": "torch"})  # torch's clipping densifies first
+    assert not _clip_text(predict(torch_rule.spec, "tf.towers", "torch.ddp"))
+
+
 def test_labelled_counts_are_predicted_between_n_devices_and_one():
     uneven = _bad(**{"model.ignore_label": 0, "y": np.array([[1, 2, 3], [4, 0, 0]])})
     even = _bad(**{"model.ignore_label": 0, "y": np.array([[1, 2, 0], [4, 0, 5]])})
     (d,) = predict(uneven.spec, "tf.towers", "tf.single").differences
-    assert "per-device labelled counts" in d.text and d.certain and d.stage == "combined_grads"
+    # not certain: a step whose shards hold equal counts has no gap (lockstep judges steps alone)
+    assert "per-device labelled counts" in d.text and not d.certain and d.stage == "combined_grads"
     assert predict(uneven.spec, "tf.towers", "torch.ddp").differences == ()  # both average per-device means
     assert predict(even.spec, "torch.ddp", "torch.single").differences == ()
 
@@ -480,6 +524,43 @@ def test_every_engine_runs_the_token_path(_pool, impl, ref):
     """Untied (the sparse gradient through each engine's combine), an ignored label, per-token mean."""
     case = case_from_dict(_raw(_gpt(tied=False), ignore=0))
     assert_trajectories_close(run_impl(case, ref), run_impl(case, impl), rtol=RTOL, atol=ATOL)
+
+
+def test_per_token_mean_combines_as_the_contract_says(_pool):
+    """loss_mean with an ignored label (each device's mean over its labelled positions, averaged), and
+    by_size weighting of uneven shards with label smoothing (tf.mirrored flattens the positions for
+    compute_average_loss): tf.towers, tf.mirrored and torch.ddp agree."""
+    loss_mean = case_from_dict(_raw(_gpt(tied=False), ignore=0, combine="loss_mean"))
+    assert_trajectories_close(run_impl(loss_mean, "tf.towers"), run_impl(loss_mean, "torch.ddp"), rtol=RTOL, atol=ATOL)
+    raw = _raw(_gpt(tied=False), batch=5, weighting="by_size")
+    raw["model"]["label_smoothing"] = 0.1
+    smoothed = case_from_dict(raw)
+    ref = run_impl(smoothed, "tf.towers")
+    for impl in ("tf.mirrored", "torch.ddp"):
+        assert_trajectories_close(ref, run_impl(smoothed, impl), rtol=RTOL, atol=ATOL)
+
+
+def test_lockstep_judges_labelled_counts_step_by_step(_pool):
+    """Step 1's shards hold equal labelled counts, step 2's do not: judged alone, step 1 is parity (not an
+    unexpected parity: the prediction is not certain) and step 2 the predicted difference."""
+    from parity_tests.session.lockstep import lockstep_compare
+
+    x = np.array([[0, 1, 2], [3, 4, 5]] * 2)
+    y = np.array([[1, 0, 3], [4, 5, 0], [1, 2, 3], [0, 0, 5]])
+    raw = _raw(_gpt(tied=False), ignore=0, data={"arrays": True, "global_batch": 2}, steps=2)
+    case = case_from_dict(raw, x=x, y=y)
+    (pair,) = lockstep_compare(case, ["tf.towers", "tf.single"], free=False, stages=False).pairs
+    assert list(pair.step_status) == ["parity", "expected_difference"], pair.step_status
+
+
+def test_sparse_clipping_norm_verdict(_pool):
+    """SGD with after_combine clipping at 0.05 (reached): expected_difference, parity once mapped."""
+    from parity_tests.session.comparison import compare_case
+
+    case = _arrays_case(REPEAT_ACROSS, optimizer=SGD_TF, clip={"global_norm": 0.05, "where": "after_combine"})
+    (pair,) = compare_case(case, ["tf.towers", "torch.ddp"]).pairs
+    assert pair.verdict.status == "expected_difference", pair.verdict.detail
+    assert "model.layers.0.gradient dense): parity" in pair.verdict.detail, pair.verdict.detail
 
 
 @pytest.mark.parametrize(("x", "layers", "status"), [
@@ -513,29 +594,28 @@ def main() -> None:
     from torchref.pool import shutdown_pool
 
     tf_device_count()
+    print("| tiny GPT (probe) | largest gap TF vs torch (where) |\n| --- | --- |")
     for tied in (True, False):
         layers = validate_model(_raw(_gpt(tied))["model"])[0]["layers"]
         params = draw_init(param_specs([T], layers), 0, "normal", 0.5)
         a, b, _ = _both_sides(layers, params, _ids())
-        print(f"direct, tiny GPT {'tied' if tied else 'untied'}: {_gap(a, b)[0]:.2g} ({_gap(a, b)[1]})")
+        gap, where = _gap(a, b)
+        print(f"| {'tied' if tied else 'untied'} | {gap:.2g} ({where}) |")
     optimizers = {
-        "adam": {"name": "adam", "lr": 0.25, "semantics": "native"},
-        "rmsprop": {"name": "rmsprop", "lr": 0.25, "semantics": "native"},
-        "adagrad": ADAGRAD,
+        "Adam": {"name": "adam", "lr": 0.25, "semantics": "native"},
+        "RMSprop": {"name": "rmsprop", "lr": 0.25, "semantics": "native"},
+        "Adagrad (epsilon 0, initial accumulator 0.5)": ADAGRAD,
     }
+    print("\n| optimizer | native | `gradient: dense` (and the optimizer mapped) |\n| --- | --- | --- |")
     try:
         for name, opt in optimizers.items():
             row = []
             for gradient in ("native", "dense"):
                 case = _arrays_case(REPEAT_ACROSS * 3, layers=_gpt(tied=False, gradient=gradient), optimizer=opt)
-                tf_side = run_impl(case, "tf.towers")
-                mapped = case.replace(**{"optimizer.semantics": "torch"}) if name != "adagrad" else case
-                ddp = run_impl(mapped if gradient == "dense" else case, "torch.ddp")
-                if gradient == "dense" and name != "adagrad":  # the epsilon placement mapped too: torch's rule on tf
-                    tf_side = run_impl(case.replace(**{"optimizer.semantics": "torch"}), "tf.towers")
-                row.append(_gap(tf_side, ddp, "param/"))
-            print(f"{name}: native {row[0][0]:.3g} ({row[0][1]}), gradient dense (and optimizer mapped) "
-                  f"{row[1][0]:.2g} ({row[1][1]})")
+                if gradient == "dense" and opt is not ADAGRAD:  # Adam's, RMSprop's epsilon placement mapped too
+                    case = case.replace(**{"optimizer.semantics": "torch"})
+                row.append(_gap(run_impl(case, "tf.towers"), run_impl(case, "torch.ddp"), "param/"))
+            print(f"| {name} | {row[0][0]:.3g} ({row[0][1]}) | {row[1][0]:.2g} ({row[1][1]}) |")
     finally:
         shutdown_pool()
 

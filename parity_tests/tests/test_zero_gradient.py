@@ -187,3 +187,15 @@ def test_float32_runs_hold_the_drift_in_their_own_floors(pool):
     v = judge_float32(a32, b32, a64=a64, b64=b64, zero=zero_gradients(f64.spec))
     assert v.status == "parity", v.detail
     assert judge_float32(a32, b32, a64=a64, b64=b64).status == "divergence"  # the premise, through its float64 runs
+
+
+def test_lockstep_judges_the_key_bias_the_same_way(pool, monkeypatch):
+    """``--lockstep`` (every step from the reference's state) judges each step through the same rule: parity;
+    without it (the premise) one step's drift, ``lr |gA - gB| / eps``, already breaks the float64 bound."""
+    from parity_tests.session import lockstep
+
+    (pair,) = lockstep.lockstep_compare(_vit(), ["tf.towers", "torch.ddp"], free=False, stages=False).pairs
+    assert pair.status == "parity"
+    monkeypatch.setattr(lockstep, "zero_gradients", lambda spec: None)
+    (pair,) = lockstep.lockstep_compare(_vit(), ["tf.towers", "torch.ddp"], free=False, stages=False).pairs
+    assert pair.status != "parity"
