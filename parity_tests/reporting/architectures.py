@@ -5,7 +5,7 @@ One builder per family, at any size: the full-size configurations are the case f
 builders, so a file and its builder cannot drift apart unnoticed: ``test_architectures`` compares
 them), and small configurations of each run in ``tfpar matrix`` (``reporting.matrix``).
 
-Every builder returns the ``model.layers`` list of ``shared/CONTRACT.md`` section 7; ``case``
+Every builder returns a ``model.layers`` list (``docs/case-format.md``, ``docs/layers.md``); ``case``
 wraps a layer list into a whole case. The layer-by-layer mapping to the public reference each
 follows is in ``examples/architectures/README.md``.
 """
