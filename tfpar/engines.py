@@ -22,25 +22,26 @@ SPECS: tuple[EngineSpec, ...] = (
                description="the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients,"
                            " one update",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stepwise=True, stateful=True,
-               optimizer_family="keras", sync_bn_gradient="own_loss", entry="tfpar.towers:TowerTrainer"),
+               optimizer_family="keras", sync_bn_gradient="own_loss", accumulate=True, entry="tfpar.towers:TowerTrainer"),
     EngineSpec("tf.single", "builtin", "tf", parallel=False, dtypes=_MIXED, keras=True, captures=True,
                description="one TensorFlow device, the whole global batch",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stepwise=True, stateful=True,
-               optimizer_family="keras", entry="tfpar.towers:TowerTrainer"),
+               optimizer_family="keras", accumulate=True, entry="tfpar.towers:TowerTrainer"),
     EngineSpec("tf.v1", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
                description="the classic tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower,"
                            " average_gradients)",
                combines=COMBINES, orders=("split",), optimizers=("sgd", "momentum", "adam"), layers=LAYER_TYPES,
-               optimizer_family="tf.compat.v1", entry="tfpar.v1:run_v1"),
+               optimizer_family="tf.compat.v1", accumulate=False, entry="tfpar.v1:run_v1"),
     EngineSpec("tf.mirrored", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
                description="tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
                combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
-               optimizer_family="keras", entry="tfpar.mirrored:run_mirrored"),
+               optimizer_family="keras", accumulate=False, entry="tfpar.mirrored:run_mirrored"),
     EngineSpec("tf.multiworker", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True,
                description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker"
                            " (python -m parity_tests.launch.tf)",
                combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
-               optimizer_family="keras", entry="tfpar.multiworker:run_multiworker", in_process=False),
+               optimizer_family="keras", accumulate=False, entry="tfpar.multiworker:run_multiworker",
+               in_process=False),
 )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from parity_tests.contract.model import nested_layers
+
 __all__ = ["Unsupported", "refuse_loss_options", "refuse_unimplemented"]
 
 
@@ -41,9 +43,10 @@ def refuse_unimplemented(spec: dict, impl: str, *, optimizers: tuple[str, ...] |
         raise Unsupported("parallel.clip", f"no gradient clipping for {impl} (tf.towers has it)")
     if not loss_options:
         refuse_loss_options(spec, impl)
-    for i, layer in enumerate(spec["model"]["layers"]):
+    for path, layer in nested_layers(spec["model"]["layers"]):
         if not layers and layer["type"] in ("batch_norm", "dropout"):
-            raise Unsupported(f"model.layers[{i}].type",
+            where = f"model.layers[{path[0]}]" + "".join(f".{f}[{j}]" for f, j in zip(path[1::2], path[2::2], strict=True))
+            raise Unsupported(f"{where}.type",
                               f"no {layer['type']} layer for {impl} (tf.towers has it)")
 
 

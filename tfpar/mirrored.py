@@ -72,6 +72,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.specs import nested_inputs
 from parity_tests.protocol.recorder import Recorder
 
 from . import tokens
@@ -84,7 +85,9 @@ from .models import (
     is_state,
     layer_device,
     layer_mask,
+    needs_towers_fn,
     recording_activations,
+    residual_output,
     update_moving,
 )
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
@@ -172,7 +175,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
 
 def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *,
                     masks: Mapping[str, tf.Tensor], batch_norm: str,
-                    stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]],
+                    stats: dict[str, tuple[tf.Tensor, tf.Tensor, int]],
                     acts: dict[str, tf.Tensor] | None = None) -> tf.Tensor:
     """One replica's forward pass (inside ``strategy.run``), ``[n_r, ...] -> [n_r, *output_shape]``.
 
@@ -183,22 +186,41 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     The all-reduce is differentiable: its gradient is the all-reduce of the
     upstream gradients, so a replica's gradient is its share of the gradient of
     every replica's loss (torch ``SyncBatchNorm``'s, not ``tf.towers``' own-loss
-    gradient). ``stats[i]`` receives the layer's ``(mean, var, values per channel)``
+    gradient). ``stats[path]`` receives the layer's ``(mean, var, values per channel)``
     for the moving-statistics update, which the caller applies in cross-replica
-    context. ``masks`` maps a dropout layer's index (str) to its keep-mask. ``acts``, when
-    given, receives every layer's output ``[n_r, ...]`` under the layer's index (str), and every
-    layer inside a ``residual`` or ``repeat`` under its path (``"3.body.1"``): the capture
+    context; a residual or repeat holding batch norm or dropout is walked layer by layer,
+    its inner layers keyed by path (``3.body.1``). ``masks`` maps a dropout layer's path (str) to its
+    keep-mask. ``acts``, when given, receives every layer's output ``[n_r, ...]`` under its path (the
+    index ``"3"`` at the top level, ``"3.body.1"`` inside a ``residual`` or ``repeat``): the capture
     step's ``forward`` stage.
     """
-    h = x
-    for i, layer in enumerate(layers):
+    def run(path: str, layer: dict, h: tf.Tensor) -> tf.Tensor:
+        out = step(path, layer, h)
+        if acts is not None:
+            acts[path] = out
+        return out
+
+    def step(path: str, layer: dict, h: tf.Tensor) -> tf.Tensor:
+        if layer["type"] in ("residual", "repeat") and needs_towers_fn([layer]):  # batch norm or dropout inside
+            place = layer_device(layer)
+            with tf.device(place) if place else contextlib.nullcontext():
+                if layer["type"] == "repeat":
+                    for r in range(layer["count"]):
+                        for j, inner in enumerate(layer["body"]):
+                            h = run(f"{path}.{r}.{j}", inner, h)
+                    return h
+                body, short = h, h
+                for j, inner in enumerate(layer["body"]):
+                    body = run(f"{path}.body.{j}", inner, body)
+                for j, inner in enumerate(layer["shortcut"]):
+                    short = run(f"{path}.shortcut.{j}", inner, short)
+                return residual_output(layer, body, short)
         if layer["type"] != "batch_norm":
             with recording_activations() if acts is not None else contextlib.nullcontext([]) as nested:
-                h = apply_layer(i, layer, params, h, layer_mask(masks, str(i), layer))
-            if acts is not None:
-                acts.update({str(path): hs[0] for path, hs in nested})  # layers inside residual / repeat, by path
-                acts[str(i)] = h
-            continue
+                h = apply_layer(path, layer, params, h, layer_mask(masks, path, layer))
+            if acts is not None:  # layers inside a residual / repeat without batch norm, by path
+                acts.update({str(inner): hs[0] for inner, hs in nested})
+            return h
         place = layer_device(layer)
         with tf.device(place) if place else contextlib.nullcontext():
             axes = list(range(h.shape.rank - 1))
@@ -211,11 +233,13 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
                 var = tf.maximum(s2 / c - tf.square(mean), 0.0)
             else:
                 mean, var = tf.nn.moments(h, axes)
-            stats[i] = (mean, var, math.prod(h.shape[1:-1]))  # values per channel per example
-            h = tf.nn.batch_normalization(h, mean, var, offset=params[f"{i}.beta"], scale=params[f"{i}.gamma"],
-                                          variance_epsilon=layer["epsilon"])
-        if acts is not None:
-            acts[str(i)] = h
+            stats[path] = (mean, var, math.prod(h.shape[1:-1]))  # values per channel per example
+            return tf.nn.batch_normalization(h, mean, var, offset=params[f"{path}.beta"], scale=params[f"{path}.gamma"],
+                                             variance_epsilon=layer["epsilon"])
+
+    h = x
+    for i, layer in enumerate(layers):
+        h = run(str(i), layer, h)
     return h
 
 
@@ -292,7 +316,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     # Keras applies (and all-reduces) inside the replica unless the combined gradient must be clipped first
     apply_in_replica = native and (clip is None or per_device)
     layers = model["layers"]
-    bn_layers = {i: layer for i, layer in enumerate(layers) if layer["type"] == "batch_norm"}
+    bn_layers = {path: layer for path, layer, _ in nested_inputs(model["input_shape"], layers)
+                 if layer["type"] == "batch_norm"}
 
     def scaled_loss(out: tf.Tensor, y: tf.Tensor, v: tf.Tensor | None) -> tf.Tensor:
         positions = 1  # per-token softmax_ce: every position of an example is one term of the mean
@@ -320,7 +345,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
 
     def replica_step(x: tf.Tensor, y: tf.Tensor, extras: dict[str, tf.Tensor],
                      capture: bool = False) -> tuple[Any, ...]:
-        stats: dict[int, tuple[tf.Tensor, tf.Tensor, int]] = {}
+        stats: dict[str, tuple[tf.Tensor, tf.Tensor, int]] = {}
         acts: dict[str, tf.Tensor] | None = {} if capture else None
         with tf.GradientTape() as tape:
             out = replica_forward(layers, dict(zip(names, var_list, strict=True)), x,
@@ -343,9 +368,9 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
         # static shapes, recorded while tracing: values per channel per example of each BN layer
         per_example.update({i: c for i, (_, _, c) in stats.items()})
-        return loss, grads, {str(i): (mean, var) for i, (mean, var, _) in stats.items()}, cap
+        return loss, grads, {path: (mean, var) for path, (mean, var, _) in stats.items()}, cap
 
-    per_example: dict[int, int] = {}
+    per_example: dict[str, int] = {}
 
     def first_replica(t: Any) -> tf.Tensor:
         # replica 0's value of a per-replica [C] tensor; across workers it lives in worker 0, so
@@ -378,7 +403,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         for i, layer in bn_layers.items():
             # the moving statistics: the global batch's (sync), or replica 0's (local: what
             # DDP keeps, broadcasting rank 0's buffers), written to every copy
-            mean, var = (first_replica(t) for t in moments[str(i)])
+            mean, var = (first_replica(t) for t in moments[i])
             rows = batch if bn_mode == "sync" else sizes[0]
             update_moving(state, i, layer, mean, var, rows * per_example[i])
         return total, grads, out

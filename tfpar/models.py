@@ -80,7 +80,9 @@ tower with its own shard's statistics and keeps the *first* tower's update of
 the moving statistics (what DDP keeps: it broadcasts rank 0's buffers at every
 forward); ``sync`` sums ``sum x``, ``sum x^2`` and the counts over the towers,
 ``mu = S / n``, ``var = max(Q / n - mu^2, 0)`` (Keras' synchronized moments),
-and normalises every tower with those.
+and normalises every tower with those. A ``residual`` or ``repeat`` whose bodies hold
+batch norm or dropout is walked in the same lockstep, its inner layers keyed by path
+(``3.body.1.gamma``, ``3.body.1.moving_mean``, the mask of ``5.2.0``).
 
 Mixed precision (``compute=tf.bfloat16``, the case dtype ``mixed_bfloat16``) follows
 Keras 3.15's ``mixed_bfloat16`` policy, read in the installed ``keras/src``:
@@ -130,6 +132,7 @@ __all__ = [
     "layer_mask",
     "needs_towers_fn",
     "recording_activations",
+    "residual_output",
 ]
 
 STATE_KINDS = ("moving_mean", "moving_variance")
@@ -190,7 +193,7 @@ def _avg_pool(h: tf.Tensor, layer: Mapping) -> tf.Tensor:
 
 def _apply_list(prefix: str, layers: Sequence[Mapping], params: Mapping[str, tf.Tensor], h: tf.Tensor,
                 compute: tf.DType | None, masks: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
-    """A nested layer list (no batch_norm or dropout: the case refuses them there) at path ``prefix``;
+    """A nested layer list without batch_norm or dropout (those run through :func:`forward_towers`) at path ``prefix``;
     ``masks``: the tower's keep-masks by path (a nested attention layer's)."""
     for j, layer in enumerate(layers):
         h = _apply(f"{prefix}.{j}", layer, params, h, layer_mask(masks, f"{prefix}.{j}", layer), compute)
@@ -213,9 +216,16 @@ def is_state(name: str) -> bool:
 
 
 def needs_towers_fn(layers: Sequence[Mapping]) -> bool:
-    """True when towers must run in lockstep (batch norm, whose state and statistics cross towers, or dropout masks)."""
+    """True when towers must run in lockstep (batch norm, whose state and statistics cross towers, or dropout
+    masks, an attention layer's included), at the top level or inside a ``residual`` or ``repeat`` body."""
     return any(layer["type"] in ("batch_norm", "dropout") or (layer["type"] == "attention" and layer["dropout"] > 0)
-               or needs_towers_fn([*layer.get("body", ()), *layer.get("shortcut", ())]) for layer in layers)
+               or (layer["type"] in ("residual", "repeat") and needs_towers_fn([*layer["body"], *layer.get("shortcut", [])]))
+               for layer in layers)
+
+
+def residual_output(layer: Mapping, body: tf.Tensor, shortcut: tf.Tensor) -> tf.Tensor:
+    """A ``residual`` layer's output from its body's and shortcut's: ``act(body + shortcut)`` (Keras ``Add``)."""
+    return _ACT[layer["activation"]](body + shortcut)
 
 
 def build_variables(init: Mapping[str, np.ndarray], dtype: tf.DType, *, device: str = "/device:CPU:0") -> dict[str, tf.Variable]:
@@ -334,7 +344,7 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     if kind == "residual":
         body = _apply_list(f"{i}.body", layer["body"], params, h, compute, mask)
         shortcut = _apply_list(f"{i}.shortcut", layer["shortcut"], params, h, compute, mask)
-        return _ACT[layer["activation"]](body + shortcut)  # keras.layers.Add: the sum of its inputs
+        return residual_output(layer, body, shortcut)  # keras.layers.Add: the sum of its inputs
     if kind == "repeat":
         for r in range(layer["count"]):
             h = _apply_list(f"{i}.{r}", layer["body"], params, h, compute, mask)
@@ -378,7 +388,7 @@ def apply_layer(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.T
         return _apply(i, layer, params, h, mask, compute)
 
 
-def update_moving(state: Mapping[str, tf.Variable], i: int, layer: Mapping, mean: tf.Tensor, var: tf.Tensor,
+def update_moving(state: Mapping[str, tf.Variable], i: int | str, layer: Mapping, mean: tf.Tensor, var: tf.Tensor,
                   count: int) -> None:
     """Batch-norm layer ``i``'s moving statistics from a batch's ``mean`` and biased ``var`` over ``count`` values.
 
@@ -421,7 +431,7 @@ def recording_activations():
         _ACTIVATIONS = previous
 
 
-def _batch_norm(i: int, layer: Mapping, params: Mapping[str, tf.Tensor], hs: list[tf.Tensor], devices: list[str | None],
+def _batch_norm(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], hs: list[tf.Tensor], devices: list[str | None],
                 state: Mapping[str, tf.Variable] | None, mode: str, reduce_device: str | None,
                 compute: tf.DType | None = None) -> list[tf.Tensor]:
     gamma, beta, eps = params[f"{i}.gamma"], params[f"{i}.beta"], layer["epsilon"]
@@ -479,7 +489,7 @@ def forward_towers(
         params: canonical name -> tensor (trainable parameters).
         xs: N shards, ``[n_r, *input_shape]`` each.
         devices: the tower devices (``None``: no placement).
-        masks: per tower, layer index (str) -> bool keep-mask ``[n_r, *layer_input_shape]``.
+        masks: per tower, layer path (``"3"``, ``"3.body.1"``) -> bool keep-mask ``[n_r, *layer_input_shape]``.
         state: canonical name -> moving-statistics variable, updated in place
             (``None``: not updated).
         batch_norm: ``local`` or ``sync`` (see the module docstring).
@@ -492,13 +502,41 @@ def forward_towers(
     """
     hs = list(xs)
     towers = list(devices) if devices is not None else [None] * len(hs)
-    for i, layer in enumerate(layers):
+
+    def run(path: str, layer: Mapping, hs: list[tf.Tensor], towers: list[str | None]) -> list[tf.Tensor]:
+        """Layer ``path`` on every tower; a residual or repeat holding batch norm or dropout recurses
+        into its bodies in lockstep (statistics and state by path: ``3.body.1.moving_mean``)."""
+        outs = step(path, layer, hs, towers)
+        if _ACTIVATIONS is not None and "." in path:  # a layer of a walked body: every tower's output, by path
+            _ACTIVATIONS.append((path, [tf.cast(h, tf.float32) if h.dtype == tf.bfloat16 else h for h in outs]))
+        return outs
+
+    def step(path: str, layer: Mapping, hs: list[tf.Tensor], towers: list[str | None]) -> list[tf.Tensor]:
         if layer["type"] == "batch_norm":
             devices = [layer_device(layer, dev) for dev in towers]
-            hs = _batch_norm(i, layer, params, hs, devices, state, batch_norm, reduce_device, compute)
-        else:
-            hs = [apply_layer(i, layer, params, h, None if masks is None else layer_mask(masks[r], str(i), layer), towers[r], compute)
-                  for r, h in enumerate(hs)]
+            return _batch_norm(path, layer, params, hs, devices, state, batch_norm, reduce_device, compute)
+        if layer["type"] in ("residual", "repeat") and needs_towers_fn([layer]):
+            towers = [layer_device(layer, dev) for dev in towers]  # a placed block: all of it on its device
+            if layer["type"] == "repeat":
+                for r in range(layer["count"]):
+                    for j, inner in enumerate(layer["body"]):
+                        hs = run(f"{path}.{r}.{j}", inner, hs, towers)
+                return hs
+            body, short = hs, hs
+            for j, inner in enumerate(layer["body"]):
+                body = run(f"{path}.body.{j}", inner, body, towers)
+            for j, inner in enumerate(layer["shortcut"]):
+                short = run(f"{path}.shortcut.{j}", inner, short, towers)
+            outs = []
+            for b, sc, dev in zip(body, short, towers, strict=True):
+                with _on(dev):
+                    outs.append(residual_output(layer, b, sc))
+            return outs
+        return [apply_layer(path, layer, params, h, None if masks is None else layer_mask(masks[r], path, layer), towers[r], compute)
+                for r, h in enumerate(hs)]
+
+    for i, layer in enumerate(layers):
+        hs = run(str(i), layer, hs, towers)
         if _ACTIVATIONS is not None:  # bfloat16 activations recorded as float32 (exact), so numpy reads them
             _ACTIVATIONS.append((i, [tf.cast(h, tf.float32) if h.dtype == tf.bfloat16 else h for h in hs]))
     return hs

@@ -289,7 +289,7 @@ class Run(RunBase):
         seed: the case seed.
         initial: ``{name: array}``, the initial parameters and state in TensorFlow layouts, ``dtype``.
         devices: the N tower device names, for ``tf.device`` (TensorFlow plugins).
-        dropout_masks: ``{layer index: bool [rows, ...]}`` keep-masks of the case's dropout
+        dropout_masks: ``{layer index (nested: its path, "3.body.1"): bool [rows, ...]}`` keep-masks of the case's dropout
             layers, by data row (empty without dropout); an attention layer with dropout has
             ``[rows, H, T, T]`` under its index, or under its path (``"3.body.1"``) when nested.
         sample_weights: ``[rows]`` per-example weights (``data.sample_weights``) or ``None``.

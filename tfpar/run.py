@@ -99,6 +99,9 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     if combine not in declared.combines:
         raise Unsupported("parallel.combine", f"{' or '.join(declared.combines)} for {impl} ({combine} runs on"
                                               f" {_runs_on(lambda s: combine in s.combines)})")
+    if payload["spec"]["parallel"].get("accumulate", 1) > 1 and not declared.accumulate:
+        raise Unsupported("parallel.accumulate", f"1 for {impl} (micro-batch accumulation runs on"
+                                                 f" {_runs_on(lambda s: s.accumulate)})")
     if combine in LOCAL_COMBINES and impl != "tf.single":  # tf.single: one device, where every rule is the same
         return run_param_mean(payload, progress=progress) if combine == "param_mean" else run_async(payload, progress=progress)
     mixed = payload["spec"]["dtype"] == "mixed_bfloat16"
@@ -165,5 +168,6 @@ def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, dev
         clip=make_clip(spec),
         # per-example extras (dropout masks, sample weights) are split with the batch by the lockstep path
         towers_fn=towers_fn if needs_towers_fn(model["layers"]) or weighted else None,
+        accumulate=par.get("accumulate", 1),
     )
     return Built(trainer, state)

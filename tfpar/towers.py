@@ -62,6 +62,16 @@ def make_parallel(fn: Callable[..., tf.Tensor], devices: int | Sequence[str], **
     return tf.concat(outs, axis=0)
 
 
+def _micro_mean(gs: list[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor | tf.IndexedSlices:
+    """``(1/k) sum_j g_j`` over the k micro-batch gradients of one variable; sparse gradients
+    (``IndexedSlices``) stay sparse: their rows are concatenated, as a sum of slices is."""
+    k = len(gs)
+    if isinstance(gs[0], tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([g.values for g in gs], 0) / k, tf.concat([g.indices for g in gs], 0),
+                                gs[0].dense_shape)
+    return tf.add_n(gs) / k
+
+
 class TowerTrainer:
     """Synchronous data-parallel training over towers.
 
@@ -89,6 +99,13 @@ class TowerTrainer:
             ``grad_mean`` tower r's gradient is ``d l_r / d params`` (through
             every tower, when statistics cross towers), so their weighted mean
             is the gradient of the combined loss, as in DDP.
+        accumulate: k micro-batches per step (``parallel.accumulate``): each tower cuts its shard
+            into k equal contiguous micro-batches and runs each through the model (batch-norm
+            statistics and moving-statistics updates per micro-batch); its gradient is the mean
+            ``g_r = (1/k) sum_j d l_{r,j} / d params`` and its loss ``l_r = (1/k) sum_j l_{r,j}``,
+            combined as ``combine`` says (``loss_mean``: the mean over j of ``d (sum_r w_r l_{r,j})``),
+            clipped per device on ``g_r`` or after combining, then applied once. ``1``: no micro-batches
+            (the same program as without the argument).
     """
 
     def __init__(
@@ -104,12 +121,16 @@ class TowerTrainer:
         combine_device: str | None = None,
         clip: GradientClip | None = None,
         towers_fn: Callable[..., list[tf.Tensor]] | None = None,
+        accumulate: int = 1,
     ) -> None:
         if combine not in ("grad_mean", "loss_mean"):
             raise ValueError(f"combine must be grad_mean or loss_mean, got {combine!r}")
         if clip is not None and clip.where == "per_device" and combine != "grad_mean":
             raise ValueError("per_device clipping needs combine grad_mean (loss_mean has no per-tower gradient)")
+        if accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1, got {accumulate}")
         self.clip = clip
+        self.accumulate = accumulate
         self.loss_fn = loss_fn
         self.towers_fn = towers_fn
         self.names = list(variables)
@@ -180,6 +201,59 @@ class TowerTrainer:
         with tf.device(self.combine_device):
             return loss, average_gradients(tower_grads, weights)
 
+    def _accumulated(self, xs: list[tf.Tensor], ys: list[tf.Tensor], extra: Mapping[str, tf.Tensor],
+                     weights: list[float] | None, cap: dict | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """Loss and combined gradient over ``self.accumulate`` micro-batches per tower (class docstring)."""
+        n, k = len(self.devices), self.accumulate
+        micro = [split_batch(t, k, "contiguous") for t in xs], [split_batch(t, k, "contiguous") for t in ys]
+        parts = {key: [split_batch(p, k, "contiguous") for p in split_batch(v, n, self.shard)] for key, v in extra.items()}
+        params = dict(zip(self.names, self.variables, strict=True))
+        per_tower = self.combine == "grad_mean" or cap is not None
+        losses: list[list[tf.Tensor]] = [[] for _ in range(n)]  # l_{r,j}
+        grads: list[list[list[tf.Tensor]]] = [[] for _ in range(n)]  # d l_{r,j} / d params
+        combined: list[list[tf.Tensor]] = []  # loss_mean: d (sum_r w_r l_{r,j}) / d params
+        for j in range(k):
+            xs_j, ys_j = [m[j] for m in micro[0]], [m[j] for m in micro[1]]
+            with tf.GradientTape(persistent=True) as tape:
+                if self.towers_fn is not None:
+                    ls = self.towers_fn(params, xs_j, ys_j, [{key: p[r][j] for key, p in parts.items()} for r in range(n)])
+                else:
+                    ls = []
+                    for r, dev in enumerate(self.devices):
+                        with tf.device(dev), tf.name_scope(f"tower_{r}"):
+                            ls.append(self._tower_loss(xs_j[r], ys_j[r]))
+                with tf.device(self.combine_device):
+                    total = combine_losses(ls, weights)
+            for r, dev in enumerate(self.devices):
+                losses[r].append(ls[r])
+                if per_tower:
+                    with tf.device(dev), tf.name_scope(f"tower_{r}"):
+                        grads[r].append(tape.gradient(ls[r], self.variables))
+            if self.combine == "loss_mean":
+                with tf.device(self.combine_device):
+                    combined.append(tape.gradient(total, self.variables))
+            del tape
+        tower_losses, tower_grads = [], []
+        for r, dev in enumerate(self.devices):
+            with tf.device(dev):
+                tower_losses.append(tf.add_n(losses[r]) / k)
+                if per_tower:
+                    tower_grads.append([_micro_mean([g[v] for g in grads[r]]) for v in range(len(self.variables))])
+        if cap is not None:
+            cap["loss"], cap["grads"] = tower_losses, list(tower_grads)
+        with tf.device(self.combine_device):
+            loss = combine_losses(tower_losses, weights)
+            if self.combine == "loss_mean":
+                return loss, [_micro_mean([g[v] for g in combined]) for v in range(len(self.variables))]
+        if self.clip is not None and self.clip.where == "per_device":
+            for r, dev in enumerate(self.devices):
+                with tf.device(dev):
+                    tower_grads[r] = self.clip(tower_grads[r])
+            if cap is not None:
+                cap["clipped"] = tower_grads
+        with tf.device(self.combine_device):
+            return loss, average_gradients(tower_grads, weights)
+
     def _step_impl(self, x: tf.Tensor, y: tf.Tensor, extra: Mapping[str, tf.Tensor] | None = None,
                    capture: bool = False):
         n = len(self.devices)
@@ -187,7 +261,9 @@ class TowerTrainer:
         weights = tower_weights(shard_sizes(int(x.shape[0]), n, self.shard), self.weighting)
         cap: dict | None = {} if capture else None
         with recording_activations() if capture else contextlib.nullcontext() as acts:
-            if self.towers_fn is not None:
+            if self.accumulate > 1:
+                loss, grads = self._accumulated(xs, ys, extra or {}, weights, cap)
+            elif self.towers_fn is not None:
                 loss, grads = self._lockstep(xs, ys, extra or {}, weights, cap)
             elif self.combine == "grad_mean":
                 tower = self._tower_grad if cap is None and n > 1 else self._tower_grad_impl
@@ -233,7 +309,9 @@ class TowerTrainer:
         layers: dict[int, list[tf.Tensor]] = {}
         for i, hs in acts:  # per-tower forward calls append one tower at a time, in tower order
             layers.setdefault(i, []).extend(hs)
-        cap["acts"] = {str(i): tf.concat(hs, axis=0) for i, hs in layers.items() if len(hs) == n}
+        k = self.accumulate  # micro-batch j of every tower, then j + 1: put each tower's rows together
+        cap["acts"] = {str(i): tf.concat([hs[j * n + r] for r in range(n) for j in range(k)], axis=0)
+                       for i, hs in layers.items() if len(hs) == n * k}
         cap["loss"] = tf.stack(cap["loss"])
         for key in ("grads", "clipped"):
             if key in cap:

@@ -74,6 +74,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.recorder import Recorder
 
 from .combine import tower_weights
@@ -431,7 +432,7 @@ def check_supported(spec: Mapping[str, Any]) -> None:
     """
     refuse_unimplemented(spec, "tf.v1", optimizers=by_name("tf.v1").optimizers, schedules=False, weight_decay=False,
                          clip=True, layers=True, loss_options=True)
-    has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
+    has_bn = any(layer["type"] == "batch_norm" for _, layer in nested_layers(spec["model"]["layers"]))
     if has_bn and spec["parallel"].get("batch_norm", "local") == "sync":
         raise Unsupported("parallel.batch_norm", "local for tf.v1 (the classic towers normalise each tower with its"
                           " own shard's statistics; tf.towers has sync)")

@@ -76,3 +76,31 @@ def determinism(ctx: RankContext, payload: Any) -> dict[str, Any]:
 
     return {"threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
             "inductor": inductor_config.deterministic}
+
+
+def count_ddp_allreduces(ctx: RankContext, payload: Any) -> dict[str, Any]:
+    """``parallel.accumulate`` under DDP: ``torchref.ddp._accumulate`` over ``payload["k"]`` micro-batches of
+    this rank's rows, with a communication hook counting DDP's all-reduces (one per bucket per synced
+    backward). Returns the count and the gradient DDP left in ``.grad``."""
+    import numpy as np
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchref.ddp import _accumulate
+    from torchref.models import CaseModel
+
+    spec = payload["spec"]
+    model = CaseModel(spec["model"]["layers"], payload["init"], torch.float64)
+    ddp = DDP(model, process_group=ctx.group)
+    calls = [0]
+
+    def hook(group, bucket):  # noqa: ANN001, ANN202  (DDP checks these annotations: none, or its own types)
+        calls[0] += 1
+        return default_hooks.allreduce_hook(group, bucket)
+
+    ddp.register_comm_hook(ctx.group, hook)
+    rows = np.array_split(np.arange(len(payload["x"])), ctx.world_size)[ctx.rank]
+    x = torch.as_tensor(np.asarray(payload["x"])[rows])
+    y = torch.as_tensor(np.asarray(payload["y"])[rows])
+    _accumulate(ddp, spec["model"], x, y, {}, None, payload["k"], lambda l_j: l_j, sync=payload["sync"], trace=False)
+    return {"calls": calls[0], "grads": {k: p.grad.numpy().copy() for k, p in model.canonical().items()}}

@@ -111,6 +111,41 @@ def _feed(payload: dict[str, Any], x: torch.Tensor, y: torch.Tensor, rows: np.nd
     return ((x[ix], y[ix], ix) for ix in (torch.as_tensor(k * batch + rows) for k in itertools.count()))
 
 
+def _accumulate(module: torch.nn.Module, model_spec: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
+                masks: dict[str, torch.Tensor], weights: torch.Tensor | None, k: int, backprop, *, sync: bool,
+                trace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``parallel.accumulate``: this device's rows cut into ``k`` equal contiguous micro-batches, each run
+    forward and backward: ``backprop(l_j) / k`` is differentiated, so the gradients accumulated in
+    ``.grad`` are the mean over the micro-batches. Under DDP (``module`` a ``DistributedDataParallel``)
+    the first ``k - 1`` run inside ``no_sync()`` (forward included, as DDP requires), so DDP all-reduces
+    once, on the last backward; ``sync=False`` keeps the last inside ``no_sync()`` too (per-device
+    clipping all-reduces by hand). ``trace``: the captured step's layer outputs, the micro-batches'
+    concatenated in row order.
+
+    Returns:
+        ``l_r = (1/k) sum_j l_j`` and the mean of ``backprop(l_j)`` (both detached).
+    """
+    size = len(x) // k
+    losses, backpropped, traces = [], [], []
+    model = getattr(module, "module", module)
+    for j in range(k):
+        rows = slice(j * size, (j + 1) * size)
+        synced = sync and j == k - 1
+        with module.no_sync() if isinstance(module, DDP) and not synced else contextlib.nullcontext():
+            if trace:
+                model.trace = {}
+            l_j = _shard_loss(module, model_spec, x, y, masks, rows, None if weights is None else weights[rows])
+            b_j = backprop(l_j)
+            (b_j / k).backward()
+        if trace:
+            traces.append(model.trace)
+        losses.append(l_j.detach())
+        backpropped.append(b_j.detach())
+    if trace:
+        model.trace = {key: np.concatenate([t[key] for t in traces]) for key in traces[0]}
+    return sum(losses) / k, sum(backpropped) / k
+
+
 def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: t.detach().numpy().copy() for k, t in tensors.items()}
 
@@ -168,6 +203,21 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # clip by a per-bucket norm. Hence no_sync (DDP skips its allreduce; the forward must
     # run inside it too), clip the rank's own gradient, weight it, allreduce it by hand.
     per_device = clip is not None and clip["where"] == "per_device"
+    k = par.get("accumulate", 1)
+
+    def _what_rank_backprops(l_r: torch.Tensor) -> torch.Tensor:
+        """What rank r differentiates for its loss ``l_r`` (module docstring): ``l_r`` itself (per-device
+        clipping, plain DDP), ``N w_r l_r`` (weighted), or ``sum_r w_r l_r`` through the differentiable
+        all-reduce (``loss_mean``)."""
+        if per_device:
+            return l_r
+        if par["combine"] == "loss_mean":
+            with warnings.catch_warnings():
+                # deprecated in favour of a private module; it is still the public differentiable allreduce
+                warnings.simplefilter("ignore", FutureWarning)
+                return dist_fn.all_reduce(l_r * w[r], op=dist.ReduceOp.SUM, group=ctx.group)
+        return l_r if par["weighting"] == "equal" else l_r * (n * w[r])
+
     named = model.canonical()
     if capture and not per_device:  # per_device runs under no_sync: the local gradient is read directly
         ddp.register_comm_hook(ctx.group, _capture_hook(named, local_grads, armed))
@@ -185,12 +235,18 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
         capturing = capture == step
         armed[0] = capturing
         model.trace = {} if capturing else None
-        with ddp.no_sync() if per_device else contextlib.nullcontext():
-            l_r = _shard_loss(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()}, slice(None),
-                              None if weights is None else weights[pos])
+        if k > 1:  # parallel.accumulate: k micro-batches, DDP's all-reduce on the last backward only
             opt.zero_grad(set_to_none=True)
-            if per_device:
-                l_r.backward()  # g_r, this rank's own gradient, not yet weighted
+            l_r, reported = _accumulate(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()},
+                                        None if weights is None else weights[pos], k, _what_rank_backprops,
+                                        sync=not per_device, trace=capturing)
+        else:
+            with ddp.no_sync() if per_device else contextlib.nullcontext():
+                l_r = _shard_loss(ddp, model_spec, x_r, y_r, {i: m[pos] for i, m in masks.items()}, slice(None),
+                                  None if weights is None else weights[pos])
+                opt.zero_grad(set_to_none=True)
+                if per_device:
+                    l_r.backward()  # g_r, this rank's own gradient, not yet weighted
         if per_device:
             if capturing:
                 local_grads.update({k: p.grad.detach().numpy().copy() for k, p in named.items()})
@@ -203,14 +259,15 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
             loss_value = (l_r.detach() * w[r]).clone()
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
         elif par["combine"] == "loss_mean":
-            with warnings.catch_warnings():
-                # deprecated in favour of a private module; it is still the public differentiable allreduce
-                warnings.simplefilter("ignore", FutureWarning)
-                total = dist_fn.all_reduce(l_r * w[r], op=dist.ReduceOp.SUM, group=ctx.group)
-            total.backward()
-            loss_value = total.detach()
+            if k > 1:
+                loss_value = reported  # the mean over the micro-batches of sum_r w_r l_{r,j}
+            else:
+                total = _what_rank_backprops(l_r)
+                total.backward()
+                loss_value = total.detach()
         else:
-            (l_r if par["weighting"] == "equal" else l_r * (n * w[r])).backward()
+            if k == 1:
+                _what_rank_backprops(l_r).backward()
             loss_value = (l_r.detach() * w[r]).clone()
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
         if capturing:
@@ -268,6 +325,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     sched = make_scheduler(spec["optimizer"], opt)
     load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state
     clip = spec["parallel"].get("clip")
+    k = spec["parallel"].get("accumulate", 1)
     named = model.canonical()
     batch = spec["data"]["global_batch"]
     # rows spill to a file when a large model's history grows (parity_tests.protocol.rows)
@@ -277,10 +335,15 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     for step in range(1, spec["steps"] + 1):
         x_k, y_k, pos = next(feed)
         model.trace = {} if capture == step else None
-        loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None),
-                           None if weights is None else weights[pos])
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if k > 1:  # parallel.accumulate: k micro-batches of the whole batch, their gradients' mean
+            loss, _ = _accumulate(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()},
+                                  None if weights is None else weights[pos], k, lambda l_j: l_j, sync=True,
+                                  trace=capture == step)
+        else:
+            loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None),
+                               None if weights is None else weights[pos])
+            loss.backward()
         if capture == step:  # one device: its gradient is the combined one, clipped (if at all) as a whole
             local = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
             cap = {"x": x_k.numpy().copy(), "loss": loss.detach().numpy().copy(), "step": np.asarray(step),

@@ -19,11 +19,11 @@ SPECS: tuple[EngineSpec, ...] = (
     EngineSpec("torch.ddp", "builtin", "torch", parallel=True, dtypes=_MIXED, captures=True,
                description="real torch DistributedDataParallel on gloo, N ranks of the warm worker pool",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stateful=True,
-               optimizer_family="torch", entry="torchref.ddp:train_rank"),
+               optimizer_family="torch", accumulate=True, entry="torchref.ddp:train_rank"),
     EngineSpec("torch.single", "builtin", "torch", parallel=False, dtypes=_MIXED, captures=True,
                description="one torch process, the whole global batch",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stateful=True,
-               optimizer_family="torch", entry="torchref.ddp:train_single"),
+               optimizer_family="torch", accumulate=True, entry="torchref.ddp:train_single"),
 )
 
 

@@ -27,9 +27,9 @@ torch's symmetric ``padding=`` expresses, ``F.pad`` with zeros first, and withou
 (``F.adaptive_avg_pool2d(h, 1)``, ``nn.AdaptiveAvgPool2d``'s); ``channel_pad``
 (``F.pad`` on the channel axis); ``reshape`` (in NHWC order); ``position_embedding``
 (``x + embeddings[:T]``), ``class_token`` (``torch.cat`` of the expanded token before
-the tokens), ``take_token`` (``x[:, index]``); ``attention`` (``nn.MultiheadAttention``'s computation,
-:mod:`torchref.attention`, its parameters ``<path>.q.kernel``... converted from Keras' layout there); ``embedding`` (``F.embedding``, ``nn.Embedding``'s, on
-int64 token ids) and ``tied_logits`` (``h @ embeddings.T``): :mod:`torchref.tokens`; ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
+the tokens), ``take_token`` (``x[:, index]``); ``embedding`` (``F.embedding``, ``nn.Embedding``'s, on
+int64 token ids) and ``tied_logits`` (``h @ embeddings.T``): :mod:`torchref.tokens`; ``attention`` (``nn.MultiheadAttention``'s computation,
+:mod:`torchref.attention`, its parameters ``<path>.q.kernel``... converted from Keras' layout there); ``depthwise_conv2d`` (``F.conv2d(groups=C)``, ``nn.Conv2d``'s
 depthwise form, with the kernel ``[kh, kw, C, M]`` turned into ``[C*M, 1, kh, kw]``). Under ``semantics: tf`` a
 GELU uses TensorFlow's float32-rounded constants (``1/sqrt(2)`` or ``0.044715``).
 Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_kernel``
@@ -283,10 +283,25 @@ class CaseModel(nn.Module):
             return attention(path, layer, lambda name: self._p(path, name), h, (self._masks or {}).get(path))
         if kind == "flatten":
             return (h.permute(0, 2, 3, 1) if h.dim() == 4 else h).reshape(h.shape[0], -1)
+        if kind == "batch_norm":  # inside a residual or repeat body: state by path (3_body_1_moving_mean)
+            return self._batch_norm(path, layer, h)
+        if kind == "dropout":
+            return self._dropout(path, layer, h, self._masks)
         raise ValueError(f"layer {path}: unknown type {kind!r}")
 
+    def _dropout(self, path: str, layer: dict, h: torch.Tensor, masks: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+        """Dropout at ``path`` with its given keep-mask (canonical layout): torch's arithmetic,
+        ``noise = bernoulli(1 - p) / (1 - p)``, ``input * noise``."""
+        if layer["rate"] == 0.0:
+            return h
+        if masks is None or path not in masks:
+            raise ValueError(f"layer {path}: a dropout layer needs its keep-mask (payload['masks'][{path!r}])")
+        keep = masks[path]
+        keep = keep.permute(0, 3, 1, 2) if keep.dim() == 4 else keep
+        return h * (keep.to(h.dtype) / (1.0 - layer["rate"]))
+
     def _sequence(self, prefix: str, layers: list[dict], h: torch.Tensor) -> torch.Tensor:
-        """A nested layer list (no batch_norm or dropout: the case refuses them there)."""
+        """A nested layer list (a residual's body or shortcut, a repeat's body) at path ``prefix``."""
         for j, layer in enumerate(layers):
             h = self._layer(f"{prefix}.{j}", layer, h)
             self._trace(f"{prefix}.{j}", h)  # the forward stage at block granularity, by path
@@ -300,9 +315,10 @@ class CaseModel(nn.Module):
         # bfloat16 -> float32 is exact (numpy has no bfloat16); float64 stays float64
         self.trace[key] = (out.float() if out.dtype == torch.bfloat16 else out).numpy().copy()
 
-    def _batch_norm(self, i: int, layer: dict, h: torch.Tensor) -> torch.Tensor:
+    def _batch_norm(self, i: int | str, layer: dict, h: torch.Tensor) -> torch.Tensor:
         gamma, beta = self._p(i, "gamma"), self._p(i, "beta")
-        rm, rv = getattr(self, f"{i}_moving_mean"), getattr(self, f"{i}_moving_variance")
+        key = str(i).replace(".", "_")  # a nested layer's buffers: 3_body_1_moving_mean
+        rm, rv = getattr(self, f"{key}_moving_mean"), getattr(self, f"{key}_moving_variance")
         m, eps, sem = layer["momentum"], layer["epsilon"], layer["semantics"]
         out_dtype = h.dtype
         if h.dtype == torch.bfloat16:  # float32 statistics and normalisation, bfloat16 out (class docstring)
@@ -348,12 +364,12 @@ class CaseModel(nn.Module):
                 with_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x``: ``[batch, *input_shape]`` (canonical, NHWC for images) -> ``[batch, *output_shape]``.
 
-        ``masks``: layer index (str) -> bool keep-mask ``[batch, *layer_input_shape]`` (canonical).
+        ``masks``: layer path (``"3"``, ``"3.body.1"``) -> bool keep-mask ``[batch, *layer_input_shape]`` (canonical).
         With ``with_logits``, also returns the last layer's value before its activation.
         """
-        self._masks = masks  # nested attention layers find their keep-masks by path
         h = x.permute(0, 3, 1, 2) if x.dim() == 4 else x  # NHWC -> NCHW, once
         pre = h
+        self._masks = masks  # nested dropout and attention layers read theirs by path (_layer)
         for i, layer in enumerate(self.layers):
             kind = layer["type"]
             if kind == "poly":
@@ -385,13 +401,7 @@ class CaseModel(nn.Module):
             elif kind == "batch_norm":
                 h = self._batch_norm(i, layer, h)
             elif kind == "dropout":
-                if layer["rate"] > 0.0:
-                    if masks is None or str(i) not in masks:
-                        raise ValueError(f"layer {i}: a dropout layer needs its keep-mask (payload['masks'][{str(i)!r}])")
-                    keep = masks[str(i)]
-                    keep = keep.permute(0, 3, 1, 2) if keep.dim() == 4 else keep
-                    # torch's dropout arithmetic: noise = bernoulli(1-p) / (1-p); input * noise
-                    h = h * (keep.to(h.dtype) / (1.0 - layer["rate"]))
+                h = self._dropout(str(i), layer, h, masks)
             else:
                 h = self._layer(str(i), layer, h)
             self._trace(str(i), h)

@@ -36,10 +36,11 @@ from parity_tests.contract.parallel import (
     COMBINES,
     SHARDS,
     WEIGHTINGS,
+    check_accumulate,
     check_combine_model,
     validate_parallel,
 )
-from parity_tests.contract.specs import ParamSpec, output_shape, param_specs
+from parity_tests.contract.specs import ParamSpec, nested_inputs, param_specs
 from parity_tests.contract.tokens import (
     FACTS_KEY,
     check_labelled,
@@ -423,17 +424,21 @@ def _refuse_mixed_architecture(layers: list[dict]) -> None:
                             " is implemented for dense, poly, conv2d, max_pool2d, flatten, batch_norm and dropout", MIXED_BFLOAT16)
 
 
-def _check_batch_norm_rows(model: dict, in_shape: tuple[int, ...], batch: int, devices: int) -> None:
-    """Batch statistics need two values per channel on every device (torch refuses one; a variance of one value is 0)."""
-    rows = batch // devices  # the smallest shard, in either shard order
-    for i, layer in enumerate(model["layers"]):
+def _check_batch_norm_rows(model: dict, in_shape: tuple[int, ...], batch: int, devices: int, micro: int = 1) -> None:
+    """Batch statistics need two values per channel on every device (torch refuses one; a variance of one value is 0).
+
+    Nested batch norm (``3.body.1``) counts too, with its own input shape; with ``parallel.accumulate``
+    (``micro`` micro-batches per shard) each micro-batch is a batch for batch norm."""
+    rows = batch // devices // micro  # the smallest shard's micro-batch, in either shard order
+    for path, layer, shape in nested_inputs(in_shape, model["layers"]):
         if layer["type"] != "batch_norm":
             continue
-        shape = output_shape(in_shape, model["layers"][:i])
         per_channel = rows * int(np.prod(shape[:-1], dtype=np.int64))
         if per_channel < 2:
-            raise CaseError("data.global_batch", f"at least {2 * devices} rows ({devices} devices x 2) so that "
-                            f"batch norm (model.layers[{i}]) sees 2 values per channel on every device", batch)
+            where = f"model.layers[{path}]" if path.isdigit() else f"layer {path}"
+            per = f"{devices} devices x 2" if micro == 1 else f"{devices} devices x {micro} micro-batches x 2"
+            raise CaseError("data.global_batch", f"at least {2 * devices * micro} rows ({per}) so that "
+                            f"batch norm ({where}) sees 2 values per channel on every device", batch)
 
 
 def _check_sampler_batch_norm(model: dict, in_shape: tuple[int, ...], data: dict, devices: int, steps: int) -> None:
@@ -556,7 +561,8 @@ def case_from_dict(
     init_spec, init_arrays = _init(need(raw, "init", ""), base, specs, init)
     data_spec, xs, ys, perms = _data(need(raw, "data", ""), base, model, in_shape, out_shape, steps, parallel["devices"],
                                      (x, y, perm) if x is not None else None)
-    _check_batch_norm_rows(model, in_shape, data_spec["global_batch"], parallel["devices"])
+    check_accumulate(parallel, data_spec["global_batch"], data_spec.get("order", "split"))
+    _check_batch_norm_rows(model, in_shape, data_spec["global_batch"], parallel["devices"], parallel.get("accumulate", 1))
     check_labelled(ys, model, data_spec, parallel, steps)
     facts = token_facts(xs, ys, model, data_spec, parallel, steps)
     if facts is not None:  # derived here every time (replace and write_case drop it), for theory

@@ -48,16 +48,17 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from parity_tests.contract.attention import attention_masks
-from parity_tests.contract.specs import ParamSpec, layer_shapes
+from parity_tests.contract.specs import ParamSpec, nested_inputs
 from parity_tests.protocol.errors import CaseError
 
-__all__ = ["GENERATORS", "generate_data", "draw_init", "dropout_masks", "INIT_KINDS"]
+__all__ = ["GENERATORS", "generate_data", "draw_init", "dropout_masks", "mask_seed", "INIT_KINDS"]
 
 INIT_KINDS = ("normal", "glorot_uniform")
 #: the UCI digits of the ``digits`` generator, a copy of scikit-learn's file (``data/README.md``)
@@ -240,27 +241,38 @@ def draw_init(specs: list[ParamSpec], seed: int, kind: str, stddev: float) -> di
     return out
 
 
+def mask_seed(seed: int, path: str) -> list[int]:
+    """The entropy of dropout layer ``path``'s masks: ``[seed, i]`` for top-level layer ``i``;
+    ``[seed, i, hi, lo]`` for a nested one (``3.body.1``, ``5.2.0``), ``hi, lo`` the first 8 bytes
+    of ``sha256(path)`` as two 32-bit words, so every path draws its own masks."""
+    top, _, rest = path.partition(".")
+    if not rest:
+        return [seed, int(top)]
+    word = int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "big")
+    return [seed, int(top), word >> 32, word & 0xFFFFFFFF]
+
+
 def dropout_masks(spec: dict) -> dict[str, np.ndarray]:
     """Keep-masks of every dropout layer, for every data row, drawn once in numpy.
 
-    Layer ``i``'s mask comes from ``np.random.default_rng([seed, i])`` (``seed``:
-    the case's top-level field): ``keep = U[0, 1) >= rate``, the comparison
+    Layer ``path``'s mask comes from ``np.random.default_rng(mask_seed(seed, path))`` (``seed``:
+    the case's top-level field; :func:`mask_seed`): ``keep = U[0, 1) >= rate``, the comparison
     ``tf.nn.dropout`` makes. Row ``j`` belongs to data row ``j``, so a device
-    gets the mask rows of the data rows it gets, whatever the sharding.
+    gets the mask rows of the data rows it gets, whatever the sharding. Dropout inside a
+    ``residual`` or ``repeat`` body is keyed by its path (``3.body.1``; each repetition its own).
 
     Attention layers with ``dropout > 0`` get theirs too, keyed by their path, ``[rows, H, T, T]``
     (:func:`parity_tests.contract.attention.attention_masks`).
 
     Returns:
-        layer index (as a string) -> bool ``[steps * global_batch, *layer_input_shape]``.
+        layer path -> bool ``[steps * global_batch, *layer_input_shape]``.
     """
     model = spec["model"]
     rows = spec["steps"] * spec["data"]["global_batch"]
-    shapes = layer_shapes(model["input_shape"], model["layers"])
     out = {}
-    for i, layer in enumerate(model["layers"]):
+    for path, layer, shape in nested_inputs(model["input_shape"], model["layers"]):
         if layer["type"] == "dropout":
-            rng = np.random.default_rng([spec.get("seed", 0), i])
-            out[str(i)] = rng.random(size=(rows, *shapes[i])) >= layer["rate"]
+            rng = np.random.default_rng(mask_seed(spec.get("seed", 0), path))
+            out[path] = rng.random(size=(rows, *shape)) >= layer["rate"]
     out.update(attention_masks(spec))
     return out

@@ -42,8 +42,8 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
                 Top level only.
 
 ``conv2d``, ``max_pool2d`` and ``avg_pool2d`` take an explicit ``padding``
-``[[top, bottom], [left, right]]`` too. Inside a ``residual`` or ``repeat`` body
-``batch_norm`` and ``dropout`` are refused (not implemented there yet).
+``[[top, bottom], [left, right]]`` too. ``batch_norm`` and ``dropout`` may sit inside a
+``residual`` or ``repeat`` body: their state and masks are keyed by path (``3.body.1.moving_mean``).
 
 Loss options (model level): ``ignore_label`` (null: an integer label of ``softmax_ce`` whose
 positions the loss excludes; per-token ``softmax_ce`` takes logits ``[..., k]``), ``from_logits`` (true), ``label_smoothing`` (0), ``class_weights``
@@ -87,7 +87,6 @@ GELUS = ("gelu", "gelu_tanh")
 DENSE_ACTIVATIONS = (*ACTIVATIONS, *GELUS, "silu")
 ACTIVATION_FNS = ("relu", "tanh", "sigmoid", *GELUS, "silu", "softmax")
 MAX_REPEAT = 1000
-_NOT_NESTED = ("batch_norm", "dropout")
 LOSSES = ("mse", "sigmoid_ce", "softmax_ce")
 REDUCTIONS = ("mean", "sum")
 PADDINGS = ("valid", "same")
@@ -204,8 +203,7 @@ def _rms_norm(layer: dict, shape: tuple[int, ...], p: str) -> dict:
 def _layer_list(v: Any, shape: tuple[int, ...], p: str, *, empty: bool = False) -> tuple[list[dict], tuple[int, ...]]:
     """A nested layer list (a ``residual``'s body or shortcut, a ``repeat``'s body) on inputs of ``shape``.
 
-    Returns the normalised layers and their output shape. ``batch_norm`` and ``dropout``
-    are refused inside (their state and masks are keyed by top-level index today).
+    Returns the normalised layers and their output shape.
     """
     if not isinstance(v, list) or (not v and not empty):
         raise CaseError(p, "a list of layers" + ("" if empty else " (at least one)"), v)
@@ -214,9 +212,6 @@ def _layer_list(v: Any, shape: tuple[int, ...], p: str, *, empty: bool = False) 
         q = f"{p}[{j}]"
         layer = obj(layer, q)
         kind = choice(need(layer, "type", q), f"{q}.type", LAYER_TYPES)
-        if kind in _NOT_NESTED:
-            raise CaseError(f"{q}.type", "a layer other than batch_norm and dropout inside a residual or repeat body"
-                            " (not implemented there yet; put it at the top level)", kind)
         if kind in tokens.TOP_LEVEL_ONLY:
             raise CaseError(f"{q}.type", tokens.TOP_LEVEL_ONLY[kind], kind)
         out.append(_LAYERS[kind](layer, output_shape(shape, out) if out else shape, q))

@@ -10,11 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
+from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.shards import shard_sizes
 from parity_tests.protocol.vocabulary import ALL_COMBINES, COMBINES, LOCAL_COMBINES
 
 __all__ = ["COMBINES", "LOCAL_COMBINES", "ALL_COMBINES", "SHARDS", "WEIGHTINGS", "BATCH_NORMS", "CLIP_PLACES",
-           "MAX_DEVICES", "validate_parallel", "validate_clip", "check_combine_model"]
+           "MAX_DEVICES", "MAX_ACCUMULATE", "validate_parallel", "check_accumulate", "validate_clip", "check_combine_model"]
 
 SHARDS = ("contiguous", "strided")
 #: ``sum``: every device's loss weighted 1 (with a ``sum`` reduction, the full-batch sum: what one
@@ -23,6 +25,7 @@ WEIGHTINGS = ("equal", "by_size", "sum")
 BATCH_NORMS = ("local", "sync")
 CLIP_PLACES = ("after_combine", "per_device")
 MAX_DEVICES = 64
+MAX_ACCUMULATE = 10_000
 
 
 def validate_clip(c: Any, combine: str) -> dict:
@@ -81,7 +84,7 @@ def check_combine_model(parallel: dict, layers: list[dict], data: Any = None) ->
     combine = parallel["combine"]
     if combine not in LOCAL_COMBINES:
         return
-    bn = [i for i, layer in enumerate(layers) if layer["type"] == "batch_norm"]
+    bn = [".".join(map(str, path)) for path, layer in nested_layers(layers) if layer["type"] == "batch_norm"]
     if bn:
         raise CaseError("parallel.combine", f"grad_mean or loss_mean for a model with batch_norm layers (layer {bn[0]});"
                         " param_mean and async do not define how moving statistics combine", combine)
@@ -91,10 +94,28 @@ def check_combine_model(parallel: dict, layers: list[dict], data: Any = None) ->
                         " global batch)", order)
 
 
+def check_accumulate(parallel: dict, batch: int, order: str) -> None:
+    """``parallel.accumulate: k``: every device's shard of a global batch is cut into k equal contiguous
+    micro-batches, so each shard's rows must be a multiple of k (and ``data.order: split``: an epoch's
+    shorter last batch under ``distributed_sampler`` would change the micro-batch size)."""
+    k = parallel.get("accumulate", 1)
+    if k == 1:
+        return
+    if order != "split":
+        raise CaseError("parallel.accumulate", f"1 with data.order {order} (an epoch's last batch is shorter;"
+                        " accumulation cuts equal micro-batches)", k)
+    sizes = shard_sizes(batch, parallel["devices"], parallel["shard"])
+    if any(s % k for s in sizes):
+        raise CaseError("parallel.accumulate", f"a divisor of every device's rows per step (global_batch {batch} over"
+                        f" {parallel['devices']} devices gives {sorted(set(sizes))}): each shard is cut into"
+                        " that many equal micro-batches", k)
+
+
 def validate_parallel(p: Any) -> dict:
     """The ``parallel`` section, normalised (defaults filled in); see the module docstring."""
     p = obj(p, "parallel")
-    no_extra(p, {"devices", "combine", "shard", "weighting", "clip", "batch_norm", *_LOCAL_FIELDS}, "parallel")
+    no_extra(p, {"devices", "combine", "shard", "weighting", "clip", "batch_norm", "accumulate", *_LOCAL_FIELDS},
+             "parallel")
     out = {
         "devices": integer(need(p, "devices", "parallel"), "parallel.devices", 1, MAX_DEVICES),
         "combine": choice(p.get("combine", "grad_mean"), "parallel.combine", ALL_COMBINES),
@@ -109,6 +130,13 @@ def validate_parallel(p: Any) -> dict:
         if out["batch_norm"] == "sync" and out["combine"] in LOCAL_COMBINES:
             raise CaseError("parallel.batch_norm", f"local with combine {out['combine']} (devices do not run in"
                             " lockstep, so there are no shared statistics)", "sync")
+    # micro-batches per optimizer step (docs/case-format.md); carried only when given, as batch_norm
+    if "accumulate" in p:
+        out["accumulate"] = integer(p["accumulate"], "parallel.accumulate", 1, MAX_ACCUMULATE)
+        if out["accumulate"] > 1 and out["combine"] in LOCAL_COMBINES:
+            raise CaseError("parallel.accumulate", f"1 with combine {out['combine']} (accumulation is defined for"
+                            " the combines that apply one combined gradient per step: grad_mean, loss_mean)",
+                            out["accumulate"])
     if out["weighting"] == "sum" and out["combine"] in LOCAL_COMBINES:
         raise CaseError("parallel.weighting", f"equal or by_size with combine {out['combine']} (each device applies"
                         " its own update: weights average the copies and sum to 1)", "sum")

@@ -30,6 +30,7 @@ __all__ = [
     "param_specs",
     "output_shape",
     "layer_shapes",
+    "nested_inputs",
     "spatial_output",
     "same_padding",
     "axis_paddings",
@@ -198,6 +199,31 @@ def _walk(input_shape: tuple[int, ...], layers: list[dict]):
     for i, layer in enumerate(layers):
         params, shape = _layer(str(i), layer, shape, layers)
         yield i, params, shape
+
+
+def nested_inputs(input_shape: tuple[int, ...] | list[int], layers: list[dict],
+                  prefix: str = "") -> list[tuple[str, dict, tuple[int, ...]]]:
+    """Every layer as it runs, nested ones included, with its runtime path and per-example input shape.
+
+    Paths are those of parameter names: ``3``, ``3.body.1``, ``3.shortcut.0``, and one per
+    repetition of a ``repeat`` (``5.0.1``, ``5.1.1``, ...); a layer comes before the layers
+    nested in it. Batch-norm state and dropout masks are keyed by these paths.
+    """
+    out: list[tuple[str, dict, tuple[int, ...]]] = []
+    shape = tuple(input_shape)
+    for j, layer in enumerate(layers):
+        path = f"{prefix}{j}"
+        out.append((path, layer, shape))
+        if layer["type"] == "residual":
+            out += nested_inputs(shape, layer["body"], f"{path}.body.")
+            out += nested_inputs(shape, layer["shortcut"], f"{path}.shortcut.")
+        elif layer["type"] == "repeat":
+            h = shape
+            for r in range(layer["count"]):
+                out += nested_inputs(h, layer["body"], f"{path}.{r}.")
+                h = _list(f"{path}.{r}", layer["body"], h)[1]
+        shape = _layer(path, layer, shape, None if prefix else list(layers))[1]  # tied_logits: top level only
+    return out
 
 
 def param_specs(input_shape: tuple[int, ...] | list[int], layers: list[dict]) -> list[ParamSpec]:

@@ -45,6 +45,7 @@ _STAGE_OF = (
     ("GELU", "forward"),
     ("attention scale", "forward"),
     ("local batch-norm statistics", "forward"),
+    ("micro-batch batch-norm statistics", "forward"),
     ("class weights", "loss"),
     ("label smoothing", "loss"),
     ("sum reduction", "combined_grads"),
@@ -76,9 +77,8 @@ class Difference:
             bound is parity, not ``unexpected_parity``, unless a mapping proves it there.
         mapping: how a side the tool controls can be made to compute what the other side
             computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
-            ``combine``, ``batch_norm``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``,
-            ``attention_semantics``, ``embedding_gradient``; ``None``: no
-            field of the case can express it.
+            ``combine``, ``batch_norm``, ``micro_batches``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``,
+            ``attention_semantics``, ``embedding_gradient``; ``None``: no field of the case can express it.
     """
 
     text: str
@@ -331,7 +331,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                     mapping="clip"))
             else:
                 absent.append("clipping before vs after averaging: no step moves the parameters")
-        has_bn = any(layer["type"] == "batch_norm" for layer in spec["model"]["layers"])
+        has_bn = any(layer["type"] == "batch_norm" for _, layer in nested_layers(spec["model"]["layers"]))
         if (clip["where"] == "per_device" and n > 1 and has_bn and par.get("batch_norm", "local") == "sync"
                 and is_parallel(a) and is_parallel(b) and _sync_bn_gradient(a) != _sync_bn_gradient(b)
                 and moves):
@@ -495,12 +495,23 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
     out: list[Difference] = []
     model, par = spec["model"], spec["parallel"]
     n = par["devices"]
-    bns = [(i, layer) for i, layer in enumerate(model["layers"]) if layer["type"] == "batch_norm"]
+    bns = [(path, layer) for path, layer in nested_layers(model["layers"]) if layer["type"] == "batch_norm"]
     if bns and one_parallel and par.get("batch_norm", "local") == "local":
         out.append(_diff(
             f"local batch-norm statistics: each of the {n} devices normalises with its own shard's mean and"
             " variance (and the moving statistics kept are device 0's), not the full batch's",
             certain=True, mapping="batch_norm"))
+    k = par.get("accumulate", 1)
+    if bns and one_parallel and k > 1:
+        if par["shard"] == "strided" and spec["data"]["global_batch"] % n == 0:
+            absent.append(f"micro-batch batch-norm statistics (accumulate {k}): with strided shards the devices'"
+                          " micro-batch j together are the single device's micro-batch j")
+        else:
+            out.append(_diff(
+                f"micro-batch batch-norm statistics: with accumulate {k}, the devices' micro-batch j (the j-th {k}-th"
+                f" of each shard) together are not the single device's micro-batch j (the j-th contiguous {k}-th of"
+                " the global batch), so even synchronized statistics are over other rows", certain=True,
+                mapping="micro_batches"))
     native_bn = [layer for _, layer in bns if layer["semantics"] == "native"]
     if native_bn and _framework(a) != _framework(b):
         if any(layer["momentum"] != 1.0 for layer in native_bn):
@@ -723,8 +734,11 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
                 "parallel.order_seed": ...}
     if kind == "batch_norm" and parallel_side:
         return {"parallel.batch_norm": "sync"}
+    if kind == "micro_batches" and parallel_side:  # device r's micro-batch j: rows of one device's micro-batch j
+        return {"parallel.shard": "strided"}
     if kind == "bn_semantics" and _framework(side) != _framework(other):
-        return {f"model.layers.{i}.semantics": _framework(other) for i, layer in enumerate(spec["model"]["layers"])
+        return {f"model.layers.{'.'.join(map(str, path))}.semantics": _framework(other)
+                for path, layer in nested_layers(spec["model"]["layers"])
                 if layer["type"] == "batch_norm" and layer["semantics"] == "native"}
     if kind == "attention_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{path}.semantics": _framework(other) for path, _ in native_attention_scales(spec)}

@@ -60,6 +60,9 @@ class EngineSpec:
     #: per-device gradient under synchronized batch norm: ``own_loss`` (a tower differentiates its own
     #: loss through the shared statistics) or ``share`` (an all-reduce's share of the whole batch's)
     sync_bn_gradient: str = "share"
+    #: whether it runs ``parallel.accumulate`` > 1 (micro-batches per step); ``None``: not declared (a
+    #: plugin reads the field from the spec itself)
+    accumulate: bool | None = None
     #: where its runner lives, ``module:function`` (for docs and listings)
     entry: str = ""
     #: listed among the built-ins the matrix and ``compare`` run in one process (``tf.multiworker`` is

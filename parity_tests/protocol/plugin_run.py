@@ -54,7 +54,8 @@ class RunBase:
         self.seed: int = spec.get("seed", 0)
         np_dtype = np.dtype(self.dtype)
         self.initial: dict[str, np.ndarray] = {k: np.asarray(v, np_dtype) for k, v in payload["init"].items()}
-        # by layer index; an attention layer's by its path (``3.body.1``) where it is nested
+        # top-level dropout by its index (int); one inside a residual or repeat body, and an attention
+        # layer's where it is nested, by its path ("3.body.1")
         self.dropout_masks: dict[int | str, np.ndarray] = {int(k) if k.isdigit() else k: np.asarray(v)
                                                            for k, v in (payload.get("masks") or {}).items()}
         w = payload.get("w")

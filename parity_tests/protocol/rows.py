@@ -28,6 +28,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
@@ -46,6 +47,11 @@ __all__ = ["ensure_spill_root", "RowArray", "RowList", "RowRef", "RowStore", "re
 CHUNK_ELEMENTS = 4 * 2**20
 #: the threshold set by :func:`set_spill_threshold` (``None``: ``TFPAR_SPILL_BYTES``, read when first needed)
 _threshold: list[int | None] = [None]
+#: bytes of rows this process holds in memory in unfinished :class:`RowList` s, all arrays together: the
+#: threshold bounds this sum too, so a model of many arrays each under it (a transformer's hundred
+#: kernels) spills like one large array instead of keeping its whole trajectory in memory
+_held = [0]
+_held_lock = threading.Lock()
 _PREFIX = "tfpar-spill-"  # the folders the tool names (a user's TFPAR_SPILL_ROOT may be any folder)
 #: (pid, folder) of the spill folder this process named, if it named one: only that process removes it
 #: (a forked child inherits this list but not the ownership)
@@ -100,7 +106,8 @@ def spill_root() -> Path:
 
 
 def spill_threshold() -> int:
-    """Bytes an array may hold in memory before its rows move to a file (``TFPAR_SPILL_BYTES`` unless set)."""
+    """Bytes of rows a process may hold in memory, one array's and all unfinished arrays' together,
+    before the rows move to files (``TFPAR_SPILL_BYTES`` unless set)."""
     if _threshold[0] is None:
         _threshold[0] = settings.spill_bytes()
     return _threshold[0]
@@ -217,7 +224,8 @@ class RowArray(_FileArray):
 
 
 class RowList:
-    """A list of equally shaped rows that moves to a :class:`RowArray` file past :func:`spill_threshold`.
+    """A list of equally shaped rows that moves to a :class:`RowArray` file past :func:`spill_threshold`:
+    when its own rows, or the rows of every unfinished list of the process together, pass it.
 
     ``append`` copies nothing it does not have to: rows given as numpy arrays are kept as
     they are (the runners hand over fresh snapshots) until the list spills.
@@ -248,16 +256,26 @@ class RowList:
         self._finite.append(ok)
         if self._file is None:
             self._rows.append(row)
-            if len(self._rows) * row.nbytes > spill_threshold():
+            with _held_lock:
+                _held[0] += row.nbytes
+                held = _held[0]
+            # this array's rows past the threshold, or every unfinished array's together
+            if len(self._rows) * row.nbytes > spill_threshold() or held > spill_threshold():
                 self._spill()
         else:
             self._write(row)
 
+    def _release(self) -> list[np.ndarray]:
+        """The rows held in memory, no longer counted in the process's total."""
+        rows, self._rows = self._rows, []
+        with _held_lock:
+            _held[0] -= sum(r.nbytes for r in rows)
+        return rows
+
     def _spill(self) -> None:
         self._path = str(spill_root() / f"{os.getpid()}-{uuid.uuid4().hex}.rows")
         self._file = open(self._path, "wb")  # noqa: SIM115  (kept open while rows arrive; closed in finish)
-        rows, self._rows = self._rows, []
-        for r in rows:
+        for r in self._release():
             self._write(r)
 
     def _write(self, row: np.ndarray) -> None:
@@ -266,14 +284,17 @@ class RowList:
     def finish(self) -> np.ndarray | RowArray:
         """All rows: ``np.stack`` of them while in memory, else the :class:`RowArray` of the file."""
         if self._file is None:
-            if not self._rows:
+            rows = self._release()
+            if not rows:
                 return np.zeros((0,))
-            return np.stack(self._rows)
+            return np.stack(rows)
         self._file.close()
         self._file = None
         return RowArray(self._path, self._dtype, self._shape, np.asarray(self._norms), np.asarray(self._finite))
 
-    def __del__(self) -> None:  # a run that failed half-way: its file goes with it
+    def __del__(self) -> None:  # a run that failed half-way: its rows leave the total, its file goes with it
+        with contextlib.suppress(Exception):
+            self._release()
         if self._file is not None:
             with contextlib.suppress(Exception):
                 self._file.close()

@@ -10,8 +10,9 @@ and a test or a parent process may set a variable before the first read.
 ========================  ==========================  =================================================
 variable                  default                     meaning
 ========================  ==========================  =================================================
-``TFPAR_SPILL_BYTES``     ``67108864`` (64 MiB)       bytes an array's rows may hold in memory before
-                                                      they move to a file (``docs/memory.md``)
+``TFPAR_SPILL_BYTES``     ``67108864`` (64 MiB)       bytes of rows a process may hold in memory (one
+                                                      array's, and all arrays' together) before they
+                                                      move to files (``docs/memory.md``)
 ``TFPAR_SPILL_ROOT``      named by the top process    the folder spilled rows live in; set by the first
                                                       process that spills and inherited by its workers
 ``TFPAR_DEVICES``         64 CPU devices, 8 with GPUs logical TensorFlow devices to make
@@ -45,7 +46,7 @@ class Setting:
     meaning: str
 
 
-SPILL_BYTES = Setting("TFPAR_SPILL_BYTES", str(64 * 2**20), "bytes of an array's rows kept in memory before they spill to a file")
+SPILL_BYTES = Setting("TFPAR_SPILL_BYTES", str(64 * 2**20), "bytes of rows a process keeps in memory (one array's, and all arrays' together) before they spill to files")
 SPILL_ROOT = Setting("TFPAR_SPILL_ROOT", "", "the folder of spilled rows, named by the top-level process")
 DEVICES = Setting("TFPAR_DEVICES", "64 (CPU), 8 (GPUs)", "logical TensorFlow devices to configure")
 GPU_MEMORY_MB = Setting("TFPAR_GPU_MEMORY_MB", "1024", "memory limit in MB of each virtual GPU")
@@ -68,7 +69,8 @@ def _whole(setting: Setting, low: int, what: str) -> int | None:
 
 
 def spill_bytes() -> int:
-    """``TFPAR_SPILL_BYTES``: bytes an array's rows may hold in memory before they move to a file."""
+    """``TFPAR_SPILL_BYTES``: bytes of rows a process may hold in memory (one array's, and all arrays'
+    together) before they move to files."""
     value = _whole(SPILL_BYTES, 0, "a whole number of bytes >= 0")
     return int(SPILL_BYTES.default) if value is None else value
 

@@ -12,8 +12,11 @@ under data parallelism, uneven shards with equal weighting (and the
 ``param_mean`` and ``async``, and gradient clipping before and after the
 combine. Mixed precision (``mixed_bfloat16``: Keras' policy against torch's CPU
 autocast, each side held against its float64 run): the seed MLP and the CNN
-at 1, 2 and 4 devices (docs/mixed-precision.md). The exit status is 0 only when
-every verdict is the expected one.
+at 1, 2 and 4 devices (docs/mixed-precision.md). The real architectures of
+``examples/architectures/`` at their smallest sizes (:data:`ARCHITECTURES`: ResNet with option-A
+and with projection shortcuts, ViT, GPT), each at 1, 2, 4 and 8 devices, with float32/float64,
+grad_mean/loss_mean and native/mapped semantics (:func:`mapped`) drawn from a 2-level orthogonal
+array (:data:`ARCHITECTURE_ROWS`). The exit status is 0 only when every verdict is the expected one.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ from typing import Any
 
 from parity_tests.contract.case import Case, case_from_dict, with_changes
 from parity_tests.protocol.atomic import atomic_write_text
+from parity_tests.reporting.architectures import case as arch_case
+from parity_tests.reporting.architectures import gpt, resnet_cifar_a, resnet_cifar_b, vit
 from parity_tests.reporting.report import jsonable, write_report
 from parity_tests.running.builtins import SPECS
 from parity_tests.running.environment import versions
 from parity_tests.session.comparison import CaseResult, compare_case
 
-__all__ = ["Scenario", "SCENARIOS", "EXPECTED_ROWS", "MIXED_SCENARIOS", "MIXED_DEVICES", "LARGE_WORLD", "matrix_cases", "run_matrix"]
+__all__ = ["Scenario", "SCENARIOS", "ARCHITECTURES", "ARCHITECTURE_ROWS", "mapped", "EXPECTED_ROWS", "MIXED_SCENARIOS", "MIXED_DEVICES", "LARGE_WORLD", "matrix_cases", "run_matrix"]
 
 #: every in-process built-in, as the engines declare them (``tfpar.engines``, ``torchref.engines``): the
 #: reference pair first (each framework's first parallel engine: tf.towers, torch.ddp), the rest in
@@ -101,6 +106,64 @@ _BY_NAME = {s.name: s for s in SCENARIOS}
 _BY_NAME[CNN.name] = CNN
 
 
+# the real architectures of examples/architectures/ (parity_tests.reporting.architectures) at the
+# smallest sizes that keep every kind of block: a two-stage ResNet-6 with option-A shortcuts (an identity block and a
+# downsampling one), a stem plus one projection-shortcut block (ResNet-18's downsampling block) on 8x8
+# images, a one-block ViT (patch 4: 4 tokens + the class token) and a
+# one-block GPT (vocabulary 16, 8 tokens); local batch norm, Adam or momentum, 2 steps
+ARCHITECTURES = [
+    Scenario("resnet-a", arch_case("resnet-a", [8, 8, 3], resnet_cifar_a(1, (4, 8), classes=4),
+                                   {"generator": "images", "seed": 11, "global_batch": 16},
+                                   {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
+                                   dtype="float64", devices=1, steps=2, seed=12)),
+    Scenario("resnet-b", arch_case("resnet-b", [8, 8, 3], resnet_cifar_b((0, 1), (4, 8), classes=4),
+                                   {"generator": "images", "seed": 13, "global_batch": 16},
+                                   {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native"},
+                                   dtype="float64", devices=1, steps=2, seed=14)),
+    Scenario("vit", arch_case("vit", [8, 8, 3], vit(image=8, patch=4, width=8, depth=1, heads=2, mlp=16, classes=4),
+                              {"generator": "images", "seed": 15, "global_batch": 16},
+                              {"name": "adam", "lr": 0.01, "semantics": "native"},
+                              dtype="float64", devices=1, steps=2, seed=16)),
+    Scenario("gpt", arch_case("gpt", [8], gpt(vocab=16, context=8, width=8, depth=1, heads=2),
+                              {"generator": "tokens", "seed": 17, "global_batch": 16},
+                              {"name": "adam", "lr": 0.01, "semantics": "native"},
+                              dtype="float64", devices=1, steps=2, seed=18)),
+]
+_BY_NAME.update({s.name: s for s in ARCHITECTURES})
+
+
+def mapped(raw: dict, semantics: str = "torch") -> dict:
+    """``raw`` with every framework difference mapped to one framework's convention: each layer and
+    the optimizer get ``semantics`` (batch norm's moving variance, GELU constants, the attention
+    scale, the optimizer's update rule) and an embedding the dense gradient (``gradient: dense``)."""
+    def walk(layers: list[dict]) -> list[dict]:
+        out = []
+        for layer in layers:
+            layer = dict(layer)
+            if layer["type"] in ("batch_norm", "attention") or (
+                    layer["type"] in ("dense", "activation") and str(layer.get("activation", layer.get("fn"))).startswith("gelu")):
+                layer["semantics"] = semantics
+            if layer["type"] == "embedding":
+                layer["gradient"] = "dense"
+            for key in ("body", "shortcut"):
+                if key in layer:
+                    layer[key] = walk(layer[key])
+            out.append(layer)
+        return out
+
+    return with_changes(raw, **{"model.layers": walk(raw["model"]["layers"]), "optimizer.semantics": semantics})
+
+
+#: (devices, dtype, combine, semantics) of each architecture's rows: every device count, and at each
+#: the two dtypes, combines and semantics in a 2-level orthogonal array (every pair of values of two
+#: of these fields meets), rotated between architectures so that each meets each device count in
+#: another combination
+_ARRAY = [("float64", "grad_mean", "native"), ("float64", "loss_mean", "mapped"),
+          ("float32", "grad_mean", "mapped"), ("float32", "loss_mean", "native")]
+ARCHITECTURE_ROWS: list[tuple[str, int, str, str, str]] = [
+    (s.name, n, *_ARRAY[(k + a) % 4]) for a, s in enumerate(ARCHITECTURES) for k, n in enumerate((1, 2, 4, 8))]
+
+
 def _with(raw: dict, name: str, **changes: Any) -> dict:
     return with_changes(raw, name=name, **changes)
 
@@ -152,12 +215,13 @@ LARGE_WORLD: list[tuple[str, Callable[[int], dict[str, Any]]]] = [
 def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8),
                  dtypes: Iterable[str] = ("float64", "float32", "mixed_bfloat16"),
                  combines: Iterable[str] = ("grad_mean", "loss_mean"), expected_rows: bool = True,
-                 large_world: Iterable[int] = (16, 32, 64)) -> list[Case]:
+                 large_world: Iterable[int] = (16, 32, 64), architectures: bool = True) -> list[Case]:
     """Every case of the matrix, validated, named ``scenario:nN:combine:dtype``.
 
     ``mixed_bfloat16`` in ``dtypes`` adds the mixed-precision rows: :data:`MIXED_SCENARIOS`
     at the device counts of ``devices`` among :data:`MIXED_DEVICES`, ``grad_mean``.
     ``large_world``: the device counts of the :data:`LARGE_WORLD` rows (added with ``expected_rows``).
+    ``architectures``: the :data:`ARCHITECTURE_ROWS` whose device count, dtype and combine are asked for.
     """
     devices, dtypes, combines = list(devices), list(dtypes), list(combines)
     mixed = "mixed_bfloat16" in dtypes
@@ -187,6 +251,14 @@ def matrix_cases(*, devices: Iterable[int] = (1, 2, 4, 8),
             for n in [d for d in devices if d in MIXED_DEVICES]:
                 raw = _with(_BY_NAME[base].case, f"{name}:n{n}:grad_mean:mixed_bfloat16",
                             **{"parallel.devices": n, "dtype": "mixed_bfloat16"})
+                cases.append(case_from_dict(raw))
+    if architectures:
+        for name, n, dtype, combine, semantics in ARCHITECTURE_ROWS:
+            if n in devices and dtype in dtypes and combine in combines:
+                raw = _BY_NAME[name].case
+                raw = mapped(raw) if semantics == "mapped" else raw
+                raw = _with(raw, f"{name}-{semantics}:n{n}:{combine}:{dtype}",
+                            **{"parallel.devices": n, "parallel.combine": combine, "dtype": dtype})
                 cases.append(case_from_dict(raw))
     if expected_rows:
         for name, changes_for in LARGE_WORLD:

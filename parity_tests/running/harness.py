@@ -18,6 +18,7 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 from parity_tests.running.backends import check_torch_ranks, pool_timeout, release_memory
 from parity_tests.running.builtins import BUILTINS
+from parity_tests.running.builtins import SPECS as BUILTIN_SPECS
 
 __all__ = ["IMPLS", "run_impl", "parse_impls", "check_dtypes", "prestart_torch"]
 
@@ -54,6 +55,11 @@ def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
             raise refused
         if dtype not in found.dtypes:
             raise CaseError("dtype", f"one of {', '.join(found.dtypes)} for {name} (the dtypes it declares)", dtype)
+        k = case.spec.get("parallel", {}).get("accumulate", 1)
+        if k > 1 and found.spec.accumulate is False:
+            takes = ", ".join(s.name for s in BUILTIN_SPECS if s.accumulate)
+            raise CaseError("parallel.accumulate", f"1 for {name} (it does not declare micro-batch accumulation;"
+                            f" {takes} do)", k)
         declared = found.spec.layers
         for path, layer in nested_layers(case.spec["model"].get("layers", [])):
             if declared is not None and layer["type"] not in declared:

@@ -109,8 +109,6 @@ def test_both_sides_name_nested_parameters_canonically():
     ([6], {"type": "rms_norm", "epsilon": 0}, "model.layers[0].epsilon", "> 0"),
     ([6], {"type": "activation", "fn": "elu"}, "model.layers[0].fn", "gelu_tanh"),
     ([6], {"type": "dense", "units": 2, "activation": "relu", "semantics": "tf"}, "model.layers[0].semantics", "GELU"),
-    ([6], {"type": "residual", "body": [{"type": "dropout", "rate": 0.1}]}, "model.layers[0].body[0].type", "not implemented"),
-    ([6], {"type": "repeat", "count": 2, "body": [{"type": "batch_norm"}]}, "model.layers[0].body[0].type", "batch_norm"),
     ([6], {"type": "residual", "body": [{"type": "dense", "units": 3}]}, "model.layers[0].shortcut", "[3]"),
     ([6], {"type": "repeat", "count": 0, "body": [{"type": "dense", "units": 6}]}, "model.layers[0].count", ">= 1"),
     ([6], {"type": "reshape", "shape": [4, -1]}, "model.layers[0].shape", "6 per example"),

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from parity_tests.contract.case import case_from_dict
 from parity_tests.reporting.matrix import EXPECTED_ROWS, SCENARIOS, matrix_cases, run_matrix
 from parity_tests.running.harness import run_impl
 
@@ -73,3 +74,39 @@ def test_resume_reuses_finished_rows_and_reruns_missing_ones(tmp_path, capsys):
     assert f"({len(cases) - 1} rows reused from an earlier run)" in capsys.readouterr().out
     doc = json.loads((tmp_path / "report.json").read_text())
     assert len({r["case"] for r in doc["rows"]}) == len(cases)
+
+
+def test_architecture_rows_cover_devices_dtypes_combines_and_semantics():
+    """Each architecture at 1, 2, 4 and 8 devices, and over its four rows both dtypes, both combines and
+    native and mapped semantics; every pair of values of two of those fields meets for some architecture."""
+    from parity_tests.reporting.matrix import ARCHITECTURE_ROWS, ARCHITECTURES
+
+    cases = {c.name: c for c in matrix_cases()}
+    for s in ARCHITECTURES:
+        rows = [r for r in ARCHITECTURE_ROWS if r[0] == s.name]
+        assert sorted(r[1] for r in rows) == [1, 2, 4, 8]
+        for field in (2, 3, 4):
+            assert len({r[field] for r in rows}) == 2, (s.name, field)
+        for name, n, dtype, combine, semantics in rows:
+            case = cases[f"{name}-{semantics}:n{n}:{combine}:{dtype}"]
+            assert (case.devices, case.spec["dtype"], case.spec["parallel"]["combine"]) == (n, dtype, combine)
+    for a, b in ((2, 3), (2, 4), (3, 4)):
+        assert len({(r[a], r[b]) for r in ARCHITECTURE_ROWS}) == 4
+    assert len({(r[1], r[2], r[3], r[4]) for r in ARCHITECTURE_ROWS}) == len(ARCHITECTURE_ROWS)
+
+
+def test_mapped_sets_one_convention_everywhere_and_native_keeps_each_frameworks():
+    from parity_tests.contract.model import nested_layers
+    from parity_tests.reporting.matrix import ARCHITECTURES, mapped
+
+    for s in ARCHITECTURES:
+        for raw, want in ((s.case, "native"), (mapped(s.case), "torch")):
+            case = case_from_dict(raw)
+            assert case.spec["optimizer"]["semantics"] == want
+            layers = [layer for _, layer in nested_layers(case.spec["model"]["layers"])]
+            for layer in layers:
+                if layer["type"] in ("batch_norm", "attention"):
+                    assert layer["semantics"] == want, (s.name, layer)
+                if layer["type"] == "embedding":
+                    assert layer["gradient"] == ("dense" if want == "torch" else "native")
+            assert any(layer["type"] in ("batch_norm", "attention") for layer in layers)

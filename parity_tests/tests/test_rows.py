@@ -54,6 +54,30 @@ def test_rows_stay_in_memory_below_the_threshold_and_move_to_a_file_past_it():
     assert np.asarray(out).tolist() == [[0, 1, 2], [1, 2, 3]]
 
 
+def test_many_arrays_each_under_the_threshold_spill_once_together_they_pass_it():
+    """A transformer's trajectory is a hundred kernels of a few MB each: each under the threshold,
+    together over it. The threshold bounds what a process holds in all unfinished lists, so the
+    lists that receive rows past it move to files; below it, in memory as before."""
+    old = rows.set_spill_threshold(100)  # rows of 12 bytes: 8 of them fit, the 9th passes it
+    try:
+        lists = [rows.RowList() for _ in range(6)]
+        for step in range(2):
+            for rl in lists:
+                rl.append(np.full(3, step, np.float32))
+        out = [rl.finish() for rl in lists]
+        again = [rows.RowList([np.zeros(3, np.float32)] * 2).finish() for _ in range(4)]  # finished: released
+    finally:
+        rows.set_spill_threshold(old)
+    # step 0 holds 6 x 12 = 72 bytes; at step 1 the third list's row makes 108 > 100: it spills its 24 (84
+    # held), the fourth makes 96, the fifth 108 again and spills: never more than the threshold + one row
+    kinds = [type(a) for a in out]
+    nd, ra = np.ndarray, rows.RowArray
+    assert kinds == [nd, nd, ra, nd, ra, nd], kinds
+    assert all(np.asarray(a).tolist() == [[0, 0, 0], [1, 1, 1]] for a in out)
+    assert all(isinstance(a, np.ndarray) for a in again)
+    assert rows._held[0] == 0
+
+
 def test_a_row_array_reads_rows_and_knows_their_norms_and_finiteness(spill_everything):
     values = [np.array([[1.0, -4.0], [2.0, 0.5]]), np.array([[np.nan, 1.0], [0.0, 0.0]]),
               np.array([[0.0, np.inf], [3.0, 0.0]])]
