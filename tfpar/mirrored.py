@@ -177,7 +177,9 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     A ``batch_norm`` layer normalises with its replica's own statistics
     (``local``: ``tf.nn.moments``) or with the whole global batch's (``sync``:
     ``ReplicaContext.all_reduce(SUM)`` of ``sum x``, ``sum x^2`` and the count,
-    as Keras' ``SyncBatchNormalization`` does; ``mu = S/n``, ``var = max(Q/n - mu^2, 0)``).
+    as Keras' ``SyncBatchNormalization`` does; ``mu = S/n``, ``var = max(Q/n - mu^2, 0)``; under the
+    layer's ``semantics: torch``, each replica's ``tf.nn.moments`` merged with the counts, as torch's
+    ``SyncBatchNorm`` does: ``mu = sum n_r m_r / n``, ``var = sum n_r (v_r + (m_r - mu)^2) / n``).
     The all-reduce is differentiable: its gradient is the all-reduce of the
     upstream gradients, so a replica's gradient is its share of the gradient of
     every replica's loss (torch ``SyncBatchNorm``'s, not ``tf.towers``' own-loss
@@ -209,7 +211,14 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
         with tf.device(place) if place else contextlib.nullcontext():
             axes = list(range(h.shape.rank - 1))
             count = math.prod(h.shape[:-1])
-            if batch_norm == "sync":
+            if batch_norm == "sync" and layer["semantics"] == "torch":  # SyncBatchNorm's merge with counts
+                ctx = tf.distribute.get_replica_context()
+                m_r, v_r = tf.nn.moments(h, axes)
+                n_r = tf.constant(float(count), h.dtype)
+                s1, c = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [m_r * n_r, n_r])
+                mean = s1 / c
+                var = ctx.all_reduce(tf.distribute.ReduceOp.SUM, (v_r + tf.square(m_r - mean)) * n_r) / c
+            elif batch_norm == "sync":
                 ctx = tf.distribute.get_replica_context()
                 s1, s2, c = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [
                     tf.reduce_sum(h, axes), tf.reduce_sum(tf.square(h), axes), tf.constant(float(count), h.dtype)])
