@@ -498,9 +498,10 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
                           " micro-batch j together are the single device's micro-batch j")
         else:
             out.append(_diff(
-                f"micro-batch batch-norm statistics: with accumulate {k}, the devices' micro-batch j (the j-th {k}-th"
-                f" of each shard) together are not the single device's micro-batch j (the j-th contiguous {k}-th of"
-                " the global batch), so even synchronized statistics are over other rows", certain=True,
+                f"micro-batch batch-norm statistics: with accumulate {k}, the devices' micro-batch j (the j-th of"
+                f" each shard's {k} parts) together are not the single device's micro-batch j (the j-th of the"
+                f" global batch's {k} contiguous parts), so even synchronized statistics are over other rows",
+                certain=True,
                 mapping="micro_batches"))
     native_bn = [layer for _, layer in bns if layer["semantics"] == "native"]
     if native_bn and par.get("batch_norm", "local") == "sync" and _framework(a) != _framework(b):
