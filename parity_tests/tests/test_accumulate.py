@@ -96,7 +96,7 @@ def test_tfpar_run_case_refuses_it_too():
 # ---------------------------------------------------------------- k = 1, and no batch norm
 
 
-@pytest.mark.parametrize("impl", ["tf.towers", "torch.ddp"])
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.mirrored", "torch.ddp"])
 def test_accumulate_1_is_no_accumulation_bit_for_bit(_pool, impl):
     plain, one = run_once(_bn(None), impl), run_impl(_bn(1), impl)
     assert set(plain) == set(one)
