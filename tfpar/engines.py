@@ -35,7 +35,7 @@ SPECS: tuple[EngineSpec, ...] = (
     EngineSpec("tf.mirrored", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
                description="tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
                combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
-               optimizer_family="keras", accumulate=False, entry="tfpar.mirrored:run_mirrored"),
+               optimizer_family="keras", accumulate=True, entry="tfpar.mirrored:run_mirrored"),
     EngineSpec("tf.multiworker", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True,
                description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker"
                            " (python -m parity_tests.launch.tf)",

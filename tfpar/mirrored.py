@@ -53,6 +53,12 @@ statistics or ``sync`` all-reduced sums; the moving statistics are updated in
 cross-replica context from replica 0's or the global statistics). Keep-masks
 and sample weights are distributed by replica shard, like the rows.
 
+``parallel.accumulate: k``: each replica cuts its shard into k contiguous micro-batches, scales
+each micro-batch's loss as a global batch of ``B/k`` rows, and averages the k gradients (and
+losses) before clipping and applying; batch-norm moving statistics are updated once per
+micro-batch, in order. Keras' own ``gradient_accumulation_steps`` is not used: under this
+strategy it raises (docs/framework-differences.md).
+
 Optimizers: ``native`` uses Keras' own class, whose ``apply_gradients``
 inside ``strategy.run`` all-reduces (SUM) and updates each copy;
 ``torch``/``tf`` semantics use the exact rules of :mod:`tfpar.optimizers`
@@ -182,7 +188,9 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
     A ``batch_norm`` layer normalises with its replica's own statistics
     (``local``: ``tf.nn.moments``) or with the whole global batch's (``sync``:
     ``ReplicaContext.all_reduce(SUM)`` of ``sum x``, ``sum x^2`` and the count,
-    as Keras' ``SyncBatchNormalization`` does; ``mu = S/n``, ``var = max(Q/n - mu^2, 0)``).
+    as Keras' ``SyncBatchNormalization`` does; ``mu = S/n``, ``var = max(Q/n - mu^2, 0)``; under the
+    layer's ``semantics: torch``, each replica's ``tf.nn.moments`` merged with the counts, as torch's
+    ``SyncBatchNorm`` does: ``mu = sum n_r m_r / n``, ``var = sum n_r (v_r + (m_r - mu)^2) / n``).
     The all-reduce is differentiable: its gradient is the all-reduce of the
     upstream gradients, so a replica's gradient is its share of the gradient of
     every replica's loss (torch ``SyncBatchNorm``'s, not ``tf.towers``' own-loss
@@ -225,7 +233,14 @@ def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.T
         with tf.device(place) if place else contextlib.nullcontext():
             axes = list(range(h.shape.rank - 1))
             count = math.prod(h.shape[:-1])
-            if batch_norm == "sync":
+            if batch_norm == "sync" and layer["semantics"] == "torch":  # SyncBatchNorm's merge with counts
+                ctx = tf.distribute.get_replica_context()
+                m_r, v_r = tf.nn.moments(h, axes)
+                n_r = tf.constant(float(count), h.dtype)
+                s1, c = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [m_r * n_r, n_r])
+                mean = s1 / c
+                var = ctx.all_reduce(tf.distribute.ReduceOp.SUM, (v_r + tf.square(m_r - mean)) * n_r) / c
+            elif batch_norm == "sync":
                 ctx = tf.distribute.get_replica_context()
                 s1, s2, c = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [
                     tf.reduce_sum(h, axes), tf.reduce_sum(tf.square(h), axes), tf.constant(float(count), h.dtype)])
@@ -292,6 +307,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
     model, par, batch = spec["model"], spec["parallel"], spec["data"]["global_batch"]
     n = par["devices"]
     bn_mode = par.get("batch_norm", "local")
+    accumulate = par.get("accumulate", 1)  # micro-batches per step (k)
     if strategy is None:
         devices = tower_devices(n)
         strategy = make_strategy(devices)
@@ -334,7 +350,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
                 # round every weighted loss to float32 (see the module docstring)
                 per = per * tf.cast(v, per.dtype)
             if par["weighting"] == "by_size":
-                return tf.nn.compute_average_loss(per, global_batch_size=batch * positions)
+                # a micro-batch's rows, each with its positions (per-token softmax_ce)
+                return tf.nn.compute_average_loss(per, global_batch_size=(batch // accumulate) * positions)
             return tf.nn.compute_average_loss(per)  # default: n_r * N, i.e. l_r / N
         # a sum (compute_average_loss divides a sum), torch's loss formula (a weighted mean has no
         # per-example form), or a mean over labelled positions (ignore_label; tfpar.tokens writes Keras'
@@ -345,14 +362,31 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
 
     def replica_step(x: tf.Tensor, y: tf.Tensor, extras: dict[str, tf.Tensor],
                      capture: bool = False) -> tuple[Any, ...]:
-        stats: dict[str, tuple[tf.Tensor, tf.Tensor, int]] = {}
-        acts: dict[str, tf.Tensor] | None = {} if capture else None
-        with tf.GradientTape() as tape:
-            out = replica_forward(layers, dict(zip(names, var_list, strict=True)), x,
-                                  masks={k: m for k, m in extras.items() if k != "w"}, batch_norm=bn_mode, stats=stats,
-                                  acts=acts)
-            loss = scaled_loss(out, y, extras.get("w"))
-        grads = tape.gradient(loss, var_list)
+        # parallel.accumulate: k contiguous micro-batches of the replica's shard, each scaled as a global
+        # batch of B/k rows, their losses and gradients averaged (k = 1: the shard itself)
+        if accumulate == 1:
+            micro = [(x, y, extras)]
+        else:
+            parts = {key: tf.split(e, accumulate) for key, e in extras.items()}
+            micro = [(x_j, y_j, {key: p[j] for key, p in parts.items()})
+                     for j, (x_j, y_j) in enumerate(zip(tf.split(x, accumulate), tf.split(y, accumulate), strict=True))]
+        losses, micro_grads, stats_by_micro, micro_acts = [], [], [], []
+        for x_j, y_j, extras_j in micro:
+            stats: dict[str, tuple[tf.Tensor, tf.Tensor, int]] = {}
+            acts: dict[str, tf.Tensor] | None = {} if capture else None
+            with tf.GradientTape() as tape:
+                out = replica_forward(layers, dict(zip(names, var_list, strict=True)), x_j,
+                                      masks={key: m for key, m in extras_j.items() if key != "w"}, batch_norm=bn_mode,
+                                      stats=stats, acts=acts)
+                losses.append(scaled_loss(out, y_j, extras_j.get("w")))
+            micro_grads.append(tape.gradient(losses[-1], var_list))
+            stats_by_micro.append(stats)
+            micro_acts.append(acts)
+        loss = losses[0] if accumulate == 1 else tf.add_n(losses) / accumulate
+        grads = (micro_grads[0] if accumulate == 1 else
+                 [tf.add_n(list(g)) / accumulate for g in zip(*micro_grads, strict=True)])
+        acts = micro_acts[0] if accumulate == 1 or not capture else {
+            i: tf.concat([a[i] for a in micro_acts], 0) for i in micro_acts[0]}
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
         w = tf.gather(tf.constant(weights, dtype=grads[0].dtype), r)
         cap: dict[str, Any] = {}
@@ -367,8 +401,8 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         if apply_in_replica:
             optimizer.apply(grads, var_list)  # Keras all-reduces (SUM) and updates every copy
         # static shapes, recorded while tracing: values per channel per example of each BN layer
-        per_example.update({i: c for i, (_, _, c) in stats.items()})
-        return loss, grads, {path: (mean, var) for path, (mean, var, _) in stats.items()}, cap
+        per_example.update({i: c for i, (_, _, c) in stats_by_micro[0].items()})
+        return loss, grads, [{path: (mean, var) for path, (mean, var, _) in st.items()} for st in stats_by_micro], cap
 
     per_example: dict[str, int] = {}
 
@@ -400,12 +434,13 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
             # a Keras optimizer called here finds no replica context and does not
             # all-reduce again (keras/src/backend/tensorflow/optimizer.py)
             optimizer.apply(grads, var_list)
-        for i, layer in bn_layers.items():
-            # the moving statistics: the global batch's (sync), or replica 0's (local: what
-            # DDP keeps, broadcasting rank 0's buffers), written to every copy
-            mean, var = (first_replica(t) for t in moments[i])
-            rows = batch if bn_mode == "sync" else sizes[0]
-            update_moving(state, i, layer, mean, var, rows * per_example[i])
+        for micro_moments in moments:  # once per micro-batch, in order (parallel.accumulate)
+            for i, layer in bn_layers.items():
+                # the moving statistics: the global batch's (sync), or replica 0's (local: what
+                # DDP keeps, broadcasting rank 0's buffers), written to every copy
+                mean, var = (first_replica(t) for t in micro_moments[i])
+                rows = batch if bn_mode == "sync" else sizes[0]
+                update_moving(state, i, layer, mean, var, rows // accumulate * per_example[i])
         return total, grads, out
 
     step = tf.function(lambda x, y, extras: step_impl(x, y, extras, False)[:2], autograph=False)

@@ -80,7 +80,9 @@ tower with its own shard's statistics and keeps the *first* tower's update of
 the moving statistics (what DDP keeps: it broadcasts rank 0's buffers at every
 forward); ``sync`` sums ``sum x``, ``sum x^2`` and the counts over the towers,
 ``mu = S / n``, ``var = max(Q / n - mu^2, 0)`` (Keras' synchronized moments),
-and normalises every tower with those. A ``residual`` or ``repeat`` whose bodies hold
+and normalises every tower with those; under the layer's ``semantics: torch`` it merges
+each tower's ``tf.nn.moments`` with the counts instead, as torch's ``SyncBatchNorm`` does
+(``mu = sum n_r m_r / n``, ``var = sum n_r (v_r + (m_r - mu)^2) / n``). A ``residual`` or ``repeat`` whose bodies hold
 batch norm or dropout is walked in the same lockstep, its inner layers keyed by path
 (``3.body.1.gamma``, ``3.body.1.moving_mean``, the mask of ``5.2.0``).
 
@@ -439,7 +441,18 @@ def _batch_norm(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h
         hs = [tf.cast(h, gamma.dtype) for h in hs]
     axes = list(range(hs[0].shape.rank - 1))
     counts = [math.prod(h.shape[:-1]) for h in hs]
-    if mode == "sync":
+    if mode == "sync" and layer["semantics"] == "torch":  # SyncBatchNorm's: per-tower moments merged with counts
+        moments = []
+        for h, dev in zip(hs, devices, strict=True):
+            with _on(dev):
+                moments.append(tf.nn.moments(h, axes))
+        with _on(reduce_device):
+            total = sum(counts)
+            mean = tf.add_n([m * c for (m, _), c in zip(moments, counts, strict=True)]) / total
+            var = tf.add_n([(v + tf.square(m - mean)) * c for (m, v), c in zip(moments, counts, strict=True)]) / total
+        stats = [(mean, var)] * len(hs)
+        update = (mean, var, total)
+    elif mode == "sync":
         sums, squares = [], []
         for h, dev in zip(hs, devices, strict=True):
             with _on(dev):

@@ -51,12 +51,17 @@ local, semantics tf
 sync
     torch's ``nn.SyncBatchNorm`` refuses CPU tensors (torch 2.13:
     "SyncBatchNorm expected input tensor to be on GPU or XPU ..."), so its math
-    is written out: ``sum x``, ``sum x^2`` and the count are all-reduced over the
-    group with the differentiable ``torch.distributed.nn.functional.all_reduce``
-    (its backward all-reduces the gradients, as SyncBatchNorm's backward does),
-    ``mu = S / n``, ``var = max(Q / n - mu^2, 0)``, and ``running_var`` gets
-    ``var n / (n - 1)`` with the global ``n`` (as ``batch_norm_gather_stats_with_counts``
-    does), or the biased ``var`` under ``tf`` semantics.
+    is written out, all-reduced over the group with the differentiable
+    ``torch.distributed.nn.functional.all_reduce`` (its backward all-reduces the
+    gradients, as SyncBatchNorm's backward does). Semantics native/torch: what
+    SyncBatchNorm computes, each rank's mean ``m_r`` and biased variance ``v_r`` over
+    its ``n_r`` values (``batch_norm_stats``), merged with the counts
+    (``batch_norm_gather_stats_with_counts``): ``mu = sum n_r m_r / n``,
+    ``var = sum n_r (v_r + (m_r - mu)^2) / n``; ``running_var`` gets ``var n / (n - 1)``
+    with the global ``n``. Semantics tf: Keras' one pass, ``sum x``, ``sum x^2`` and the
+    count summed, ``mu = S / n``, ``var = max(Q / n - mu^2, 0)``, biased ``var`` kept.
+    The two agree in exact arithmetic; the one pass loses about ``(mu/sigma)^2 u`` of the
+    variance (``u`` the dtype's rounding unit: docs/layers.md).
 
 Mixed precision (case dtype ``mixed_bfloat16``): the parameters stay float32 and the
 caller runs the forward pass under ``torch.autocast("cpu", dtype=torch.bfloat16)``
@@ -338,15 +343,17 @@ class CaseModel(nn.Module):
         else:
             c = h.shape[1]
             count = torch.tensor([h.numel() / c], dtype=h.dtype)
-            stats = torch.cat([h.sum(dim=dims), (h * h).sum(dim=dims), count])
-            if self.group is not None:
-                with warnings.catch_warnings():
-                    # deprecated in favour of a private module; it is still the public differentiable allreduce
-                    warnings.simplefilter("ignore", FutureWarning)
-                    stats = dist_fn.all_reduce(stats, op=dist.ReduceOp.SUM, group=self.group)
-            n = stats[-1]
-            mean = stats[:c] / n
-            var = torch.clamp(stats[c:2 * c] / n - mean * mean, min=0.0)
+            if sem == "tf":  # Keras' synchronized moments: one pass, var = max(Q/n - mu^2, 0)
+                stats = self._all_reduce(torch.cat([h.sum(dim=dims), (h * h).sum(dim=dims), count]))
+                n = stats[-1]
+                mean = stats[:c] / n
+                var = torch.clamp(stats[c:2 * c] / n - mean * mean, min=0.0)
+            else:  # SyncBatchNorm's: each rank's mean and variance, merged with the counts
+                var_r, mean_r = torch.var_mean(h, dim=dims, correction=0)
+                first = self._all_reduce(torch.cat([mean_r * count, count]))
+                n = first[-1]
+                mean = first[:c] / n
+                var = self._all_reduce(count * (var_r + (mean_r - mean) ** 2)) / n
             shape = [1, c] + [1] * (h.dim() - 2)
             out = (h - mean.view(shape)) * torch.rsqrt(var.view(shape) + eps) * gamma.view(shape) + beta.view(shape)
             with torch.no_grad():
@@ -359,6 +366,16 @@ class CaseModel(nn.Module):
                     rv.copy_((1.0 - mom) * rv + mom * var * (n / (n - 1)))
         out = out.to(out_dtype)
         return out.movedim(1, -1) if channels_last else out
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum of ``t`` over the group, differentiably (its backward all-reduces the gradients, as
+        SyncBatchNorm's backward does); ``t`` itself without a group."""
+        if self.group is None:
+            return t
+        with warnings.catch_warnings():
+            # deprecated in favour of a private module; it is still the public differentiable allreduce
+            warnings.simplefilter("ignore", FutureWarning)
+            return dist_fn.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
 
     def forward(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor] | None = None, *,
                 with_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

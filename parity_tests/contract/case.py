@@ -150,7 +150,7 @@ class Case:
     def payload(self) -> dict[str, Any]:
         """Everything an implementation needs, as plain data (picklable).
 
-        ``masks``: the dropout keep-masks by layer index (``generators.dropout_masks``),
+        ``masks``: the dropout keep-masks by layer path (``generators.dropout_masks``),
         drawn here once so that every implementation gets the same ones.
         """
         from parity_tests.contract.generators import dropout_masks

@@ -23,7 +23,7 @@ class Payload(TypedDict, total=False):
         spec: the validated case (``case.json`` with every default filled in).
         x: ``[rows, ...]`` inputs; y: ``[rows]`` or ``[rows, K]`` targets.
         init: initial values by canonical name (``param`` and ``state`` names).
-        masks: dropout keep-masks by layer index, ``[steps, global_batch, ...]``, drawn once from the seed.
+        masks: dropout keep-masks by layer path (``"3"``, ``"3.body.1"``), ``[steps, global_batch, ...]``, drawn once from the seed.
         perm: the rows each step reads, ``[steps, global_batch]`` (``data.order``; ``None``: in order).
         w: per-row sample weights ``[rows]`` or ``None``.
         capture: step k whose per-device values to record (``device/...``), or ``None``.

@@ -75,7 +75,7 @@ def test_accumulate_is_carried_only_when_given():
     assert make(MLP, parallel__accumulate=4).spec["parallel"]["accumulate"] == 4  # 4 rows per device: 1 per micro-batch
 
 
-@pytest.mark.parametrize("impl", ["tf.mirrored", "tf.v1", "tf.multiworker"])
+@pytest.mark.parametrize("impl", ["tf.v1", "tf.multiworker"])
 def test_engines_without_accumulation_refuse_it_in_one_line(impl):
     case = make(MLP, parallel__accumulate=2)
     with pytest.raises(CaseError) as e:
@@ -89,14 +89,14 @@ def test_tfpar_run_case_refuses_it_too():
     from tfpar.run import run_case
 
     with pytest.raises(Unsupported) as e:
-        run_case(make(MLP, parallel__accumulate=2).payload(), "tf.mirrored")
+        run_case(make(MLP, parallel__accumulate=2).payload(), "tf.v1")
     assert e.value.field == "parallel.accumulate"
 
 
 # ---------------------------------------------------------------- k = 1, and no batch norm
 
 
-@pytest.mark.parametrize("impl", ["tf.towers", "torch.ddp"])
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.mirrored", "torch.ddp"])
 def test_accumulate_1_is_no_accumulation_bit_for_bit(_pool, impl):
     plain, one = run_once(_bn(None), impl), run_impl(_bn(1), impl)
     assert set(plain) == set(one)
@@ -161,6 +161,19 @@ def test_accumulate_with_sample_weights_towers_equal_ddp(_pool):
     case = make(MLP, parallel__accumulate=2, data__sample_weights={"seed": 4, "low": 0.5, "high": 2.0},
                 model__loss_semantics="torch")
     assert_trajectories_close(run_impl(case, "tf.towers"), run_impl(case, "torch.ddp"), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["grad_mean, local", "loss_mean, sync", "grad_mean, local, per-device clipping, by_size"])
+def test_mirrored_accumulates_as_towers_do(_pool, name):
+    """MirroredStrategy: each replica loops over its micro-batches (each scaled as a global batch of B/k
+    rows), averages their gradients, and the moving statistics are updated once per micro-batch."""
+    case = _bn(2, **CONFIGS[name])
+    assert_trajectories_close(run_once(case, "tf.towers"), run_impl(case, "tf.mirrored"), rtol=RTOL, atol=ATOL)
+
+
+def test_mirrored_accumulates_sample_weighted_losses_as_towers_do(_pool):
+    case = make(MLP, parallel__accumulate=2, data__sample_weights={"seed": 4, "low": 0.5, "high": 2.0})
+    assert_trajectories_close(run_impl(case, "tf.towers"), run_impl(case, "tf.mirrored"), rtol=RTOL, atol=ATOL)
 
 
 def test_accumulate_single_devices_agree(_pool):

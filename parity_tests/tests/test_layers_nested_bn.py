@@ -178,3 +178,24 @@ def test_native_nested_moving_variance_differs_and_the_mapping_removes_it(_pool)
     assert_trajectories_close({k: tf_side[k] for k in rest}, {k: ddp[k] for k in rest}, rtol=RTOL, atol=ATOL)
     mapped = case.replace(**mapping_changes("bn_semantics", case.spec, "torch.ddp", "tf.towers"))
     assert_trajectories_close(tf_side, run_impl(mapped, "torch.ddp"), rtol=RTOL, atol=ATOL)
+
+
+def test_plugins_get_nested_masks_by_path_and_top_level_ones_by_index():
+    from parity_tests.protocol.plugin_run import RunBase
+
+    layers = [{"type": "dropout", "rate": 0.5},
+              {"type": "residual", "body": [{"type": "dense", "units": 4}, {"type": "dropout", "rate": 0.5}]},
+              {"type": "dense", "units": 1}]
+    case = make({**RAW, "model": {"input_shape": [4], "layers": layers, "loss": "mse"},
+                 "data": {"generator": "gaussian", "seed": 9, "global_batch": 8}})
+    run = RunBase(case.payload())
+    assert set(run.dropout_masks) == {0, "1.body.1"}
+    np.testing.assert_array_equal(run.dropout_masks["1.body.1"], dropout_masks(case.spec)["1.body.1"])
+
+
+def test_a_path_without_batch_norm_refuses_a_nested_one_naming_its_field():
+    from tfpar.errors import Unsupported, refuse_unimplemented
+
+    with pytest.raises(Unsupported) as e:
+        refuse_unimplemented(_case().spec, "tf.example")
+    assert e.value.field == "model.layers[1].body[1].type" and "batch_norm" in str(e.value)
