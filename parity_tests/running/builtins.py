@@ -1,7 +1,8 @@
 """The built-in implementations, which :mod:`.registry` registers like any other.
 
 ``tf.towers``, ``tf.single``, ``tf.v1`` and ``tf.mirrored`` run in this process
-(:func:`tfpar.run_case`); ``torch.ddp`` and ``torch.single`` in the shared
+(:func:`tfpar.run_case`), or, for a model of :data:`ISOLATE_PARAMETERS` or more, in a forked child of
+the TensorFlow server (:mod:`parity_tests.running.tf_worker`); ``torch.ddp`` and ``torch.single`` in the shared
 DDP worker pool (:func:`torchref.run.run_case`'s job functions).
 """
 
@@ -20,7 +21,7 @@ from parity_tests.running.implementation import Implementation
 from tfpar import engines as tfpar_engines
 from torchref import engines as torch_engines
 
-__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER"]
+__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER", "ISOLATE_PARAMETERS"]
 
 #: every built-in engine's declaration, TensorFlow's then torch's (each framework's list is beside its engines)
 SPECS: tuple[EngineSpec, ...] = (*tfpar_engines.SPECS, *torch_engines.SPECS)
@@ -34,9 +35,44 @@ def _refuse_external(case: Case, impl: str) -> None:
                                  " model.layers; an external model runs only on plugins)", {"external": case.spec["model"]["external"]})
 
 
+#: a built-in TensorFlow run of a model with at least this many parameters runs in a forked child of the
+#: TensorFlow server (``tf_worker``), not in this process: TensorFlow keeps a run's working set resident after
+#: the run (about 100 bytes per parameter in float64, docs/memory.md), so the in-process runs of a large
+#: model pile up here; a child gives it all back when it exits. Smaller models stay here (no fork, warm traces).
+ISOLATE_PARAMETERS = 2_000_000
+
+
+def _isolated(case: Case) -> bool:
+    return sum(int(np.prod(a.shape)) for a in case.init.values()) >= ISOLATE_PARAMETERS
+
+
+def _run_in_child(case: Case, impl: str, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+    """``tfpar.run_case`` in a fresh child of the TensorFlow server, which exits when it is done."""
+    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
+
+    placed = [device + 1 for _, _, device in case.spec["model"].get("placement", [])]
+    towers = case.devices if impl != "tf.single" else 1
+    payload, files = by_file(case.payload())
+    try:
+        out = get_worker().run({**job_context(max([towers, *placed])), "builtin": impl, "payload": payload})
+    except WorkerDied as e:
+        raise RunError(f"{impl} failed: {e}") from None
+    finally:
+        remove_files(files)
+    if "unsupported" in out:
+        raise CaseError(*out["unsupported"])
+    if "failed" in out:
+        raise RunError(f"{impl} failed: {out['failed']}")
+    if progress:
+        progress(case.spec["steps"])
+    return out["trajectory"]
+
+
 def _tensorflow(impl: str) -> Callable:
     def run(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
         _refuse_external(case, impl)
+        if _isolated(case):
+            return _run_in_child(case, impl, progress)
         tfpar = check_tf_devices(case, impl, towers=impl != "tf.single")
         try:
             return tfpar.run_case(case.payload(), impl, progress=progress)

@@ -355,7 +355,8 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     Python's and numpy's global generators are seeded with the case seed (a rerun draws
     the same numbers); TensorFlow's global seed is left unset, as in a fresh program.
 
-    With ``"inspect": True`` (and no payload) the module is only imported and the name looked
+    With ``"builtin": impl`` instead of ``"location"``, the built-in engine ``impl`` runs the payload
+    (:func:`_run_builtin`). With ``"inspect": True`` (and no payload) the module is only imported and the name looked
     up: ``{"described": parity_tests.running.plugin_marks.describe(fn)}`` (resolving a plugin name).
 
     Returns:
@@ -386,6 +387,8 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     seed = int(job["payload"]["spec"].get("seed", 0)) if "payload" in job else 0
     random.seed(seed)
     np.random.seed(seed % 2**32)
+    if "builtin" in job:  # a built-in engine's run (parity_tests.running.builtins: a model too large to keep here)
+        return _run_builtin(job["builtin"], job["payload"])
     try:
         fn = _import(job["location"])
     except Exception as e:  # noqa: BLE001  (bad input: one line, as the parent's own import says it)
@@ -400,6 +403,23 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
         return {"records": run_plugin(fn, job["payload"])}
     except PluginRaised as e:
         return {"raised": {"step": e.step, "when": e.when, "line": e.line, "frames": e.frames}}
+
+
+def _run_builtin(impl: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """``tfpar.run_case(payload, impl)`` in this child: ``{"trajectory": ...}`` (spilled rows travel as file
+    names), ``{"unsupported": (field, expected)}`` (``tfpar.Unsupported``) or ``{"failed": line}``."""
+    import numpy as np
+
+    import tfpar
+
+    payload = {**payload, "init": {k: np.asarray(v) for k, v in payload["init"].items()},
+               **{k: np.asarray(payload[k]) for k in ("x", "y") if k in payload}}
+    try:
+        return {"trajectory": tfpar.run_case(payload, impl)}
+    except tfpar.Unsupported as e:
+        return {"unsupported": (e.field, e.expected)}
+    except Exception as e:  # noqa: BLE001  (a TensorFlow failure on a valid case: one line, as in-process)
+        return {"failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
 
 
 def _where(location: Mapping[str, str]) -> str:
