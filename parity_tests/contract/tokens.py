@@ -143,13 +143,15 @@ def check_labelled(y: np.ndarray, model: dict, data: dict, parallel: dict, steps
         raise CaseError("model.ignore_label", "null with data.order distributed_sampler (every shard must hold a"
                         " labelled position; checked for the split order only)", label)
     batch, n, shard = data["global_batch"], parallel["devices"], parallel["shard"]
+    micro = parallel.get("accumulate", 1)  # each micro-batch's loss is its own mean (parallel.accumulate)
     for k in range(steps):
         for r in range(n):
-            rows = k * batch + shard_rows(batch, n, r, shard)
-            if np.all(y[rows] == label):
-                raise CaseError("data.y", f"a label other than ignore_label {label} in every device's shard of every"
-                                f" step (step {k + 1}, device {r} of {n} has none: its mean loss over labelled"
-                                " positions is 0/0, NaN in torch and 0 in Keras)")
+            for j, part in enumerate(np.array_split(shard_rows(batch, n, r, shard), micro)):
+                if np.all(y[k * batch + part] == label):
+                    where = f"micro-batch {j + 1} of {micro} of " if micro > 1 else ""
+                    raise CaseError("data.y", f"a label other than ignore_label {label} in every device's shard of every"
+                                    f" step ({where}step {k + 1}, device {r} of {n} has none: its mean loss over labelled"
+                                    " positions is 0/0, NaN in torch and 0 in Keras)")
 
 
 def _has_repeat(ids: np.ndarray) -> bool:
@@ -185,12 +187,33 @@ def token_facts(x: np.ndarray, y: np.ndarray, model: dict, data: dict, parallel:
             out["repeat_in_shard"] = any(_has_repeat(x[k * batch + shard_rows(batch, n, r, shard)])
                                          for k in range(steps) for r in range(n))
     if label is not None:
-        equal = by_size = True
-        for k in range(steps):
-            rows = [k * batch + shard_rows(batch, n, r, shard) for r in range(n)]
-            counts = [int(np.sum(y[r] != label)) for r in rows]
-            equal &= len(set(counts)) == 1
-            total = sum(counts)
-            by_size &= all(c * batch == total * len(r) for c, r in zip(counts, rows, strict=True))
-        out.update(labelled_equal=equal, labelled_by_size=by_size)
+        micro = parallel.get("accumulate", 1)
+        steps_y = [y[k * batch:(k + 1) * batch] != label for k in range(steps)]
+        out.update(labelled_equal=all(_one_device_weights(lab, n, shard, micro, "equal") for lab in steps_y),
+                   labelled_by_size=all(_one_device_weights(lab, n, shard, micro, "by_size") for lab in steps_y))
     return out
+
+
+def _one_device_weights(labelled: np.ndarray, n: int, shard: str, micro: int, weighting: str) -> bool:
+    """Whether N devices weight every labelled position of one step as one device does.
+
+    ``labelled``: ``[batch, ...]`` bool. Under N devices a labelled position of device r's micro-batch j
+    (of ``micro``) weighs ``w_r / (micro c_rj)`` (``w_r``: 1/N, or ``n_r / B`` by size; ``c_rj``: the
+    micro-batch's labelled positions); under one device ``1 / (micro C_j)`` with ``C_j`` the labelled
+    positions of its own micro-batch j (the j-th contiguous part of the batch). Equal weights for every
+    position is exactly when the two losses, and so their gradients, agree (for ``micro`` 1: equal counts
+    under ``equal``, counts proportional to rows under ``by_size``).
+    """
+    batch = len(labelled)
+    many, one = np.zeros(labelled.shape), np.zeros(labelled.shape)
+    for r in range(n):
+        rows = shard_rows(batch, n, r, shard)
+        w = 1.0 / n if weighting == "equal" else len(rows) / batch
+        for part in np.array_split(rows, micro):
+            many[part] = np.where(labelled[part], w / (micro * np.sum(labelled[part])), 0.0)
+    for part in np.array_split(np.arange(batch), micro):
+        c = np.sum(labelled[part])
+        if c == 0:  # one device's micro-batch without a label: not the same loss
+            return False
+        one[part] = np.where(labelled[part], 1.0 / (micro * c), 0.0)
+    return bool(np.allclose(many, one, rtol=1e-12, atol=0.0))

@@ -500,6 +500,42 @@ def test_labelled_counts_are_predicted_between_n_devices_and_one():
     assert predict(even.spec, "torch.ddp", "torch.single").differences == ()
 
 
+def _micro(y: np.ndarray, accumulate: int):
+    """4 rows of 3 tokens on 2 devices, ignore_label 0, ``parallel.accumulate`` micro-batches per step."""
+    raw = _raw(_gpt(), data={"arrays": True, "global_batch": 4}, steps=1)
+    changes = {"model.ignore_label": 0, "parallel.devices": 2, "parallel.accumulate": accumulate}
+    return case_from_dict(with_changes(raw, **changes), x=np.arange(12).reshape(4, 3) % V, y=y)
+
+
+# labelled positions per row: 2, 1, 2, 1 (device 0 holds rows 0-1, device 1 rows 2-3)
+MICRO_Y = np.array([[1, 2, 0], [3, 0, 0], [4, 5, 0], [1, 0, 0]])
+
+
+def test_each_accumulated_micro_batch_needs_a_labelled_position():
+    y = np.array([[1, 2, 3], [0, 0, 0], [4, 5, 1], [2, 3, 4]])
+    assert _micro(y, 1).spec["parallel"]["accumulate"] == 1  # each device's whole shard has a label
+    with pytest.raises(CaseError, match=r"micro-batch 2 of 2 of step 1, device 0 of 2 has none"):
+        _micro(y, 2)
+
+
+def test_labelled_counts_under_accumulation_weigh_positions_as_one_device_does():
+    # one micro-batch: 3 labelled positions on each device, as one device's mean weighs them
+    assert predict(_micro(MICRO_Y, 1).spec, "tf.towers", "tf.single").differences == ()
+    # two: device r's micro-batches hold 2 and 1, one device's (rows 0-1, rows 2-3) 3 and 3
+    (d,) = predict(_micro(MICRO_Y, 2).spec, "tf.towers", "tf.single").differences
+    assert "per-device labelled counts" in d.text
+    # every position labelled: equal weights again
+    assert predict(_micro(np.arange(12).reshape(4, 3) % 5 + 1, 2).spec, "tf.towers", "tf.single").differences == ()
+
+
+@pytest.mark.parametrize(("accumulate", "differ"), [(1, False), (2, True)])
+def test_the_micro_batch_counts_prediction_is_what_the_engines_do(accumulate, differ):
+    case = _micro(MICRO_Y, accumulate)
+    towers, single = run_impl(case, "tf.towers"), run_impl(case, "tf.single")
+    gap = max(float(np.max(np.abs(towers[k] - single[k]))) for k in towers if k.startswith("grad/"))
+    assert (gap > 1e-6) == differ, gap  # float64: agreeing runs differ by rounding only (~1e-16)
+
+
 # ---------------------------------------------------------------- end to end
 
 
