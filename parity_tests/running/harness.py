@@ -81,8 +81,7 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
     try:
         return found.run(case, progress)
     finally:
-        if found.framework == "tf":
-            release_memory()
+        release_memory()  # a TensorFlow run's freed tensors, a torch job's pickled payload and results
 
 
 def prestart_torch(case: Case, impls: list[str]) -> None:
