@@ -48,17 +48,11 @@ def _isolated(case: Case) -> bool:
 
 def _run_in_child(case: Case, impl: str, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
     """``tfpar.run_case`` in a fresh child of the TensorFlow server, which exits when it is done."""
-    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
+    from parity_tests.running.tf_worker import run_case_job
 
     placed = [device + 1 for _, _, device in case.spec["model"].get("placement", [])]
     towers = case.devices if impl != "tf.single" else 1
-    payload, files = by_file(case.payload())
-    try:
-        out = get_worker().run({**job_context(max([towers, *placed])), "builtin": impl, "payload": payload})
-    except WorkerDied as e:
-        raise RunError(f"{impl} failed: {e}") from None
-    finally:
-        remove_files(files)
+    out = run_case_job(case, impl, max([towers, *placed]), builtin=impl)
     if "unsupported" in out:
         raise CaseError(*out["unsupported"])
     if "failed" in out:

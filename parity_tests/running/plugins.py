@@ -484,18 +484,9 @@ def run_isolated(target: PluginTarget, case: Any, impl: str) -> dict[str, Any]:
             second time), or the case asks for more devices than the process can make.
         RunError: the process died without reporting.
     """
-    from parity_tests.running import backends
-    from parity_tests.running.tf_worker import WorkerDied, get_worker, job_context
+    from parity_tests.running.tf_worker import run_case_job
 
-    payload, files = backends.by_file(case.payload())
-    job = {**job_context(case.devices), "location": target.location, "payload": payload,
-           "deterministic": target.deterministic}
-    try:
-        out = get_worker().run(job)
-    except WorkerDied as e:
-        raise backends.RunError(f"{impl} failed: {e}") from None
-    finally:
-        remove_files(files)
+    out = run_case_job(case, impl, case.devices, location=target.location, deterministic=target.deterministic)
     if "input" in out:
         raise CaseError(impl, out["input"])
     if "raised" in out:

@@ -49,10 +49,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from parity_tests.protocol.relay import without_chatter, write_output
-from parity_tests.protocol.rows import ensure_spill_root
-from parity_tests.running.backends import quiet_stderr
+from parity_tests.protocol.rows import ensure_spill_root, remove_files
+from parity_tests.running.backends import RunError, by_file, quiet_stderr
 
-__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "job_context"]
+__all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "job_context", "run_case_job"]
 
 _JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
 
@@ -200,6 +200,25 @@ def job_context(devices: int = 1) -> dict[str, Any]:
 
     return {"cwd": os.getcwd(), "environ": {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}, "sys_path": list(sys.path),
             "spill_bytes": spill_threshold(), "devices": max(backends.reserved_tf_devices(), int(devices))}
+
+
+def run_case_job(case: Any, impl: str, devices: int, **job: Any) -> Any:
+    """Run ``job`` (``location`` + ``deterministic`` for a plugin, ``builtin`` for a built-in engine) on
+    ``case``'s payload in a fresh child of the server, with ``devices`` tower devices; the child's answer.
+
+    The payload's large arrays travel as a spill file (:func:`~parity_tests.running.backends.by_file`),
+    removed once the child is done.
+
+    Raises:
+        RunError: the child died without reporting (named ``impl``).
+    """
+    payload, files = by_file(case.payload())
+    try:
+        return get_worker().run({**job_context(devices), **job, "payload": payload})
+    except WorkerDied as e:
+        raise RunError(f"{impl} failed: {e}") from None
+    finally:
+        remove_files(files)
 
 
 # ---------------------------------------------------------------------------------------------- the server
