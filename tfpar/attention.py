@@ -28,6 +28,15 @@ The scale: Keras keeps ``1/sqrt(key_dim)`` as a Python float and applies it as
 ``float32(1/sqrt(key_dim))`` (exact when key_dim is a power of 4). ``semantics: torch`` uses the
 float64 scale ``sqrt(1/key_dim)`` as torch's ``F.multi_head_attention_forward`` computes it in Python
 double; ``native`` and ``tf`` use Keras'.
+
+Mixed precision (``compute=tf.bfloat16``; Keras' ``mixed_bfloat16`` policy, pinned bit for bit against
+``MultiHeadAttention(dtype="mixed_bfloat16")`` by ``tests/test_mixed_architectures.py``): the projections
+are ``EinsumDense`` in bfloat16 (kernel and bias read as bfloat16, the einsum and ``+ bias`` each rounded);
+on the ``dropout == 0`` path ``_dot_product_attention_xla`` casts the bfloat16 logits to float32, scales,
+masks and takes the softmax in float32 ("Softmax is always carried out in high precision") and casts the
+weights back to bfloat16 for the last einsum; on the explicit path everything stays bfloat16, the scale
+included (``ops.cast(1/sqrt(key_dim), query.dtype)``: rounded to bfloat16 unless key_dim is a power of 4)
+and the mask value ``-1e9`` rounded to bfloat16.
 """
 
 from __future__ import annotations
@@ -70,31 +79,45 @@ def _causal(t: int, path: str) -> np.ndarray:
 
 
 def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor,
-              keep: tf.Tensor | None) -> tf.Tensor:
+              keep: tf.Tensor | None, compute: tf.DType | None = None) -> tf.Tensor:
     """Layer ``path`` (an ``attention`` layer) on one device's tokens ``h`` ``[n, T, D]`` -> ``[n, T, D]``.
 
-    ``keep``: the dropout keep-mask ``[n, H, T, T]`` when ``layer["dropout"] > 0``.
+    ``keep``: the dropout keep-mask ``[n, H, T, T]`` when ``layer["dropout"] > 0``. ``compute``:
+    ``tf.bfloat16`` under mixed precision (module docstring, "Mixed precision"), ``h`` already in it.
     """
     import keras  # its einsum: what EinsumDense and the explicit path call (matmuls for these equations)
 
     def p(name: str) -> tf.Tensor:
-        return params[f"{path}.{name}"]
+        w = params[f"{path}.{name}"]
+        return w if compute is None else tf.cast(w, compute)  # the layers' autocast of a variable read
 
     bias = layer["use_bias"]
 
+    def add_bias(out: tf.Tensor, name: str) -> tf.Tensor:
+        if compute is None:
+            return out + p(f"{name}.bias")
+        # EinsumDense's ops.add under mixed precision, its bias_add case included
+        from .models import _bias_add_fn
+
+        return _bias_add_fn(layer)(out, p(f"{name}.bias"))
+
     def project(name: str) -> tf.Tensor:
         out = keras.ops.einsum("abc,cde->abde", h, p(f"{name}.kernel"))
-        return out + p(f"{name}.bias") if bias else out
+        return add_bias(out, name) if bias else out
 
     q, k, v = project("q"), project("k"), project("v")
     scale = attention_scale(layer["key_dim"], h.dtype, layer["semantics"])
     t = h.shape[1]
     allowed = tf.constant(_causal(t, path)[None, None]) if layer["causal"] else None
     if layer["dropout"] == 0.0:  # ops.dot_product_attention's path
-        logits = tf.einsum("BTNH,BSNH->BNTS", q, k, optimize="optimal") * scale
+        logits = tf.einsum("BTNH,BSNH->BNTS", q, k, optimize="optimal")
+        if compute is not None:  # the logits, scale, mask and softmax in float32, the weights back in bfloat16
+            logits = tf.cast(logits, tf.float32)
+            scale = attention_scale(layer["key_dim"], tf.float32, layer["semantics"])
+        logits = logits * scale
         if allowed is not None:
             logits = tf.where(allowed, logits, tf.constant(_KERAS_LARGE_NEGATIVE, logits.dtype))
-        weights = tf.nn.softmax(logits, axis=-1)
+        weights = tf.cast(tf.nn.softmax(logits, axis=-1), v.dtype)
         mixed = tf.einsum("BNTS,BSNH->BTNH", weights, v, optimize="optimal")
     else:  # the explicit path: scaled query, the Softmax layer, Dropout on the weights
         if keep is None:
@@ -109,4 +132,4 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         weights = tf.where(keep, weights * rate, tf.zeros_like(weights))
         mixed = keras.ops.einsum("acbe,aecd->abcd", weights, v)
     out = keras.ops.einsum("abcd,cde->abe", mixed, p("o.kernel"))
-    return out + p("o.bias") if bias else out
+    return add_bias(out, "o") if bias else out

@@ -83,7 +83,7 @@ def _conv_grads(add: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> Callable:
     return grads
 
 
-_keras_add = _conv_grads(lambda h, b: h + b)  # tfpar.models._mixed_bias_add: Keras' ops.add
+_keras_add = _conv_grads(lambda h, b: h + b)  # tfpar.models._mixed_bias_add: a broadcasting add (semantics torch)
 _bias_add = _conv_grads(tf.nn.bias_add)
 
 
@@ -99,6 +99,30 @@ def _conv_input_grad(k: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
 @tf.function(reduce_retracing=True)
 def _sum(g: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(_bf(g), axis=0)
+
+
+@tf.function(reduce_retracing=True)
+def _batch_matmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.matmul(_bf(a), _bf(b))
+
+
+@tf.function(reduce_retracing=True)
+def _softmax(x: tf.Tensor) -> tf.Tensor:
+    return tf.nn.softmax(_bf(x), axis=-1)
+
+
+@tf.function(reduce_retracing=True)
+def _depthwise(x: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    return tf.nn.depthwise_conv2d(_bf(x), _bf(k), strides=[1, 1, 1, 1], padding="VALID")[0, 0, 0]
+
+
+@tf.function(reduce_retracing=True)
+def _depthwise_filter_grad(x: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
+    k = tf.ones([3, 3, x.shape[3], 1])
+    with tf.GradientTape() as tape:
+        tape.watch(k)
+        y = tf.nn.depthwise_conv2d(_bf(x), _bf(k), strides=[1, 1, 1, 1], padding="SAME")
+    return tape.gradient(y, k, output_gradients=_bf(g))[1, 1, :, 0]
 
 
 def run_probe(inputs: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -120,5 +144,10 @@ def run_probe(inputs: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.nd
         "conv2d bias gradient": fb,
         "conv2d bias_add gradient": bb,
         "sum": _sum(i["sum"]["g"]),
+        "batch matmul": _batch_matmul(i["batch matmul"]["a"], i["batch matmul"]["b"]),
+        "softmax": _softmax(i["softmax"]["x"]),
+        "depthwise conv2d": _depthwise(i["depthwise conv2d"]["x"], i["depthwise conv2d"]["k"]),
+        "depthwise conv2d filter gradient": _depthwise_filter_grad(i["depthwise conv2d filter gradient"]["x"],
+                                                                   i["depthwise conv2d filter gradient"]["g"]),
     }
     return {op: tf.cast(v, tf.float32).numpy() for op, v in out.items()}

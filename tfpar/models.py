@@ -256,6 +256,12 @@ def _on(device: str | None):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
+#: layers whose input is not cast to the compute dtype on entry: Keras' ``LayerNormalization`` sets
+#: ``autocast = False`` (layer_normalization.py 151; it computes in float32 and casts its output), and
+#: ``residual``/``repeat`` are no Keras layers (each inner layer casts its own input; ``Add`` casts both of its)
+_NO_AUTOCAST = ("layer_norm", "residual", "repeat")
+
+
 def _param(params: Mapping[str, tf.Tensor], name: str, compute: tf.DType | None) -> tf.Tensor:
     """Parameter ``name`` as the layer reads it: cast to ``compute`` (Keras' autocast of a variable read)."""
     p = params[name]
@@ -263,18 +269,36 @@ def _param(params: Mapping[str, tf.Tensor], name: str, compute: tf.DType | None)
 
 
 def _mixed_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
-    """A dense or conv bias under mixed precision: ``h + bias`` in bfloat16, as Keras adds it
-    (``ops.add``: dense.py 224, base_conv.py 263).
-
-    Not ``tf.nn.bias_add``: where TensorFlow runs Eigen's kernels for bfloat16 (a CPU
-    without AVX512F, or ``TF_ENABLE_ONEDNN_OPTS=0``) its gradient ``BiasAddGrad`` sums the
-    bfloat16 output gradient over batch and positions *in bfloat16* (the kernel probe's
-    ``rho`` 235 over 4096 terms), while ``add``'s gradient (``Sum``) accumulates in float32
-    and rounds once, as torch's backward does; with oneDNN both round once
-    (``parity_tests.running.kernels``). ``tests/test_mixed_precision.py`` seeds a bias
-    gradient summed in bfloat16 here.
-    """
+    """A bias under mixed precision and the layer's ``semantics: torch``: ``h + bias``, a broadcasting add in
+    bfloat16 whose gradient (``Sum``) accumulates the bfloat16 output gradient in float32 and rounds once, as
+    torch's backward sums a float32 bias's gradient. ``tests/test_mixed_precision.py`` seeds a bias gradient
+    summed in bfloat16 here."""
     return h + bias
+
+
+def keras_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    """A bias under mixed precision as Keras adds it (``semantics: native``/``tf``): ``keras.ops.add(h, bias)``.
+
+    Keras' ``Dense``, ``Conv2D``, ``DepthwiseConv2D`` and ``EinsumDense`` call ``ops.add(x, bias)``
+    (dense.py 224, base_conv.py 263, base_depthwise_conv.py 215, einsum_dense.py), and the
+    TensorFlow backend's ``add`` turns that into ``tf.nn.bias_add`` whenever the bias squeezes to a
+    vector matching the last (or second) axis (keras/src/backend/tensorflow/numpy.py 108-130): every
+    dense and conv bias, the attention output bias; a ``[H, dk]`` attention bias with ``H, dk > 1``
+    stays a broadcasting add. **Warning, where TensorFlow and torch differ:** ``bias_add``'s gradient
+    ``BiasAddGrad`` sums the bfloat16 output gradient over rows and positions *in bfloat16* where
+    TensorFlow runs Eigen's kernel (after a matmul on this AMD EPYC, oneDNN or not: a real Keras
+    ``Dense(dtype="mixed_bfloat16")``'s bias gradient over 4096 rows of ones is 256); torch sums a
+    float32 bias's gradient in float32. ``theory`` predicts it (docs/mixed-precision.md, "Bias
+    gradients"); the layer's ``semantics: torch`` maps it (:func:`_mixed_bias_add`).
+    """
+    import keras
+
+    return keras.ops.add(h, bias)
+
+
+def _bias_add_fn(layer: Mapping):
+    """The mixed-precision bias add for ``layer``: Keras' unless its ``semantics`` is ``torch``."""
+    return _mixed_bias_add if layer.get("semantics", "native") == "torch" else keras_bias_add
 
 
 def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None,
@@ -283,17 +307,19 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     batch_norm), in ``compute`` when given."""
     kind = layer["type"]
     if kind in tokens.TOKEN_LAYERS:  # embedding, tied_logits (tfpar.tokens; docs/layers.md "Token layers")
-        return tokens.layer(kind, str(i), layer, params, h)
-    if compute is not None and h.dtype.is_floating and h.dtype != compute:
+        return tokens.layer(kind, str(i), layer, params, h, compute)
+    if compute is not None and h.dtype.is_floating and h.dtype != compute and kind not in _NO_AUTOCAST:
         h = tf.cast(h, compute)  # Layer.__call__'s convert_input: floating inputs in the compute dtype
     if kind == "poly":
         d = layer["degree"]
         powers = tf.constant(np.arange(d, -1, -1, dtype=np.float64), dtype=h.dtype)
         return tf.pow(h[:, None], powers)  # [batch, d+1]: x^d ... x^1, x^0 = 1
-    if kind == "dense":
-        h = tf.matmul(h, _param(params, f"{i}.kernel", compute))
+    if kind == "dense":  # Keras Dense's ops.matmul: tf.matmul, or tf.tensordot for [B, T, D] (one MatMul over B*T rows)
+        import keras
+
+        h = keras.ops.matmul(h, _param(params, f"{i}.kernel", compute))
         if layer["use_bias"] and compute is not None:
-            h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
+            h = _bias_add_fn(layer)(h, _param(params, f"{i}.bias", compute))
         elif layer["use_bias"]:
             h = h + params[f"{i}.bias"]
         return _activate(h, layer["activation"], layer)
@@ -305,7 +331,7 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         h = tf.nn.conv2d(h, _param(params, f"{i}.kernel", compute), strides=[1, sh, sw, 1],
                          padding=padding.upper())
         if layer["use_bias"] and compute is not None:
-            h = _mixed_bias_add(h, _param(params, f"{i}.bias", compute))
+            h = _bias_add_fn(layer)(h, _param(params, f"{i}.bias", compute))
         elif layer["use_bias"]:
             h = tf.nn.bias_add(h, params[f"{i}.bias"])
         return _ACT[layer["activation"]](h)
@@ -314,8 +340,11 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         padding = layer["padding"]
         if not isinstance(padding, str):
             h, padding = _explicit_pad(h, padding), "valid"
-        h = tf.nn.depthwise_conv2d(h, params[f"{i}.kernel"], strides=[1, sh, sw, 1], padding=padding.upper())
-        if layer["use_bias"]:
+        h = tf.nn.depthwise_conv2d(h, _param(params, f"{i}.kernel", compute), strides=[1, sh, sw, 1],
+                                   padding=padding.upper())
+        if layer["use_bias"] and compute is not None:  # base_depthwise_conv.py 215: ops.add
+            h = _bias_add_fn(layer)(h, _param(params, f"{i}.bias", compute))
+        elif layer["use_bias"]:
             h = tf.nn.bias_add(h, params[f"{i}.bias"])
         return _ACT[layer["activation"]](h)
     if kind == "max_pool2d":
@@ -326,26 +355,31 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     if kind == "avg_pool2d":
         return _avg_pool(h, layer)
     if kind == "global_avg_pool2d":
+        if compute is not None:  # keras ops.mean: float32 inside, the input's dtype out (tensorflow/numpy.py mean)
+            return tf.cast(tf.reduce_mean(tf.cast(h, tf.float32), axis=[1, 2]), compute)
         return tf.reduce_mean(h, axis=[1, 2])
     if kind == "activation":
         return _activate(h, layer["fn"], layer)
     if kind == "layer_norm":
         import keras
 
-        gamma = params[f"{i}.gamma"] if layer["scale"] else None
+        gamma = params[f"{i}.gamma"] if layer["scale"] else None  # autocast=False: float32 under mixed precision
         beta = params[f"{i}.beta"] if layer["center"] else None
-        return keras.ops.layer_normalization(h, gamma, beta, axis=-1, epsilon=layer["epsilon"])
-    if kind == "rms_norm":
+        out = keras.ops.layer_normalization(h, gamma, beta, axis=-1, epsilon=layer["epsilon"])
+        return out if compute is None else tf.cast(out, compute)  # LayerNormalization.call: the compute dtype out
+    if kind == "rms_norm":  # RMSNormalization autocasts: bfloat16 input and scale, float32 inside, bfloat16 out
         import keras
 
-        return keras.ops.rms_normalization(h, params[f"{i}.scale"], axis=-1, epsilon=layer["epsilon"])
+        return keras.ops.rms_normalization(h, _param(params, f"{i}.scale", compute), axis=-1, epsilon=layer["epsilon"])
     if kind == "attention":  # Keras' MultiHeadAttention (tfpar.attention)
         from .attention import attention
 
-        return attention(str(i), layer, params, h, mask)
+        return attention(str(i), layer, params, h, mask, compute)
     if kind == "residual":
         body = _apply_list(f"{i}.body", layer["body"], params, h, compute, mask)
         shortcut = _apply_list(f"{i}.shortcut", layer["shortcut"], params, h, compute, mask)
+        if compute is not None:  # keras.layers.Add autocasts both inputs (an identity shortcut may carry float32)
+            body, shortcut = tf.cast(body, compute), tf.cast(shortcut, compute)
         return residual_output(layer, body, shortcut)  # keras.layers.Add: the sum of its inputs
     if kind == "repeat":
         for r in range(layer["count"]):
@@ -354,9 +388,9 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     if kind == "channel_pad":
         return tf.pad(h, [[0, 0]] * (h.shape.rank - 1) + [[layer["before"], layer["after"]]])
     if kind == "position_embedding":  # the first T rows of [length, D], added (keras.layers.Add)
-        return h + params[f"{i}.embeddings"][: h.shape[1]]
+        return h + _param(params, f"{i}.embeddings", compute)[: h.shape[1]]
     if kind == "class_token":  # the learned token, broadcast over the batch, before the tokens
-        token = params[f"{i}.token"]
+        token = _param(params, f"{i}.token", compute)
         return tf.concat([tf.broadcast_to(token[None], [tf.shape(h)[0], 1, token.shape[-1]]), h], axis=1)
     if kind == "take_token":
         return h[:, layer["index"]]
@@ -543,6 +577,8 @@ def forward_towers(
             outs = []
             for b, sc, dev in zip(body, short, towers, strict=True):
                 with _on(dev):
+                    if compute is not None:  # keras.layers.Add autocasts both inputs
+                        b, sc = tf.cast(b, compute), tf.cast(sc, compute)
                     outs.append(residual_output(layer, b, sc))
             return outs
         return [apply_layer(path, layer, params, h, None if masks is None else layer_mask(masks[r], path, layer), towers[r], compute)

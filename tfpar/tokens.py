@@ -13,7 +13,8 @@ embedding
     ``gradient: dense`` routes the table through :func:`_dense_gradient`, whose gradient is
     ``tf.convert_to_tensor`` of the ``IndexedSlices`` (duplicates summed): the optimizer sees ``G``.
 tied_logits
-    ``h @ embeddings^T`` (``tf.matmul(h, embeddings, transpose_b=True)``): ``[..., D] -> [..., V]``.
+    ``h @ embeddings^T`` (``keras.ops.matmul(h, transpose(embeddings))``, as a Keras model writes it; on
+    ``[B, T, D]`` that is ``tf.tensordot``, one ``MatMul`` over the ``B*T`` rows): ``[..., D] -> [..., V]``.
     The table's gradient is then the sum of a dense term (this matmul) and the embedding's
     ``IndexedSlices``; TensorFlow's gradient aggregation densifies that sum, so with tied
     embeddings the optimizer always receives a dense gradient (measured; ``theory`` uses it).
@@ -57,7 +58,7 @@ def embed(ids: tf.Tensor, table: tf.Tensor, gradient: str = "native") -> tf.Tens
 
 def tied_logits(h: tf.Tensor, table: tf.Tensor) -> tf.Tensor:
     """``h @ table^T``: ``[B, ..., D]`` and ``[V, D]`` -> ``[B, ..., V]``."""
-    return tf.matmul(h, table, transpose_b=True)
+    return keras.ops.matmul(h, tf.transpose(table))  # on [B, T, D]: tf.tensordot, one MatMul over B*T rows
 
 
 def flatten_tokens(out: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -105,8 +106,19 @@ def inputs(x: Any, np_dtype: Any) -> np.ndarray:
     return a.astype(np.int64) if a.dtype.kind in "iu" else a.astype(np_dtype)
 
 
-def layer(kind: str, path: str, spec: Mapping[str, Any], params: Mapping[str, tf.Tensor], h: tf.Tensor) -> tf.Tensor:
-    """``embedding`` or ``tied_logits`` at ``path`` (what :func:`tfpar.models._apply` dispatches here)."""
+def layer(kind: str, path: str, spec: Mapping[str, Any], params: Mapping[str, tf.Tensor], h: tf.Tensor,
+          compute: tf.DType | None = None) -> tf.Tensor:
+    """``embedding`` or ``tied_logits`` at ``path`` (what :func:`tfpar.models._apply` dispatches here).
+
+    Under mixed precision (``compute``: ``tf.bfloat16``): Keras' ``Embedding`` (``autocast = False``)
+    gathers float32 rows and casts them to the compute dtype (embedding.py 196-197); ``tied_logits``
+    is ``h @ E^T`` in the compute dtype, the table read as bfloat16 (what a layer reading it under
+    Keras' autocast scope computes, and what torch's autocast makes of ``F.linear(h, E)``).
+    """
     if kind == "embedding":
-        return embed(h, params[f"{path}.embeddings"], spec["gradient"])
-    return tied_logits(h, params[f"{spec['embedding']}.embeddings"])
+        out = embed(h, params[f"{path}.embeddings"], spec["gradient"])
+        return out if compute is None else tf.cast(out, compute)
+    table = params[f"{spec['embedding']}.embeddings"]
+    if compute is not None:
+        h, table = tf.cast(h, compute), tf.cast(table, compute)
+    return tied_logits(h, table)

@@ -52,6 +52,10 @@ def run_probe(inputs: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.nd
         conv = i["conv2d"]
         out["conv2d"] = F.conv2d(_nchw(conv["x"]), _t(conv["k"]).permute(3, 2, 0, 1))[0, :, 0, 0]
         out["sum"] = _t(i["sum"]["g"]).bfloat16().sum(0)
+        out["batch matmul"] = torch.matmul(_t(i["batch matmul"]["a"]), _t(i["batch matmul"]["b"]))
+        out["softmax"] = torch.softmax(_t(i["softmax"]["x"]).bfloat16(), dim=-1)  # bfloat16 in, as after a bmm
+        dw = i["depthwise conv2d"]
+        out["depthwise conv2d"] = F.conv2d(_nchw(dw["x"]), _t(dw["k"]).permute(2, 3, 0, 1), groups=2)[0, :, 0, 0]
     x, g = i["matmul weight gradient"]["x"], i["matmul weight gradient"]["g"]
     w = torch.ones(x.shape[1], g.shape[1], requires_grad=True)
     b = torch.ones(i["dense bias gradient"]["g"].shape[1], requires_grad=True)
@@ -75,6 +79,12 @@ def run_probe(inputs: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.nd
         y = F.conv2d(F.pad(xc, (1, 1, 1, 1)), _t(k).permute(3, 2, 0, 1))
     y.backward(_nchw(gc).to(y.dtype))
     out["conv2d input gradient"] = xc.grad[0, :, 1, 1]
+    xd, gd = i["depthwise conv2d filter gradient"]["x"], i["depthwise conv2d filter gradient"]["g"]
+    wd = torch.ones(xd.shape[3], 1, 3, 3, requires_grad=True)
+    with _auto():
+        y = F.conv2d(F.pad(_nchw(xd), (1, 1, 1, 1)), wd, groups=xd.shape[3])
+    y.backward(_nchw(gd).to(y.dtype))
+    out["depthwise conv2d filter gradient"] = wd.grad[:, 0, 1, 1]
     return {op: v.detach().float().numpy() for op, v in out.items()}
 
 

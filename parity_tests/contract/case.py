@@ -24,7 +24,6 @@ import numpy as np
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj
 from parity_tests.contract.generators import GENERATORS, INIT_KINDS, draw_init, generate_data
 from parity_tests.contract.model import (
-    ARCHITECTURE_TYPES,
     LAYER_TYPES,
     LOSSES,
     is_external,
@@ -414,16 +413,6 @@ def _data(d: Any, base: Path | None, model: dict, in_shape, out_shape, steps: in
 # ---------------------------------------------------------------- entry points
 
 
-def _refuse_mixed_architecture(layers: list[dict]) -> None:
-    """dtype ``mixed_bfloat16`` with an architecture layer (or a GELU/SiLU dense activation): not implemented
-    (which ops Keras' policy and torch's autocast round there is not derived yet; docs/mixed-precision.md)."""
-    for i, layer in enumerate(layers):
-        if layer["type"] in ARCHITECTURE_TYPES or layer.get("activation") in ("gelu", "gelu_tanh", "silu"):
-            what = layer["type"] if layer["type"] in ARCHITECTURE_TYPES else f"dense layer with activation {layer['activation']!r}"
-            raise CaseError("dtype", f"float32 or float64 for a model with a {what} (model.layers[{i}]): mixed_bfloat16"
-                            " is implemented for dense, poly, conv2d, max_pool2d, flatten, batch_norm and dropout", MIXED_BFLOAT16)
-
-
 def _check_batch_norm_rows(model: dict, in_shape: tuple[int, ...], batch: int, devices: int, micro: int = 1) -> None:
     """Batch statistics need two values per channel on every device (torch refuses one; a variance of one value is 0).
 
@@ -548,8 +537,6 @@ def case_from_dict(
     if dtype == MIXED_BFLOAT16 and parallel["combine"] not in MIXED_COMBINES:
         raise CaseError("parallel.combine", f"{' or '.join(MIXED_COMBINES)} with dtype {MIXED_BFLOAT16}"
                                             " (mixed precision runs on the synchronous paths)", parallel["combine"])
-    if dtype == MIXED_BFLOAT16:
-        _refuse_mixed_architecture(model["layers"])
     steps = integer(need(raw, "steps", ""), "steps", 1, 100_000)
     optimizer = validate_optimizer(need(raw, "optimizer", ""))
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)

@@ -5,7 +5,8 @@ Layers (fields, defaults):
 ``dense``       ``units``, ``activation`` (none), ``use_bias`` (true); needs a 1-D input.
 ``poly``        ``degree``; needs a scalar input.
 ``conv2d``      ``filters``, ``kernel_size`` (n or [kh, kw]), ``strides`` (1), ``padding``
-                (``valid``, Keras' default), ``activation`` (none), ``use_bias`` (true);
+                (``valid``, Keras' default), ``activation`` (none), ``use_bias`` (true), ``semantics``
+                (native; with a bias: whose bias add ``mixed_bfloat16`` uses, docs/mixed-precision.md);
                 needs an image input ``[height, width, channels]``.
 ``max_pool2d``  ``pool_size`` (2), ``strides`` (= pool_size), ``padding`` (``valid``).
 ``flatten``     no fields; channels-last order, as TensorFlow flattens.
@@ -18,7 +19,8 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 
 ``activation``  ``fn``: relu, tanh, sigmoid, gelu (erf), gelu_tanh, silu, softmax (last axis);
                 ``semantics`` (native) for the GELUs: which framework's constants both use.
-``dense``       acts on the last axis of any rank; ``activation`` also gelu, gelu_tanh, silu.
+``dense``       acts on the last axis of any rank; ``activation`` also gelu, gelu_tanh, silu; ``semantics``
+                (native) for a GELU's constants and, with a bias, the bias add under ``mixed_bfloat16``.
 ``layer_norm``  ``epsilon`` (required), ``center`` (true), ``scale`` (true); last axis.
 ``rms_norm``    ``epsilon`` (required); last axis.
 ``residual``    ``body`` (layers), ``shortcut`` (layers, [] = identity), ``activation`` (none):
@@ -32,7 +34,8 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 ``class_token`` prepends a learned token ``[1, D]``: ``[T, D] -> [T + 1, D]``.
 ``take_token``  ``index`` (0): ``[T, D] -> [D]``.
 ``depthwise_conv2d``  ``kernel_size``, ``strides`` (1, equal along both axes: TensorFlow's kernel
-                needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``.
+                needs it), ``padding`` (valid), ``depth_multiplier`` (1), ``use_bias`` (true), ``activation``,
+                ``semantics`` (native; as conv2d's).
 ``attention``   ``num_heads``, ``key_dim``, ``value_dim`` (key_dim), ``use_bias`` (true), ``causal`` (false),
                 ``dropout`` (0), ``semantics`` (native): self-attention on ``[T, D]`` (``contract.attention``).
 
@@ -143,16 +146,30 @@ def _padding(v: Any, p: str, window: list[int] | None = None) -> str | list[list
     return [list(a) for a in v]
 
 
-def _gelu_semantics(layer: dict, fn: str, p: str) -> dict:
-    """``semantics`` of a layer whose activation is ``fn``: kept only for a GELU (whose constants
-    TensorFlow rounds through float32 in float64); ``native`` elsewhere, and then not stored."""
+def _gelu_semantics(layer: dict, fn: str, p: str, bias: bool = False) -> dict:
+    """``semantics`` of a layer whose activation is ``fn``: kept for a GELU (whose constants TensorFlow
+    rounds through float32 in float64) and, on a layer with a bias (``bias``), when not ``native`` (under
+    ``mixed_bfloat16`` it chooses whose bias add both use: Keras' ``bias_add``, whose gradient sums in
+    bfloat16, or torch's float32 sum); ``native`` elsewhere, and then not stored, so specs stay as they were."""
     sem = choice(layer.get("semantics", "native"), f"{p}.semantics", LAYER_SEMANTICS)
-    if fn in GELUS:
+    if fn in GELUS or (bias and sem != "native"):
         return {"semantics": sem}
     if sem != "native":
-        raise CaseError(f"{p}.semantics", f"native for activation {fn!r} (semantics chooses whose GELU constants"
-                        " both sides use)", sem)
+        raise CaseError(f"{p}.semantics", f"native for activation {fn!r} without a bias (semantics chooses whose GELU"
+                        " constants, or whose bias add under mixed_bfloat16, both sides use)", sem)
     return {}
+
+
+def _bias_semantics(layer: dict, p: str) -> dict:
+    """A conv layer's ``semantics`` (native, not stored): under ``mixed_bfloat16``, whose bias add both use
+    (Keras' ``bias_add``, or torch's float32 gradient sum); it needs a bias."""
+    sem = choice(layer.get("semantics", "native"), f"{p}.semantics", LAYER_SEMANTICS)
+    if sem == "native":
+        return {}
+    if not layer.get("use_bias", True):
+        raise CaseError(f"{p}.semantics", "native for a layer without a bias (semantics chooses whose bias add both"
+                        " sides use under mixed_bfloat16)", sem)
+    return {"semantics": sem}
 
 
 def _dense(layer: dict, shape: tuple[int, ...], p: str) -> dict:
@@ -160,12 +177,13 @@ def _dense(layer: dict, shape: tuple[int, ...], p: str) -> dict:
     if not shape:
         raise CaseError(p, "an input with at least one axis for a dense layer (it acts on the last axis); the input here is a scalar")
     act = choice(layer.get("activation", "none"), f"{p}.activation", DENSE_ACTIVATIONS)
+    use_bias = _flag(layer.get("use_bias", True), f"{p}.use_bias")
     return {
         "type": "dense",
         "units": integer(need(layer, "units", p), f"{p}.units", 1, 100_000),
         "activation": act,
-        "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
-        **_gelu_semantics(layer, act, p),
+        "use_bias": use_bias,
+        **_gelu_semantics(layer, act, p, use_bias),
     }
 
 
@@ -272,7 +290,7 @@ def _poly(layer: dict, shape: tuple[int, ...], p: str) -> dict:
 
 
 def _conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
-    no_extra(layer, {"type", "filters", "kernel_size", "strides", "padding", "activation", "use_bias"}, p)
+    no_extra(layer, {"type", "filters", "kernel_size", "strides", "padding", "activation", "use_bias", "semantics"}, p)
     _image(shape, p, "conv2d")
     out = {
         "type": "conv2d",
@@ -282,6 +300,7 @@ def _conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
         "padding": _padding(layer.get("padding", "valid"), f"{p}.padding"),
         "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
         "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
+        **_bias_semantics(layer, p),
     }
     _window(shape, out["kernel_size"], out["strides"], out["padding"], p, "kernel_size", "kernel")
     return out
@@ -305,7 +324,7 @@ def _pool2d(layer: dict, shape: tuple[int, ...], p: str, kind: str) -> dict:
 
 
 def _depthwise_conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
-    no_extra(layer, {"type", "kernel_size", "strides", "padding", "depth_multiplier", "use_bias", "activation"}, p)
+    no_extra(layer, {"type", "kernel_size", "strides", "padding", "depth_multiplier", "use_bias", "activation", "semantics"}, p)
     _image(shape, p, "depthwise_conv2d")
     out = {
         "type": "depthwise_conv2d",
@@ -315,6 +334,7 @@ def _depthwise_conv2d(layer: dict, shape: tuple[int, ...], p: str) -> dict:
         "depth_multiplier": integer(layer.get("depth_multiplier", 1), f"{p}.depth_multiplier", 1, 10_000),
         "use_bias": _flag(layer.get("use_bias", True), f"{p}.use_bias"),
         "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+        **_bias_semantics(layer, p),
     }
     if out["strides"][0] != out["strides"][1]:  # tf.nn.depthwise_conv2d refuses unequal strides
         raise CaseError(f"{p}.strides", "the same stride along height and width for a depthwise_conv2d layer", out["strides"])

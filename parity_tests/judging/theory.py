@@ -32,7 +32,8 @@ from parity_tests.protocol.shards import shard_sizes
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
-           "mixed_precision_differences", "reported_loss_differs", "native_gelus"]
+           "mixed_precision_differences", "reported_loss_differs", "native_gelus",
+           "bias_add_differences", "keras_bias_add_layers"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -42,6 +43,7 @@ _STAGE_OF = (
     ("probabilities", "loss"),
     ("DistributedSampler padding", "inputs"),
     ("mixed precision", "forward"),
+    ("bias gradient summed in bfloat16", "device_grads"),
     ("GELU", "forward"),
     ("attention scale", "forward"),
     ("local batch-norm statistics", "forward"),
@@ -79,7 +81,8 @@ class Difference:
         mapping: how a side the tool controls can be made to compute what the other side
             computes (:func:`mapping_changes`): ``optimizer``, ``weighting``, ``sum_weighting``, ``clip``,
             ``combine``, ``batch_norm``, ``micro_batches``, ``bn_semantics``, ``loss_semantics``, ``gelu_semantics``,
-            ``attention_semantics``, ``embedding_gradient``; ``None``: no field of the case can express it.
+            ``attention_semantics``, ``embedding_gradient``, ``bias_semantics``; ``None``: no field of the case
+            can express it.
     """
 
     text: str
@@ -351,6 +354,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     found.extend(_model_differences(spec, a, b, one_parallel, absent))
     found.extend(_token_differences(spec, a, b, one_parallel, moves, absent))
     mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)
+    found.extend(bias_add_differences(spec, a, b, absent))
     found.extend(_diff(t) for t in mixed_expected)
     found.extend(_diff(t, expected=False) for t in mixed_known)
     return Prediction.of(found, absent)
@@ -442,7 +446,103 @@ def mixed_precision_differences(spec: dict[str, Any], a: str, b: str) -> tuple[l
     if any(layer["type"] == "poly" for layer in layers):
         known.append("mixed precision, poly: Keras computes the powers in bfloat16, torch's pow runs in float32"
                      " (on no autocast list) and the next matmul rounds them")
+    known += _mixed_architecture_differences(spec)
     return [], known
+
+
+def _mixed_architecture_differences(spec: dict[str, Any]) -> list[str]:
+    """The architecture layers' recipe differences (docs/mixed-precision.md, "Architecture layers"): known ones,
+    each within one bfloat16 rounding of a value the other side keeps in float32 (:data:`BFLOAT16_OPS`)."""
+    kinds = {layer["type"] for _, layer in nested_layers(spec["model"]["layers"])}
+    known = []
+    if "residual" in kinds or "position_embedding" in kinds:
+        known.append(
+            "mixed precision, bfloat16 residual stream: Keras' Add casts both inputs to bfloat16 and adds in bfloat16,"
+            " so the stream between blocks is rounded to bfloat16 at every residual add (and at the position"
+            " embedding's); under torch autocast float32 + bfloat16 promotes to float32, so the stream stays float32")
+    if "embedding" in kinds:
+        known.append("mixed precision, embedding output: Keras' Embedding casts the gathered float32 rows to bfloat16;"
+                     " torch's embedding is on no autocast list and returns them in float32")
+    if "layer_norm" in kinds or "rms_norm" in kinds:
+        known.append(
+            "mixed precision, normalisation: Keras' LayerNormalization and RMSNormalization compute in float32 and"
+            " return bfloat16 (RMSNormalization also rounds its input and scale to bfloat16 first); torch's layer_norm"
+            " and rms_norm return their input's dtype (float32 on a float32 stream) with the float32 weights")
+    if "attention" in kinds:
+        known.append(
+            "mixed precision, attention: Keras rounds q, k and v (each projection and its bias) to bfloat16; without"
+            " dropout its logits, scale and softmax are float32 (dot_product_attention), with dropout all bfloat16 and"
+            " the scale rounded to bfloat16; torch's scaled_dot_product_attention / bmm and softmax run on bfloat16"
+            " inputs with float32 accumulation inside the kernel and its projections' biases in the linear")
+    if kinds & {"global_avg_pool2d", "avg_pool2d", "depthwise_conv2d", "class_token", "tied_logits"}:
+        known.append(
+            "mixed precision, pooling and tokens: Keras' global average pooling averages in float32 and returns"
+            " bfloat16, torch's mean returns its input's dtype; class tokens, position embeddings and the tied"
+            " table are read as bfloat16 by Keras, as float32 by torch (promoting what they meet)")
+    return known
+
+
+#: which probed kernel sums a layer's bias gradient when Keras adds the bias with ``tf.nn.bias_add``
+_BIAS_ADD_OP = {"dense": "dense bias_add gradient", "attention": "dense bias_add gradient",
+                "conv2d": "conv2d bias_add gradient", "depthwise_conv2d": "conv2d bias_add gradient"}
+
+
+def _bias_terms(in_shape: tuple[int, ...], layer: dict, rows: int) -> int:
+    """How many values a bias-gradient element sums: ``rows`` x the output positions of ``layer``."""
+    from parity_tests.contract.specs import output_shape
+
+    out = output_shape(in_shape, [layer]) if layer["type"] != "attention" else in_shape
+    return rows * int(np.prod(out[:-1], dtype=np.int64))
+
+
+def keras_bias_add_layers(spec: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """``(path, probe op, terms)`` of every layer whose bias a ``mixed_bfloat16`` TensorFlow side adds as Keras does,
+    with ``tf.nn.bias_add`` (``tfpar.models.keras_bias_add``; a layer's ``semantics: torch`` opts out); ``terms``:
+    the values one bias-gradient element sums on the TensorFlow side that sums the fewest (a shard's micro-batch)."""
+    from parity_tests.contract.specs import nested_inputs
+
+    par = spec["parallel"]
+    rows = max(spec["data"]["global_batch"] // par["devices"] // par.get("accumulate", 1), 1)
+    out = []
+    for path, layer, shape in nested_inputs(spec["model"]["input_shape"], spec["model"]["layers"]):
+        if (layer["type"] in _BIAS_ADD_OP and layer.get("use_bias", False)
+                and layer.get("semantics", "native") != "torch"):
+            out.append((path, _BIAS_ADD_OP[layer["type"]], _bias_terms(shape, layer, rows)))
+    return out
+
+
+def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str]) -> list[Difference]:
+    """Keras' bias gradient summed in bfloat16 (``tf.nn.bias_add``'s ``BiasAddGrad``) against torch's float32 sum.
+
+    Expected (not certain: its size depends on the values) for a ``mixed_bfloat16`` pair of a TensorFlow side
+    and a torch side where some layer's bias goes through ``bias_add`` (native semantics), the probe says
+    that kernel sums in bfloat16 on this CPU (``running.kernels``), and a bias-gradient element sums at
+    least 3 values (two values are rounded once either way). Mapped by ``semantics: torch`` on those layers
+    of the TensorFlow side. **A TensorFlow/Keras weakness:** a real ``keras.layers.Dense(dtype="mixed_bfloat16")``
+    over 4096 rows of ones returns a bias gradient of 256 (docs/mixed-precision.md, "Bias gradients").
+    """
+    if spec["dtype"] != "mixed_bfloat16" or {_framework(a), _framework(b)} != {"tf", "torch"}:
+        return []
+    layers = keras_bias_add_layers(spec)
+    if not layers:
+        return []
+    from parity_tests.running import kernels  # measured where the runs run (cached per process)
+
+    ops = kernels.probe("tf")["ops"]
+    summed = [(p, op, n) for p, op, n in layers if ops[op]["accumulates"] == "bfloat16"]
+    name = "bias gradient summed in bfloat16"
+    if not summed:
+        absent.append(f"{name}: TensorFlow's BiasAddGrad sums in float32 on this CPU (kernel probe)")
+        return []
+    many = [(p, op, n) for p, op, n in summed if n >= 3]
+    if not many:
+        absent.append(f"{name}: each bias-gradient element sums at most 2 values (one rounding either way)")
+        return []
+    where = ", ".join(f"layer {p} ({n} values, probe rho {ops[op]['rho']:.3g})" for p, op, n in many[:4])
+    more = f" and {len(many) - 4} more" if len(many) > 4 else ""
+    return [_diff(f"{name}: Keras adds these biases with tf.nn.bias_add, whose gradient BiasAddGrad sums the"
+                  f" bfloat16 output gradient in bfloat16 here ({where}{more}); torch sums a float32 bias's gradient"
+                  " in float32", mapping="bias_semantics")]
 
 
 # optimizers whose update (and state) is linear in the gradient, for any schedule and weight decay:
@@ -762,6 +862,11 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         return {f"model.layers.{path}.semantics": _framework(other) for path, _ in native_attention_scales(spec)}
     if kind == "gelu_semantics" and _framework(side) != _framework(other):
         return {f"model.layers.{path}.semantics": _framework(other) for path in native_gelus(spec["model"]["layers"])}
+    if kind == "bias_semantics" and _framework(side) == "tf" and _framework(other) == "torch":
+        return {f"model.layers.{'.'.join(map(str, path))}.semantics": "torch"
+                for path, layer in nested_layers(spec["model"]["layers"])
+                if layer["type"] in _BIAS_ADD_OP and layer.get("use_bias", False)
+                and layer.get("semantics", "native") != "torch"}
     if kind == "embedding_gradient":
         return tokens.embedding_mapping(spec, *_tf_builtin(side))
     if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):

@@ -63,6 +63,10 @@ OPS: dict[str, str] = {
     "conv2d bias gradient": "the same conv's bias gradient (Keras: ops.add; torch: the bias inside conv2d)",
     "conv2d bias_add gradient": "the same conv's bias added with tf.nn.bias_add (BiasAddGrad): TensorFlow only",
     "sum": "a bfloat16 tensor [n, 8] summed over rows (reduce_sum / Tensor.sum)",
+    "batch matmul": "a [2, 4, n] @ b [2, n, 8] (attention's q k^T and weights @ v, and their gradients)",
+    "softmax": "softmax over n bfloat16 logits [2, n] (attention's weights on Keras' explicit path)",
+    "depthwise conv2d": "64x64 VALID depthwise conv of x [1, 64, 64, 2] with k [64, 64, 2, 1]: 4096 terms an output",
+    "depthwise conv2d filter gradient": "3x3 SAME depthwise conv on [1, 64, 64, 4]: the centre tap's gradient, 4096 positions",
 }
 #: ops only one framework has
 TF_ONLY = ("dense bias_add gradient", "conv2d bias_add gradient")
@@ -90,6 +94,11 @@ def probe_inputs() -> dict[str, dict[str, np.ndarray]]:
         "conv2d filter gradient": {"x": _bf16_exact(rng, 1, _SIDE, _SIDE, 4), "g": _bf16_exact(rng, 1, _SIDE, _SIDE, 8)},
         "conv2d input gradient": {"k": _bf16_exact(rng, 3, 3, 8, _C), "g": _bf16_exact(rng, 1, 3, 3, _C)},
         "sum": {"g": _bf16_exact(rng, n, 8)},
+        "batch matmul": {"a": _bf16_exact(rng, 2, 4, n), "b": _bf16_exact(rng, 2, n, 8)},
+        "softmax": {"x": _bf16_exact(rng, 2, n)},
+        "depthwise conv2d": {"x": _bf16_exact(rng, 1, _SIDE, _SIDE, 2), "k": _bf16_exact(rng, _SIDE, _SIDE, 2, 1)},
+        "depthwise conv2d filter gradient": {"x": _bf16_exact(rng, 1, _SIDE, _SIDE, 4),
+                                             "g": _bf16_exact(rng, 1, _SIDE, _SIDE, 4)},
     }
 
 
@@ -113,7 +122,17 @@ def exact_results(inputs: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, n
         "conv2d bias gradient": conv_g["g"][0].sum((0, 1)),
         "conv2d bias_add gradient": conv_g["g"][0].sum((0, 1)),
         "sum": f["sum"]["g"].sum(0),
+        "batch matmul": f["batch matmul"]["a"] @ f["batch matmul"]["b"],
+        "softmax": _softmax(f["softmax"]["x"]),
+        "depthwise conv2d": np.einsum("hwc,hwc->c", f["depthwise conv2d"]["x"][0], f["depthwise conv2d"]["k"][..., 0]),
+        "depthwise conv2d filter gradient": np.einsum("hwc,hwc->c", f["depthwise conv2d filter gradient"]["x"][0],
+                                                      f["depthwise conv2d filter gradient"]["g"][0]),
     }
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def measure(outputs: Mapping[str, Any], exact: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
@@ -173,35 +192,59 @@ def probe(framework: str) -> dict[str, Any]:
         return _cache[framework]
 
 
-def case_ops(layers: Sequence[Mapping[str, Any]], framework: str) -> list[str]:
-    """The probed ops a mixed-precision run of ``layers`` executes on ``framework``'s recipe.
+#: layers with trainable parameters: a layer after one has its input gradient computed
+_TRAINED = ("dense", "conv2d", "batch_norm", "attention", "depthwise_conv2d", "layer_norm", "rms_norm", "embedding",
+            "position_embedding", "class_token")
+#: the probed op that sums a layer's bias gradient: Keras' ``tf.nn.bias_add`` (``BiasAddGrad``), or a broadcasting
+#: add / torch's float32 bias, whose gradient is a ``sum``
+_BIAS_ADD = {"dense": "dense bias_add gradient", "attention": "dense bias_add gradient",
+             "conv2d": "conv2d bias_add gradient", "depthwise_conv2d": "conv2d bias_add gradient"}
+_BIAS_SUM = {"dense": "dense bias gradient", "attention": "dense bias gradient",
+             "conv2d": "conv2d bias gradient", "depthwise_conv2d": "conv2d bias gradient"}
 
-    A layer's input gradient is computed only when a layer before it has parameters
-    (nothing asks for the gradient of the data).
+
+def case_ops(layers: Sequence[Mapping[str, Any]], framework: str, bias_add: bool = False) -> list[str]:
+    """The probed ops a mixed-precision run of ``layers`` (nested ones included) executes on ``framework``'s recipe.
+
+    A layer's input gradient is computed only when a layer before it has parameters (nothing asks
+    for the gradient of the data). ``bias_add``: count TensorFlow's ``BiasAddGrad`` for the biases
+    Keras adds with ``tf.nn.bias_add`` (native semantics). The judge passes it for a pair of two
+    TensorFlow sides, which both run it; against torch it is a predicted difference instead
+    (``judging.theory.bias_add_differences``), which a bound widened by it would hide.
     """
+    from parity_tests.contract.model import nested_layers
+
     ops: list[str] = []
     trained_before = False
-    for layer in layers:
+    for _, layer in nested_layers(list(layers)):
         kind = layer["type"]
-        if kind in ("dense", "conv2d"):
-            prefix = "matmul" if kind == "dense" else "conv2d"
-            ops += [prefix, f"{prefix} {'weight' if kind == 'dense' else 'filter'} gradient"]
-            if trained_before:
+        if kind in ("dense", "conv2d", "attention", "tied_logits"):
+            prefix = "conv2d" if kind == "conv2d" else "matmul"
+            ops += [prefix, f"{prefix} {'filter' if kind == 'conv2d' else 'weight'} gradient"]
+            if trained_before or kind in ("attention", "tied_logits"):
                 ops.append(f"{prefix} input gradient")
-            if layer.get("use_bias", True):
-                ops.append("dense bias gradient" if kind == "dense" else "conv2d bias gradient")
-        trained_before = trained_before or kind in ("dense", "conv2d", "batch_norm")
+        if kind == "attention":
+            ops.append("batch matmul")
+            if layer["dropout"] > 0:
+                ops.append("softmax")
+        if kind == "depthwise_conv2d":
+            ops += ["depthwise conv2d", "depthwise conv2d filter gradient"]
+        if kind in _BIAS_SUM and layer.get("use_bias", True):
+            native = layer.get("semantics", "native") != "torch"
+            ops.append(_BIAS_ADD[kind] if framework == "tf" and bias_add and native else _BIAS_SUM[kind])
+        trained_before = trained_before or kind in _TRAINED
     return list(dict.fromkeys(ops))
 
 
-def side_factor(layers: Sequence[Mapping[str, Any]], framework: str) -> tuple[float, str]:
+def side_factor(layers: Sequence[Mapping[str, Any]], framework: str, bias_add: bool = False) -> tuple[float, str]:
     """``(rho_X, what it is)``: the largest ``rho`` of the ops this side's recipe runs here, at least 1.
 
     How many bfloat16 roundings' worth of error the side's worst kernel leaves where the
     one-rounding premise of the sampled floor allows one (``judging.bfloat16``, "The bound").
+    ``bias_add``: as :func:`case_ops`.
     """
     ops = probe(framework)["ops"]
-    used = [op for op in case_ops(layers, framework) if op in ops]
+    used = [op for op in case_ops(layers, framework, bias_add) if op in ops]
     worst = max(used, key=lambda op: ops[op]["rho"], default=None)
     if worst is None or ops[worst]["rho"] <= ONE_ROUNDING:
         return 1.0, f"{framework}: every kernel of the recipe sums in float32 and rounds once here"

@@ -281,12 +281,17 @@ def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str, suffix: str 
                for key in (MIXED_BFLOAT16, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
 
 
-def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "") -> BF16Side:
-    """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``)."""
+def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "",
+               bias_add: bool = False) -> BF16Side:
+    """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``).
+
+    ``bias_add``: the pair is two TensorFlow sides, which both sum Keras' ``bias_add`` gradients as
+    ``BiasAddGrad`` does here; against torch that is a predicted difference (``theory.bias_add_differences``).
+    """
     from parity_tests.running import kernels
 
     framework = registry.resolve(impl, "impls").framework
-    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework)
+    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework, bias_add)
     return BF16Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}{suffix}"], trajs[f"{impl}@float64{suffix}"],
                     [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN_KEYS],
                     [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why,
@@ -918,7 +923,9 @@ class _Judged:
         sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
         bf16 = None  # a mixed pair whose sides ran float64 and their reruns: held against float64 (judging.bfloat16)
         if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
-            bf16 = tuple(_bf16_side(self.case, n, self.trajs, x) for n, x in (a or (ref, ""), b or (impl, "")))
+            sides = (a or (ref, ""), b or (impl, ""))
+            both_tf = all(registry.resolve(n, "impls").framework == "tf" for n, _ in sides)
+            bf16 = tuple(_bf16_side(self.case, n, self.trajs, x, both_tf) for n, x in sides)
         v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
                         bfloat16=bf16, zero=zero_gradients(self.case.spec))
         if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread

@@ -31,7 +31,7 @@ from parity_tests.judging.compare import assert_trajectories_close, compare_traj
 from parity_tests.judging.theory import mapping_changes, predict
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
-from parity_tests.tests.helpers import make, set_path
+from parity_tests.tests.helpers import make
 from parity_tests.tests.test_layers import _assert_same, _layers, _tf_run, _torch_run
 
 RTOL, ATOL = 1e-10, 1e-12
@@ -108,7 +108,8 @@ def test_both_sides_name_nested_parameters_canonically():
     ([6], {"type": "layer_norm"}, "model.layers[0].epsilon", "missing"),
     ([6], {"type": "rms_norm", "epsilon": 0}, "model.layers[0].epsilon", "> 0"),
     ([6], {"type": "activation", "fn": "elu"}, "model.layers[0].fn", "gelu_tanh"),
-    ([6], {"type": "dense", "units": 2, "activation": "relu", "semantics": "tf"}, "model.layers[0].semantics", "GELU"),
+    ([6], {"type": "dense", "units": 2, "activation": "relu", "use_bias": False, "semantics": "tf"}, "model.layers[0].semantics", "GELU"),
+    ([4, 4, 2], {"type": "conv2d", "filters": 1, "kernel_size": 3, "use_bias": False, "semantics": "torch"}, "model.layers[0].semantics", "bias add"),
     ([6], {"type": "residual", "body": [{"type": "dense", "units": 3}]}, "model.layers[0].shortcut", "[3]"),
     ([6], {"type": "repeat", "count": 0, "body": [{"type": "dense", "units": 6}]}, "model.layers[0].count", ">= 1"),
     ([6], {"type": "reshape", "shape": [4, -1]}, "model.layers[0].shape", "6 per example"),
@@ -124,16 +125,6 @@ def test_bad_layers_are_refused_in_one_line(shape, layer, field, words):
     with pytest.raises(CaseError) as e:
         validate_model({"input_shape": shape, "layers": [layer], "loss": "mse"})
     assert e.value.field == field and words in str(e.value) and "\n" not in str(e.value)
-
-
-def test_mixed_bfloat16_refuses_the_new_layers():
-    from parity_tests.tests.helpers import MLP
-
-    bad = set_path(MLP, "model.layers", [{"type": "dense", "units": 4}, {"type": "layer_norm", "epsilon": 1e-3},
-                                         {"type": "dense", "units": 1}])
-    with pytest.raises(CaseError, match=r"^dtype: expected float32 or float64 for a model with a layer_norm \(model.layers\[1\]\)"):
-        make(bad, dtype="mixed_bfloat16")
-    make(MLP, dtype="mixed_bfloat16")  # the first vocabulary still runs mixed
 
 
 # ---------------------------------------------------------------- direct: TF vs torch, every layer
