@@ -74,7 +74,10 @@ def attention(path: str, layer: dict, p: Callable[[str], torch.Tensor], h: torch
         out = F.linear(h, kernel.reshape(d, heads * width).T, p(f"{name}.bias").reshape(-1) if bias else None)
         return out.view(n, t, heads, width).transpose(1, 2)
 
-    q, k, v = project("q"), project("k"), project("v")
+    if layer["key_dim"] == layer["value_dim"] and heads * layer["key_dim"] == d:
+        q, k, v = _packed(p, h, heads, bias)  # what nn.MultiheadAttention can express: its own layout, op for op
+    else:
+        q, k, v = project("q"), project("k"), project("v")
     scale = attention_scale(layer["key_dim"], layer["semantics"])
     blocked = _causal(t, path) if layer["causal"] else None
     if layer["dropout"] == 0.0:
@@ -89,6 +92,26 @@ def attention(path: str, layer: dict, p: Callable[[str], torch.Tensor], h: torch
         weights = torch.softmax(weights, dim=-1)
         weights = weights * (keep.to(weights.dtype) / (1.0 - layer["dropout"]))  # F.dropout's arithmetic
         mixed = torch.matmul(weights, v)
-    mixed = mixed.transpose(1, 2).reshape(n, t, -1)
     wo = p("o.kernel")
-    return F.linear(mixed, wo.reshape(-1, d).T, p("o.bias") if bias else None)
+    # [n, H, T, dv] -> [T, n, H*dv] -> [T*n, H*dv], the class's out_proj input (functional.py 7087-7090)
+    mixed = mixed.permute(2, 0, 1, 3).contiguous().view(t * n, -1)
+    out = F.linear(mixed, wo.reshape(-1, d).T, p("o.bias") if bias else None)
+    return out.view(t, n, d).transpose(0, 1)
+
+
+def _packed(p: Callable[[str], torch.Tensor], h: torch.Tensor, heads: int,
+            bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v ``[n, H, T, dk]`` as ``nn.MultiheadAttention(batch_first=True)`` makes them from one tensor.
+
+    The class turns the batch time-major (``[T, n, E]``), applies the packed ``in_proj`` as one
+    ``linear`` (``_in_projection_packed``: query, key and value are the same tensor) and splits it;
+    the layout decides how the kernel blocks its sums, which bfloat16 results show (one ulp of the
+    projection), so this follows it rather than three ``linear`` calls on the batch-first tensor.
+    """
+    n, t, d = h.shape
+    w = torch.cat([p(f"{m}.kernel").reshape(d, d) for m in "qkv"], 1).T  # in_proj_weight [3E, E]
+    b = torch.cat([p(f"{m}.bias").reshape(d) for m in "qkv"]) if bias else None
+    proj = F.linear(h.transpose(0, 1), w, b)  # [T, n, 3E]
+    proj = proj.unflatten(-1, (3, d)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+    dk = d // heads
+    return tuple(x.view(t, n * heads, dk).transpose(0, 1).view(n, heads, t, dk) for x in (proj[0], proj[1], proj[2]))

@@ -68,9 +68,9 @@ caller runs the forward pass under ``torch.autocast("cpu", dtype=torch.bfloat16)
 (:func:`torchref.ddp._shard_loss`, around the DDP wrapper), which decides per op
 (torch 2.13's CPU autocast lists): ``matmul``/``linear``/``conv2d`` cast their
 operands to bfloat16 (conv2d its bias too) and return bfloat16; anything not on a
-list runs in its inputs' promoted dtype, so a dense layer's ``h @ W + b`` is a
-bfloat16 product plus a float32 bias: the sum, and the activation after it, are
-float32, and the next matmul rounds them to bfloat16. Max pooling, flatten and
+list runs in its inputs' promoted dtype. A dense layer is ``nn.Linear``'s ``F.linear``
+under autocast (:func:`_dense`): input, weight and bias cast to bfloat16, the bias added
+inside the product, bfloat16 out, and the activation in bfloat16. Max pooling, flatten and
 dropout keep bfloat16. Batch norm computes in float32 and returns bfloat16
 (:meth:`CaseModel._batch_norm`, what torch's own CPU kernel does for bfloat16
 input: float32 accumulation, output in the input's dtype). The loss is computed
@@ -173,6 +173,22 @@ def _is_state(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in STATE_KINDS
 
 
+def _dense(kernel: torch.Tensor, bias: torch.Tensor | None):
+    """A dense layer on the last axis: ``t @ kernel + bias``; under CPU autocast ``F.linear(t, kernel.T, bias)``.
+
+    The latter is ``nn.Linear``'s call, which autocast runs in bfloat16 with the bias cast too and added
+    inside the product (one rounding, bfloat16 out), where ``t @ kernel + bias`` would add the float32
+    bias after a bfloat16 product and stay float32. Outside autocast the two differ by rounding only,
+    and the float path keeps ``@ +`` (its recorded trajectories stay as they were).
+    """
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            return F.linear(t, kernel.T, bias)
+        return t @ kernel if bias is None else t @ kernel + bias
+
+    return apply
+
+
 class CaseModel(nn.Module):
     """The case's model.
 
@@ -229,7 +245,7 @@ class CaseModel(nn.Module):
             return tokens.layer(kind, layer, self._p, path, h)
         if kind == "dense":  # the last axis of any rank
             kernel, bias = self._p(path, "kernel"), self._p(path, "bias") if layer["use_bias"] else None
-            h = _last_axis(h, lambda t: t @ kernel if bias is None else t @ kernel + bias)
+            h = _last_axis(h, _dense(kernel, bias))
             return _activate(h, layer["activation"], layer)
         if kind == "activation":
             return _activate(h, layer["fn"], layer)
@@ -395,7 +411,7 @@ class CaseModel(nn.Module):
                 h = torch.pow(h[:, None], powers)  # x^d ... x, 1
             elif kind == "dense":
                 kernel, bias = self._p(i, "kernel"), self._p(i, "bias") if layer["use_bias"] else None
-                h = _last_axis(h, lambda t, kernel=kernel, bias=bias: t @ kernel if bias is None else t @ kernel + bias)
+                h = _last_axis(h, _dense(kernel, bias))
                 pre = h
                 h = _activate(h, layer["activation"], layer)
             elif kind == "conv2d":

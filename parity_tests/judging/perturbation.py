@@ -88,8 +88,8 @@ Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dt
     of a pair where one shows names them.
 
     The *loss* of a Keras side and a torch side is not the same quantity when the last
-    layer is a dense layer with a bias: Keras computes it from bfloat16 logits, torch
-    from float32 ones (``theory.reported_loss_differs``). For such pairs the loss channel
+    layer is a dense layer with a bias: Keras rounds those logits twice (the product, then
+    ``+ bias``), torch's ``nn.Linear`` once (``theory.reported_loss_differs``). For such pairs the loss channel
     is reported beside the verdict, not judged; the parameters decide.
 
     **The bfloat16 signature** (:func:`bfloat16_signature`; the bound is ``judging.bfloat16.signature_bound``,

@@ -377,25 +377,39 @@ BFLOAT16_OPS = {
         "loss": "float32, from the bfloat16 logits",
     },
     "torch": {
-        "dense": "matmul in bfloat16; + bias in float32 (bfloat16 + float32 promotes), activation in float32;"
-                 " the next matmul rounds it to bfloat16",
+        "dense": "nn.Linear's F.linear: input, weight and bias cast to bfloat16, the bias added inside the product"
+                 " (one rounding), bfloat16 out; activation in bfloat16",
         "conv2d": "conv with the bias (cast to bfloat16) inside: one rounding; activation in bfloat16",
         "poly": "pow is on no autocast list: float32 (the next matmul rounds it)",
         "max_pool2d, flatten, dropout": "bfloat16 (the dtype of their input)",
         "batch_norm": "float32 statistics and normalisation, bfloat16 output",
-        "loss": "float32 (torchref casts the output up; a dense last layer's logits are float32 already)",
+        "loss": "float32 (torchref casts the output up)",
+        "layer_norm, rms_norm": "their input's dtype (float32 on a float32 stream), float32 weights",
+        "residual add, position embedding, class token": "float32 + bfloat16 promotes to float32",
+        "embedding": "float32 rows (on no autocast list)",
+        "attention": "linear projections in bfloat16 (biases inside); scaled_dot_product_attention (or bmm,"
+                     " softmax, bmm with dropout) on bfloat16",
     },
 }
+BFLOAT16_OPS["tf"].update({
+    "layer_norm": "float32 inside (its input not cast, float32 gamma and beta), bfloat16 out",
+    "rms_norm": "input and scale rounded to bfloat16, float32 inside, bfloat16 out",
+    "residual add, position embedding, class token": "bfloat16 (Add casts both inputs; weights read as bfloat16)",
+    "embedding": "float32 rows cast to bfloat16",
+    "attention": "projections and biases bfloat16; without dropout float32 logits, scale, mask and softmax;"
+                 " with dropout all bfloat16, the scale rounded to bfloat16",
+    "global_avg_pool2d": "float32 mean, bfloat16 out",
+})
 
 
 def reported_loss_differs(spec: dict[str, Any], a: str, b: str) -> bool:
     """Whether ``a`` and ``b`` report different quantities as the loss of a ``mixed_bfloat16`` case.
 
-    Keras' last dense layer rounds ``h W + b`` to bfloat16 and the loss is taken from those
-    logits; torch's (bfloat16 product + float32 bias) are float32: the two losses differ
-    by the logits' bfloat16 rounding even where the gradients, which both sides round
-    to bfloat16 on the way back, agree. The judge then reports the loss beside the
-    verdict instead of judging it (``perturbation``, "Mixed precision").
+    Keras' last dense layer rounds ``h W`` to bfloat16 and then ``+ b`` again, and the loss is
+    taken from those logits; torch's ``nn.Linear`` adds the bias inside the product and rounds
+    once: the two losses differ by a bfloat16 rounding of every logit even where the gradients
+    agree to bfloat16 arithmetic. The judge then reports the loss beside the verdict instead of
+    judging it (``perturbation``, "Mixed precision").
     """
     layers = spec["model"]["layers"]
     return (spec["dtype"] == "mixed_bfloat16" and _framework(a) != _framework(b)
@@ -425,19 +439,15 @@ def mixed_precision_differences(spec: dict[str, Any], a: str, b: str) -> tuple[l
     dense = [i for i, layer in enumerate(layers) if layer["type"] == "dense"]
     if any(layers[i]["use_bias"] for i in dense):
         known.append(
-            "mixed precision, dense bias: Keras rounds the bias to bfloat16 and adds it in bfloat16 (then the"
-            " activation, in bfloat16); torch autocast runs only the matmul in bfloat16 and adds the float32 bias"
-            " in float32 (type promotion), so its pre-activations and activations are float32 until the next"
-            " matmul rounds them"
+            "mixed precision, dense bias: Keras rounds the product to bfloat16, then adds the bias (rounded to"
+            " bfloat16) in bfloat16, a second rounding; torch's nn.Linear under autocast adds the bfloat16 bias"
+            " inside the product and rounds once"
         )
         if dense[-1] == len(layers) - 1 and layers[-1]["use_bias"]:
             known.append(
-                "mixed precision, logits: Keras' last dense layer returns bfloat16 logits (rounded once more before"
-                " the float32 loss); torch's returns float32 logits (bfloat16 product + float32 bias)"
+                "mixed precision, logits: Keras' last dense layer rounds the logits twice (product, then + bias),"
+                " torch's once, so the two float32 losses are taken from logits a bfloat16 rounding apart"
             )
-    if any(layers[i]["activation"] in ("tanh", "sigmoid") for i in dense):
-        known.append("mixed precision, activations: Keras computes tanh/sigmoid after a dense layer in bfloat16,"
-                     " torch in float32")
     if any(layer["type"] == "conv2d" and layer["use_bias"] for layer in layers):
         known.append(
             "mixed precision, conv bias: torch's conv2d adds the bfloat16 bias inside the convolution (one"

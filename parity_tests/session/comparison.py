@@ -245,7 +245,7 @@ def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.n
     la, lb = np.asarray(a["loss"], np.float64), np.asarray(b["loss"], np.float64)
     gap = float(np.max(np.abs(la - lb) / np.maximum(np.maximum(np.abs(la), np.abs(lb)), 1e-2))) if la.size else 0.0
     first, _, rest = verdict.detail.partition("\n")
-    note = (f"; loss reported, not judged: Keras takes it from bfloat16 logits, torch from float32 ones"
+    note = (f"; loss reported, not judged: Keras rounds the logits twice (product, then + bias), torch once"
             f" (greatest relative loss gap {gap:.2e})")
     return dataclasses.replace(verdict, detail=first + note + (("\n" + rest) if rest else ""))
 

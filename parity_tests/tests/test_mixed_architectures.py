@@ -211,3 +211,119 @@ def test_tf_embedding_and_residual_add_are_keras():
     theirs = _keras_tf(dense, [params["0.body.0.kernel"], params["0.body.0.bias"]], x,
                        call=lambda tx: relu(add([dense(tx), tx])))
     _assert_bitwise(_ours_tf(layers, params, x, ["0.body.0.kernel", "0.body.0.bias"]), theirs)
+
+
+# ---------------------------------------------------------------- torch: the nn classes under autocast
+
+
+def _torch_grads(module_fn, params: list, x: np.ndarray, x_dtype=None):
+    """Output (float32) and gradients of ``sum(out * R)`` wrt ``x`` (floating) and ``params``, under CPU autocast."""
+    import torch
+
+    tx = torch.tensor(x, requires_grad=x.dtype.kind == "f")
+    if x_dtype is not None:
+        tx = tx.detach().to(x_dtype).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module_fn(tx)
+    out = out.float()
+    (out * torch.as_tensor(_probe(tuple(out.shape)))).sum().backward()
+    result = {"out": out.detach().numpy()}
+    if x.dtype.kind == "f":
+        result["grad/x"] = tx.grad.float().numpy()
+    result.update({f"grad/{i}": p.grad.numpy() for i, p in enumerate(params)})
+    return result
+
+
+def _ours_torch(layers: list[dict], params: dict[str, np.ndarray], x: np.ndarray, names: list[str], x_dtype=None):
+    """torchref's CaseModel (float32 parameters) under autocast; gradients in canonical layouts, in ``names``' order."""
+    from torchref.models import CaseModel
+
+    model = CaseModel(layers, params, __import__("torch").float32)
+    result = _torch_grads(lambda tx: model(tx, None), [], x, x_dtype)
+    canonical = model.canonical()
+    result.update({f"grad/{i}": canonical[n].grad.numpy() for i, n in enumerate(names)})
+    return result
+
+
+def _torch_case(name: str, params: dict[str, np.ndarray]):
+    """(the torch module with the case's weights, its parameters in the canonical names' order, to canonical layout)."""
+    import torch
+    from torch import nn
+
+    def load(module, pairs):
+        with torch.no_grad():
+            for p, v in pairs:
+                p.copy_(torch.as_tensor(v))
+        return module
+
+    if name == "layer_norm":
+        m = nn.LayerNorm(6, eps=1e-3)
+        return load(m, [(m.weight, params["0.gamma"]), (m.bias, params["0.beta"])]), [m.weight, m.bias], [None, None]
+    if name == "rms_norm":
+        m = nn.RMSNorm(6, eps=1e-6)
+        return load(m, [(m.weight, params["0.scale"])]), [m.weight], [None]
+    if name in ("dense gelu", "dense gelu_tanh"):
+        lin = nn.Linear(6, 4)
+        load(lin, [(lin.weight, params["0.kernel"].T), (lin.bias, params["0.bias"])])
+        approx = "tanh" if name.endswith("tanh") else "none"
+        return (lambda h: torch.nn.functional.gelu(lin(h), approximate=approx)), [lin.weight, lin.bias], [np.transpose, None]
+    if name == "activation silu":
+        return torch.nn.functional.silu, [], []
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "dense gelu", "dense gelu_tanh", "activation silu"])
+@pytest.mark.parametrize("input_dtype", ["float32", "bfloat16"])
+def test_torch_side_is_the_nn_class_under_autocast(name, input_dtype):
+    """Bit for bit: torchref runs the classes' own functional calls, and autocast casts the same operands."""
+    import torch
+
+    raw, shape, _, names, _ = _keras_case(name)
+    layers = _layers(shape, raw)
+    params = {k: v + np.float32(0.3) * _x(list(v.shape), 1, 5)[0] for k, v in _init(shape, layers).items()}
+    x = _x(shape)
+    x_dtype = torch.bfloat16 if input_dtype == "bfloat16" else None
+    module, tparams, layout = _torch_case(name, params)
+    theirs = _torch_grads(module, tparams, x, x_dtype)
+    for i, f in enumerate(layout):  # the class's layouts back to canonical
+        if f is not None:
+            theirs[f"grad/{i}"] = f(theirs[f"grad/{i}"])
+    _assert_bitwise(_ours_torch(layers, params, x, names, x_dtype), theirs)
+
+
+def test_torch_attention_is_nn_multihead_attention_under_autocast():
+    """``nn.MultiheadAttention(batch_first=True)``, its SDPA path (``need_weights=False``), causal, under autocast."""
+    import torch
+    from torch import nn
+
+    layers = _layers(SHAPE, [{"type": "attention", "num_heads": 2, "key_dim": 3, "causal": True}])
+    params = _init(SHAPE, layers)
+    mha = nn.MultiheadAttention(6, 2, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.as_tensor(np.concatenate([params[f"0.{n}.kernel"].reshape(6, 6) for n in "qkv"], 1).T))
+        mha.in_proj_bias.copy_(torch.as_tensor(np.concatenate([params[f"0.{n}.bias"].reshape(6) for n in "qkv"])))
+        mha.out_proj.weight.copy_(torch.as_tensor(params["0.o.kernel"].reshape(6, 6).T))
+        mha.out_proj.bias.copy_(torch.as_tensor(params["0.o.bias"]))
+    mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    x = _x(SHAPE)
+    theirs = _torch_grads(lambda h: mha(h, h, h, attn_mask=mask, is_causal=True, need_weights=False)[0],
+                          [mha.out_proj.weight, mha.out_proj.bias], x, torch.bfloat16)
+    theirs["grad/0"] = theirs["grad/0"].T.reshape(2, 3, 6)
+    ours = _ours_torch(layers, params, x, ["0.o.kernel", "0.o.bias"], torch.bfloat16)
+    _assert_bitwise(ours, theirs)
+
+
+def test_torch_embedding_is_nn_embedding_under_autocast():
+    import torch
+    from torch import nn
+
+    layers = _layers([5], [{"type": "embedding", "input_dim": 7, "output_dim": 6}])
+    params = _init([5], layers)
+    ids = np.random.default_rng(3).integers(0, 7, size=(3, 5)).astype(np.int64)
+    emb = nn.Embedding(7, 6)
+    with torch.no_grad():
+        emb.weight.copy_(torch.as_tensor(params["0.embeddings"]))
+    theirs = _torch_grads(emb, [emb.weight], ids)
+    _assert_bitwise(_ours_torch(layers, params, ids, ["0.embeddings"]), theirs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the premise of the named difference: float32 rows out
+        assert emb(torch.as_tensor(ids)).dtype == torch.float32

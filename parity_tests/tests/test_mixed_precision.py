@@ -121,7 +121,8 @@ def test_torch_autocast_runs_the_ops_theory_says():
     img, k = torch.randn(2, 1, 6, 6), torch.randn(4, 1, 3, 3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         prod = x @ w
-        assert prod.dtype == torch.bfloat16 and (prod + b).dtype == torch.float32  # bias in float32
+        assert prod.dtype == torch.bfloat16 and (prod + b).dtype == torch.float32  # a float32 bias promotes
+        assert torch.nn.functional.linear(x, w.T, b).dtype == torch.bfloat16  # nn.Linear's call: bias inside
         assert F.conv2d(img, k, torch.randn(4)).dtype == torch.bfloat16  # bias inside the conv
         assert torch.pow(x[:, :1], torch.arange(2.0)).dtype == torch.float32  # on no list
 
