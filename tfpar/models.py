@@ -225,6 +225,22 @@ def needs_towers_fn(layers: Sequence[Mapping]) -> bool:
                for layer in layers)
 
 
+def _add_inputs(layer: Mapping, body: tf.Tensor, shortcut: tf.Tensor,
+                compute: tf.DType | None) -> tuple[tf.Tensor, tf.Tensor]:
+    """A residual's two branches as its add reads them under mixed precision.
+
+    ``keras.layers.Add`` autocasts both inputs to bfloat16 (an identity shortcut may carry
+    float32), so the stream between blocks is bfloat16. **Warning, where TensorFlow and torch
+    differ:** torch's autocast promotes ``float32 + bfloat16`` to float32, so its stream stays
+    float32; the residual's ``semantics: torch`` adds in float32 as torch does (what
+    ``keras.layers.Add(dtype="float32")`` computes).
+    """
+    if compute is None:
+        return body, shortcut
+    to = tf.float32 if layer.get("semantics", "native") == "torch" else compute
+    return tf.cast(body, to), tf.cast(shortcut, to)
+
+
 def residual_output(layer: Mapping, body: tf.Tensor, shortcut: tf.Tensor) -> tf.Tensor:
     """A ``residual`` layer's output from its body's and shortcut's: ``act(body + shortcut)`` (Keras ``Add``)."""
     return _ACT[layer["activation"]](body + shortcut)
@@ -378,8 +394,7 @@ def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     if kind == "residual":
         body = _apply_list(f"{i}.body", layer["body"], params, h, compute, mask)
         shortcut = _apply_list(f"{i}.shortcut", layer["shortcut"], params, h, compute, mask)
-        if compute is not None:  # keras.layers.Add autocasts both inputs (an identity shortcut may carry float32)
-            body, shortcut = tf.cast(body, compute), tf.cast(shortcut, compute)
+        body, shortcut = _add_inputs(layer, body, shortcut, compute)
         return residual_output(layer, body, shortcut)  # keras.layers.Add: the sum of its inputs
     if kind == "repeat":
         for r in range(layer["count"]):
@@ -577,8 +592,7 @@ def forward_towers(
             outs = []
             for b, sc, dev in zip(body, short, towers, strict=True):
                 with _on(dev):
-                    if compute is not None:  # keras.layers.Add autocasts both inputs
-                        b, sc = tf.cast(b, compute), tf.cast(sc, compute)
+                    b, sc = _add_inputs(layer, b, sc, compute)
                     outs.append(residual_output(layer, b, sc))
             return outs
         return [apply_layer(path, layer, params, h, None if masks is None else layer_mask(masks[r], path, layer), towers[r], compute)

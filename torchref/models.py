@@ -277,6 +277,9 @@ class CaseModel(nn.Module):
         if kind == "residual":
             body = self._sequence(f"{path}.body", layer["body"], h)
             shortcut = self._sequence(f"{path}.shortcut", layer["shortcut"], h)
+            if layer.get("semantics", "native") == "tf" and torch.is_autocast_enabled("cpu"):
+                # Keras' Add: both inputs cast to bfloat16 and added in bfloat16 (autocast would promote to float32)
+                body, shortcut = body.to(torch.bfloat16), shortcut.to(torch.bfloat16)
             return _ACT[layer["activation"]](body + shortcut)
         if kind == "repeat":
             for r in range(layer["count"]):

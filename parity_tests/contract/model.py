@@ -24,7 +24,9 @@ Architecture layers (``docs/case-format.md``, ``docs/layers.md``):
 ``layer_norm``  ``epsilon`` (required), ``center`` (true), ``scale`` (true); last axis.
 ``rms_norm``    ``epsilon`` (required); last axis.
 ``residual``    ``body`` (layers), ``shortcut`` (layers, [] = identity), ``activation`` (none):
-                ``act(body(x) + shortcut(x))``; parameters ``<i>.body.<j>.*``, ``<i>.shortcut.<j>.*``.
+                ``act(body(x) + shortcut(x))``; parameters ``<i>.body.<j>.*``, ``<i>.shortcut.<j>.*``;
+                ``semantics`` (native): under ``mixed_bfloat16`` whose add both use (Keras' ``Add`` in
+                bfloat16, or torch's float32 promotion).
 ``repeat``      ``count``, ``body``: independent copies; parameters ``<i>.<r>.<j>.*``.
 ``avg_pool2d``  ``pool_size`` (2), ``strides`` (= pool_size), ``padding`` (valid), ``count_padding`` (false).
 ``global_avg_pool2d``  mean over height and width.
@@ -261,14 +263,18 @@ def _take_token(layer: dict, shape: tuple[int, ...], p: str) -> dict:
 
 
 def _residual(layer: dict, shape: tuple[int, ...], p: str) -> dict:
-    no_extra(layer, {"type", "body", "shortcut", "activation"}, p)
+    no_extra(layer, {"type", "body", "shortcut", "activation", "semantics"}, p)
     body, body_shape = _layer_list(need(layer, "body", p), shape, f"{p}.body")
     shortcut, short_shape = _layer_list(layer.get("shortcut", []), shape, f"{p}.shortcut", empty=True)
     if body_shape != short_shape:
         raise CaseError(f"{p}.shortcut", f"layers whose output shape equals the body's {list(body_shape)} (an empty "
                         f"shortcut is the identity); the shortcut gives {list(short_shape)}")
+    # semantics (native, stored only otherwise): under mixed_bfloat16, the dtype of the add (tf: Keras' Add,
+    # bfloat16; torch: autocast's promotion, float32)
+    sem = choice(layer.get("semantics", "native"), f"{p}.semantics", LAYER_SEMANTICS)
     return {"type": "residual", "body": body, "shortcut": shortcut,
-            "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS)}
+            "activation": choice(layer.get("activation", "none"), f"{p}.activation", ACTIVATIONS),
+            **({"semantics": sem} if sem != "native" else {})}
 
 
 def _repeat(layer: dict, shape: tuple[int, ...], p: str) -> dict:

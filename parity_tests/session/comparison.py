@@ -327,7 +327,7 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
 
     A ``mixed_bfloat16`` case moves its inputs by one *bfloat16* ulp instead (the layers
     round them to bfloat16; the weights and hyperparameters stay float32 storage, moved by
-    a float32 ulp): ``perturbation.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
+    a float32 ulp; token ids are not moved, the embedding table they select is, by a bfloat16 ulp): ``perturbation.perturb_bf16_ulp``; ``judging.bfloat16`` runs each moved case
     in float64 too and says why the weights' rounding is measured apart. ``seed``
     (default: the case seed) seeds the coins: a mixed pair's second rerun is seeded by
     ``seed + 2**32`` (``judging.bfloat16``).
@@ -358,6 +358,10 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
     if moved:
         case = _moved_within_range(case, opt, moved)
     if case.spec["dtype"] == MIXED_BFLOAT16:  # x is rounded to bfloat16 by the layers: move it by a bfloat16 ulp
+        if np.asarray(case.x).dtype.kind != "f":  # token ids: the embedding table is what the first layer rounds
+            init = perturb_ulp(case.init, seed)
+            tables = {k: v for k, v in case.init.items() if k == "0.embeddings"}
+            return dataclasses.replace(case, init={**init, **perturb_bf16_ulp(tables, seed)})
         return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_bf16_ulp({"x": case.x}, seed)["x"])
     # token ids (an embedding's integer x) are not rounded by anything: only the weights move
     x = case.x if np.asarray(case.x).dtype.kind != "f" else perturb_ulp({"x": case.x}, seed)["x"]

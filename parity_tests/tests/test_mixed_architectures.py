@@ -22,6 +22,8 @@ import pytest
 
 from parity_tests.contract.generators import draw_init
 from parity_tests.contract.specs import param_specs
+from parity_tests.judging.theory import predict
+from parity_tests.tests.helpers import make
 from parity_tests.tests.test_layers import _layers
 
 SHAPE = [5, 6]  # T = 5 tokens of width D = 6
@@ -327,3 +329,52 @@ def test_torch_embedding_is_nn_embedding_under_autocast():
     _assert_bitwise(_ours_torch(layers, params, ids, ["0.embeddings"]), theirs)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the premise of the named difference: float32 rows out
         assert emb(torch.as_tensor(ids)).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- the bfloat16 residual stream
+
+
+def _stream_gap(tf_semantics: str | None, torch_semantics: str | None, blocks: int = 12) -> float:
+    """Direct forward, mixed precision: TensorFlow's recipe against torch's on ``blocks`` residual blocks
+    ``h + dense(h)`` (width 64, no bias: the blocks' only recipe difference is the add), relative max gap."""
+    import tensorflow as tf
+    import torch
+
+    from tfpar.models import forward
+    from torchref.models import CaseModel
+
+    def layers(sem):
+        block = {"type": "residual", "body": [{"type": "dense", "units": 64, "use_bias": False}]}
+        return _layers([64], [{"type": "repeat", "count": blocks, "body": [{**block, **({"semantics": sem} if sem else {})}]}])
+
+    params = {k: v * np.float32(0.3) for k, v in _init([64], layers(None), 3).items()}
+    x = _x([64], 8)
+    ours = forward(layers(tf_semantics), {k: tf.constant(v) for k, v in params.items()}, tf.constant(x), compute=tf.bfloat16)
+    model = CaseModel(layers(torch_semantics), params, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = model(torch.tensor(x), None).float().detach().numpy()
+    return float(np.abs(tf.cast(ours, tf.float32).numpy() - theirs).max() / np.abs(theirs).max())
+
+
+def test_the_bfloat16_residual_stream_appears_natively_and_vanishes_mapped():
+    """Keras' Add rounds the stream to bfloat16 at every block, torch's promotion keeps it float32: over 12
+    blocks the outputs part by about sqrt(12) bfloat16 roundings (at least one, 2^-9 relative, at most one
+    per block, 12 x 2^-8). Either side adding as the other does (the residual's ``semantics``) leaves the two
+    recipes the same ops on the same values: equal bit for bit."""
+    native = _stream_gap(None, None)
+    assert 2.0**-9 < native < 12 * 2.0**-8, native
+    assert _stream_gap("torch", None) == 0.0 and _stream_gap(None, "tf") == 0.0
+
+
+def test_theory_names_the_residual_stream_where_there_is_one():
+    from parity_tests.tests.helpers import MLP
+
+    block = {"type": "residual", "body": [{"type": "dense", "units": 5}]}
+    with_residual = make(MLP, dtype="mixed_bfloat16", model__layers=[block, {"type": "dense", "units": 1}])
+    named = [t for t in predict(with_residual.spec, "tf.towers", "torch.ddp").known if "residual stream" in t]
+    assert len(named) == 1 and "float32 + bfloat16 promotes to float32" in named[0]
+    assert not [t for t in predict(make(MLP, dtype="mixed_bfloat16").spec, "tf.towers", "torch.ddp").known
+                if "residual stream" in t]
+    assert not [t for t in predict(with_residual.spec, "tf.towers", "tf.single").known if "mixed precision" in t]
+    assert not [t for t in predict(with_residual.replace(dtype="float32").spec, "tf.towers", "torch.ddp").known
+                if "mixed precision" in t]
