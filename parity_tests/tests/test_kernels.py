@@ -103,3 +103,33 @@ def test_side_factor_is_the_worst_kernel_of_the_recipe_and_at_least_1(monkeypatc
     assert rho == 2.09 and "conv2d filter gradient rho 2.09" in why
     ops["conv2d bias_add gradient"] = {"rho": 235.0, "accumulates": "bfloat16"}  # not on the recipe's path
     assert kernels.side_factor(CNN["model"]["layers"], "tf")[0] == 2.09
+
+
+def test_the_ops_an_architecture_runs_nested_ones_included():
+    """Layers inside residual bodies count; attention runs batch matmuls (and a softmax where Keras' explicit
+    path takes it in bfloat16), a depthwise conv its own kernels; Keras' bias_add only when asked (two
+    TensorFlow sides) and only for a layer whose semantics is not torch's."""
+    block = {"type": "residual", "body": [
+        {"type": "layer_norm", "epsilon": 1e-5},
+        {"type": "attention", "num_heads": 2, "key_dim": 4, "dropout": 0.0},
+        {"type": "dense", "units": 8, "use_bias": True, "semantics": "torch"}]}
+    ops = case_ops([block], "tf")
+    assert "batch matmul" in ops and "softmax" not in ops and "matmul input gradient" in ops
+    assert "dense bias_add gradient" not in ops and "dense bias gradient" in ops
+    with_dropout = case_ops([{**block, "body": [{**block["body"][1], "dropout": 0.1}]}], "torch")
+    assert "softmax" in with_dropout
+    both_tf = case_ops([block], "tf", bias_add=True)
+    assert "dense bias_add gradient" in both_tf  # the attention's output bias, Keras' bias_add
+    assert "dense bias_add gradient" not in case_ops([block["body"][2]], "tf", bias_add=True)  # semantics torch
+    assert "dense bias_add gradient" not in case_ops([block], "torch", bias_add=True)
+    depthwise = case_ops([{"type": "depthwise_conv2d", "kernel_size": [3, 3], "use_bias": True}], "tf")
+    assert depthwise[:2] == ["depthwise conv2d", "depthwise conv2d filter gradient"]
+
+
+def test_side_factor_takes_bias_add_only_when_asked(monkeypatch):
+    ops = {op: {"rho": 0.8, "accumulates": "float32"} for op in OPS}
+    ops["dense bias_add gradient"] = {"rho": 235.0, "accumulates": "bfloat16"}  # this CPU's, measured
+    monkeypatch.setattr(kernels, "_cache", {"tf": {"ops": ops}})
+    assert kernels.side_factor(MLP["model"]["layers"], "tf")[0] == 1.0
+    rho, why = kernels.side_factor(MLP["model"]["layers"], "tf", bias_add=True)
+    assert rho == 235.0 and "dense bias_add gradient rho 235" in why
