@@ -505,14 +505,16 @@ def _bias_terms(in_shape: tuple[int, ...], layer: dict, rows: int) -> int:
     return rows * int(np.prod(out[:-1], dtype=np.int64))
 
 
-def keras_bias_add_layers(spec: dict[str, Any]) -> list[tuple[str, str, int]]:
+def keras_bias_add_layers(spec: dict[str, Any], most: bool = False) -> list[tuple[str, str, int]]:
     """``(path, probe op, terms)`` of every layer whose bias a ``mixed_bfloat16`` TensorFlow side adds as Keras does,
     with ``tf.nn.bias_add`` (``tfpar.models.keras_bias_add``; a layer's ``semantics: torch`` opts out); ``terms``:
-    the values one bias-gradient element sums on the TensorFlow side that sums the fewest (a shard's micro-batch)."""
+    the values one bias-gradient element sums on the TensorFlow side that sums the fewest (a shard's micro-batch),
+    or with ``most`` the most (one device, the whole batch)."""
     from parity_tests.contract.specs import nested_inputs
 
     par = spec["parallel"]
-    rows = max(spec["data"]["global_batch"] // par["devices"] // par.get("accumulate", 1), 1)
+    rows = spec["data"]["global_batch"] if most else max(
+        spec["data"]["global_batch"] // par["devices"] // par.get("accumulate", 1), 1)
     out = []
     for path, layer, shape in nested_inputs(spec["model"]["input_shape"], spec["model"]["layers"]):
         if (layer["type"] in _BIAS_ADD_OP and layer.get("use_bias", False)

@@ -236,20 +236,30 @@ def case_ops(layers: Sequence[Mapping[str, Any]], framework: str, bias_add: bool
     return list(dict.fromkeys(ops))
 
 
-def side_factor(layers: Sequence[Mapping[str, Any]], framework: str, bias_add: bool = False) -> tuple[float, str]:
+def side_factor(layers: Sequence[Mapping[str, Any]], framework: str, bias_add: bool = False,
+                bias_terms: int | None = None) -> tuple[float, str]:
     """``(rho_X, what it is)``: the largest ``rho`` of the ops this side's recipe runs here, at least 1.
 
     How many bfloat16 roundings' worth of error the side's worst kernel leaves where the
     one-rounding premise of the sampled floor allows one (``judging.bfloat16``, "The bound").
-    ``bias_add``: as :func:`case_ops`.
+    ``bias_add``: as :func:`case_ops`. ``bias_terms``: the most values a ``bias_add`` gradient element
+    of the case sums (``theory.keras_bias_add_layers``); a bfloat16 sum of ``n`` positive terms, the
+    probe's kind, rounds ``n - 1`` times, each by at most ``u_b`` of a partial sum no larger than the
+    total, so its ``rho`` is at most ``n - 1`` whatever the probe's 4096-term sum shows.
     """
-    ops = probe(framework)["ops"]
+    ops = dict(probe(framework)["ops"])
+    capped = ""
+    for op in ("dense bias_add gradient", "conv2d bias_add gradient"):
+        if bias_terms is not None and op in ops and ops[op]["rho"] > max(bias_terms - 1, 1):
+            ops[op] = {**ops[op], "rho": float(max(bias_terms - 1, 1))}
+            capped = f" (bias_add: {bias_terms} values an element, so at most {max(bias_terms - 1, 1)} roundings)"
     used = [op for op in case_ops(layers, framework, bias_add) if op in ops]
     worst = max(used, key=lambda op: ops[op]["rho"], default=None)
     if worst is None or ops[worst]["rho"] <= ONE_ROUNDING:
         return 1.0, f"{framework}: every kernel of the recipe sums in float32 and rounds once here"
     over = [f"{op} rho {ops[op]['rho']:.3g}" for op in used if ops[op]["rho"] > ONE_ROUNDING]
-    return float(ops[worst]["rho"]), f"{framework}: kernels that round partial sums to bfloat16 here: {', '.join(over)}"
+    return (float(ops[worst]["rho"]),
+            f"{framework}: kernels that round partial sums to bfloat16 here: {', '.join(over)}{capped if 'bias_add' in worst else ''}")
 
 
 def describe(framework: str) -> str:

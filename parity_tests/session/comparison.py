@@ -288,10 +288,12 @@ def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], s
     ``bias_add``: the pair is two TensorFlow sides, which both sum Keras' ``bias_add`` gradients as
     ``BiasAddGrad`` does here; against torch that is a predicted difference (``theory.bias_add_differences``).
     """
+    from parity_tests.judging.theory import keras_bias_add_layers
     from parity_tests.running import kernels
 
     framework = registry.resolve(impl, "impls").framework
-    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework, bias_add)
+    terms = max((n for _, _, n in keras_bias_add_layers(case.spec, most=True)), default=None) if bias_add else None
+    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework, bias_add, terms)
     return BF16Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}{suffix}"], trajs[f"{impl}@float64{suffix}"],
                     [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN_KEYS],
                     [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why,
