@@ -95,9 +95,16 @@ Keras 3.15's ``mixed_bfloat16`` policy, read in the installed ``keras/src``:
   (``convert_input``), so the model's input is rounded to bfloat16 once, at the first layer;
 * ``layers/layer.py`` 983-995 and ``backend/common/variables.py`` 245-248: inside the
   layer's ``AutocastScope`` every variable read is cast to bfloat16 (:func:`_param`);
-* ``layers/core/dense.py`` 221-227: ``matmul(x, kernel)``, ``add(x, bias)`` and the
-  activation, all on bfloat16 tensors (each op's result rounded to bfloat16);
-  ``layers/convolutional/base_conv.py`` 256-263 likewise for ``conv2d`` + bias;
+* ``layers/core/dense.py`` 221-227: ``matmul(x, kernel)`` (``tf.tensordot`` on ``[B, T, D]``),
+  ``add(x, bias)`` and the activation, all on bfloat16 tensors (each op's result rounded to
+  bfloat16); ``layers/convolutional/base_conv.py`` 256-263 likewise for ``conv2d`` + bias; the
+  backend's ``add`` is ``tf.nn.bias_add`` for a bias (:func:`keras_bias_add`, whose gradient sums
+  in bfloat16 here; a layer's ``semantics: torch`` takes a broadcasting add instead);
+* the architecture layers (``tests/test_mixed_architectures.py`` pins each to its Keras class):
+  ``LayerNormalization`` does not cast its input (``autocast = False``) and returns bfloat16 from a
+  float32 computation; ``RMSNormalization`` casts input and scale; ``Add`` casts both inputs (the
+  residual stream is bfloat16; :func:`_add_inputs`); ``Embedding`` casts the gathered float32 rows;
+  ``MultiHeadAttention`` (:mod:`tfpar.attention`); ``ops.mean`` averages in float32;
 * ``layers/normalization/batch_normalization.py`` 345-348 and 405: batch norm casts its
   input up to float32, computes statistics, normalisation and the moving-average update
   in float32 (gamma, beta and the moving statistics are float32), and casts the output
