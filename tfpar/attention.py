@@ -47,6 +47,8 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
+from .bias import bias_add_fn
+
 __all__ = ["attention", "attention_scale", "refuse_fully_masked"]
 
 _KERAS_LARGE_NEGATIVE = -0.7 * 3.38953e38  # keras/src/backend/tensorflow/nn.py _get_large_negative
@@ -96,10 +98,7 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     def add_bias(out: tf.Tensor, name: str) -> tf.Tensor:
         if compute is None:
             return out + p(f"{name}.bias")
-        # EinsumDense's ops.add under mixed precision, its bias_add case included
-        from .models import _bias_add_fn
-
-        return _bias_add_fn(layer)(out, p(f"{name}.bias"))
+        return bias_add_fn(layer)(out, p(f"{name}.bias"))  # EinsumDense's ops.add: its bias_add case included
 
     def project(name: str) -> tf.Tensor:
         out = keras.ops.einsum("abc,cde->abde", h, p(f"{name}.kernel"))

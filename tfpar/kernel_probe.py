@@ -83,7 +83,7 @@ def _conv_grads(add: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> Callable:
     return grads
 
 
-_keras_add = _conv_grads(lambda h, b: h + b)  # tfpar.models._mixed_bias_add: a broadcasting add (semantics torch)
+_keras_add = _conv_grads(lambda h, b: h + b)  # tfpar.bias.torch_bias_add: a broadcasting add (semantics torch)
 _bias_add = _conv_grads(tf.nn.bias_add)
 
 

@@ -98,7 +98,7 @@ Keras 3.15's ``mixed_bfloat16`` policy, read in the installed ``keras/src``:
 * ``layers/core/dense.py`` 221-227: ``matmul(x, kernel)`` (``tf.tensordot`` on ``[B, T, D]``),
   ``add(x, bias)`` and the activation, all on bfloat16 tensors (each op's result rounded to
   bfloat16); ``layers/convolutional/base_conv.py`` 256-263 likewise for ``conv2d`` + bias; the
-  backend's ``add`` is ``tf.nn.bias_add`` for a bias (:func:`keras_bias_add`, whose gradient sums
+  backend's ``add`` is ``tf.nn.bias_add`` for a bias (:func:`tfpar.bias.keras_bias_add`, whose gradient sums
   in bfloat16 here; a layer's ``semantics: torch`` takes a broadcasting add instead);
 * the architecture layers (``tests/test_mixed_architectures.py`` pins each to its Keras class):
   ``LayerNormalization`` does not cast its input (``autocast = False``) and returns bfloat16 from a
@@ -128,6 +128,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import tokens
+from .bias import bias_add_fn as _bias_add_fn
 
 __all__ = [
     "STATE_KINDS",
@@ -289,39 +290,6 @@ def _param(params: Mapping[str, tf.Tensor], name: str, compute: tf.DType | None)
     """Parameter ``name`` as the layer reads it: cast to ``compute`` (Keras' autocast of a variable read)."""
     p = params[name]
     return p if compute is None or p.dtype == compute else tf.cast(p, compute)
-
-
-def _mixed_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
-    """A bias under mixed precision and the layer's ``semantics: torch``: ``h + bias``, a broadcasting add in
-    bfloat16 whose gradient (``Sum``) accumulates the bfloat16 output gradient in float32 and rounds once, as
-    torch's backward sums a float32 bias's gradient. ``tests/test_mixed_precision.py`` seeds a bias gradient
-    summed in bfloat16 here."""
-    return h + bias
-
-
-def keras_bias_add(h: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
-    """A bias under mixed precision as Keras adds it (``semantics: native``/``tf``): ``keras.ops.add(h, bias)``.
-
-    Keras' ``Dense``, ``Conv2D``, ``DepthwiseConv2D`` and ``EinsumDense`` call ``ops.add(x, bias)``
-    (dense.py 224, base_conv.py 263, base_depthwise_conv.py 215, einsum_dense.py), and the
-    TensorFlow backend's ``add`` turns that into ``tf.nn.bias_add`` whenever the bias squeezes to a
-    vector matching the last (or second) axis (keras/src/backend/tensorflow/numpy.py 108-130): every
-    dense and conv bias, the attention output bias; a ``[H, dk]`` attention bias with ``H, dk > 1``
-    stays a broadcasting add. **Warning, where TensorFlow and torch differ:** ``bias_add``'s gradient
-    ``BiasAddGrad`` sums the bfloat16 output gradient over rows and positions *in bfloat16* where
-    TensorFlow runs Eigen's kernel (after a matmul on this AMD EPYC, oneDNN or not: a real Keras
-    ``Dense(dtype="mixed_bfloat16")``'s bias gradient over 4096 rows of ones is 256); torch sums a
-    float32 bias's gradient in float32. ``theory`` predicts it (docs/mixed-precision.md, "Bias
-    gradients"); the layer's ``semantics: torch`` maps it (:func:`_mixed_bias_add`).
-    """
-    import keras
-
-    return keras.ops.add(h, bias)
-
-
-def _bias_add_fn(layer: Mapping):
-    """The mixed-precision bias add for ``layer``: Keras' unless its ``semantics`` is ``torch``."""
-    return _mixed_bias_add if layer.get("semantics", "native") == "torch" else keras_bias_add
 
 
 def _apply(i: int | str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.Tensor, mask: tf.Tensor | None,

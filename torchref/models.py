@@ -251,7 +251,7 @@ class CaseModel(nn.Module):
             return _activate(h, layer["fn"], layer)
         if kind == "conv2d":
             h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
-            w = self._p(path, "kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
+            w = self._p(path, "kernel").permute(3, 2, 0, 1).contiguous()  # HWIO -> OIHW: contiguous, as nn.Conv2d's weight (a view: slow_conv2d refuses to backpropagate to it for 1 filter)
             h = F.conv2d(h, w, self._p(path, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]))
             return _ACT[layer["activation"]](h)
         if kind == "depthwise_conv2d":  # nn.Conv2d(C, C*M, groups=C): kernel [kh, kw, C, M] -> [C*M, 1, kh, kw]
@@ -422,7 +422,7 @@ class CaseModel(nn.Module):
                     h = _pad_same(h, layer["kernel_size"], layer["strides"], 0.0)
                 elif layer["padding"] != "valid":  # explicit [[top, bottom], [left, right]]
                     h = F.pad(h, _pads(h, layer["padding"], layer["kernel_size"], layer["strides"]))
-                w = self._p(i, "kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
+                w = self._p(i, "kernel").permute(3, 2, 0, 1).contiguous()  # HWIO -> OIHW (see _layer)
                 h = F.conv2d(h, w, self._p(i, "bias") if layer["use_bias"] else None, stride=tuple(layer["strides"]))
                 pre = h
                 h = _ACT[layer["activation"]](h)

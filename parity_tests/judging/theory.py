@@ -259,7 +259,8 @@ def _rates(spec: dict[str, Any]) -> list[float]:
     return [lr_at(opt["schedule"], opt["lr"], t) for t in range(1, spec["steps"] + 1)]
 
 
-def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None) -> Prediction:
+def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None,
+            kernels: Mapping[str, Mapping[str, Any]] | None = None) -> Prediction:
     """Predicted differences between implementations ``a`` and ``b`` on a validated case.
 
     Each prediction holds at the case's values: a difference whose size these values
@@ -269,6 +270,11 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     values cannot settle (a clipping threshold reached or not, a difference whose size
     depends on the gradients) is predicted as not :attr:`Difference.certain`; the judge
     settles it by measuring the mapped run (``docs/tolerance.md``, "Predictions").
+
+    ``kernels``: TensorFlow's kernel probe where the runs run (``running.kernels.probe("tf")["ops"]``;
+    the session passes it for a ``mixed_bfloat16`` case), which says whether Keras' ``bias_add``
+    gradient sums in bfloat16 here (:func:`bias_add_differences`; without it that difference is
+    predicted wherever the layers have one).
 
     ``held``: for TensorFlow plugins that have run, what their Keras optimizers held in float32
     (``session.comparison.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
@@ -354,7 +360,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     found.extend(_model_differences(spec, a, b, one_parallel, absent))
     found.extend(_token_differences(spec, a, b, one_parallel, moves, absent))
     mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)
-    found.extend(bias_add_differences(spec, a, b, absent))
+    found.extend(bias_add_differences(spec, a, b, absent, kernels))
     found.extend(_diff(t) for t in mixed_expected)
     found.extend(_diff(t, expected=False) for t in mixed_known)
     return Prediction.of(found, absent)
@@ -507,7 +513,7 @@ def _bias_terms(in_shape: tuple[int, ...], layer: dict, rows: int) -> int:
 
 def keras_bias_add_layers(spec: dict[str, Any], most: bool = False) -> list[tuple[str, str, int]]:
     """``(path, probe op, terms)`` of every layer whose bias a ``mixed_bfloat16`` TensorFlow side adds as Keras does,
-    with ``tf.nn.bias_add`` (``tfpar.models.keras_bias_add``; a layer's ``semantics: torch`` opts out); ``terms``:
+    with ``tf.nn.bias_add`` (``tfpar.bias.keras_bias_add``; a layer's ``semantics: torch`` opts out); ``terms``:
     the values one bias-gradient element sums on the TensorFlow side that sums the fewest (a shard's micro-batch),
     or with ``most`` the most (one device, the whole batch)."""
     from parity_tests.contract.specs import nested_inputs
@@ -523,7 +529,8 @@ def keras_bias_add_layers(spec: dict[str, Any], most: bool = False) -> list[tupl
     return out
 
 
-def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str]) -> list[Difference]:
+def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str],
+                         kernels: Mapping[str, Mapping[str, Any]] | None = None) -> list[Difference]:
     """Keras' bias gradient summed in bfloat16 (``tf.nn.bias_add``'s ``BiasAddGrad``) against torch's float32 sum.
 
     Expected (not certain: its size depends on the values) for a ``mixed_bfloat16`` pair of a TensorFlow side
@@ -538,10 +545,10 @@ def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str]
     layers = keras_bias_add_layers(spec)
     if not layers:
         return []
-    from parity_tests.running import kernels  # measured where the runs run (cached per process)
-
-    ops = kernels.probe("tf")["ops"]
-    summed = [(p, op, n) for p, op, n in layers if ops[op]["accumulates"] == "bfloat16"]
+    # the probe measured where the runs run (``running.kernels``, given by the session); without it, a
+    # kernel that may sum in bfloat16 is assumed to (the prediction is not certain either way)
+    ops = kernels or {}
+    summed = [(p, op, n) for p, op, n in layers if ops.get(op, {}).get("accumulates", "bfloat16") == "bfloat16"]
     name = "bias gradient summed in bfloat16"
     if not summed:
         absent.append(f"{name}: TensorFlow's BiasAddGrad sums in float32 on this CPU (kernel probe)")
@@ -550,7 +557,8 @@ def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str]
     if not many:
         absent.append(f"{name}: each bias-gradient element sums at most 2 values (one rounding either way)")
         return []
-    where = ", ".join(f"layer {p} ({n} values, probe rho {ops[op]['rho']:.3g})" for p, op, n in many[:4])
+    where = ", ".join(f"layer {p} ({n} values" + (f", probe rho {ops[op]['rho']:.3g})" if op in ops else ")")
+                      for p, op, n in many[:4])
     more = f" and {len(many) - 4} more" if len(many) > 4 else ""
     return [_diff(f"{name}: Keras adds these biases with tf.nn.bias_add, whose gradient BiasAddGrad sums the"
                   f" bfloat16 output gradient in bfloat16 here ({where}{more}); torch sums a float32 bias's gradient"

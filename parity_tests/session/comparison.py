@@ -281,6 +281,15 @@ def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str, suffix: str 
                for key in (MIXED_BFLOAT16, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
 
 
+def _tf_kernels(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """TensorFlow's kernel probe here, for theory's mixed-precision predictions (``None`` for other dtypes)."""
+    if spec["dtype"] != MIXED_BFLOAT16:
+        return None
+    from parity_tests.running import kernels
+
+    return kernels.probe("tf")["ops"]
+
+
 def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "",
                bias_add: bool = False) -> BF16Side:
     """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``).
@@ -780,7 +789,7 @@ def compare_case(
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
-    preds = {impl: predict(theory_spec, ref, impl) for impl in impls[1:]}
+    preds = {impl: predict(theory_spec, ref, impl, kernels=_tf_kernels(theory_spec)) for impl in impls[1:]}
     bar = None
     if progress is True:  # a bar on a terminal, one line per run in a log
         from parity_tests.session.progress import run_bar
@@ -847,7 +856,8 @@ def compare_case(
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding) for impl in impls[1:]}
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=_tf_kernels(theory_spec))
+             for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     second: list[_Run] = []
     for impl in impls[1:]:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import case_from_dict
-from parity_tests.contract.generators import dropout_masks
+from parity_tests.contract.generators import draw_init, dropout_masks
 from parity_tests.contract.model import validate_model
-from parity_tests.contract.specs import same_padding, spatial_output
+from parity_tests.contract.specs import param_specs, same_padding, spatial_output
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.judging.theory import predict
 from parity_tests.protocol.errors import CaseError
@@ -538,3 +538,15 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_a_conv_with_one_filter_trains_on_torch():
+    """Found by the nested-architecture property: one filter on a 2x2x2 image, one row. The weight handed to
+    ``F.conv2d`` was a permuted view of the canonical HWIO kernel, and torch's ``slow_conv2d`` (float64 on
+    CPU) refused to backpropagate into it ("grad_weight must be contiguous"); it is contiguous now, as
+    ``nn.Conv2d``'s weight is. Both sides must agree on it."""
+    layers = _layers([2, 2, 2], [{"type": "conv2d", "filters": 1, "kernel_size": 2}, {"type": "flatten"},
+                                 {"type": "dense", "units": 1}])
+    params = draw_init(param_specs([2, 2, 2], layers), 0, "normal", 0.5)
+    x = np.random.default_rng(0).normal(size=(1, 2, 2, 2))
+    _assert_same(_tf_run(layers, params, x), _torch_run(layers, params, x))

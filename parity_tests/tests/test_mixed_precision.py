@@ -234,23 +234,25 @@ def _summed_in_bfloat16(h, bias):
 #: the seed MLP at 2 devices with 1024 examples a step: a bias gradient sums 512 (towers) or 1024 rows
 BIG_BATCH = {"parallel__devices": 2, "steps": 2, "data__global_batch": 1024}
 #: its dense layers with torch's bias add (a broadcasting add, whose gradient sums in float32): the recipe
-#: that calls ``tfpar.models._mixed_bias_add``, where the seeded bug goes
+#: that calls ``tfpar.bias.torch_bias_add``, where the seeded bug goes
 TORCH_BIAS = {"model__layers": [{"type": "dense", "units": 10, "activation": "relu", "semantics": "torch"},
                                 {"type": "dense", "units": 1, "semantics": "torch"}]}
 
 
 def _with_bias_add(monkeypatch, fn):
-    """A runner for tf.single whose mixed runs add every bias with ``fn`` (``tfpar.models._mixed_bias_add``).
+    """A runner for tf.single whose mixed runs add every bias with ``fn`` (``tfpar.bias.torch_bias_add``).
 
     Through ``monkeypatch``: with it the suite's trace reuse is off (conftest), so no trainer traced
     before the patch runs it, and none traced with it outlives the test.
     """
     tf_module()
-    models = sys.modules["tfpar.models"]
+    import tfpar.bias  # noqa: F401  (loaded with tfpar.models; named here for the patch)
+
+    bias = sys.modules["tfpar.bias"]
 
     def run(c, impl):
         with monkeypatch.context() as m:
-            m.setattr(models, "_mixed_bias_add", fn)
+            m.setattr(bias, "torch_bias_add", fn)
             return run_impl(c, impl)
 
     return _side_runner("tf.single", run)
@@ -322,7 +324,7 @@ def test_bias_gradient_difference_appears_with_many_rows_and_vanishes_mapped(row
     biases as torch does (``semantics: torch``, the mapping); absent, with its reason, at 2 values a device."""
     premise = kernels.probe("tf")["ops"]["dense bias_add gradient"]
     case = _mixed(**{**BIG_BATCH, "data__global_batch": rows})
-    prediction = predict(case.spec, "tf.towers", "torch.ddp")
+    prediction = predict(case.spec, "tf.towers", "torch.ddp", kernels=kernels.probe("tf")["ops"])
     named = [t for t in prediction.expected if t.startswith("bias gradient summed in bfloat16")]
     if premise["accumulates"] != "bfloat16":
         assert not named and any("sums in float32 on this CPU" in t for t in prediction.absent), prediction
@@ -337,3 +339,6 @@ def test_bias_gradient_difference_appears_with_many_rows_and_vanishes_mapped(row
     mapped = compare_case(_mixed(**BIG_BATCH, **TORCH_BIAS), ["tf.towers", "torch.ddp"], stages=False)
     assert mapped.pairs[0].verdict.status == "parity", mapped.summary()
     assert not [t for t in mapped.pairs[0].prediction.expected if "bias gradient" in t]
+    # without the probe (theory alone, judging imports no runner) the difference is assumed possible
+    assert [t.split(":")[0] for t in predict(case.spec, "tf.towers", "torch.ddp").expected] == [
+        "bias gradient summed in bfloat16"]
