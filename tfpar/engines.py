@@ -31,7 +31,7 @@ SPECS: tuple[EngineSpec, ...] = (
                description="the classic tf.compat.v1 graph towers (variable_scope reuse, compute_gradients per tower,"
                            " average_gradients)",
                combines=COMBINES, orders=("split",), optimizers=("sgd", "momentum", "adam"), layers=LAYER_TYPES,
-               optimizer_family="tf.compat.v1", accumulate=False, entry="tfpar.v1:run_v1"),
+               optimizer_family="tf.compat.v1", accumulate=True, entry="tfpar.v1:run_v1"),
     EngineSpec("tf.mirrored", "builtin", "tf", parallel=True, dtypes=_DTYPES, keras=True, captures=True,
                description="tf.distribute.MirroredStrategy over the same logical devices, a custom training loop",
                combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
@@ -40,7 +40,7 @@ SPECS: tuple[EngineSpec, ...] = (
                description="tf.distribute.MultiWorkerMirroredStrategy, one process per worker"
                            " (python -m parity_tests.launch.tf)",
                combines=COMBINES, orders=("split",), optimizers=OPTIMIZERS, layers=LAYER_TYPES,
-               optimizer_family="keras", accumulate=False, entry="tfpar.multiworker:run_multiworker",
+               optimizer_family="keras", accumulate=True, entry="tfpar.multiworker:run_multiworker",
                in_process=False),
 )
 

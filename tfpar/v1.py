@@ -188,6 +188,7 @@ def build_towers(
     clip: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None = None,
     clip_where: str = "after_combine",
     capture: bool = False,
+    accumulate: int = 1,
 ) -> Towers:
     """Build the classic multi-tower training step in the current (v1) graph.
 
@@ -216,6 +217,15 @@ def build_towers(
             (torch's order, after DDP's allreduce).
         capture: under ``loss_mean`` also build each tower's gradient of its own loss
             (``Towers.tower_grads``, for a captured step; ``grad_mean`` has them anyway).
+        accumulate: k micro-batches per tower (``parallel.accumulate``): each tower cuts its
+            shard into k contiguous micro-batches (``np.array_split`` sizes) and calls
+            ``model_fn`` on each; its loss is their mean ``l_r = (1/k) sum_j l_rj`` and, under
+            ``grad_mean``, its gradient the mean of the k ``compute_gradients`` results,
+            ``g_r = (1/k) sum_j d l_rj / d v`` (``tf.towers``' rule); ``loss_mean`` differentiates
+            ``sum_r w_r l_r`` once. All k micro-batches are in one graph step: the classic programs'
+            accumulator variables across ``Session.run`` calls compute the same mean. A model with
+            batch norm is refused by :func:`check_supported` (its k moving-statistics updates would
+            need chaining by control dependencies).
     Returns:
         :class:`Towers`.
     Raises:
@@ -231,6 +241,8 @@ def build_towers(
     n = len(devices)
     if n < 1:
         raise ValueError("build_towers needs at least one device")
+    if accumulate < 1:
+        raise ValueError(f"accumulate must be >= 1, got {accumulate}")
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     batch = inputs[0].shape[0]
     if batch is None or any(t.shape[0] != batch for t in inputs):
@@ -251,7 +263,10 @@ def build_towers(
         for r, dev in enumerate(devices):
             before = len(v1.global_variables())
             with tf.device(dev), v1.name_scope(f"tower_{r}") as scope:
-                loss_r = model_fn(*[s[r] for s in shards])
+                micro = [split_batch(s[r], accumulate, "contiguous") for s in shards] if accumulate > 1 else None
+                micro_losses = ([model_fn(*[m[j] for m in micro]) for j in range(accumulate)] if micro is not None
+                                else [model_fn(*[s[r] for s in shards])])
+                loss_r = micro_losses[0] if accumulate == 1 else tf.add_n(micro_losses) / accumulate
                 if r == 0:
                     train_vars = train_vars or v1.trainable_variables()
                     # batch-norm statistics are updated from the first tower only, as the classic tower programs do
@@ -262,7 +277,12 @@ def build_towers(
                         "tf.compat.v1.get_variable so that every tower shares the first tower's"
                     )
                 if combine == "grad_mean":
-                    pairs = optimizer.compute_gradients(loss_r, var_list=train_vars, colocate_gradients_with_ops=True)
+                    if accumulate == 1:
+                        pairs = optimizer.compute_gradients(loss_r, var_list=train_vars, colocate_gradients_with_ops=True)
+                    else:
+                        pairs = _micro_mean([optimizer.compute_gradients(l_j, var_list=train_vars,
+                                                                         colocate_gradients_with_ops=True)
+                                             for l_j in micro_losses])
                     unclipped.append([g for g, _ in pairs])
                     if clip is not None and clip_where == "per_device":
                         pairs = _clip_pairs(pairs, clip)
@@ -293,6 +313,23 @@ def build_towers(
         train_op = tf.group(apply_op, *update_ops, name="train_op")
     clipped = [[g for g, _ in pairs] for pairs in tower_grads] if clip is not None and clip_where == "per_device" else []
     return Towers(train_op, loss, list(grads), tower_losses, global_step, list(update_ops), unclipped, clipped, combined)
+
+
+def _micro_mean(per_micro: list[GradsAndVars]) -> GradsAndVars:
+    """``(1/k) sum_j g_j`` variable by variable over k micro-batches' ``(g, v)`` lists (``tfpar.towers._micro_mean``:
+    sparse gradients stay sparse, their slices concatenated)."""
+    k, out = len(per_micro), []
+    for pairs in zip(*per_micro, strict=True):
+        gs, var = [g for g, _ in pairs], pairs[0][1]
+        if any(g is None for g in gs):
+            raise ValueError(f"no gradient for {var.name} (is it used in the loss?)")
+        if isinstance(gs[0], tf.IndexedSlices):
+            g = tf.IndexedSlices(tf.concat([x.values for x in gs], 0) / k, tf.concat([x.indices for x in gs], 0),
+                                 gs[0].dense_shape)
+        else:
+            g = tf.add_n(gs) / k
+        out.append((g, var))
+    return out
 
 
 def _clip_pairs(pairs: GradsAndVars, clip: Callable[[list[tf.Tensor]], list[tf.Tensor]]) -> GradsAndVars:
@@ -433,6 +470,10 @@ def check_supported(spec: Mapping[str, Any]) -> None:
     refuse_unimplemented(spec, "tf.v1", optimizers=by_name("tf.v1").optimizers, schedules=False, weight_decay=False,
                          clip=True, layers=True, loss_options=True)
     has_bn = any(layer["type"] == "batch_norm" for _, layer in nested_layers(spec["model"]["layers"]))
+    if has_bn and spec["parallel"].get("accumulate", 1) > 1:
+        raise Unsupported("parallel.accumulate", "1 for tf.v1 with batch norm (the k moving-statistics updates of a"
+                          " step would need chaining by control dependencies; tf.towers and tf.mirrored accumulate"
+                          " with batch norm)")
     if has_bn and spec["parallel"].get("batch_norm", "local") == "sync":
         raise Unsupported("parallel.batch_norm", "local for tf.v1 (the classic towers normalise each tower with its"
                           " own shard's statistics; tf.towers has sync)")
@@ -501,7 +542,7 @@ def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None
                 towers = build_towers(model_fn, (x, y, *extra_in), devices, make_v1_optimizer(spec["optimizer"]),
                                       combine=par["combine"], shard=par["shard"], weighting=par["weighting"],
                                       clip=clip, clip_where=clip.where if clip is not None else "after_combine",
-                                      capture=capture is not None)
+                                      capture=capture is not None, accumulate=par.get("accumulate", 1))
             by_var = {v.op.name: g for g, v in towers.grads_and_vars}
             order = [v.op.name for _, v in towers.grads_and_vars]
             at = [order.index(var_name[k]) for k in names]  # canonical name -> position in the towers' lists
@@ -551,12 +592,14 @@ def _capture_fetches(towers: Towers, shards: list[tf.Tensor], acts: list[tuple[i
     clipping), ``combined/<name>`` (before ``after_combine`` clipping). ``at[j]`` is canonical
     name ``names[j]``'s position in the towers' gradient lists.
     """
-    n = len(towers.tower_losses)
-    out: dict[str, tf.Tensor] = {"x": tf.concat(shards[:n], 0), "loss": tf.stack(towers.tower_losses)}
+    # model_fn runs one tower at a time, in tower order, and within a tower one micro-batch at a time, in row
+    # order (parallel.accumulate): every list below holds the calls in row order
+    calls = len(shards)
+    out: dict[str, tf.Tensor] = {"x": tf.concat(shards, 0), "loss": tf.stack(towers.tower_losses)}
     layers: dict[int, list[tf.Tensor]] = {}
-    for i, hs in acts:  # model_fn runs one tower at a time, in tower order: (i, [h_r]) per tower
+    for i, hs in acts:  # (i, [h]) per call
         layers.setdefault(i, []).extend(hs)
-    out.update({f"act/{i}": tf.concat(hs, 0) for i, hs in layers.items() if len(hs) == n})
+    out.update({f"act/{i}": tf.concat(hs, 0) for i, hs in layers.items() if len(hs) == calls})
     for key, per_tower in (("grad", towers.tower_grads), ("clipped", towers.tower_clipped)):
         if per_tower:
             out.update({f"{key}/{k}": tf.stack([g_r[j] for g_r in per_tower]) for k, j in zip(names, at, strict=True)})

@@ -14,6 +14,8 @@ twice their mean.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -75,22 +77,47 @@ def test_accumulate_is_carried_only_when_given():
     assert make(MLP, parallel__accumulate=4).spec["parallel"]["accumulate"] == 4  # 4 rows per device: 1 per micro-batch
 
 
-@pytest.mark.parametrize("impl", ["tf.v1", "tf.multiworker"])
-def test_engines_without_accumulation_refuse_it_in_one_line(impl):
-    case = make(MLP, parallel__accumulate=2)
-    with pytest.raises(CaseError) as e:
-        check_dtypes(case, [impl])
-    assert e.value.field == "parallel.accumulate" and "tf.towers" in str(e.value) and "\n" not in str(e.value)
-    check_dtypes(make(MLP, parallel__accumulate=1), [impl])  # 1: nothing to refuse
-
-
-def test_tfpar_run_case_refuses_it_too():
+def test_tf_v1_refuses_accumulation_with_batch_norm_in_one_line():
+    """The v1 graph accumulates without batch norm; with it, the k moving-statistics updates of a step
+    would need chaining by control dependencies: refused naming the field, by ``tfpar run`` too."""
     from tfpar.errors import Unsupported
     from tfpar.run import run_case
 
     with pytest.raises(Unsupported) as e:
-        run_case(make(MLP, parallel__accumulate=2).payload(), "tf.v1")
-    assert e.value.field == "parallel.accumulate"
+        run_case(_bn(2).payload(), "tf.v1")
+    assert e.value.field == "parallel.accumulate" and "batch norm" in str(e.value) and "\n" not in str(e.value)
+    check_dtypes(make(MLP, parallel__accumulate=2), ["tf.v1"])  # declared: without batch norm it runs
+
+
+#: a sample-weighted loss under torch's rule (``sum v l / sum v`` per micro-batch): the micro-batches' mean
+#: is not the whole shard's, so a side that ignored ``accumulate`` would differ from step 1
+WEIGHTED = {"parallel__accumulate": 2, "data__sample_weights": {"seed": 4, "low": 0.5, "high": 2.0},
+            "model__loss_semantics": "torch", "optimizer": {"name": "momentum", "lr": 0.05, "momentum": 0.9,
+                                                            "semantics": "torch"}}
+
+
+@pytest.mark.parametrize("parallel", [{}, {"combine": "loss_mean"},
+                                      {"weighting": "by_size", "clip": {"global_norm": 0.05, "where": "per_device"}}],
+                         ids=["grad_mean", "loss_mean", "per-device clipping, by_size"])
+def test_tf_v1_accumulates_as_towers_do(_pool, parallel):
+    """The classic graph towers: each tower calls ``model_fn`` on its k micro-batches and averages their
+    ``compute_gradients`` (dropout masks and sample weights go with their rows)."""
+    case = make(MLP, **WEIGHTED, **{f"parallel__{k}": v for k, v in parallel.items()})
+    v1 = run_impl(case, "tf.v1")
+    assert_trajectories_close(v1, run_once(case, "tf.towers"), rtol=RTOL, atol=ATOL)
+    whole = run_impl(case.replace(**{"parallel.accumulate": 1}), "tf.v1")  # the premise: k matters here
+    result = compare_trajectories(v1, whole, rtol=RTOL, atol=ATOL)
+    assert not result.ok and result.mismatch.step == 1
+
+
+def test_tf_v1_captures_an_accumulated_step(_pool):
+    """Localisation's captured step on tf.v1 under accumulation: each tower's accumulated loss and gradient
+    and every layer's output over its k micro-batches, in row order, as tf.towers records them."""
+    case = make(MLP, **WEIGHTED)
+    ours = run_impl(dataclasses.replace(case, capture=1), "tf.v1")
+    theirs = run_impl(dataclasses.replace(case, capture=1), "tf.towers")
+    for key in ("device/x", "device/loss", "device/grad/0.kernel", "device/act/0", "device/act/2"):
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=RTOL, atol=ATOL, err_msg=key)
 
 
 # ---------------------------------------------------------------- k = 1, and no batch norm

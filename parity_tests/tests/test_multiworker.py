@@ -129,6 +129,31 @@ def test_two_workers_equal_mirrored_and_ddp_at_world_size_two(tmp_path):
     assert not np.allclose(recorded["param/0.kernel"][0], recorded["param/0.kernel"][-1], rtol=1e-6, atol=0)
 
 
+def test_two_workers_accumulate_micro_batches_as_mirrored_and_ddp(tmp_path):
+    """``parallel.accumulate: 2`` on two workers (each its own process): the same trajectory as ``tf.mirrored``
+    (the same ``replica_step`` loop, run by MultiWorkerMirroredStrategy) and ``torch.ddp`` (``no_sync``), and
+    not the trajectory without accumulation (the step's batch-norm-free update is the same mean in exact
+    arithmetic, so the premise is the trajectory itself: the workers did run the micro-batch loop)."""
+    case_path = _write_case(tmp_path, data={**CASE["data"], "global_batch": 8},
+                            parallel={**CASE["parallel"], "weighting": "equal", "accumulate": 2})
+    out = tmp_path / "run.npz"
+    ports = _free_ports(2)
+    case = load_case(case_path)
+    procs = [_start(ports, i, case_path, out, "--timeout", "300") for i in range(2)]
+    try:
+        mirrored = run_impl(case, "tf.mirrored")
+        ddp = run_impl(case, "torch.ddp")
+        outs = [p.communicate(timeout=500) for p in procs]
+    finally:
+        _reap(procs)
+    for i, (p, (_, stderr)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"worker {i}: {stderr[-2000:]}"
+    recorded = run_impl(case, f"recorded:{out}")
+    assert_trajectories_close(recorded, mirrored, rtol=RTOL, atol=ATOL)
+    assert_trajectories_close(recorded, ddp, rtol=RTOL, atol=ATOL)
+    assert not np.allclose(recorded["param/0.kernel"][0], recorded["param/0.kernel"][-1], rtol=1e-6, atol=0)
+
+
 def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
     case_path = _write_case(tmp_path, steps=3000)  # long enough to be killed mid-run (about 30 ms a step)
     ports = _free_ports(2)
