@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.contract.layouts import NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 
@@ -276,7 +277,7 @@ def _keras_slots(optimizer: Any, spec: Mapping[str, Any]) -> dict[str, list[Any]
     return {s: lists[table[s]] for s in wanted if table[s] in lists}
 
 
-class Run(RunBase):
+class Run(NamedLayouts, RunBase):
     """What a plugin gets: the case, its data and weights, where to run, and where to report.
 
     Attributes:
@@ -335,8 +336,8 @@ class Run(RunBase):
     _numpy = staticmethod(_numpy)  # tf.Tensor / tf.Variable -> numpy (the module function)
 
     # --------------------------------------------------------------- layouts
-    to_torch = staticmethod(to_torch)
-    to_tf = staticmethod(to_tf)
+    _rank_to_torch = staticmethod(to_torch)  # run.to_torch(a) / run.to_tf(a) by rank (RunBase: with name=, by layer)
+    _rank_to_tf = staticmethod(to_tf)
 
     # ------------------------------------------------------------- reporting
     def begin(self, params: Any, state: Any = None) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tests.contract.layouts import NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase
 from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
 from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy
@@ -294,7 +295,7 @@ def _torch_slot_keys(optimizer: torch.optim.Optimizer, spec: Mapping[str, Any]) 
     return None if plugins_only(spec) else _state_keys(optimizer, spec)
 
 
-class Run(RunBase):
+class Run(NamedLayouts, RunBase):
     """What a torch plugin gets (see the module docstring and docs/plugins.md).
 
     Attributes:
@@ -403,8 +404,8 @@ class Run(RunBase):
             yield x[rows], y[rows]
 
     _numpy = staticmethod(_numpy)  # torch tensors -> numpy (the module function)
-    to_torch = staticmethod(to_torch)
-    to_tf = staticmethod(to_tf)
+    _rank_to_torch = staticmethod(to_torch)  # run.to_torch(a) / run.to_tf(a) by rank (RunBase: with name=, by layer)
+    _rank_to_tf = staticmethod(to_tf)
 
     def begin(self, params: Any, state: Any = None) -> None:
         """Once, before the first step: the parameters (and state) as the code loaded them (TF layouts)."""
