@@ -1,6 +1,6 @@
 """Canonical parameters in torch's layouts, by name: what ``run.to_torch(a, name=...)`` converts with.
 
-The contract fixes TensorFlow's layouts for every canonical parameter (CONTRACT section 7); a torch
+The case contract fixes TensorFlow's layouts for every canonical parameter (docs/layers.md); a torch
 program holds each in its own class's layout. By rank alone (``run.to_torch(a)``) a 2-D array is
 transposed, which is right for a dense kernel and wrong for an embedding table; by name the layer the
 parameter belongs to decides (docs/plugins.md, "Layouts"). :class:`NamedLayouts` gives both plugin
