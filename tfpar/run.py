@@ -63,6 +63,7 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
     if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md)
         rec.add({f"device/{k}": v for k, v in trainer.captured.items()})
         rec.add({"device/step": np.asarray(capture)})
+        trainer.captured = None  # recorded (a large model's arrays spilled to files): not held twice
     return rec.finish()
 
 

@@ -431,8 +431,10 @@ def _run_builtin(impl: str, payload: Mapping[str, Any]) -> dict[str, Any]:
 
     import tfpar
 
-    payload = {**payload, "init": {k: np.asarray(v) for k, v in payload["init"].items()},
-               **{k: np.asarray(payload[k]) for k in ("x", "y") if k in payload}}
+    # the initial weights stay as they came (a large model's as RowRef s of the payload's file): every engine
+    # reads each one where it makes that variable (np.asarray), so the run never holds them all beside its
+    # variables (a float64 copy of the model, 0.24 GB at 29.5 M parameters)
+    payload = {**payload, **{k: np.asarray(payload[k]) for k in ("x", "y") if k in payload}}
     try:
         return {"trajectory": tfpar.run_case(payload, impl)}
     except tfpar.Unsupported as e:
