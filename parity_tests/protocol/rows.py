@@ -39,7 +39,7 @@ import numpy as np
 
 from parity_tests.protocol import settings
 
-__all__ = ["ensure_spill_root", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
+__all__ = ["ensure_spill_root", "Keeper", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
            "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_arrays", "spill_root", "spill_threshold",
            "to_file"]
 
@@ -397,6 +397,21 @@ def spill_arrays(arrays: Mapping[str, Any]) -> dict[str, Any]:
         out[k] = to_file(arrays[k])
         held -= sizes[k]
     return out
+
+
+class Keeper:
+    """Arrays handed over one at a time (a captured step as its engine copies it out of the framework): each kept
+    in memory while those kept hold at most :func:`spill_threshold` bytes together, else written to a file
+    (:func:`to_file`) at once, so the whole step is never in memory beside the framework's own copy."""
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def __call__(self, a: np.ndarray) -> np.ndarray | RowArray:
+        if a.ndim == 0 or self.held + a.nbytes <= spill_threshold():
+            self.held += a.nbytes
+            return a
+        return to_file(a)
 
 
 def remove_files(paths: Sequence[str]) -> None:
