@@ -321,6 +321,23 @@ def test_a_captured_step_spilled_is_the_captured_step_in_memory(pool, impl):
         assert np.asarray(here[key]).shape == np.asarray(spilled[key]).shape, key
 
 
+def test_payload_arrays_each_under_the_limit_go_by_file_once_together_they_pass_it(monkeypatch):
+    """A transformer's weights are a hundred arrays of a few MB: each under ``BY_FILE_BYTES``, together over it."""
+    from parity_tests.running import backends
+
+    payload = {"spec": {}, "init": {"a": np.arange(4.0), "b": np.ones(2)}, "x": np.zeros(1)}  # 32 + 16 + 8 bytes
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 56)  # exactly what they hold: nothing moves
+    out, files = backends.by_file(payload)
+    assert files == [] and out["init"]["a"] is payload["init"]["a"] and out["x"] is payload["x"]
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 55)  # one byte less: the largest moves, the rest (24) fits
+    out, files = backends.by_file(payload)
+    try:
+        assert isinstance(out["init"]["a"], rows.RowRef) and np.asarray(out["init"]["a"]).tolist() == [0, 1, 2, 3]
+        assert out["init"]["b"] is payload["init"]["b"] and out["x"] is payload["x"] and len(files) == 1
+    finally:
+        rows.remove_files(files)
+
+
 def test_a_bad_spill_threshold_in_the_environment_is_one_line_and_status_2(tmp_path):
     import json
     import subprocess
