@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import weakref
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,11 +185,19 @@ def _load_npz(base: Path | None, name: Any, path: str) -> dict[str, np.ndarray]:
         raise CaseError(path, f"a readable .npz file (numpy arrays, no pickles); {f.name} could not be read: {type(e).__name__}") from None
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
-    """An initial weight made read-only: every case made from this one (``Case.replace``: each dtype, mapping and
-    capture run of a comparison) shares it instead of copying it (0.24 GB a case at 29.5 M parameters)."""
-    a.flags.writeable = False
-    return a
+#: initial weights some case validated, by id: a case made from another (``Case.replace``: each dtype, mapping and
+#: capture run of a comparison) shares them instead of copying them (0.24 GB a case at 29.5 M parameters)
+_VALIDATED: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+
+def _weights(a: np.ndarray, path: str) -> np.ndarray:
+    """An initial weight checked and made float64 (:func:`_check_array`), or, when a case validated this very
+    array already, the array itself. Nothing writes a case's weights (engines copy them into their variables)."""
+    if _VALIDATED.get(id(a)) is a:
+        return a
+    out = _check_array(a, path)
+    _VALIDATED[id(out)] = out
+    return out
 
 
 def _check_array(a: np.ndarray, path: str, *, integer: bool = False) -> np.ndarray:
@@ -198,8 +207,7 @@ def _check_array(a: np.ndarray, path: str, *, integer: bool = False) -> np.ndarr
         return a.astype(np.int64)
     if a.dtype.kind not in "fiub":
         raise CaseError(path, "a numeric array", f"array of dtype {a.dtype}")
-    # a read-only float64 array is a case's own (_frozen) or the caller's that nobody writes: not copied
-    a = a if a.dtype == np.float64 and not a.flags.writeable else a.astype(np.float64)
+    a = a.astype(np.float64)
     if not np.all(np.isfinite(a)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
         raise CaseError(path, f"finite numbers (found {a[bad]} at index {bad})")
@@ -218,7 +226,7 @@ def _external_init(i: dict, base: Path | None, arrays: dict | None) -> tuple[dic
                                 ' list to draw weights for)', i)
     if not raw:
         raise CaseError("init.npz", "at least one array (the model's initial weights)")
-    out = {str(k): _frozen(_check_array(np.asarray(v), f"init[{k!r}]")) for k, v in raw.items()}
+    out = {str(k): _weights(np.asarray(v), f"init[{k!r}]") for k, v in raw.items()}
     n_values = sum(a.size for a in out.values())
     if n_values > MAX_PARAMETERS:
         raise CaseError("init", f"at most {MAX_PARAMETERS:,} parameter values in all (these weights have {n_values:,})")
@@ -280,7 +288,9 @@ def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None
         kind = choice(i.get("kind", "normal"), "init.kind", INIT_KINDS)
         stddev = number(i.get("stddev", 1.0), "init.stddev", lo=0.0, lo_open=True)
         spec = {"seed": seed, "kind": kind, "stddev": stddev}
-        return spec, {k: _frozen(v) if v.dtype == np.float64 else v for k, v in draw_init(specs, seed, kind, stddev).items()}
+        drawn = draw_init(specs, seed, kind, stddev)  # float64 and finite by construction
+        _VALIDATED.update({id(v): v for v in drawn.values()})
+        return spec, drawn
     else:
         raise CaseError("init", 'either {"npz": FILE} or {"seed": S, "kind": "normal"|"glorot_uniform"}', i)
     out = {}
@@ -290,7 +300,7 @@ def _init(i: Any, base: Path | None, specs: list[ParamSpec], arrays: dict | None
         a = np.asarray(raw[s.name])
         if tuple(a.shape) != s.shape:
             raise CaseError(f"init[{s.name!r}]", f"shape {list(s.shape)}", f"shape {list(a.shape)}")
-        out[s.name] = _frozen(_check_array(a, f"init[{s.name!r}]"))
+        out[s.name] = _weights(a, f"init[{s.name!r}]")
     extra = sorted(set(raw) - {s.name for s in specs})
     if extra:
         raise CaseError(f"init[{extra[0]!r}]", "only the model's parameters (" + ", ".join(s.name for s in specs) + ")")
