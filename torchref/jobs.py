@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.protocol.payload import check_payload
-from parity_tests.protocol.rows import RowList
+from parity_tests.protocol.rows import Keeper, RowList
 
 __all__ = ["JobRef", "job_ref", "merge_captures", "PRELOAD"]
 
@@ -70,12 +70,14 @@ def merge_captures(results: list[Any]) -> dict[str, np.ndarray]:
     for r in ranks[1:]:
         r.pop("step", None)
     out = {"device/step": step, "device/sizes": np.asarray([len(r["x"]) for r in ranks], np.int64)}
+    keep = Keeper()  # the joined arrays past the threshold together go to files, each as it is made
     for key in mine:
         vals = [r[key] for r in ranks]
         if key.startswith("combined/"):
             out[f"device/{key}"] = vals[0]
         else:
-            out[f"device/{key}"] = _joined(vals, concat=key == "x" or key.startswith("act/"))
+            joined = _joined(vals, concat=key == "x" or key.startswith("act/"))
+            out[f"device/{key}"] = keep(joined) if isinstance(joined, np.ndarray) else joined
     traj.update(out)
     return traj
 
