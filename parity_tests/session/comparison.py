@@ -675,14 +675,15 @@ def _up_to(case: Case, name: str, step: int) -> Case:
     and a built-in's step ``k`` does not depend on the steps after it: a schedule's rate is a
     function of ``k``, split data's step ``k`` reads rows ``[kB, (k+1)B)`` and the dropout masks
     are drawn row by row (``generators.dropout_masks``), so the first steps of the shorter case
-    are the longer one's, bit for bit (tests/test_stages.py). Not cut: a plugin's run (the user's
-    program may read the step count), a ``distributed_sampler`` dataset (its default size is
-    ``steps x B``), the combines whose devices draw an order over all steps (``async``), and a
-    case that does not validate shorter.
+    are the longer one's, bit for bit (tests/test_capture_builtins.py). Not cut: a plugin's run (the
+    user's program may read the step count), a ``distributed_sampler`` dataset (its default size is
+    ``steps x B``), the combines whose devices draw an order over all steps (``async``), a case of a
+    kind of its own (``_Reordered``: ``Case.replace`` makes a plain case) and a case that does not
+    validate shorter.
     """
     declared = registry.resolve(name, "impls")
-    if (declared.kind != "builtin" or step >= case.spec["steps"] or case.spec["data"].get("order", "split") != "split"
-            or case.spec["parallel"]["combine"] in LOCAL_COMBINES):
+    if (declared.kind != "builtin" or type(case) is not Case or step >= case.spec["steps"]
+            or case.spec["data"].get("order", "split") != "split" or case.spec["parallel"]["combine"] in LOCAL_COMBINES):
         return case
     try:
         return case.replace(steps=step)

@@ -198,3 +198,7 @@ def test_what_is_never_cut():
     assert _up_to(sampler, "torch.ddp", 1) is sampler  # its dataset's default size is steps x B
     asynchronous = make(MLP, **{**UNEVEN, "parallel__combine": "async"})
     assert _up_to(asynchronous, "tf.towers", 1) is asynchronous  # an order drawn over all steps
+    from parity_tests.session.comparison import _Reordered
+
+    reordered = _Reordered(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
+    assert _up_to(reordered, "tf.towers", 1) is reordered  # Case.replace would drop its row order
