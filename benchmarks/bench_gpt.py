@@ -189,7 +189,8 @@ def _rss() -> int:
 
 def profile(case_path: Path) -> None:
     """The compare in this process, its resident memory sampled every 0.2 s and labelled by the runs
-    in flight (TensorFlow's in this thread, torch's in the pool beside it); no runs: judging."""
+    in flight, one after another (a runner of its own: no torch run beside a TensorFlow one); no runs: judging.
+    Each run's time is printed after it."""
     import threading
 
     from parity_tests.contract.case import load_case
@@ -206,14 +207,16 @@ def profile(case_path: Path) -> None:
             peaks[label] = max(peaks.get(label, 0), _rss())
 
     def runner(c, impl):
-        same = {k: v for k, v in c.spec.items() if k != "dtype"} == {k: v for k, v in case.spec.items() if k != "dtype"}
-        label = f"{impl}@{c.spec['dtype']}" + ("" if same else " mapped")
+        mapped = any(c.spec[k] != case.spec[k] for k in ("model", "optimizer", "parallel"))
+        label = f"{impl}@{c.spec['dtype']}" + (" mapped" if mapped else "") + (
+            f" capture step {c.capture} of {c.spec['steps']}" if c.capture else "")
         active.append(label)
+        t0 = time.perf_counter()
         try:
             return run_impl(c, impl)
         finally:
             active.remove(label)
-            print(f"  after {label}: resident {_rss() / 1e9:.2f} GB", flush=True)
+            print(f"  after {label} ({time.perf_counter() - t0:.1f} s): resident {_rss() / 1e9:.2f} GB", flush=True)
 
     case = load_case(case_path)
     print(f"  case loaded: resident {_rss() / 1e9:.2f} GB", flush=True)

@@ -53,16 +53,20 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
     rec = Recorder(trainer.values(), {k: v.numpy() for k, v in state.items()})  # rows spill when large
     for k in range(steps):
         loss, g = trainer.step(*batches(k), capture=capture == k + 1)
+        if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md),
+            # recorded at once: a large model's go to files now instead of being held through the later steps
+            rec.add({f"device/{key}": v for key, v in trainer.captured.items()})
+            rec.add({"device/step": np.asarray(capture)})
+            trainer.captured = None
         rec.loss(loss)
-        for name, value in trainer.values().items():
-            rec.param(name, value)
-            rec.grad(name, g[name])
+        # one parameter at a time, each copy let go once recorded (a large model's rows go to files as they
+        # come): never the model's values and gradients all at once beside the trainer's own
+        for name, variable in zip(trainer.names, trainer.variables, strict=True):
+            rec.param(name, variable.numpy())
+            rec.grad(name, g.pop(name))
         rec.states((name, v.numpy()) for name, v in state.items())
         if progress:
             progress(k + 1)
-    if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md)
-        rec.add({f"device/{k}": v for k, v in trainer.captured.items()})
-        rec.add({"device/step": np.asarray(capture)})
     return rec.finish()
 
 

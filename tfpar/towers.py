@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.protocol.rows import Keeper
+
 from .combine import average_gradients, combine_losses, tower_weights
 from .models import recording_activations
 from .optimizers import GradientClip, Optimizer
@@ -338,6 +340,8 @@ class TowerTrainer:
             act/<layer> [B, ...] (each layer's output), grad/<name> [N, ...] (d l_r / d param,
             before clipping and weighting), clipped/<name> [N, ...] (per_device clipping),
             combined/<name> [...] (the combined gradient before after_combine clipping)
+
+        numpy arrays, or past the spill threshold :class:`~parity_tests.protocol.rows.RowArray` s (files).
         """
         if extra and self.towers_fn is None:
             raise ValueError("per-example extras (dropout masks) need a towers_fn")
@@ -346,12 +350,19 @@ class TowerTrainer:
         if capture:
             loss, grads, cap = self._capture_step(x, y, extra)
             sizes = shard_sizes(int(x.shape[0]), len(self.devices), self.shard)
-            out = {"x": cap["x"].numpy(), "sizes": np.asarray(sizes, np.int64), "loss": cap["loss"].numpy()}
-            out.update({f"act/{i}": h.numpy() for i, h in cap["acts"].items()})
+            # each tensor let go as its copy is made: the captured step is N + 2 copies of the model, not held
+            # twice, and past the spill threshold each copy goes to a file as it is made (protocol.rows.Keeper)
+            keep = Keeper()
+            out = {"x": keep(cap.pop("x").numpy()), "sizes": np.asarray(sizes, np.int64), "loss": keep(cap.pop("loss").numpy())}
+            acts = cap.pop("acts")
+            out.update({f"act/{i}": keep(acts.pop(i).numpy()) for i in list(acts)})
             for key, prefix in (("grads", "grad"), ("clipped", "clipped")):
                 if key in cap:
-                    out.update({f"{prefix}/{k}": g.numpy() for k, g in zip(self.names, cap[key], strict=True)})
-            out.update({f"combined/{k}": tf.convert_to_tensor(g).numpy() for k, g in zip(self.names, cap["combined"], strict=True)})
+                    stacked = cap.pop(key)
+                    out.update({f"{prefix}/{k}": keep(stacked.pop(0).numpy()) for k in self.names})
+            out.update({f"combined/{k}": keep(tf.convert_to_tensor(g).numpy())
+                        for k, g in zip(self.names, cap["combined"], strict=True)})
+            del cap
             self.captured = out
         else:
             loss, grads = self._step(x, y, extra)

@@ -38,7 +38,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parity_tests.protocol.recorder import Recorder
-from parity_tests.protocol.rows import set_spill_threshold, spill_threshold
+from parity_tests.protocol.rows import set_spill_threshold, spill_arrays, spill_threshold
 from parity_tests.protocol.shards import shard_rows
 
 from . import tokens
@@ -295,8 +295,8 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
             rec.states(_snapshot(model.state()))
         ctx.beat()  # a step done: the parent's timeout counts from here (torchref.pool)
     device = _flat_capture(cap) if cap else None
-    if r != 0:
-        return None if device is None else {"device": device}
+    if r != 0:  # a large model's captured arrays travel as spill files (rank 0's go through rec.add)
+        return None if device is None else {"device": spill_arrays(device)}
     rec.add({f"device/{k}": v for k, v in (device or {}).items()})
     rec.add(exported(opt, named, payload))  # lockstep: the optimizer state after the run
     return rec.finish()

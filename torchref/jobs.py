@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.protocol.payload import check_payload
+from parity_tests.protocol.rows import Keeper, RowList
 
 __all__ = ["JobRef", "job_ref", "merge_captures", "PRELOAD"]
 
@@ -69,13 +70,30 @@ def merge_captures(results: list[Any]) -> dict[str, np.ndarray]:
     for r in ranks[1:]:
         r.pop("step", None)
     out = {"device/step": step, "device/sizes": np.asarray([len(r["x"]) for r in ranks], np.int64)}
+    keep = Keeper()  # the joined arrays past the threshold together go to files, each as it is made
     for key in mine:
         vals = [r[key] for r in ranks]
-        if key == "x" or key.startswith("act/"):
-            out[f"device/{key}"] = np.concatenate(vals, axis=0)
-        elif key.startswith("combined/"):
+        if key.startswith("combined/"):
             out[f"device/{key}"] = vals[0]
         else:
-            out[f"device/{key}"] = np.stack(vals)
+            joined = _joined(vals, concat=key == "x" or key.startswith("act/"))
+            out[f"device/{key}"] = keep(joined) if isinstance(joined, np.ndarray) else joined
     traj.update(out)
     return traj
+
+
+def _joined(vals: list[Any], *, concat: bool) -> Any:
+    """The ranks' arrays concatenated (``concat``) or stacked along a new first axis.
+
+    In memory when they came in memory; when a rank spilled its arrays (a large model's,
+    ``protocol.rows.spill_arrays``) they are joined row by row into a
+    :class:`~parity_tests.protocol.rows.RowList`, which spills past the threshold as a run's rows do:
+    the same bytes, never all the ranks' arrays in memory at once.
+    """
+    if all(isinstance(v, np.ndarray) for v in vals):
+        return np.concatenate(vals, axis=0) if concat else np.stack(vals)
+    rows = RowList()
+    for v in vals:
+        for row in (v if concat else [v]):  # a RowArray yields its rows, read one at a time
+            rows.append(np.asarray(row))
+    return rows.finish()

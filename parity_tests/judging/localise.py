@@ -35,7 +35,7 @@ compared.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -319,6 +319,33 @@ def with_layer(where: Mapping[str, Any] | None, spec: Mapping[str, Any] | None) 
     return {**where, "layer": said} if said else where
 
 
+class _Captured(Mapping):
+    """A trajectory's ``device/...`` arrays by their name without the prefix, each read when asked for.
+
+    A large model's captured step is N + 2 copies of it, spilled to files
+    (``protocol.rows.spill_arrays``): the chain reads one or two arrays at a time instead of all of them.
+    """
+
+    def __init__(self, traj: Mapping[str, Any]) -> None:
+        self._traj = traj
+        self._keys = [k[len("device/"):] for k in traj if k.startswith("device/")]
+        self._known = set(self._keys)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._known:
+            raise KeyError(key)
+        return np.asarray(self._traj[f"device/{key}"])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._known
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: float,
                 spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The stages of one captured step, each judged against ``bound``, and the first one that breaks.
@@ -336,8 +363,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         captured stage agrees, plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
         the greatest gap of every stage compared, in step order.
     """
-    da = {k[len("device/"):]: np.asarray(v) for k, v in a.items() if k.startswith("device/")}
-    db = {k[len("device/"):]: np.asarray(v) for k, v in b.items() if k.startswith("device/")}
+    da, db = _Captured(a), _Captured(b)
     if not da or not db:
         return None
     chain: list[dict[str, Any]] = []
@@ -458,7 +484,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
     gb = {p: np.asarray(b[f"grad/{p}"][k]) for p in applied}
 
     def combined(d: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        rec = {q[len("combined/"):]: v for q, v in d.items() if q.startswith("combined/")}
+        rec = {q[len("combined/"):]: d[q] for q in d if q.startswith("combined/")}
         return rec or (dict(g) if g and (spec is not None and not has_clip) else None)
 
     ca, cb = combined(da, ga), combined(db, gb)

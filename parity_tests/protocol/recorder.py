@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.protocol.rows import RowList, finish
+from parity_tests.protocol.rows import RowList, finish, spill_arrays
 from parity_tests.protocol.trajectory import Trajectory
 
 __all__ = ["Recorder"]
@@ -79,8 +79,14 @@ class Recorder:
             self._states[name].append(value)
 
     def add(self, arrays: Mapping[str, Any]) -> None:
-        """Arrays beside the history: ``device/...`` (a captured step), ``opt/...`` (optimizer state)."""
+        """Arrays beside the history: ``device/...`` (a captured step), ``opt/...`` (optimizer state).
+
+        A captured step's arrays go to spill files past the threshold, as rows do
+        (:func:`~parity_tests.protocol.rows.spill_arrays`): N + 2 copies of a large model.
+        """
+        device = {k: v for k, v in arrays.items() if k.startswith("device/")}
         self._extra.update(arrays)
+        self._extra.update(spill_arrays(device) if device else {})
 
     def finding(self, line: str) -> None:
         """Something the run found of itself (replicas out of sync): the judge makes it a divergence."""

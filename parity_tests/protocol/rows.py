@@ -31,7 +31,7 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,9 @@ import numpy as np
 
 from parity_tests.protocol import settings
 
-__all__ = ["ensure_spill_root", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
-           "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_root", "spill_threshold"]
+__all__ = ["ensure_spill_root", "Keeper", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
+           "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_arrays", "spill_root", "spill_threshold",
+           "to_file"]
 
 # rows read at a time by the chunked readers, bounded in elements: a chunk of a large array is
 # one row or a few (32 MB in float64), a small array is one chunk
@@ -356,6 +357,61 @@ class RowStore:
             self._file.close()
             self._file = None
         return [self.path] if self.path else []
+
+
+def to_file(a: Any) -> RowArray:
+    """``a`` (``[rows, ...]``) written to a spill file row by row: its :class:`RowArray` (the same bytes).
+
+    Nothing half-written stays: a write that fails removes the file.
+    """
+    a = np.asarray(a)
+    if a.ndim == 0:
+        raise ValueError("a spilled array needs a first axis (rows); got a scalar")
+    path = str(spill_root() / f"{os.getpid()}-{uuid.uuid4().hex}.rows")
+    norms, finite = np.empty(len(a)), np.empty(len(a), bool)
+    try:
+        with open(path, "wb") as f:
+            for i, row in enumerate(a):
+                norms[i], finite[i] = _stats(row)
+                f.write(np.ascontiguousarray(row).tobytes())
+    except BaseException:
+        _unlink(path)
+        raise
+    return RowArray(path, a.dtype, a.shape[1:], norms, finite)
+
+
+def spill_arrays(arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """``arrays`` with its largest numpy arrays moved to files (:func:`to_file`) until the rest hold at most
+    :func:`spill_threshold` bytes; under it, ``arrays`` as they are.
+
+    For what a run records beside its rows in one piece: a captured step's per-device values
+    (``device/...``: every device's gradients, the combined gradient, every layer's output) are
+    N + 2 copies of the model, which a process would otherwise hold, and pickle, whole.
+    """
+    sizes = {k: v.nbytes for k, v in arrays.items() if isinstance(v, np.ndarray) and v.ndim >= 1}
+    held = sum(sizes.values())
+    out = dict(arrays)
+    for k in sorted(sizes, key=lambda k: -sizes[k]):  # the largest first: fewest files
+        if held <= spill_threshold():
+            break
+        out[k] = to_file(arrays[k])
+        held -= sizes[k]
+    return out
+
+
+class Keeper:
+    """Arrays handed over one at a time (a captured step as its engine copies it out of the framework): each kept
+    in memory while those kept hold at most :func:`spill_threshold` bytes together, else written to a file
+    (:func:`to_file`) at once, so the whole step is never in memory beside the framework's own copy."""
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def __call__(self, a: np.ndarray) -> np.ndarray | RowArray:
+        if a.ndim == 0 or self.held + a.nbytes <= spill_threshold():
+            self.held += a.nbytes
+            return a
+        return to_file(a)
 
 
 def remove_files(paths: Sequence[str]) -> None:

@@ -62,3 +62,22 @@ def test_an_isolated_capture_run_records_what_the_in_process_one_does(monkeypatc
     assert any(key.startswith("device/") for key in here)  # the premise: the captured step's per-device values
     monkeypatch.setattr(builtins, "ISOLATE_PARAMETERS", 1)
     _same(here, run_impl(case, "tf.towers"))
+
+
+def test_an_isolated_run_reads_its_initial_weights_from_the_payload_file_and_sends_its_capture_as_files(monkeypatch):
+    """The child keeps the initial weights as the payload's file (each read where its variable is made, never all
+    beside the variables) and sends a captured step as spill files, not pickled whole: the same trajectory."""
+    from parity_tests.protocol import rows
+    from parity_tests.running import backends
+
+    case = dataclasses.replace(make(CNN, steps=2, parallel__devices=2), capture=1)
+    here = run_impl(case, "tf.towers")
+    monkeypatch.setattr(builtins, "ISOLATE_PARAMETERS", 1)
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 0)  # every initial weight by file
+    old = rows.set_spill_threshold(0)
+    try:
+        there = run_impl(case, "tf.towers")
+    finally:
+        rows.set_spill_threshold(old)
+    assert isinstance(there["device/grad/0.kernel"], rows.RowArray)
+    _same(here, there)

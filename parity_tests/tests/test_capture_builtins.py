@@ -163,3 +163,42 @@ def test_lockstep_names_the_stage_and_device_of_a_late_bug(monkeypatch):
     # without the chain the recorded channels say only "loss" (the combined loss and gradient differ), no device
     plain = ls.lockstep_compare(case, ["tf.towers", "tf.mirrored"], free=False, stages=False).pairs[0].localisation
     assert (plain["first_bad_step"], plain["stage"], plain["device"]) == (BUG, "loss", None) and "chain" not in plain
+
+
+# dropout masks and a warm-up schedule: what a case cut shorter could draw or rate otherwise
+CUT = {"steps": 3, "parallel__devices": 2, "dtype": "float64", "parallel__batch_norm": "local",
+       "optimizer": {**SGD, "schedule": {"kind": "warmup_linear", "warmup_steps": 3}}}
+
+
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.mirrored", "tf.v1", "tf.single", "torch.ddp", "torch.single"])
+def test_a_capture_run_cut_after_its_step_captures_what_the_whole_run_does(pool, impl):
+    """The localisation's capture run of a built-in stops after the captured step (``comparison._up_to``): its
+    per-device values and the rows up to that step are the whole run's, bit for bit."""
+    from parity_tests.session.comparison import _up_to
+
+    case = make(CNN, **{**CUT, "optimizer": SGD}) if impl == "tf.v1" else make(CNN, **CUT)  # tf.v1: no schedules
+    cut = _up_to(case, impl, 2)
+    assert cut.spec["steps"] == 2 and any(v.any() for v in cut.payload()["masks"].values())  # the premise
+    whole = run_impl(dataclasses.replace(case, capture=2), impl)
+    short = run_impl(dataclasses.replace(cut, capture=2), impl)
+    assert {k for k in whole if k.startswith("device/")} == {k for k in short if k.startswith("device/")} != set()
+    for k, v in short.items():
+        ours = np.asarray(whole[k])
+        ours = ours if k.startswith("device/") else ours[: len(v)]
+        np.testing.assert_array_equal(ours, np.asarray(v), err_msg=k)
+
+
+def test_what_is_never_cut():
+    from parity_tests.session.comparison import _up_to
+
+    case = make(MLP, **UNEVEN)  # 2 steps
+    assert _up_to(case, "tf.towers", 1).spec["steps"] == 1
+    assert _up_to(case, "tf.towers", 2) is case  # the last step: nothing to cut
+    sampler = make(MLP, **{**UNEVEN, "data__global_batch": 16}, data__order="distributed_sampler", parallel__shard="strided")
+    assert _up_to(sampler, "torch.ddp", 1) is sampler  # its dataset's default size is steps x B
+    asynchronous = make(MLP, **{**UNEVEN, "parallel__combine": "async"})
+    assert _up_to(asynchronous, "tf.towers", 1) is asynchronous  # an order drawn over all steps
+    from parity_tests.session.comparison import _Reordered
+
+    reordered = _Reordered(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
+    assert _up_to(reordered, "tf.towers", 1) is reordered  # Case.replace would drop its row order

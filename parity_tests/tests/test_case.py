@@ -177,3 +177,18 @@ def test_sum_weighting_is_for_a_sum_reduction_on_the_synchronous_paths(changes, 
         make(MLP, **changes)
     assert e.value.field == field
     assert make(MLP, parallel__weighting="sum", model__reduction="sum").spec["parallel"]["weighting"] == "sum"
+
+
+def test_a_case_made_from_another_shares_its_initial_weights_and_a_callers_are_copied():
+    """A comparison makes a case per dtype, mapping and capture run (``Case.replace``): at 29.5 M parameters a copy
+    of the weights is 0.24 GB each, so they are shared. Weights a caller hands over are copied (the caller may
+    change them afterwards), and stay writable (a plugin's ``run.init`` may be handed to ``torch.from_numpy``)."""
+    case = make(MLP, steps=2)
+    other = case.replace(dtype="float64", steps=1)
+    assert all(other.init[k] is case.init[k] for k in case.init)
+    assert all(other.replace(dtype="float32").init[k] is case.init[k] for k in case.init)
+    mine = {k: np.array(v) for k, v in case.init.items()}  # the caller's
+    raw = dict(case.spec, init={"arrays": True}, data={"arrays": True, "global_batch": case.spec["data"]["global_batch"]})
+    copied = case_from_dict(raw, x=case.x, y=case.y, init=mine)
+    assert all(copied.init[k] is not mine[k] and np.array_equal(copied.init[k], mine[k]) for k in mine)
+    assert all(v.flags.writeable for v in copied.init.values()) and all(v.flags.writeable for v in case.init.values())

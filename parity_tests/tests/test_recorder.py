@@ -58,3 +58,22 @@ def test_a_large_history_spills_to_a_file():
         rows.set_spill_threshold(old)
     assert isinstance(traj["param/w"], rows.RowArray)
     np.testing.assert_array_equal(np.asarray(traj["param/w"]), [np.zeros(4), np.ones(4)])
+
+
+def test_a_captured_step_past_the_threshold_goes_to_files_and_nothing_else_beside_the_rows_does():
+    """A captured step (``device/...``) is N + 2 copies of the model: past the threshold it is spilled like rows
+    (so a child or a rank sends file names, not the arrays); the optimizer state and scalars stay as given."""
+    captured = {"device/grad/w": np.arange(8.0).reshape(2, 4), "device/step": np.asarray(1)}
+    below = Recorder({"w": np.zeros(4)})
+    below.add(captured)
+    assert below.finish()["device/grad/w"] is captured["device/grad/w"]  # under the default threshold: as given
+    old = rows.set_spill_threshold(0)
+    try:
+        rec = Recorder({"w": np.zeros(4)})
+        rec.add({**captured, "opt/m/w": np.ones(4)})
+        traj = rec.finish()
+    finally:
+        rows.set_spill_threshold(old)
+    assert isinstance(traj["device/grad/w"], rows.RowArray)
+    assert np.asarray(traj["device/grad/w"]).tobytes() == captured["device/grad/w"].tobytes()
+    assert isinstance(traj["device/step"], np.ndarray) and isinstance(traj["opt/m/w"], np.ndarray)

@@ -266,6 +266,102 @@ def test_large_payload_arrays_reach_the_workers_as_a_file_with_the_same_result(p
         assert np.array_equal(np.asarray(piped[k]), np.asarray(by_file[k])), k
 
 
+def test_spill_arrays_moves_the_largest_arrays_until_the_rest_fit_and_keeps_their_bytes():
+    a = {"big": np.arange(12.0).reshape(3, 4), "small": np.arange(2.0), "step": np.asarray(1)}  # 96 + 16 (+ 8) bytes
+    old = rows.set_spill_threshold(112)  # exactly what the arrays with rows hold: nothing moves
+    try:
+        at = rows.spill_arrays(a)
+        rows.set_spill_threshold(111)  # one byte less: the largest moves, the rest (16) fits
+        over = rows.spill_arrays(a)
+        rows.set_spill_threshold(0)
+        everything = rows.spill_arrays(a)
+    finally:
+        rows.set_spill_threshold(old)
+    assert all(at[k] is a[k] for k in a)
+    assert isinstance(over["big"], rows.RowArray) and over["small"] is a["small"] and over["step"] is a["step"]
+    assert over["big"].shape == (3, 4) and over["big"].dtype == np.float64
+    assert np.asarray(over["big"]).tobytes() == a["big"].tobytes()
+    assert over["big"].norms.tolist() == [3.0, 7.0, 11.0] and over["big"].finite.all()
+    assert isinstance(everything["small"], rows.RowArray) and everything["step"] is a["step"]  # a scalar has no rows
+
+
+def test_a_spill_that_fails_half_way_leaves_no_file(spill_everything, monkeypatch):
+    before = set(os.listdir(rows.spill_root()))
+    real = rows._stats
+    calls = []
+
+    def fail_second(row):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(row)
+
+    monkeypatch.setattr(rows, "_stats", fail_second)
+    with pytest.raises(OSError, match="disk full"):
+        rows.to_file(np.ones((3, 2)))
+    assert set(os.listdir(rows.spill_root())) == before
+
+
+@pytest.mark.parametrize("impl", ["torch.ddp", "tf.towers"])
+def test_a_captured_step_spilled_is_the_captured_step_in_memory(pool, impl):
+    """Every rank spills its captured arrays and the parent joins them row by row into files
+    (``torchref.jobs.merge_captures``); TensorFlow's capture goes to files as it is recorded."""
+    case = dataclasses.replace(make(MLP, steps=2, parallel__devices=2), capture=2)
+    here = run_impl(case, impl)
+    old = rows.set_spill_threshold(0)
+    try:
+        spilled = run_impl(case, impl)
+    finally:
+        rows.set_spill_threshold(old)
+    for key in ("device/x", "device/grad/0.kernel", "device/combined/0.kernel"):  # concatenated, stacked, rank 0's
+        assert isinstance(spilled[key], rows.RowArray), key
+    assert sorted(here) == sorted(spilled)
+    for key in here:
+        assert np.asarray(here[key]).tobytes() == np.asarray(spilled[key]).tobytes(), key
+        assert np.asarray(here[key]).shape == np.asarray(spilled[key]).shape, key
+
+
+def test_payload_arrays_each_under_the_limit_go_by_file_once_together_they_pass_it(monkeypatch):
+    """A transformer's weights are a hundred arrays of a few MB: each under ``BY_FILE_BYTES``, together over it."""
+    from parity_tests.running import backends
+
+    payload = {"spec": {}, "init": {"a": np.arange(4.0), "b": np.ones(2)}, "x": np.zeros(1)}  # 32 + 16 + 8 bytes
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 56)  # exactly what they hold: nothing moves
+    out, files = backends.by_file(payload)
+    assert files == [] and out["init"]["a"] is payload["init"]["a"] and out["x"] is payload["x"]
+    monkeypatch.setattr(backends, "BY_FILE_BYTES", 55)  # one byte less: the largest moves, the rest (24) fits
+    out, files = backends.by_file(payload)
+    try:
+        assert isinstance(out["init"]["a"], rows.RowRef) and np.asarray(out["init"]["a"]).tolist() == [0, 1, 2, 3]
+        assert out["init"]["b"] is payload["init"]["b"] and out["x"] is payload["x"] and len(files) == 1
+    finally:
+        rows.remove_files(files)
+
+
+def test_merged_captures_each_under_the_threshold_go_to_files_once_together_they_pass_it():
+    """The ranks' captured arrays joined in the parent: a GPT's are a hundred arrays of a few MB, each under the
+    threshold, together 0.9 GB at 29.5 M parameters (all of them stayed in memory)."""
+    from torchref.jobs import merge_captures
+
+    def rank(r):
+        return {"x": np.full((2, 3), r, float), "loss": np.asarray(1.0 + r), "grad/a": np.full(4, r, float),
+                "grad/b": np.full(4, r + 2, float)}
+
+    results = [{"loss": np.zeros(1), **{f"device/{k}": v for k, v in rank(0).items()}, "device/step": np.asarray(1)},
+               {"device": rank(1)}]
+    old = rows.set_spill_threshold(150)  # x joined is 96 bytes, the losses 16, each gradient 64: the gradients pass it
+    try:
+        merged = merge_captures([dict(r) for r in results])
+    finally:
+        rows.set_spill_threshold(old)
+    assert isinstance(merged["device/x"], np.ndarray) and isinstance(merged["device/loss"], np.ndarray)
+    assert isinstance(merged["device/grad/a"], rows.RowArray) and isinstance(merged["device/grad/b"], rows.RowArray)
+    in_memory = merge_captures([dict(r) for r in results])  # the default threshold: nothing moves
+    assert all(isinstance(v, np.ndarray) for v in in_memory.values())
+    for k, v in in_memory.items():
+        assert np.asarray(merged[k]).tobytes() == v.tobytes() and np.asarray(merged[k]).shape == v.shape, k
+
+
 def test_a_bad_spill_threshold_in_the_environment_is_one_line_and_status_2(tmp_path):
     import json
     import subprocess
