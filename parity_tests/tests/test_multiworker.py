@@ -23,7 +23,7 @@ import pytest
 
 from parity_tests.cli import main as tfpar_main
 from parity_tests.contract.case import load_case
-from parity_tests.judging.compare import assert_trajectories_close
+from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.running.harness import run_impl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,21 +99,26 @@ def _reap(procs: list[subprocess.Popen]) -> None:
         p.wait(timeout=30)
 
 
-def test_two_workers_equal_mirrored_and_ddp_at_world_size_two(tmp_path):
-    case_path = _write_case(tmp_path)
-    out = tmp_path / "run.npz"
+def _two_workers_beside(tmp_path: Path, case_path: Path, *references: str) -> tuple[list[int], list, dict]:
+    """Run ``case_path`` on two workers (``run.npz`` in ``tmp_path``) while ``references`` run here; every worker
+    must exit 0. Returns the ports, the workers' ``(stdout, stderr)`` and the references' trajectories."""
     ports = _free_ports(2)
     case = load_case(case_path)
-    procs = [_start(ports, i, case_path, out, "--timeout", "300") for i in range(2)]
+    procs = [_start(ports, i, case_path, tmp_path / "run.npz", "--timeout", "300") for i in range(2)]
     try:
         # the references run here while the workers start (TensorFlow's start-up dominates both)
-        mirrored = run_impl(case, "tf.mirrored")
-        ddp = run_impl(case, "torch.ddp")
+        refs = {impl: run_impl(case, impl) for impl in references}
         outs = [p.communicate(timeout=500) for p in procs]
     finally:
         _reap(procs)
     for i, (p, (_, stderr)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"worker {i}: {stderr[-2000:]}"
+    return ports, outs, refs
+
+
+def test_two_workers_equal_mirrored_and_ddp_at_world_size_two(tmp_path):
+    case_path = _write_case(tmp_path)
+    ports, outs, refs = _two_workers_beside(tmp_path, case_path, "tf.mirrored", "torch.ddp")
     assert "the chief writes run.npz" in outs[1][0]
     # the chief wrote the trajectory and the manifest tfpar run writes, naming the cluster
     manifest = json.loads((tmp_path / "run.manifest.json").read_text())
@@ -122,36 +127,30 @@ def test_two_workers_equal_mirrored_and_ddp_at_world_size_two(tmp_path):
                                    "local_devices": 1, "replicas": 2}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["case.json", "run.manifest.json", "run.npz"]
 
-    recorded = run_impl(case, f"recorded:{out}")
-    assert_trajectories_close(recorded, mirrored, rtol=RTOL, atol=ATOL)
-    assert_trajectories_close(recorded, ddp, rtol=RTOL, atol=ATOL)
+    recorded = run_impl(load_case(case_path), f"recorded:{tmp_path / 'run.npz'}")
+    assert_trajectories_close(recorded, refs["tf.mirrored"], rtol=RTOL, atol=ATOL)
+    assert_trajectories_close(recorded, refs["torch.ddp"], rtol=RTOL, atol=ATOL)
     # the parameters moved: equality above is not two untouched initialisations
     assert not np.allclose(recorded["param/0.kernel"][0], recorded["param/0.kernel"][-1], rtol=1e-6, atol=0)
 
 
 def test_two_workers_accumulate_micro_batches_as_mirrored_and_ddp(tmp_path):
     """``parallel.accumulate: 2`` on two workers (each its own process): the same trajectory as ``tf.mirrored``
-    (the same ``replica_step`` loop, run by MultiWorkerMirroredStrategy) and ``torch.ddp`` (``no_sync``), and
-    not the trajectory without accumulation (the step's batch-norm-free update is the same mean in exact
-    arithmetic, so the premise is the trajectory itself: the workers did run the micro-batch loop)."""
-    case_path = _write_case(tmp_path, data={**CASE["data"], "global_batch": 8},
+    (the same ``replica_step`` loop, run by MultiWorkerMirroredStrategy) and ``torch.ddp`` (``no_sync``). The
+    loss is sample-weighted under torch's rule (``sum v l / sum v`` per micro-batch), so the micro-batches'
+    mean is not the whole shard's: workers that ignored ``accumulate`` would differ from step 1."""
+    case_path = _write_case(tmp_path, data={**CASE["data"], "global_batch": 8,
+                                            "sample_weights": {"seed": 4, "low": 0.5, "high": 2.0}},
+                            model={**CASE["model"], "loss_semantics": "torch"},
                             parallel={**CASE["parallel"], "weighting": "equal", "accumulate": 2})
-    out = tmp_path / "run.npz"
-    ports = _free_ports(2)
+    _, _, refs = _two_workers_beside(tmp_path, case_path, "tf.mirrored", "torch.ddp")
     case = load_case(case_path)
-    procs = [_start(ports, i, case_path, out, "--timeout", "300") for i in range(2)]
-    try:
-        mirrored = run_impl(case, "tf.mirrored")
-        ddp = run_impl(case, "torch.ddp")
-        outs = [p.communicate(timeout=500) for p in procs]
-    finally:
-        _reap(procs)
-    for i, (p, (_, stderr)) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"worker {i}: {stderr[-2000:]}"
-    recorded = run_impl(case, f"recorded:{out}")
-    assert_trajectories_close(recorded, mirrored, rtol=RTOL, atol=ATOL)
-    assert_trajectories_close(recorded, ddp, rtol=RTOL, atol=ATOL)
-    assert not np.allclose(recorded["param/0.kernel"][0], recorded["param/0.kernel"][-1], rtol=1e-6, atol=0)
+    recorded = run_impl(case, f"recorded:{tmp_path / 'run.npz'}")
+    assert_trajectories_close(recorded, refs["tf.mirrored"], rtol=RTOL, atol=ATOL)
+    assert_trajectories_close(recorded, refs["torch.ddp"], rtol=RTOL, atol=ATOL)
+    whole = run_impl(case.replace(**{"parallel.accumulate": 1}), "tf.mirrored")  # the premise: k matters here
+    result = compare_trajectories(recorded, whole, rtol=RTOL, atol=ATOL)
+    assert not result.ok and result.mismatch.step == 1
 
 
 def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
