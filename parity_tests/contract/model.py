@@ -60,7 +60,7 @@ See ``docs/layers.md`` for the formulas.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from parity_tests.contract import tokens
@@ -72,6 +72,7 @@ from parity_tests.protocol.vocabulary import ARCHITECTURE_TYPES, LAYER_TYPES
 
 __all__ = [
     "nested_layers",
+    "rewrite_layers",
     "validate_external_model",
     "is_external",
     "LAYER_TYPES",
@@ -587,3 +588,16 @@ def nested_layers(layers: list[dict], path: tuple = ()) -> Iterator[tuple[tuple,
         yield here, layer
         for field in ("body", "shortcut"):
             yield from nested_layers(layer.get(field) or [], (*here, field))
+
+
+def rewrite_layers(layers: list[dict], change: Callable[[dict], dict]) -> list[dict]:
+    """A copy of ``layers`` with ``change`` applied to a copy of every layer, nested bodies and shortcuts
+    included (``change`` returns the layer to keep; the original list is untouched)."""
+    out = []
+    for layer in layers:
+        layer = change(dict(layer))
+        for field in ("body", "shortcut"):
+            if field in layer:
+                layer[field] = rewrite_layers(layer[field], change)
+        out.append(layer)
+    return out

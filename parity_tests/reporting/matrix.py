@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from parity_tests.contract.case import Case, case_from_dict, with_changes
+from parity_tests.contract.model import rewrite_layers
 from parity_tests.protocol.atomic import atomic_write_text
 from parity_tests.reporting.architectures import case as arch_case
 from parity_tests.reporting.architectures import gpt, resnet_cifar_a, resnet_cifar_b, vit
@@ -136,22 +137,16 @@ def mapped(raw: dict, semantics: str = "torch") -> dict:
     """``raw`` with every framework difference mapped to one framework's convention: each layer and
     the optimizer get ``semantics`` (batch norm's moving variance, GELU constants, the attention
     scale, the optimizer's update rule) and an embedding the dense gradient (``gradient: dense``)."""
-    def walk(layers: list[dict]) -> list[dict]:
-        out = []
-        for layer in layers:
-            layer = dict(layer)
-            if layer["type"] in ("batch_norm", "attention") or (
-                    layer["type"] in ("dense", "activation") and str(layer.get("activation", layer.get("fn"))).startswith("gelu")):
-                layer["semantics"] = semantics
-            if layer["type"] == "embedding":
-                layer["gradient"] = "dense"
-            for key in ("body", "shortcut"):
-                if key in layer:
-                    layer[key] = walk(layer[key])
-            out.append(layer)
-        return out
+    def change(layer: dict) -> dict:
+        if layer["type"] in ("batch_norm", "attention") or (
+                layer["type"] in ("dense", "activation") and str(layer.get("activation", layer.get("fn"))).startswith("gelu")):
+            layer["semantics"] = semantics
+        if layer["type"] == "embedding":
+            layer["gradient"] = "dense"
+        return layer
 
-    return with_changes(raw, **{"model.layers": walk(raw["model"]["layers"]), "optimizer.semantics": semantics})
+    return with_changes(raw, **{"model.layers": rewrite_layers(raw["model"]["layers"], change),
+                                "optimizer.semantics": semantics})
 
 
 #: (devices, dtype, combine, semantics) of each architecture's rows: every device count, and at each

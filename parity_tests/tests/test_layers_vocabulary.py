@@ -83,6 +83,22 @@ def test_nested_parameter_names_follow_the_contract():
     assert not np.array_equal(init["1.0.0.body.1.kernel"], init["1.1.0.body.1.kernel"])  # copies, not shared
 
 
+def test_rewrite_layers_reaches_every_nested_layer_and_leaves_the_original():
+    from parity_tests.contract.model import nested_layers, rewrite_layers
+
+    layers = _layers([6], RESIDUAL_IN_REPEAT)
+    before = [dict(layer) for _, layer in nested_layers(layers)]
+
+    def mark(layer: dict) -> dict:
+        layer["seen"] = True
+        return layer
+
+    rewritten = rewrite_layers(layers, mark)
+    assert all(layer.get("seen") for _, layer in nested_layers(rewritten))
+    assert len(list(nested_layers(rewritten))) == len(before) == 8  # residual body and shortcut, repeat body
+    assert [dict(layer) for _, layer in nested_layers(layers)] == before  # the input is untouched
+
+
 def test_token_layers_parameters_and_init():
     """``position_embedding.embeddings [length, D]`` and ``class_token.token [1, D]``, drawn as dense kernels of that shape."""
     layers = _layers([3, 4], [{"type": "class_token"}, {"type": "position_embedding", "length": 6}, {"type": "take_token"}])

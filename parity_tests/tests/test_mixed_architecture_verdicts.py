@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from parity_tests.contract.case import case_from_dict
+from parity_tests.contract.model import rewrite_layers
 from parity_tests.judging.bfloat16 import RULE_BF16_FLOAT64
 from parity_tests.running.backends import tf_module
 from parity_tests.running.harness import run_impl
@@ -127,13 +128,9 @@ def test_a_layer_norm_that_changes_only_in_mixed_precision_is_caught(monkeypatch
 
 def _torch_biases(layers: list[dict]) -> list[dict]:
     """``layers`` with ``semantics: torch`` on every biased dense and attention layer, nested ones included."""
-    out = []
-    for layer in layers:
-        layer = dict(layer)
+    def change(layer: dict) -> dict:
         if layer["type"] in ("dense", "attention") and layer.get("use_bias", True):
             layer["semantics"] = "torch"
-        for field in ("body", "shortcut"):
-            if field in layer:
-                layer[field] = _torch_biases(layer[field])
-        out.append(layer)
-    return out
+        return layer
+
+    return rewrite_layers(layers, change)
