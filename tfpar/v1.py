@@ -86,6 +86,7 @@ from .models import forward, is_state, recording_activations
 from .optimizers import make_clip
 from .pipeline import case_batches
 from .sharding import shard_sizes, split_batch
+from .towers import _micro_mean as towers_micro_mean
 
 __all__ = [
     "ExactRuleOptimizer",
@@ -316,19 +317,14 @@ def build_towers(
 
 
 def _micro_mean(per_micro: list[GradsAndVars]) -> GradsAndVars:
-    """``(1/k) sum_j g_j`` variable by variable over k micro-batches' ``(g, v)`` lists (``tfpar.towers._micro_mean``:
-    sparse gradients stay sparse, their slices concatenated)."""
-    k, out = len(per_micro), []
+    """``(1/k) sum_j g_j`` variable by variable over k micro-batches' ``(g, v)`` lists (``tfpar.towers._micro_mean``
+    on each variable's k gradients: sparse gradients stay sparse, their slices concatenated)."""
+    out = []
     for pairs in zip(*per_micro, strict=True):
         gs, var = [g for g, _ in pairs], pairs[0][1]
         if any(g is None for g in gs):
             raise ValueError(f"no gradient for {var.name} (is it used in the loss?)")
-        if isinstance(gs[0], tf.IndexedSlices):
-            g = tf.IndexedSlices(tf.concat([x.values for x in gs], 0) / k, tf.concat([x.indices for x in gs], 0),
-                                 gs[0].dense_shape)
-        else:
-            g = tf.add_n(gs) / k
-        out.append((g, var))
+        out.append((towers_micro_mean(gs), var))
     return out
 
 
