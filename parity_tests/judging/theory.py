@@ -33,7 +33,7 @@ from parity_tests.protocol.shards import shard_sizes
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus",
-           "bias_add_differences", "keras_bias_add_layers"]
+           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -499,8 +499,16 @@ def _mixed_architecture_differences(spec: dict[str, Any]) -> list[str]:
 
 
 #: which probed kernel sums a layer's bias gradient when Keras adds the bias with ``tf.nn.bias_add``
-_BIAS_ADD_OP = {"dense": "dense bias_add gradient", "attention": "dense bias_add gradient",
+BIAS_ADD_OPS = {"dense": "dense bias_add gradient", "attention": "dense bias_add gradient",
                 "conv2d": "conv2d bias_add gradient", "depthwise_conv2d": "conv2d bias_add gradient"}
+
+
+def keras_adds_bias(layer: Mapping[str, Any]) -> bool:
+    """Whether a ``mixed_bfloat16`` TensorFlow side adds ``layer``'s bias as Keras does, with ``tf.nn.bias_add``:
+    a biased dense, conv2d, depthwise_conv2d or attention layer whose ``semantics`` is not ``torch``
+    (``tfpar.bias.bias_add_fn``)."""
+    return (layer["type"] in BIAS_ADD_OPS and bool(layer.get("use_bias", True))
+            and layer.get("semantics", "native") != "torch")
 
 
 def _bias_terms(in_shape: tuple[int, ...], layer: dict, rows: int) -> int:
@@ -523,9 +531,8 @@ def keras_bias_add_layers(spec: dict[str, Any], most: bool = False) -> list[tupl
         spec["data"]["global_batch"] // par["devices"] // par.get("accumulate", 1), 1)
     out = []
     for path, layer, shape in nested_inputs(spec["model"]["input_shape"], spec["model"]["layers"]):
-        if (layer["type"] in _BIAS_ADD_OP and layer.get("use_bias", False)
-                and layer.get("semantics", "native") != "torch"):
-            out.append((path, _BIAS_ADD_OP[layer["type"]], _bias_terms(shape, layer, rows)))
+        if keras_adds_bias(layer):
+            out.append((path, BIAS_ADD_OPS[layer["type"]], _bias_terms(shape, layer, rows)))
     return out
 
 
@@ -885,8 +892,7 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     if kind == "bias_semantics" and _framework(side) == "tf" and _framework(other) == "torch":
         return {f"model.layers.{'.'.join(map(str, path))}.semantics": "torch"
                 for path, layer in nested_layers(spec["model"]["layers"])
-                if layer["type"] in _BIAS_ADD_OP and layer.get("use_bias", False)
-                and layer.get("semantics", "native") != "torch"}
+                if keras_adds_bias(layer)}
     if kind == "embedding_gradient":
         return tokens.embedding_mapping(spec, *_tf_builtin(side))
     if kind == "loss_semantics" and _loss_rule(spec, side) != _loss_rule(spec, other):

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.judging.theory import BIAS_ADD_OPS, keras_adds_bias
+
 __all__ = ["PROBE_TERMS", "ONE_ROUNDING", "OPS", "TF_ONLY", "probe_inputs", "exact_results", "measure",
            "probe", "case_ops", "side_factor", "describe"]
 
@@ -195,10 +197,8 @@ def probe(framework: str) -> dict[str, Any]:
 #: layers with trainable parameters: a layer after one has its input gradient computed
 _TRAINED = ("dense", "conv2d", "batch_norm", "attention", "depthwise_conv2d", "layer_norm", "rms_norm", "embedding",
             "position_embedding", "class_token")
-#: the probed op that sums a layer's bias gradient: Keras' ``tf.nn.bias_add`` (``BiasAddGrad``), or a broadcasting
-#: add / torch's float32 bias, whose gradient is a ``sum``
-_BIAS_ADD = {"dense": "dense bias_add gradient", "attention": "dense bias_add gradient",
-             "conv2d": "conv2d bias_add gradient", "depthwise_conv2d": "conv2d bias_add gradient"}
+#: the probed op that sums a layer's bias gradient added with a broadcasting add or as torch's float32 bias (a
+#: ``sum``); Keras' ``tf.nn.bias_add`` (``BiasAddGrad``) is ``theory.BIAS_ADD_OPS``
 _BIAS_SUM = {"dense": "dense bias gradient", "attention": "dense bias gradient",
              "conv2d": "conv2d bias gradient", "depthwise_conv2d": "conv2d bias gradient"}
 
@@ -230,8 +230,8 @@ def case_ops(layers: Sequence[Mapping[str, Any]], framework: str, bias_add: bool
         if kind == "depthwise_conv2d":
             ops += ["depthwise conv2d", "depthwise conv2d filter gradient"]
         if kind in _BIAS_SUM and layer.get("use_bias", True):
-            native = layer.get("semantics", "native") != "torch"
-            ops.append(_BIAS_ADD[kind] if framework == "tf" and bias_add and native else _BIAS_SUM[kind])
+            keras = framework == "tf" and bias_add and keras_adds_bias(layer)
+            ops.append(BIAS_ADD_OPS[kind] if keras else _BIAS_SUM[kind])
         trained_before = trained_before or kind in _TRAINED
     return list(dict.fromkeys(ops))
 
