@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.model import nested_layers
+from parity_tests.contract.specs import nested_inputs, output_shape
 from parity_tests.judging import tokens
 from parity_tests.judging.attention_theory import (
     attention_scale_absent,
@@ -513,8 +514,6 @@ def keras_adds_bias(layer: Mapping[str, Any]) -> bool:
 
 def _bias_terms(in_shape: tuple[int, ...], layer: dict, rows: int) -> int:
     """How many values a bias-gradient element sums: ``rows`` x the output positions of ``layer``."""
-    from parity_tests.contract.specs import output_shape
-
     out = output_shape(in_shape, [layer]) if layer["type"] != "attention" else in_shape
     return rows * int(np.prod(out[:-1], dtype=np.int64))
 
@@ -524,8 +523,6 @@ def keras_bias_add_layers(spec: dict[str, Any], most: bool = False) -> list[tupl
     with ``tf.nn.bias_add`` (``tfpar.bias.keras_bias_add``; a layer's ``semantics: torch`` opts out); ``terms``:
     the values one bias-gradient element sums on the TensorFlow side that sums the fewest (a shard's micro-batch),
     or with ``most`` the most (one device, the whole batch)."""
-    from parity_tests.contract.specs import nested_inputs
-
     par = spec["parallel"]
     rows = spec["data"]["global_batch"] if most else max(
         spec["data"]["global_batch"] // par["devices"] // par.get("accumulate", 1), 1)

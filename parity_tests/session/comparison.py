@@ -58,6 +58,7 @@ from parity_tests.judging.perturbation import (
 )
 from parity_tests.judging.theory import (
     Prediction,
+    keras_bias_add_layers,
     mapping_changes,
     predict,
     reported_loss_differs,
@@ -298,7 +299,6 @@ def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], s
     ``bias_add``: the pair is two TensorFlow sides, which both sum Keras' ``bias_add`` gradients as
     ``BiasAddGrad`` does here; against torch that is a predicted difference (``theory.bias_add_differences``).
     """
-    from parity_tests.judging.theory import keras_bias_add_layers
     from parity_tests.running import kernels
 
     framework = registry.resolve(impl, "impls").framework
