@@ -105,15 +105,13 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
         return add_bias(out, name) if bias else out
 
     q, k, v = project("q"), project("k"), project("v")
-    scale = attention_scale(layer["key_dim"], h.dtype, layer["semantics"])
     t = h.shape[1]
     allowed = tf.constant(_causal(t, path)[None, None]) if layer["causal"] else None
     if layer["dropout"] == 0.0:  # ops.dot_product_attention's path
         logits = tf.einsum("BTNH,BSNH->BNTS", q, k, optimize="optimal")
         if compute is not None:  # the logits, scale, mask and softmax in float32, the weights back in bfloat16
             logits = tf.cast(logits, tf.float32)
-            scale = attention_scale(layer["key_dim"], tf.float32, layer["semantics"])
-        logits = logits * scale
+        logits = logits * attention_scale(layer["key_dim"], logits.dtype, layer["semantics"])
         if allowed is not None:
             logits = tf.where(allowed, logits, tf.constant(_KERAS_LARGE_NEGATIVE, logits.dtype))
         weights = tf.cast(tf.nn.softmax(logits, axis=-1), v.dtype)
@@ -121,7 +119,7 @@ def attention(path: str, layer: Mapping, params: Mapping[str, tf.Tensor], h: tf.
     else:  # the explicit path: scaled query, the Softmax layer, Dropout on the weights
         if keep is None:
             raise ValueError(f"layer {path}: an attention layer with dropout needs its keep-mask (payload['masks'][{path!r}])")
-        scores = keras.ops.einsum("aecd,abcd->acbe", k, q * scale)
+        scores = keras.ops.einsum("aecd,abcd->acbe", k, q * attention_scale(layer["key_dim"], q.dtype, layer["semantics"]))
         if allowed is not None:
             scores = tf.where(allowed, scores, tf.constant(_SOFTMAX_LARGE_NEGATIVE, scores.dtype))
         weights = tf.nn.softmax(scores, axis=-1)
