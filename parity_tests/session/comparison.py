@@ -372,8 +372,8 @@ def perturbed_case(case: Case, seed: int | None = None) -> Case:
     if case.spec["dtype"] == MIXED_BFLOAT16:  # x is rounded to bfloat16 by the layers: move it by a bfloat16 ulp
         if np.asarray(case.x).dtype.kind != "f":  # token ids: the embedding table is what the first layer rounds
             init = perturb_ulp(case.init, seed)
-            tables = {k: v for k, v in case.init.items() if k == "0.embeddings"}
-            return dataclasses.replace(case, init={**init, **perturb_bf16_ulp(tables, seed)})
+            table = perturb_bf16_ulp({"0.embeddings": case.init["0.embeddings"]}, seed)  # ids: layer 0 is the embedding
+            return dataclasses.replace(case, init={**init, **table})
         return dataclasses.replace(case, init=perturb_ulp(case.init, seed), x=perturb_bf16_ulp({"x": case.x}, seed)["x"])
     # token ids (an embedding's integer x) are not rounded by anything: only the weights move
     x = case.x if np.asarray(case.x).dtype.kind != "f" else perturb_ulp({"x": case.x}, seed)["x"]
@@ -824,7 +824,8 @@ def compare_case(
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
-    preds = {impl: predict(theory_spec, ref, impl, kernels=_tf_kernels(theory_spec)) for impl in impls[1:]}
+    tf_kernels = _tf_kernels(theory_spec)
+    preds = {impl: predict(theory_spec, ref, impl, kernels=tf_kernels) for impl in impls[1:]}
     bar = None
     if progress is True:  # a bar on a terminal, one line per run in a log
         from parity_tests.session.progress import run_bar
@@ -891,8 +892,7 @@ def compare_case(
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=_tf_kernels(theory_spec))
-             for impl in impls[1:]}
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     second: list[_Run] = []
     for impl in impls[1:]:
