@@ -39,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_scale import watch  # this folder is first on sys.path when run as a script
+import psutil
+from bench_scale import LAST_TREE, watch  # this folder is first on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -237,6 +238,8 @@ def main() -> int:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="global batch, sequences (default 4)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the context)")
+    ap.add_argument("--floor-gb", type=float, default=1.0,
+                    help="stop the compare when the machine's available memory falls under this (default 1 GB)")
     ap.add_argument("--plain-only", action="store_true", help="only the plain Keras / torch runs")
     ap.add_argument("--no-plain", action="store_true", help="only the compare")
     ap.add_argument("--profile", action="store_true",
@@ -255,7 +258,7 @@ def main() -> int:
             case = make_case(Path(tmp), args.model, args.steps, args.devices, args.batch, seq)
             wall, peaks, rc, tail = watch(
                 [PY, "-m", "parity_tests.cli", "compare", str(case), "--impls", "tf.towers,torch.ddp"],
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, floor_bytes=int(args.floor_gb * 1e9))
         lines = [line for line in tail.strip().splitlines() if line.strip()]
         print("\n".join(lines[-12:]) if lines else "(no output)")
         print(f"compare ({args.devices} devices, float32 case): exit {rc}, {wall:.1f} s wall; "
@@ -263,7 +266,9 @@ def main() -> int:
         for pid, (role, peak) in sorted(peaks.items(), key=lambda kv: -kv[1][1]):
             if peak > 100e6:
                 print(f"  peak resident {peak / 1e9:6.2f} GB  pid {pid} {role}")
-        print(f"  greatest peak in any process: {max(p for _, p in peaks.values()) / 1e9:.2f} GB")
+        print(f"  greatest peak in any process: {max(p for _, p in peaks.values()) / 1e9:.2f} GB; all processes "
+              f"together at most {LAST_TREE['tree_peak'] / 1e9:.2f} GB (PSS); least available on the machine "
+              f"{LAST_TREE['least_available'] / 1e9:.2f} GB of {psutil.virtual_memory().total / 1e9:.2f} GB")
     if args.no_plain:
         return 0
     total = steps_total = 0.0

@@ -60,14 +60,35 @@ def make_case(folder: Path, params_m: float, steps: int, devices: int, batch: in
     return path, n
 
 
-def watch(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, dict[int, tuple[str, int]], int, str]:
-    """Run ``cmd``; ``(wall seconds, {pid: (role, peak bytes)}, exit status, output tail)``."""
+def _pss(pid: int) -> int:
+    """Proportional set size (bytes): a forked child's pages shared with its parent counted once, split."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+
+
+#: the last :func:`watch`'s whole-tree figures: the greatest sum of the processes' PSS at one sample, the
+#: least memory the machine had available, and whether the guard stopped the command
+LAST_TREE: dict[str, float] = {}
+
+
+def watch(cmd: list[str], env: dict[str, str] | None = None, *,
+          floor_bytes: int = 0) -> tuple[float, dict[int, tuple[str, int]], int, str]:
+    """Run ``cmd``; ``(wall seconds, {pid: (role, peak bytes)}, exit status, output tail)``.
+
+    ``floor_bytes``: stop the whole process tree (SIGKILL to its session) when the machine's
+    available memory falls under it, before the kernel's OOM killer picks a process of its own.
+    The tree's greatest summed PSS at one sample and the least available memory go to ``LAST_TREE``.
+    """
+    import signal
+    import threading
+
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     peaks: dict[int, tuple[str, int]] = {}
     main = psutil.Process(proc.pid)
     out: list[str] = []
-    import threading
+    tree_peak, least_available, stopped = 0, psutil.virtual_memory().available, False
 
     reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
     reader.start()
@@ -76,16 +97,26 @@ def watch(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, dic
             procs = [main, *main.children(recursive=True)]
         except psutil.Error:
             procs = []
+        tree = 0
         for p in procs:
             try:
                 with open(f"/proc/{p.pid}/status") as f:
                     hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
                 role = "main" if p.pid == proc.pid else " ".join(p.cmdline()[1:3])[:40]
+                tree += _pss(p.pid)
             except (OSError, StopIteration, psutil.Error):
                 continue
             peaks[p.pid] = (role, max(hwm, peaks.get(p.pid, ("", 0))[1]))
+        tree_peak = max(tree_peak, tree)
+        available = psutil.virtual_memory().available
+        least_available = min(least_available, available)
+        if floor_bytes and available < floor_bytes and not stopped:
+            stopped = True
+            out.append(f"\n[watch] available memory {available / 1e9:.2f} GB < {floor_bytes / 1e9:.2f} GB: stopped\n")
+            os.killpg(proc.pid, signal.SIGKILL)
         time.sleep(0.2)
     reader.join(timeout=5)
+    LAST_TREE.update(tree_peak=tree_peak, least_available=least_available, stopped=float(stopped))
     return time.perf_counter() - t0, peaks, proc.returncode, "".join(out)[-3000:]
 
 

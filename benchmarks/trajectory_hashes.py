@@ -29,7 +29,7 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(f"{a.dtype.str}{a.shape}".encode() + a.tobytes()).hexdigest()
 
 
-def hashes(quick: bool) -> dict[str, dict[str, str] | str]:
+def hashes(quick: bool, impls: tuple[str, ...] = IMPLS) -> dict[str, dict[str, str] | str]:
     from tqdm import tqdm
 
     from parity_tests.protocol.errors import CaseError
@@ -39,7 +39,7 @@ def hashes(quick: bool) -> dict[str, dict[str, str] | str]:
     # --quick: 1 and 2 devices, no 16-64 device rows (the large worlds need a 64-rank pool)
     cases = matrix_cases(devices=(1, 2), large_world=()) if quick else matrix_cases()
     out: dict[str, dict[str, str] | str] = {}
-    jobs = [(c, i, d) for c in cases for i in IMPLS for d in dict.fromkeys([c.spec["dtype"], "float64"])
+    jobs = [(c, i, d) for c in cases for i in impls for d in dict.fromkeys([c.spec["dtype"], "float64"])
             if not (d == "float64" and c.spec["dtype"] == "mixed_bfloat16")]
     for case, impl, dtype in tqdm(jobs, unit="run", file=sys.stderr):
         key = f"{case.name}|{impl}|{dtype}"
@@ -57,15 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the hashes here")
     ap.add_argument("--check", type=Path, help="compare against hashes written before; exit 1 on a difference")
     ap.add_argument("--quick", action="store_true", help="1 and 2 devices only, no large-world rows")
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help="comma-separated built-ins to hash (default all); --check then compares their runs only")
     args = ap.parse_args(argv)
+    impls = tuple(args.impls.split(","))
     t0 = time.perf_counter()
-    now = hashes(args.quick)
+    now = hashes(args.quick, impls)
     print(f"{len(now)} runs hashed in {time.perf_counter() - t0:.0f} s")
     if args.out:
         args.out.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
     if args.check:
         before = json.loads(args.check.read_text())
-        moved = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        keys = set(now) | {k for k in before if k.split("|")[1] in impls}
+        moved = [k for k in sorted(keys) if before.get(k) != now.get(k)]
         for k in moved[:50]:
             b, n = before.get(k), now.get(k)
             arrays = sorted(a for a in set(b or {}) | set(n or {}) if (b or {}).get(a) != (n or {}).get(a)) \
