@@ -50,7 +50,9 @@ def _record(trainer: TowerTrainer, steps: int, batches: Callable[[int], tuple],
             progress: Callable[[int], None] | None,
             state: Mapping[str, tf.Variable] | None = None, capture: int | None = None) -> dict[str, np.ndarray]:
     state = state or {}
-    rec = Recorder(trainer.values(), {k: v.numpy() for k, v in state.items()})  # rows spill when large
+    # rows spill when large; the initial values are copied one variable at a time as the recorder takes them
+    rec = Recorder(((name, v.numpy()) for name, v in zip(trainer.names, trainer.variables, strict=True)),
+                   ((k, v.numpy()) for k, v in state.items()))
     for k in range(steps):
         loss, g = trainer.step(*batches(k), capture=capture == k + 1)
         if trainer.captured is not None:  # the per-device values of step ``capture`` (docs/localisation.md),

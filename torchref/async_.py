@@ -77,7 +77,7 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
     w = [1.0 / n] * n if par["weighting"] == "equal" else [len(ix) / batch for ix in rows]
     orders = application_orders(n, spec["steps"], par["order_seed"])
     numel = sum(p.numel() for p in params)
-    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, grads=False)  # rows spill when large
+    rec = Recorder(((k, p.detach().numpy().copy()) for k, p in named.items()), grads=False)  # rows spill when large
     for k in range(spec["steps"]):
         ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         order = [int(d) for d in orders[k]]

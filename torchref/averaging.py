@@ -98,7 +98,7 @@ def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str
             # period 1 warns that DDP would be cheaper: true, and beside the point here
             warnings.simplefilter("ignore", UserWarning)
             averager = PeriodicModelAverager(period=period, warmup_steps=period - 1, process_group=ctx.group)
-    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, grads=False)  # rows spill when large
+    rec = Recorder(((k, p.detach().numpy().copy()) for k, p in named.items()), grads=False)  # rows spill when large
     for k in range(spec["steps"]):
         ctx.beat()  # progress: the parent's timeout counts from the last step (torchref.pool)
         ix = torch.as_tensor(k * batch + rows[r])

@@ -38,7 +38,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parity_tests.protocol.recorder import Recorder
-from parity_tests.protocol.rows import set_spill_threshold, spill_arrays, spill_threshold
+from parity_tests.protocol.rows import Keeper, set_spill_threshold, spill_arrays, spill_threshold
 from parity_tests.protocol.shards import shard_rows
 
 from . import tokens
@@ -150,19 +150,23 @@ def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: t.detach().numpy().copy() for k, t in tensors.items()}
 
 
-def _capture_hook(named: dict[str, torch.nn.Parameter], store: dict[str, np.ndarray], armed: list[bool]):
+def _capture_hook(named: dict[str, torch.nn.Parameter], store: dict[str, Any], armed: list[bool], scale: float,
+                  keep: Keeper):
     """A DDP communication hook: copy each bucket's local gradients (before the all-reduce), then all-reduce.
 
-    The copy is this rank's own gradient of what it backpropagated, before DDP's
-    division by N; :func:`default_hooks.allreduce_hook` then does what DDP does
-    without a hook (divide by the world size, all-reduce sum).
+    The copy, divided by ``scale``, is this rank's own gradient of its loss: what it backpropagated
+    was ``scale`` times that loss, before DDP's division by N. Each copy goes through ``keep``
+    (past the spill threshold, to a file at once: a large model's gradients are never held whole
+    beside DDP's buckets). :func:`default_hooks.allreduce_hook` then does what DDP does without a
+    hook (divide by the world size, all-reduce sum).
     """
     names = {id(p): k for k, p in named.items()}
 
     def hook(group, bucket):  # noqa: ANN001, ANN202  (DDP checks these annotations: none, or its own types)
         if armed[0]:
             for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                store[names[id(p)]] = g.detach().numpy().copy()
+                local = g.detach().numpy()
+                store[names[id(p)]] = keep(local.copy() if scale == 1.0 else local / scale)
         return default_hooks.allreduce_hook(group, bucket)
 
     return hook
@@ -187,8 +191,10 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # rank's own, and DDP broadcasts rank 0's buffers at every forward (broadcast_buffers)
     model = CaseModel(model_spec["layers"], payload["init"], dtype,
                       batch_norm=par.get("batch_norm", "local"), group=ctx.group, compute=_compute(spec))
-    # DDP broadcasts rank 0's parameters at construction: all ranks start equal anyway
-    ddp = DDP(model, process_group=ctx.group)
+    # DDP broadcasts rank 0's parameters at construction: all ranks start equal anyway. The gradients
+    # are views of DDP's buckets (gradient_as_bucket_view): the same values in one copy of the model
+    # instead of two (the buckets and .grad), what DDP's docs advise for memory
+    ddp = DDP(model, process_group=ctx.group, gradient_as_bucket_view=True)
     opt = make_optimizer(spec["optimizer"], model.parameters())
     sched = make_scheduler(spec["optimizer"], opt)
     load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state
@@ -219,17 +225,23 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
         return l_r if par["weighting"] == "equal" else l_r * (n * w[r])
 
     named = model.canonical()
-    if capture and not per_device:  # per_device runs under no_sync: the local gradient is read directly
-        ddp.register_comm_hook(ctx.group, _capture_hook(named, local_grads, armed))
     batch = spec["data"]["global_batch"]
     rows = [shard_rows(batch, n, q, par["shard"]) for q in range(n)]
     sizes = [len(ix) for ix in rows]
     w = ([1.0 / n] * n if par["weighting"] == "equal" else [1.0] * n if par["weighting"] == "sum"
          else [s / batch for s in sizes])
     # distributed_sampler: every rank's batch has the same size (N | B, strided), so w_r = 1/N
+
+    # the rank backpropagates s_r l_r (s_r = 1 for plain DDP and per-device clipping, N w_r when weighted
+    # or through the differentiable all-reduce of loss_mean): d l_r / d param is its gradient / s_r
+    keep = Keeper()  # the captured step's copies: to files past the spill threshold, one at a time
+    if capture and not per_device:  # per_device runs under no_sync: the local gradient is read directly
+        scale = 1.0 if par["combine"] == "grad_mean" and par["weighting"] == "equal" else n * w[r]
+        ddp.register_comm_hook(ctx.group, _capture_hook(named, local_grads, armed, scale, keep))
     feed = _feed(payload, x, y, rows[r], ranks=n, rank=r)
-    # rows spill to a file when a large model's history grows (parity_tests.protocol.rows)
-    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, _snapshot(model.state()))
+    # rank 0 records (rows spill to a file when a large model's history grows: parity_tests.protocol.rows);
+    # the initial values are copied one parameter at a time as the recorder takes them
+    rec = Recorder(((k, p.detach().numpy().copy()) for k, p in named.items()), _snapshot(model.state())) if r == 0 else None
     for step in range(1, spec["steps"] + 1):
         x_r, y_r, pos = next(feed)
         capturing = capture == step
@@ -249,10 +261,10 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
                     l_r.backward()  # g_r, this rank's own gradient, not yet weighted
         if per_device:
             if capturing:
-                local_grads.update({k: p.grad.detach().numpy().copy() for k, p in named.items()})
+                local_grads.update({k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()})
             clip_grads(model.parameters(), clip["global_norm"], clip_sem)
             if capturing:
-                cap["clipped"] = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
+                cap["clipped"] = {k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()}
             for p in model.parameters():
                 p.grad.mul_(w[r])
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=ctx.group)
@@ -270,13 +282,10 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
                 _what_rank_backprops(l_r).backward()
             loss_value = (l_r.detach() * w[r]).clone()
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
-        if capturing:
-            # the rank backpropagated s_r l_r (s_r = 1 for plain DDP, N w_r when weighted or through the
-            # differentiable all-reduce of loss_mean): d l_r / d param is the hook's copy / s_r
-            scale = 1.0 if per_device or (par["combine"] == "grad_mean" and par["weighting"] == "equal") else n * w[r]
+        if capturing:  # local_grads: this rank's gradient of l_r (the hook divided by s_r; per-device: s_r = 1)
             cap.update({"x": x_r.numpy().copy(), "loss": l_r.detach().numpy().copy(), "step": np.asarray(step),
-                        "grad": {k: v / scale for k, v in local_grads.items()},
-                        "combined": {k: p.grad.detach().numpy().copy() for k, p in named.items()},
+                        "grad": dict(local_grads),
+                        "combined": {k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()},
                         "act": dict(model.trace)})
             armed[0], model.trace = False, None
         if clip is not None and not per_device:
@@ -329,8 +338,9 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     named = model.canonical()
     batch = spec["data"]["global_batch"]
     # rows spill to a file when a large model's history grows (parity_tests.protocol.rows)
-    rec = Recorder({k: p.detach().numpy().copy() for k, p in named.items()}, _snapshot(model.state()))
+    rec = Recorder(((k, p.detach().numpy().copy()) for k, p in named.items()), _snapshot(model.state()))
     feed = _feed(payload, x, y, np.arange(batch), ranks=None)
+    keep = Keeper()  # the captured step's copies: to files past the spill threshold, one at a time
     capture, cap = payload.get("capture"), {}
     for step in range(1, spec["steps"] + 1):
         x_k, y_k, pos = next(feed)
@@ -345,7 +355,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
                                None if weights is None else weights[pos])
             loss.backward()
         if capture == step:  # one device: its gradient is the combined one, clipped (if at all) as a whole
-            local = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
+            local = {k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()}
             cap = {"x": x_k.numpy().copy(), "loss": loss.detach().numpy().copy(), "step": np.asarray(step),
                    "grad": local, "combined": local, "act": dict(model.trace)}
             model.trace = None
@@ -353,7 +363,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
             # one device: nothing to average, so per_device and after_combine are the same
             clip_grads(model.parameters(), clip["global_norm"], spec["optimizer"]["semantics"])
             if capture == step and clip["where"] == "per_device":  # what is combined is the clipped gradient
-                cap["clipped"] = cap["combined"] = {k: p.grad.detach().numpy().copy() for k, p in named.items()}
+                cap["clipped"] = cap["combined"] = {k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()}
         for name, p in named.items():
             rec.grad(name, p.grad.detach().numpy().copy())
         opt.step()

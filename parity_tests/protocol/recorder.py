@@ -31,21 +31,28 @@ from parity_tests.protocol.trajectory import Trajectory
 __all__ = ["Recorder"]
 
 
+def _pairs(values: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+    return values.items() if isinstance(values, Mapping) else values
+
+
 class Recorder:
     """One run's trajectory, recorded step by step.
 
     Args:
-        params: initial value of each parameter, by canonical name (row 0 of ``param/<name>``).
-        states: initial value of each non-trainable state (row 0 of ``state/<name>``).
+        params: initial value of each parameter, by canonical name (row 0 of ``param/<name>``): a mapping,
+            or ``(name, value)`` pairs, taken one at a time.
+        states: initial value of each non-trainable state (row 0 of ``state/<name>``), the same way.
         grads: whether the engine records the applied gradient (``grad/<name>``); the engines
             in which every device applies its own updates (parameter averaging, async) do not.
     """
 
-    def __init__(self, params: Mapping[str, Any], states: Mapping[str, Any] | None = None, *,
-                 grads: bool = True) -> None:
+    def __init__(self, params: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                 states: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None, *, grads: bool = True) -> None:
         self._losses: list[Any] = []
-        self._params = {k: RowList([v]) for k, v in params.items()}
-        self._states = {k: RowList([v]) for k, v in (states or {}).items()}
+        # pairs are taken one at a time: an engine that hands over a generator of copies never holds a
+        # second copy of the whole model (row 0 of a large model spills as it arrives)
+        self._params = {k: RowList([v]) for k, v in _pairs(params)}
+        self._states = {k: RowList([v]) for k, v in _pairs(states or {})}
         self._grads = {k: RowList() for k in self._params} if grads else None
         self._extra: dict[str, Any] = {}
         self._findings: list[str] = []

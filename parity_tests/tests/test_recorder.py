@@ -77,3 +77,32 @@ def test_a_captured_step_past_the_threshold_goes_to_files_and_nothing_else_besid
     assert isinstance(traj["device/grad/w"], rows.RowArray)
     assert np.asarray(traj["device/grad/w"]).tobytes() == captured["device/grad/w"].tobytes()
     assert isinstance(traj["device/step"], np.ndarray) and isinstance(traj["opt/m/w"], np.ndarray)
+
+
+def test_initial_values_given_as_pairs_are_taken_one_at_a_time():
+    """An engine hands over a generator of copies: each is recorded (here spilled) and let go before the next
+    is made, so the recorder never holds a second copy of the whole model (a float64 GPT-2 small: 1 GB)."""
+    import gc
+    import weakref
+
+    alive: list[weakref.ref] = []
+
+    def copy(k: int) -> tuple[str, np.ndarray]:
+        a = np.full(4, float(k))
+        alive.append(weakref.ref(a))
+        return f"p{k}", a
+
+    def copies():
+        for k in range(4):
+            gc.collect()
+            # the one just handed over may still be bound in the recorder's loop; none before it
+            assert all(r() is None for r in alive[:-1]), "an earlier copy is still held"
+            yield copy(k)
+
+    old = rows.set_spill_threshold(0)  # every row to a file as it comes
+    try:
+        traj = Recorder(copies()).finish()
+    finally:
+        rows.set_spill_threshold(old)
+    assert [k for k in traj if k.startswith("param/")] == ["param/p0", "param/p1", "param/p2", "param/p3"]
+    np.testing.assert_array_equal(np.asarray(traj["param/p2"]), [np.full(4, 2.0)])
