@@ -77,6 +77,7 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
+from parity_tests.running.room import fits_beside
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
@@ -815,6 +816,9 @@ def compare_case(
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
     default_runner = runner is None
+    # the default runner's TensorFlow and torch runs go beside each other where both fit in memory
+    # (parity_tests.running.room); a large model's go one after another, with the same results
+    beside = default_runner and fits_beside(case)
     runner = runner or (lambda c, i: run_impl(c, i))
     t0 = time.perf_counter()
     dtype = case.spec["dtype"]
@@ -881,7 +885,7 @@ def compare_case(
 
     def run_all(plan: list[_Run]) -> None:
         torch_side = [item for item in plan if registry.resolve(item.impl, "impls").framework == "torch"]
-        if default_runner and torch_side and len(torch_side) < len(plan):
+        if beside and torch_side and len(torch_side) < len(plan):
             # the torch runs wait on the worker pool (other processes): run them beside the TensorFlow
             # runs of this process rather than after them; results and errors are the same
             _beside(work, [item for item in plan if item not in torch_side], torch_side)
@@ -919,7 +923,7 @@ def compare_case(
         bar.close()
     grads = [trajs[f"{grads_from}@float64"]] if grads_from is not None and f"{grads_from}@float64" in trajs else []
 
-    judged = _Judged(case, variants, rules, trajs, mapped_cases, grads, runner, stages, beside=default_runner)
+    judged = _Judged(case, variants, rules, trajs, mapped_cases, grads, runner, stages, beside=beside)
     pairs = []
     for impl in impls[1:]:
         if impl in refused:
@@ -951,7 +955,7 @@ class _Judged:
     runner: Runner
     stages: bool
     captured: dict[Any, dict[str, np.ndarray]] = field(default_factory=dict)
-    beside: bool = False  # capture runs of a TensorFlow and a torch side at once (the default runner)
+    beside: bool = False  # capture runs of a TensorFlow and a torch side at once (the default runner, room for both)
 
     def side(self, name: str, suffix: str = "") -> Side:
         """``name``'s runs (``suffix``: a mapping's key for its mapped runs)."""
