@@ -35,7 +35,7 @@ compared.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -319,22 +319,24 @@ def with_layer(where: Mapping[str, Any] | None, spec: Mapping[str, Any] | None) 
     return {**where, "layer": said} if said else where
 
 
-class _Captured(Mapping):
-    """A trajectory's ``device/...`` arrays by their name without the prefix, each read when asked for.
+class _Lazy(Mapping):
+    """Arrays by name, each read when asked for (``read(name)``), none kept.
 
     A large model's captured step is N + 2 copies of it, spilled to files
-    (``protocol.rows.spill_arrays``): the chain reads one or two arrays at a time instead of all of them.
+    (``protocol.rows.spill_arrays``), and its applied gradients are rows of spilled
+    trajectories: the chain reads one or two arrays at a time instead of holding both sides'
+    whole gradients (a float64 GPT-2 small: 1 GB each, four of them).
     """
 
-    def __init__(self, traj: Mapping[str, Any]) -> None:
-        self._traj = traj
-        self._keys = [k[len("device/"):] for k in traj if k.startswith("device/")]
+    def __init__(self, keys: Iterable[str], read: Callable[[str], np.ndarray]) -> None:
+        self._keys = list(keys)
         self._known = set(self._keys)
+        self._read = read
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._known:
             raise KeyError(key)
-        return np.asarray(self._traj[f"device/{key}"])
+        return self._read(key)
 
     def __contains__(self, key: object) -> bool:
         return key in self._known
@@ -344,6 +346,12 @@ class _Captured(Mapping):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+
+def _captured(traj: Mapping[str, Any]) -> _Lazy:
+    """A trajectory's ``device/...`` arrays by their name without the prefix."""
+    return _Lazy([k[len("device/"):] for k in traj if k.startswith("device/")],
+                 lambda key: np.asarray(traj[f"device/{key}"]))
 
 
 def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: float,
@@ -363,7 +371,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         captured stage agrees, plus ``"chain"``: ``[{"stage", "device", "name", "gap", "bound"}]``,
         the greatest gap of every stage compared, in step order.
     """
-    da, db = _Captured(a), _Captured(b)
+    da, db = _captured(a), _captured(b)
     if not da or not db:
         return None
     chain: list[dict[str, Any]] = []
@@ -480,12 +488,12 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
     has_clip = spec is not None and spec["parallel"].get("clip") is not None
     applied = [p for p in sorted({q[len("grad/"):] for q in a if q.startswith("grad/")} & {q[len("grad/"):] for q in b if q.startswith("grad/")})
                if len(a[f"grad/{p}"]) > k and len(b[f"grad/{p}"]) > k]
-    ga = {p: np.asarray(a[f"grad/{p}"][k]) for p in applied}
-    gb = {p: np.asarray(b[f"grad/{p}"][k]) for p in applied}
+    ga = _Lazy(applied, lambda p: np.asarray(a[f"grad/{p}"][k]))
+    gb = _Lazy(applied, lambda p: np.asarray(b[f"grad/{p}"][k]))
 
-    def combined(d: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        rec = {q[len("combined/"):]: d[q] for q in d if q.startswith("combined/")}
-        return rec or (dict(g) if g and (spec is not None and not has_clip) else None)
+    def combined(d: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray] | None:
+        rec = _Lazy([q[len("combined/"):] for q in d if q.startswith("combined/")], lambda p: d[f"combined/{p}"])
+        return rec or (g if g and (spec is not None and not has_clip) else None)
 
     ca, cb = combined(da, ga), combined(db, gb)
     by_rule = same_n and sizes is not None and bool(names)

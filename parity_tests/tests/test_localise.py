@@ -168,3 +168,39 @@ def test_two_differences_at_one_step_are_both_named():
     where = _where(both)
     assert (where["first_bad_step"], where["stage"]) == (1, "loss")
     assert "the non-trainable state differs at that step too" in where["explanation"]
+
+
+def test_the_stage_chain_holds_a_few_arrays_not_both_sides_gradients(tmp_path):
+    """Both sides' applied and combined gradients of a large model are four copies of it (a float64 GPT-2
+    small: 4 GB in the main process): the chain reads them one parameter at a time from their files."""
+    import tracemalloc
+
+    from parity_tests.judging.localise import stage_chain
+    from parity_tests.protocol.rows import to_file
+
+    rng = np.random.default_rng(1)
+    names = [f"{i}.kernel" for i in range(12)]
+    grads = {p: rng.normal(size=(2, 128, 128)) for p in names}  # 2 devices, 128 KB a parameter
+
+    def side() -> dict:
+        x = rng.normal(size=(6, 2))
+        out = {"device/step": np.asarray(1), "device/x": x, "device/sizes": np.asarray([3, 3]),
+               "device/act/0": x[:, :1], "device/loss": np.zeros(2)}
+        for p in names:
+            combined = grads[p].mean(axis=0)
+            out[f"device/grad/{p}"] = to_file(grads[p])
+            out[f"device/combined/{p}"] = to_file(combined)
+            out[f"grad/{p}"] = to_file(combined[None])
+        return out
+
+    a, b = side(), side()
+    b["device/x"], b["device/act/0"] = a["device/x"], a["device/act/0"]
+    model_bytes = sum(g[0].nbytes for g in grads.values())  # one copy of the model: 1.5 MB
+    tracemalloc.start()
+    try:
+        where = stage_chain(a, b, 1, 1e-10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [c["stage"] for c in where["chain"]][-1] == "combined_grads" and where["stage"] is None
+    assert peak < model_bytes, f"the chain held {peak / model_bytes:.2f} copies of the model at once"
