@@ -767,13 +767,36 @@ def _records_grads(traj: Any) -> bool:
     return bool(params) and all(f"grad/{k[len('param/'):]}" in traj for k in params)
 
 
+class _Variants(dict):
+    """Cases by variant, some made only when first asked for (``later``: variant -> how to make it).
+
+    A float32 case's perturbed variant moves every weight by an ulp: a copy of the model (GPT-2
+    small in float64: 1 GB, made for the case and for each mapping) that no run reads where the
+    float64 rule decides every pair.
+    """
+
+    def __init__(self, made: dict[str, Case], later: dict[str, Callable[[], Case]]) -> None:
+        super().__init__(made)
+        self._later = later
+
+    def __missing__(self, key: str) -> Case:
+        if key not in self._later:
+            raise KeyError(key)
+        made = self[key] = self._later.pop(key)()
+        return made
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key) or key in self._later
+
+
 def _variants(case: Case) -> dict[str, Case]:
     """Every run a case may need, by variant: its dtype, float64, the perturbed reruns, the mixed-precision extras."""
     dtype = case.spec["dtype"]
     variants = {dtype: case, "float64": case if dtype == "float64" else case.replace(dtype="float64")}
-    if dtype in ("float32", MIXED_BFLOAT16):
-        variants[PERTURBED] = perturbed_case(case)
+    if dtype == "float32":
+        return _Variants(variants, {PERTURBED: lambda: perturbed_case(case)})
     if dtype == MIXED_BFLOAT16:
+        variants[PERTURBED] = perturbed_case(case)
         variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
         variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
         variants[BF16_ROUNDED64] = rounded_reference(case)
@@ -975,7 +998,7 @@ class _Judged:
         perturbation = ({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
                          " hyperparameters by one float32 ulp", "loss": False if loss_differs else None} if mixed else
                         {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}
-                        if PERTURBED in self.variants else None)
+                        if PERTURBED in self.variants and self.rules[impl] == "perturbation" else None)
         sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
         bf16 = None  # a mixed pair whose sides ran float64 and their reruns: held against float64 (judging.bfloat16)
         if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
