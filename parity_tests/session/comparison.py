@@ -751,14 +751,22 @@ def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str,
 
 
 def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
-    """Say whether a predicted difference appeared first at the stage theory names for it."""
+    """Say whether a predicted difference appeared first at the stage theory names for it.
+
+    A *known* difference of the pair that acts at an earlier stage (GPT-2's float64 GELU constants in
+    the forward pass, before Adam's epsilon placement in the update) may show there first: the runs
+    then part where theory says they may, and the note names it.
+    """
     stages = [d.stage for d in pred.differences if d.expected]
     stage = stages[0] if stages else stage_of(pred.expected[0])
     seen = where.get("stage")
-    note = (f"; theory predicted it first at {stage}: " + ("it appeared there" if seen == stage else
-                                                           "it did not appear" if seen is None else
-                                                           f"it appeared first at {seen}"))
-    return {**where, "predicted_stage": stage, "as_predicted": seen == stage,
+    known = next((d.text.split(":")[0] for d in pred.differences
+                  if not d.expected and seen is not None and seen in (d.stage, d.first_visible)), None)
+    note = (f"; theory predicted it first at {stage}: " + (
+        "it appeared there" if seen == stage else "it did not appear" if seen is None else
+        f"it appeared first at {seen}, where the known difference '{known}' acts" if known else
+        f"it appeared first at {seen}"))
+    return {**where, "predicted_stage": stage, "as_predicted": seen == stage or known is not None,
             "explanation": where["explanation"] + note}
 
 

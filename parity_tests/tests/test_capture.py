@@ -114,3 +114,20 @@ def test_a_plugin_without_recorded_gradients_is_localised_by_its_device_gradient
     assert (where["first_bad_step"], where["stage"], where["device"]) == (1, "device_grads", None)
     assert "by 4x" in where["explanation"] and "per-device losses agree" in where["explanation"]
     assert compare_case(case, ["tf.towers", plugin], stages=False).pairs[0].localisation["stage"] == "update"
+
+
+def test_a_known_difference_at_an_earlier_stage_is_named_where_the_runs_part_first():
+    """GPT-2 small, tf.towers vs torch.ddp: Adam's epsilon placement (expected, in the update) and the float64 GELU
+    constants (known, in the forward pass, 3.3e-10 > 1e-10 at the first MLP) -- the runs part first in the forward."""
+    from parity_tests.judging.theory import Prediction, _diff
+    from parity_tests.session.comparison import _against_theory
+
+    pred = Prediction.of([_diff("Adam epsilon placement: Keras adds eps to sqrt(v)", mapping="optimizer"),
+                          _diff("float64 GELU constants: tf.nn.gelu rounds 0.044715 through float32", expected=False,
+                                mapping="gelu_semantics")], [])
+    where = _against_theory({"stage": "forward", "explanation": "step 1: layer 2.0.1.body.1 differs"}, pred)
+    assert where["predicted_stage"] == "update" and where["as_predicted"]
+    assert where["explanation"].endswith("theory predicted it first at update: it appeared first at forward,"
+                                         " where the known difference 'float64 GELU constants' acts")
+    elsewhere = _against_theory({"stage": "loss", "explanation": "step 1: the loss differs"}, pred)
+    assert not elsewhere["as_predicted"] and elsewhere["explanation"].endswith("it appeared first at loss")
