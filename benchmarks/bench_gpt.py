@@ -200,6 +200,7 @@ def profile(case_path: Path) -> None:
 
     active: list[str] = []
     peaks: dict[str, int] = {}
+    spent: list[float] = []
     stop = threading.Event()
 
     def sample() -> None:
@@ -216,6 +217,7 @@ def profile(case_path: Path) -> None:
         try:
             return run_impl(c, impl)
         finally:
+            spent.append(time.perf_counter() - t0)
             active.remove(label)
             print(f"  after {label} ({time.perf_counter() - t0:.1f} s): resident {_rss() / 1e9:.2f} GB", flush=True)
 
@@ -223,10 +225,13 @@ def profile(case_path: Path) -> None:
     print(f"  case loaded: resident {_rss() / 1e9:.2f} GB", flush=True)
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
+    t0 = time.perf_counter()
     result = compare_case(case, ["tf.towers", "torch.ddp"], runner=runner)
+    wall = time.perf_counter() - t0
     stop.set()
     thread.join()
-    print(f"  verdict: {result.pairs[0].verdict.status}")
+    print(f"  verdict: {result.pairs[0].verdict.status}; compare_case {wall:.1f} s, of which runs {sum(spent):.1f} s, "
+          f"the rest (judging, localising, preparing cases) {wall - sum(spent):.1f} s")
     for label, peak in sorted(peaks.items(), key=lambda kv: -kv[1]):
         print(f"  peak resident {peak / 1e9:6.2f} GB while {label}")
 
@@ -240,6 +245,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the context)")
     ap.add_argument("--floor-gb", type=float, default=1.0,
                     help="stop the compare when the machine's available memory falls under this (default 1 GB)")
+    ap.add_argument("--report", type=Path, default=None, help="the compare's report folder (tfpar compare --report)")
     ap.add_argument("--plain-only", action="store_true", help="only the plain Keras / torch runs")
     ap.add_argument("--no-plain", action="store_true", help="only the compare")
     ap.add_argument("--profile", action="store_true",
@@ -257,7 +263,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             case = make_case(Path(tmp), args.model, args.steps, args.devices, args.batch, seq)
             wall, peaks, rc, tail = watch(
-                [PY, "-m", "parity_tests.cli", "compare", str(case), "--impls", "tf.towers,torch.ddp"],
+                [PY, "-m", "parity_tests.cli", "compare", str(case), "--impls", "tf.towers,torch.ddp",
+                 *(["--report", str(args.report)] if args.report else [])],
                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, floor_bytes=int(args.floor_gb * 1e9))
         lines = [line for line in tail.strip().splitlines() if line.strip()]
         print("\n".join(lines[-12:]) if lines else "(no output)")
