@@ -786,12 +786,17 @@ class _Variants(dict):
     def __init__(self, made: dict[str, Case], later: dict[str, Callable[[], Case]]) -> None:
         super().__init__(made)
         self._later = later
+        self._lock = threading.Lock()  # the TensorFlow and torch runs ask from two threads (_beside)
 
     def __missing__(self, key: str) -> Case:
-        if key not in self._later:
-            raise KeyError(key)
-        made = self[key] = self._later.pop(key)()
-        return made
+        with self._lock:  # made once: the other thread waits for it, and then finds it made
+            if dict.__contains__(self, key):
+                return dict.__getitem__(self, key)
+            if key not in self._later:
+                raise KeyError(key)
+            made = self[key] = self._later[key]()
+            del self._later[key]
+            return made
 
     def __contains__(self, key: object) -> bool:
         return super().__contains__(key) or key in self._later

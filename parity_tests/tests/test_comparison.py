@@ -87,3 +87,29 @@ def test_the_perturbed_copy_of_the_weights_is_made_only_for_a_perturbation_rule(
     r = compare_case(case, ["tf.towers", "torch.ddp"], floor="perturbation")
     assert r.pairs[0].verdict.rule != "float32 noise floor" and made, r.summary()
     assert "moved by one float32 ulp" in r.pairs[0].verdict.detail
+
+
+def test_a_variant_asked_for_from_two_threads_at_once_is_made_once():
+    """The TensorFlow and torch runs go beside each other in two threads, and both may ask for the perturbed
+    variant first (tests/test_placement.py once raised KeyError in one of them)."""
+    import threading
+    import time
+
+    from parity_tests.session.comparison import _Variants
+
+    made: list[object] = []
+
+    def slow() -> object:
+        time.sleep(0.2)  # both threads are inside before the first is done
+        made.append(object())
+        return made[-1]
+
+    variants = _Variants({}, {"float32+perturbed": slow})
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(variants["float32+perturbed"])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and got == [made[0], made[0]]
+    assert "float32+perturbed" in variants and "float64" not in variants
