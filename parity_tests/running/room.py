@@ -31,7 +31,7 @@ import psutil
 
 from parity_tests.contract.case import Case
 
-__all__ = ["TF_BASE", "TORCH_BASE", "SHARE", "parameters", "tf_bytes", "torch_bytes", "fits_beside"]
+__all__ = ["TF_BASE", "TORCH_BASE", "SHARE", "parameters", "tf_bytes", "torch_bytes", "available_bytes", "fits_beside"]
 
 #: a TensorFlow child's own resident memory before a run: TensorFlow and the server's pages it forked from
 TF_BASE = 0.9e9
@@ -56,9 +56,14 @@ def torch_bytes(case: Case) -> float:
     return case.devices * (TORCH_BASE + 7 * 8.0 * parameters(case))
 
 
+def available_bytes() -> int:
+    """The memory the machine has available now (the kernel's estimate, ``MemAvailable``)."""
+    return psutil.virtual_memory().available
+
+
 def fits_beside(case: Case, available: float | None = None) -> bool:
     """Whether a TensorFlow run and a torch job of ``case`` fit in memory at once: their estimates
     together at most :data:`SHARE` of ``available`` bytes (default: what the machine has available now)."""
     if available is None:
-        available = psutil.virtual_memory().available
+        available = available_bytes()
     return tf_bytes(case) + torch_bytes(case) <= SHARE * available

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -77,7 +78,7 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
-from parity_tests.running.room import fits_beside
+from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, torch_bytes
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
@@ -870,6 +871,11 @@ def compare_case(
     if progress is True:  # a bar on a terminal, one line per run in a log
         from parity_tests.session.progress import run_bar
 
+        if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
+            need = (tf_bytes(case) + torch_bytes(case)) / 1e9
+            print(f"{case.name}: TensorFlow and torch runs one after another, not beside each other: together"
+                  f" about {need:.1f} GB in float64, {available_bytes() / 1e9:.1f} GB available"
+                  " (docs/memory.md)", file=sys.stderr, flush=True)
         bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     refused: dict[str, str] = {}

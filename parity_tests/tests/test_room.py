@@ -52,3 +52,15 @@ def test_runs_that_do_not_fit_go_one_after_another_with_the_same_verdict(monkeyp
     a, b = together.pairs[0].verdict, alone.pairs[0].verdict
     assert (a.status, a.rule, a.step, a.key) == (b.status, b.rule, b.step, b.key)
     np.testing.assert_array_equal(a.per_step_gap, b.per_step_gap)
+
+
+@pytest.mark.usefixtures("pool")
+def test_the_command_line_is_told_when_runs_go_one_after_another(monkeypatch, capsys):
+    case = make(MLP, parallel__devices=2)
+    compare_case(case, ["tf.towers", "torch.ddp"], progress=True)
+    assert "one after another" not in capsys.readouterr().err
+    monkeypatch.setattr(comparison, "fits_beside", lambda c: False)
+    compare_case(case, ["tf.towers", "torch.ddp"], progress=True)
+    line = next(x for x in capsys.readouterr().err.splitlines() if "one after another" in x)
+    assert line.startswith("mlp: TensorFlow and torch runs one after another, not beside each other: together about")
+    assert line.endswith("GB available (docs/memory.md)")
