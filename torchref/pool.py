@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import multiprocessing as mp
 import os
 import pickle
@@ -47,6 +46,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from parity_tests.protocol.memory import release_memory
 from parity_tests.protocol.rows import ensure_spill_root
 
 from .jobs import PRELOAD
@@ -173,15 +173,6 @@ def _socket_folder() -> str:
     return config["tempdir"]
 
 
-def _trim() -> None:
-    """glibc's ``malloc_trim``: a finished job's freed tensors stay in the allocator's arenas otherwise (a
-    float64 GPT-2 small rank kept gigabytes while the compare's TensorFlow runs went on); no-op off glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_timeout: float,
                  conn: Connection, environ: dict[str, str], socket_folder: str) -> None:
     # Ctrl-C belongs to the parent, which tears the pool down; the parent blocked SIGINT
@@ -240,7 +231,7 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                 with sending:
                     conn.send(("ok", result))
                 del result, payload
-                _trim()  # the job's freed tensors back to the system: the worker waits here beside the next runs
+                release_memory()  # the job's freed tensors back to the system: the worker waits here beside the next runs
             except Exception as e:
                 # a user's plugin that raised reports its own frames (torchref.plugin.PluginRaised.report)
                 report = getattr(e, "report", None)

@@ -23,7 +23,7 @@ from parity_tests.contract.case import Case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.relay import BENIGN
 
-__all__ = ["RunError", "set_pool_timeout", "tf_module", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks", "tf_device_count", "check_tf_devices", "run_torch_job", "by_file", "RANK_MIB", "BY_FILE_BYTES", "pool_timeout", "release_memory"]
+__all__ = ["RunError", "set_pool_timeout", "tf_module", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks", "tf_device_count", "check_tf_devices", "run_torch_job", "by_file", "RANK_MIB", "BY_FILE_BYTES", "pool_timeout"]
 
 _POOL_TIMEOUT: float | None = None
 _TF_DEVICES = 0  # the largest tower count asked for before TensorFlow started (reserve_tf_devices)
@@ -221,27 +221,6 @@ def by_file(payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     out = {**payload, "init": {k: moved.get(("init", k), v) for k, v in payload["init"].items()}}
     out.update({k: moved[(k, None)] for k in ("x", "y") if (k, None) in moved})
     return out, store.close()
-
-
-def release_memory() -> None:
-    """Give the memory a finished in-process run freed back to the system (glibc's ``malloc_trim``).
-
-    TensorFlow's tensors are freed into the C allocator's arenas, which keep much of it; the
-    next run's peak then adds to it (measured on a 25 M-parameter model: 0.2 GB of a run's
-    remains returned this way, docs/memory.md). Nothing happens where there is no glibc.
-
-    No ``gc.collect()`` here: a Ctrl-C that lands while the collector runs a finalizer is
-    swallowed ("Exception ignored in ..."), and TensorFlow leaves many (measured: ``tfpar matrix``
-    went on after Ctrl-C, ``tests/test_interrupt.py``).
-    """
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 
 
 def pool_timeout() -> float | None:

@@ -15,8 +15,9 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.memory import release_memory
 from parity_tests.running import registry
-from parity_tests.running.backends import check_torch_ranks, pool_timeout, release_memory
+from parity_tests.running.backends import check_torch_ranks, pool_timeout
 from parity_tests.running.builtins import BUILTINS
 from parity_tests.running.builtins import SPECS as BUILTIN_SPECS
 

@@ -48,9 +48,10 @@ from collections.abc import Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from parity_tests.protocol.memory import release_memory
 from parity_tests.protocol.relay import without_chatter, write_output
 from parity_tests.protocol.rows import ensure_spill_root, remove_files
-from parity_tests.running.backends import RunError, by_file, quiet_stderr, release_memory
+from parity_tests.running.backends import RunError, by_file, quiet_stderr
 
 __all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_child", "job_context", "run_case_job"]
 
