@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import psutil
 import pytest
 
 from parity_tests.protocol.errors import CaseError
@@ -17,6 +16,7 @@ from parity_tests.running import builtins
 from parity_tests.running.harness import run_impl
 from parity_tests.running.tf_worker import get_worker
 from parity_tests.tests.helpers import CNN, MLP, make
+from parity_tests.tests.processes import children
 
 
 def _same(a, b) -> None:
@@ -35,7 +35,7 @@ def test_an_isolated_run_is_the_in_process_run_bit_for_bit(monkeypatch, impl, mo
     server = get_worker().pid
     there = run_impl(case, impl)
     _same(here, there)
-    assert psutil.Process(server).children() == []  # the run's process exited once it reported
+    assert children(server) == []  # the run's process exited once it reported (the server waited for it)
 
 
 def test_the_threshold_counts_parameters(monkeypatch):

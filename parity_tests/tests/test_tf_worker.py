@@ -11,6 +11,7 @@ from parity_tests.running.backends import RunError
 from parity_tests.running.harness import run_impl
 from parity_tests.running.tf_worker import TFWorker, get_worker, shutdown_worker
 from parity_tests.tests.helpers import MLP, make
+from parity_tests.tests.processes import children, wait_gone
 
 TF = f"{Path(__file__).resolve().parent / 'plugins' / 'tf_plugins.py'}"
 
@@ -30,9 +31,9 @@ def test_each_run_is_a_new_process_and_closing_leaves_none():
     run_impl(make(MLP, steps=1), f"{TF}:good")
     worker = get_worker(start=False)
     server = psutil.Process(worker.pid)
-    assert server.children() == []  # the run's process is gone once it reported
+    assert children(server) == []  # the run's process is gone once it reported (the server waited for it)
     shutdown_worker()
-    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    assert wait_gone([server]) == []
 
 
 def test_a_server_that_cannot_start_is_one_line(monkeypatch):
