@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-__all__ = ["EXIT_DEADLINE", "GONE", "alive", "argv", "children", "cmdline", "is_resource_tracker", "living", "wait_gone", "wait_until"]
+__all__ = ["EXIT_DEADLINE", "GONE", "HANG_DEADLINE", "alive", "argv", "children", "cmdline", "is_resource_tracker", "living", "wait_gone", "wait_until"]
 
 #: What psutil raises for a process that exited, turned zombie or cannot be read while it is looked at.
 GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
@@ -29,6 +29,12 @@ GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 #: stop message). On a quiet machine they go within a second; under load (four test workers on two
 #: cores, issue 34) the scheduler may not run them for several seconds. Past this, something is wrong.
 EXIT_DEADLINE = 60.0
+
+#: How long a subprocess of the suite (a fresh interpreter importing TensorFlow or torch, a small run)
+#: may take before the test calls it hung. Quiet, such a process takes 5-60 s; a machine loaded several
+#: times over stretches that by as much (issue 34). A guard against a hang, not a claim about speed:
+#: a correct process ends long before it, and only a hung one waits it out.
+HANG_DEADLINE = 600.0
 
 
 def _process(p: psutil.Process | int) -> psutil.Process | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from parity_tests.cli import main
+from parity_tests.tests.processes import HANG_DEADLINE
 
 HERE = Path(__file__).resolve().parent / "plugins"
 TF = f"{HERE / 'fresh_state_tf.py'}:leaves_state"
@@ -68,7 +69,7 @@ except PluginRaised as e:
 
 def test_premise_the_tensorflow_checks_see_every_kind_of_state_a_run_in_the_same_process_leaves():
     out = subprocess.run([sys.executable, "-c", PREMISE_TF, json.dumps(CASE), TF], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
+                         timeout=HANG_DEADLINE, cwd=ROOT)
     line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
     assert line.startswith("AssertionError: state left by an earlier run: "), line
     for kind in ("module state", "keras floatx float64", "keras dtype policy mixed_float16", "keras name counters",

@@ -27,7 +27,7 @@ from parity_tests.cli import main as tfpar_main
 from parity_tests.contract.case import case_from_dict, load_case
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, set_path
-from parity_tests.tests.processes import GONE, children, cmdline, wait_gone
+from parity_tests.tests.processes import GONE, HANG_DEADLINE, children, cmdline, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "parity_tests" / "tests" / "plugins" / "launch_faults.py"
@@ -268,6 +268,6 @@ def test_param_digests_see_row_0_and_every_step():
 
 def test_importing_the_launcher_does_not_load_tensorflow():
     code = "import sys, parity_tests.launch.torch; print(','.join(m for m in ('tensorflow', 'keras') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == ""

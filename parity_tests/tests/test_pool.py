@@ -16,7 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from parity_tests.tests.processes import children, is_resource_tracker, living, wait_gone
+from parity_tests.tests.processes import (
+    HANG_DEADLINE,
+    children,
+    is_resource_tracker,
+    living,
+    wait_gone,
+)
 from torchref import _pool_testfns as fns
 from torchref import pool as pool_mod
 from torchref.pool import MAX_SIZE, DDPPool, RankFailed, get_pool, shutdown_pool
@@ -25,7 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 POOL_TIMEOUT = 5.0
 
-pytestmark = pytest.mark.timeout(180)  # a pool bug must fail here, not hang the run
+# a pool bug must fail here, not hang the run: past every wait of the module (their longest is a
+# subprocess hang guard, processes.HANG_DEADLINE), with room for the test around it
+pytestmark = pytest.mark.timeout(HANG_DEADLINE + 120)
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +250,7 @@ def test_ctrl_c_tears_the_pool_down():
     child = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ready, _, _ = select.select([child.stdout], [], [], 120)
+        ready, _, _ = select.select([child.stdout], [], [], HANG_DEADLINE)
         assert ready
         word, folder = child.stdout.readline().split()
         assert word == "READY" and os.path.isdir(folder)
@@ -280,7 +288,7 @@ def test_workers_exit_when_parent_dies():
     child = subprocess.Popen([sys.executable, "-c", ORPHAN], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, text=True)
     try:
-        ready, _, _ = select.select([child.stdout], [], [], 120)
+        ready, _, _ = select.select([child.stdout], [], [], HANG_DEADLINE)
         assert ready
         socket_folder, folder, *words = child.stdout.readline().split()
         pids = [int(word) for word in words]
@@ -327,7 +335,7 @@ def test_the_pool_starts_under_a_long_tmpdir(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
     env.pop("TFPAR_SPILL_ROOT", None)
     res = subprocess.run([sys.executable, "-c", LONG_TMPDIR], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=HANG_DEADLINE)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == [str(tmp)] * 2
 
@@ -350,7 +358,7 @@ def test_stopping_the_forkserver_closes_a_pool_nobody_closed():
     ``stop_forkserver`` waits for it: with a pool left open it waited forever (a test session's
     end hung so in a rehearsal). It closes every pool still open first."""
     res = subprocess.run([sys.executable, "-c", UNCLOSED], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert res.returncode == 0, res.stderr[-2000:]
     ranks = [int(pid) for pid in res.stdout.split()]
     assert len(ranks) == 2 and living(ranks) == []  # a zombie is gone too: it holds nothing

@@ -14,6 +14,7 @@ import pytest
 
 from parity_tests.judging.theory import mapping_changes, predict
 from parity_tests.tests.helpers import CNN, MLP, POLY, make
+from parity_tests.tests.processes import HANG_DEADLINE
 
 ADAM = {"name": "adam", "lr": 0.01, "epsilon": 1e-3}
 ROWS = [
@@ -115,7 +116,7 @@ def test_theory_refuses_to_guess_what_an_undeclared_builtin_is():
             "try:\n    is_parallel('tf.towers')\nexcept LookupError as e:\n    print('refused:', e)\n"
             "from parity_tests.running import registry\nregistry.builtin_names()\n"
             "print(is_parallel('tf.towers'), is_parallel('tf.single'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.strip().splitlines()
     assert first.startswith("refused: tf.towers: no declaration") and second == "True False"
