@@ -4,6 +4,12 @@
     tfpar compare CASE [--impls A,B,...] [--report DIR]
     tfpar matrix [--out DIR] [--resume] [--impls PLUGIN,...]
     tfpar replay MANIFEST
+    tfpar --version
+
+``-q``/``--quiet`` drops the progress display and the notes on stderr (the verdict table and
+errors stay); ``-v``/``--verbose`` adds the library's debug messages. The library writes its
+messages to the ``logging`` logger ``"tfpar"`` (children ``tfpar.session``, ...) and never
+configures logging itself; this command puts one handler on that logger for its own run.
 
 Exit status: 0 ok (compare: every pair at parity or an expected difference;
 matrix: every expected result held); 1 a divergence, an unexpected parity or an
@@ -18,6 +24,7 @@ workers re-import the parent's main module, and must not pay for TensorFlow.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -41,9 +48,22 @@ class _Parser(OneLineParser):
     help_hint = "tfpar --help"
 
 
+def _verbosity(p: argparse.ArgumentParser, default: Any) -> None:
+    """``-q``/``--quiet`` and ``-v``/``--verbose``, accepted before and after the command's name."""
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("-q", "--quiet", action="store_true", default=default,
+                     help="no progress display and no notes on stderr: the verdicts, the report's path and errors only")
+    how.add_argument("-v", "--verbose", action="store_true", default=default,
+                     help="also the library's debug messages (each run as it starts and ends)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from parity_tests.running.environment import tool_version
+
     p = _Parser(prog="tfpar", description="Prove or disprove that TensorFlow tower training computes the same updates as PyTorch DDP.")
+    p.add_argument("--version", action="version", version=f"tfpar {tool_version()}")
     p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may go without finishing a training step before its ranks are declared hung (default 60)")
+    _verbosity(p, False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="run one implementation and write its trajectory")
@@ -72,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="re-run a recorded run and check it bit for bit")
     rp.add_argument("manifest", help="a .manifest.json written beside a trajectory")
+    for each in (r, c, m, rp):
+        _verbosity(each, argparse.SUPPRESS)
     return p
 
 
@@ -124,7 +146,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     check_dtypes(case, impls)
     if args.lockstep:
         return _lockstep(case, impls, args)
-    result = compare_case(case, impls, progress=True)
+    result = compare_case(case, impls, progress=not args.quiet)
     print(result.summary())
     if args.report:
         path = write_case_report(result, Path(args.report), full=args.full)
@@ -143,7 +165,8 @@ def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
     from parity_tests.session.lockstep import check_lockstep, lockstep_compare
 
     check_lockstep(case, impls)  # before anything runs
-    result = lockstep_compare(case, impls, progress=lambda label: print(f"  {label}", file=sys.stderr, flush=True))
+    say = None if args.quiet else (lambda label: print(f"  {label}", file=sys.stderr, flush=True))
+    result = lockstep_compare(case, impls, progress=say)
     print(result.summary())
     if args.report:
         print(f"report: {write_case_report(result.free, Path(args.report), lockstep=result, full=args.full)}")
@@ -159,7 +182,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from parity_tests.running.harness import parse_impls
 
     extra = parse_impls(args.impls) if args.impls.strip() else []
-    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra)
+    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra, progress=not args.quiet)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -174,15 +197,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tfpar`` console script; returns the exit status."""
     previous = _on_signals()
+    handler = None
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --version, --help: printed; the status is returned like any other
+            return e.code if isinstance(e.code, int) else 0
+        handler = _StderrHandler(logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO)
         settings.check()  # a bad TFPAR_* variable: one line, exit 2, before any work
         from parity_tests.running.backends import RunError, set_pool_timeout
 
         set_pool_timeout(args.timeout)
-        handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]
+        command = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]
         try:
-            return handler(args)
+            return command(args)
         except RunError as e:
             if _signalled:  # a run that failed because the signal broke into it (TensorFlow's own
                 raise _signalled[-1]() from e  # bookkeeping asserts): reported as the signal
@@ -207,9 +235,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["parity_tests.running.tf_worker"].shutdown_worker()
         if "parity_tests.protocol.rows" in sys.modules:  # the runs' spilled rows (docs/memory.md): gigabytes
             sys.modules["parity_tests.protocol.rows"].remove_spill_root()
+        if handler is not None:
+            handler.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
+
+
+class _StderrHandler(logging.StreamHandler):
+    """The command's handler on the ``"tfpar"`` logger: each message as a line of stderr, as the
+    command printed it before it logged. Writes to the ``sys.stderr`` of the moment (pytest's
+    capture, a redirection made after start-up). :meth:`close` takes it off again and restores the
+    logger's level, so a program that calls :func:`main` twice does not print each message twice."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self._logger = logging.getLogger("tfpar")
+        self._level = self._logger.level
+        self._logger.setLevel(level)  # the logger's, not the root's: the library never touches the root logger
+        self._logger.addHandler(self)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ sets it; the property reads sys.stderr
+        pass
+
+    def close(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+        super().close()
 
 
 class Terminated(BaseException):

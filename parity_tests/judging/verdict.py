@@ -118,6 +118,13 @@ class Verdict:
     per_step_loss_bound: np.ndarray | None = None
     unjudged: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:
+        """One line a person reads (``Verdict(parity, float64 bound: gap 3.1e-16, bound 1e-10 at step 3,
+        param/0.kernel)``), never the per-step arrays: they are attributes."""
+        where = "" if self.step is None else f" at step {self.step}" + ("" if self.key is None else f", {self.key}")
+        first = "" if self.first_step is None else f"; first over the bound at step {self.first_step}"
+        return f"Verdict({self.status}, {self.rule}: gap {self.gap:.3g}, bound {self.bound:.3g}{where}{first})"
+
     @property
     def diverged(self) -> bool:
         """True when a difference beyond rounding was found (expected or not)."""

@@ -290,12 +290,15 @@ def run_matrix(
     runner: Callable[[Case, str], Any] | None = None,
     stream=None,
     extra: list[str] | None = None,
+    progress: bool = True,
 ) -> int:
     """Run the matrix, write the report to ``out``; returns the exit status (0: all as expected).
 
     ``extra``: more implementation names (plugins, installed names; resolved by the registry)
     judged against ``tf.towers`` in every row beside the built-ins; a row an implementation
     cannot run (a dtype it does not declare, a field it refuses) is reported as unsupported.
+    ``progress``: the bar on ``stream`` (``tfpar --quiet``: none). The summary line and each row not
+    as expected are printed on stdout: they are ``tfpar matrix``'s output.
     """
     from tqdm import tqdm
 
@@ -318,7 +321,7 @@ def run_matrix(
     tool = versions()
     results: list[CaseResult] = []
     reused = 0
-    with tqdm(cases, desc="tfpar matrix", unit="row", file=stream) as bar:
+    with tqdm(cases, desc="tfpar matrix", unit="row", file=stream, disable=not progress) as bar:
         for case in bar:
             bar.set_postfix_str(case.name)
             row = _row_file(out, case, impls)

@@ -212,16 +212,15 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     rule; dashed lines = the bound (float64: the constant bound; float32: each
     pair's noise-floor bound, in the pair's colour). Exact zeros sit at 1e-18.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a Figure of its own, drawn to PNG by Agg, never pyplot: the user's backend (a notebook's inline
+    # one) and pyplot's current figure stay as they were
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     dtypes = sorted({r.case.spec["dtype"] for r in results}, reverse=True)  # float64 first
     devs = sorted({r.case.devices for r in results})
-    fig, axes = plt.subplots(len(dtypes), len(devs), figsize=(3.6 * len(devs) + 2.2, 3.0 * len(dtypes)),
-                             squeeze=False, sharey=True, sharex=True)
+    fig = Figure(figsize=(3.6 * len(devs) + 2.2, 3.0 * len(dtypes)))
+    axes = fig.subplots(len(dtypes), len(devs), squeeze=False, sharey=True, sharex=True)
     impls, combines = set(), set()
     for r in results:
         ax = axes[dtypes.index(r.case.spec["dtype"])][devs.index(r.case.devices)]
@@ -258,7 +257,6 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * len(devs) + 2.2), 0.95))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
     return buf.getvalue()
 
 

@@ -6,7 +6,17 @@ import platform
 import sys
 from importlib import metadata
 
-__all__ = ["versions"]
+__all__ = ["versions", "tool_version"]
+
+
+def tool_version() -> str:
+    """This tool's version: the installed ``tfpar`` distribution's, else the source tree's ``__version__``."""
+    try:
+        return metadata.version("tfpar")
+    except metadata.PackageNotFoundError:
+        import parity_tests
+
+        return parity_tests.__version__
 
 
 def versions() -> dict[str, str]:
