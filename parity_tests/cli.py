@@ -12,10 +12,13 @@ messages to the ``logging`` logger ``"tfpar"`` (children ``tfpar.session``, ...)
 configures logging itself; this command puts one handler on that logger for its own run.
 
 Exit status: 0 ok (compare: every pair at parity or an expected difference;
-matrix: every expected result held); 1 a divergence, an unexpected parity or an
-inconclusive comparison was found (compare), an expected result did not hold
-(matrix) or an implementation failed; 2 bad input (one line naming the field);
-130 Ctrl-C.
+matrix: every expected result held; replay: bit-identical); 1 a divergence or an
+unexpected parity was found (compare; run: DDP replicas out of sync; replay: an
+array differs), an expected result did not hold (matrix, also when an
+implementation failed there); 2 bad input (one line naming the field); 3 nothing
+could be judged and nothing wrong was shown (compare: the worst pair is
+inconclusive or an error; any command but matrix: an implementation failed);
+130 Ctrl-C, 143 SIGTERM.
 
 This module's top level imports neither TensorFlow nor torch: spawned torch
 workers re-import the parent's main module, and must not pay for TensorFlow.
@@ -80,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write TensorBoard event files: each implementation's loss, each pair's gap per parameter and its bound")
     c.add_argument("--full", action="store_true",
                    help="with --report: write every run's full trajectory, whatever its size (default: up to 1 GiB in all)")
+    c.add_argument("--junit", default=None, metavar="FILE",
+                   help="also write JUnit XML for CI: one test case per pair, a failure for a divergence or an "
+                        "unexpected parity, an error for an inconclusive pair or a failed implementation")
     c.add_argument("--lockstep", action="store_true",
                    help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
                         "exit status from lockstep's verdicts")
@@ -89,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--quick", action="store_true", help="a smaller matrix (1 and 2 devices, float64 only)")
     m.add_argument("--resume", action="store_true", help="keep the rows an interrupted run already finished in --out")
     m.add_argument("--impls", default="", help="more implementations (plugins FILE.py:FUNCTION, installed names) judged against tf.towers in every row")
+    m.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML for CI: one test case per pair of every row")
 
     rp = sub.add_parser("replay", help="re-run a recorded run and check it bit for bit")
     rp.add_argument("manifest", help="a .manifest.json written beside a trajectory")
@@ -133,6 +140,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from parity_tests.contract.case import load_case
     from parity_tests.reporting.report import write_case_report
+    from parity_tests.running.backends import RunError
     from parity_tests.running.harness import parse_impls
     from parity_tests.session.comparison import compare_case
 
@@ -144,9 +152,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     prestart_torch(case, impls)  # the torch ranks start while TensorFlow imports
     check_dtypes(case, impls)
-    if args.lockstep:
-        return _lockstep(case, impls, args)
-    result = compare_case(case, impls, progress=not args.quiet)
+    try:
+        if args.lockstep:
+            return _lockstep(case, impls, args)
+        result = compare_case(case, impls, progress=not args.quiet)
+    except RunError as e:  # no verdict: in CI every pair reads as an error, with the line the command prints
+        if args.junit:
+            from parity_tests.reporting.junit import failed_run_cases, write_junit
+
+            write_junit(args.junit, failed_run_cases(case.name, impls, f"run failed: {e}"), name="tfpar compare")
+        raise
     print(result.summary())
     if args.report:
         path = write_case_report(result, Path(args.report), full=args.full)
@@ -155,12 +170,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result, Path(args.tensorboard))} (tensorboard --logdir there)")
-    return 0 if result.ok else 1
+    if args.junit:
+        from parity_tests.reporting.junit import cases_of, write_junit
+
+        print(f"junit: {write_junit(args.junit, cases_of(result), name='tfpar compare')}")
+    return result.exit_status
 
 
 def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
-    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 when every lockstep
-    verdict is parity or an expected difference."""
+    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; the exit status (and
+    ``--junit``'s test cases) from lockstep's verdicts."""
     from parity_tests.reporting.report import write_case_report
     from parity_tests.session.lockstep import check_lockstep, lockstep_compare
 
@@ -174,7 +193,11 @@ def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result.free, Path(args.tensorboard))} (tensorboard --logdir there)")
-    return 0 if result.ok else 1
+    if args.junit:
+        from parity_tests.reporting.junit import lockstep_cases_of, write_junit
+
+        print(f"junit: {write_junit(args.junit, lockstep_cases_of(result), name='tfpar compare --lockstep')}")
+    return result.exit_status
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -182,7 +205,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from parity_tests.running.harness import parse_impls
 
     extra = parse_impls(args.impls) if args.impls.strip() else []
-    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra, progress=not args.quiet)
+    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra, progress=not args.quiet,
+                      junit=Path(args.junit) if args.junit else None)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -218,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             frames = getattr(e, "frames", "")
             if frames:  # a plugin raised: the user's own frames, after the one line
                 print(frames, end="" if frames.endswith("\n") else "\n", file=sys.stderr)
-            return 1
+            # an implementation failed: nothing could be judged (the matrix: an expected result did not hold)
+            return 1 if args.command == "matrix" else 3
     except CaseError as e:
         print(f"tfpar: error: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,11 @@ from parity_tests.running.environment import versions
 if TYPE_CHECKING:
     from parity_tests.session.comparison import CaseResult
 
-__all__ = ["versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
+__all__ = ["REPORT_SCHEMA", "versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
+
+
+#: ``report.json``'s ``schema``: its fields keep their meaning while it reads ``tfpar-report/1``
+REPORT_SCHEMA = "tfpar-report/1"
 
 
 def scenario_of(name: str) -> str:
@@ -332,7 +336,7 @@ def write_report(
             impl, _, variant = key.partition("@")
             if variant == r.case.spec["dtype"]:  # the case as given (other variants are derived runs)
                 write_manifest(manifest_path(path), build_manifest(replayable, impl, traj, path.name))
-    doc = {"title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
+    doc = {"schema": REPORT_SCHEMA, "title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
            "rows": _rows(results), "cases": [r.to_dict() for r in results]}
     if lockstep is not None:  # tfpar compare --lockstep (parity_tests.session.lockstep): per-step one-step gaps
         doc["cases"][0]["lockstep"] = lockstep.to_dict()["lockstep"]

@@ -72,6 +72,7 @@ from parity_tests.judging.verdict import (
     RULE_FLOAT64,
     Verdict,
     _json,
+    exit_status,
 )
 from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.protocol.errors import CaseError
@@ -202,6 +203,12 @@ class CaseResult:
     @property
     def as_expected(self) -> bool:
         return all(p.as_expected for p in self.pairs)
+
+    @property
+    def exit_status(self) -> int:
+        """``tfpar compare``'s exit status: 0 every pair parity or an expected difference, 1 a divergence or
+        an unexpected parity, else 3 a pair inconclusive or an error (``judging.verdict.exit_status``)."""
+        return exit_status(p.verdict.status for p in self.pairs)
 
     def _table(self) -> list[str]:
         """The case's line, then one row per pair: pair, verdict, rule, gap, bound."""

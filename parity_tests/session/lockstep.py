@@ -70,7 +70,7 @@ from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
-from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
@@ -313,6 +313,11 @@ class LockstepResult:
     def ok(self) -> bool:
         """Every lockstep verdict parity or an expected difference (``tfpar compare --lockstep``'s exit status 0)."""
         return self.as_expected
+
+    @property
+    def exit_status(self) -> int:
+        """``tfpar compare --lockstep``'s exit status, from lockstep's verdicts as :attr:`CaseResult.exit_status`."""
+        return exit_status(p.status for p in self.pairs)
 
     def _rows(self, *, notes: bool) -> list[str]:
         """Lockstep's header and one row per pair (with ``notes``: each first bad step's line and where)."""

@@ -47,8 +47,8 @@ def test_compare_parity_exit_0_and_divergence_exit_1(tmp_path, capsys):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "verdict: PARITY" in res.stdout
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "case" / "case.json").is_file()
-    # status 1 through main(): the console script exits with what main returns, which the
-    # subprocess above (0) and test_timeout_flag_bounds_a_job_and_names_the_rank (1) prove
+    # statuses through main(): the console script exits with what main returns, which the
+    # subprocess above (0) and test_timeout_flag_bounds_a_job_and_names_the_rank (3) prove
     # an expected difference (the residual is parity) exits 0 as well (CONTRACT section 8); a divergence 1
     summed = set_path(set_path(MLP, "parallel.devices", 2), "model.reduction", "sum")
     capsys.readouterr()
@@ -105,7 +105,8 @@ def test_too_many_devices_is_bad_input(tmp_path, capsys, monkeypatch):
 
 
 def test_timeout_flag_bounds_a_job_and_names_the_rank(tmp_path):
-    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 1, nothing left.
+    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 3 (an implementation
+    failed: nothing to judge), nothing left.
 
     The job is 2000 steps at 8 ranks (about a minute on the 2-core machine), so it cannot
     finish inside the budget whether a collective hits the 1 ms gloo timeout or the
@@ -114,7 +115,7 @@ def test_timeout_flag_bounds_a_job_and_names_the_rank(tmp_path):
     """
     case = _write(tmp_path, set_path(set_path(MLP, "parallel.devices", 8), "steps", 2000))
     res = _cli("--timeout", "0.001", "run", str(case), "--impl", "torch.ddp", "--out", str(tmp_path / "t.npz"))
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 3, res.stdout + res.stderr
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tfpar: run failed: torch.ddp failed: rank "), err
     assert "timed out" in err[0].lower()

@@ -213,8 +213,14 @@ def test_cli_lockstep_report_and_exit_status(pool, tmp_path, capsys, monkeypatch
 
     path = write_case(make(SOFTMAX, parallel__devices=2, steps=3, optimizer__semantics="torch"), tmp_path / "c")
     out = tmp_path / "r"
-    assert main(["compare", str(path), "--impls", "tf.towers,torch.ddp", "--lockstep", "--report", str(out)]) == 0
+    assert main(["compare", str(path), "--impls", "tf.towers,torch.ddp", "--lockstep", "--report", str(out),
+                 "--junit", str(tmp_path / "junit.xml")]) == 0
     assert "lockstep verdict: PARITY" in capsys.readouterr().out
+    import xml.etree.ElementTree as ET
+
+    junit = ET.parse(tmp_path / "junit.xml").getroot()  # lockstep's verdicts, which the exit status comes from
+    assert [(s.get("name"), s.get("tests"), s.get("failures"), s.get("errors")) for s in junit] == [
+        ("softmax (lockstep)", "1", "0", "0")]
     doc = json.loads((out / "report.json").read_text())
     lock = doc["cases"][0]["lockstep"]["pairs"][0]
     assert lock["status"] == "parity" and len(lock["one_step_gap"]) == 3 and lock["first_bad_step"] is None
