@@ -210,10 +210,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from parity_tests.running.manifest import load_manifest
-    from parity_tests.running.provenance import replay
+    from parity_tests.running.manifest import load_manifest, replay_name
+    from parity_tests.running.provenance import replay, run_gpu_facts, version_drift
 
-    same, line = replay(load_manifest(args.manifest))
+    manifest = load_manifest(args.manifest)
+    same, line = replay(manifest)
+    # after the run: the replayed framework reports its own CUDA and cuDNN (a torch run: from its pool rank)
+    drift = version_drift(manifest, now_gpu=run_gpu_facts(replay_name(manifest)))
+    if drift:
+        print(drift)
     print(line)
     return 0 if same else 1
 

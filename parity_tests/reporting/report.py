@@ -25,6 +25,7 @@ from parity_tests.protocol.rows import nbytes
 from parity_tests.reporting.stages import drawable
 from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
+from parity_tests.running.gpu import gpu_facts
 
 if TYPE_CHECKING:
     from parity_tests.session.comparison import CaseResult
@@ -301,6 +302,7 @@ def write_report(
     meta = dict(meta or {})
     meta.setdefault("versions", versions())
     meta.setdefault("cpu", cpu_facts())
+    meta.setdefault("gpu", gpu_facts())  # the driver and GPUs; each framework's CUDA/cuDNN build (running.gpu)
     if any(r.case.spec["dtype"] == "mixed_bfloat16" for r in results) and "kernels" not in meta:
         from parity_tests.running import kernels
 
