@@ -175,3 +175,14 @@ def test_quiet_compare_prints_the_verdicts_and_nothing_on_stderr(tmp_path, capsy
     assert main(["compare", str(case), "--impls", "torch.single,tf.single", "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert "verdict: PARITY" in out and not [line for line in err.splitlines() if ": run " in line], err
+
+
+def test_matrix_takes_junit_and_quiet_from_the_command_line(monkeypatch, tmp_path):
+    from parity_tests.reporting import matrix
+
+    seen = {}
+    monkeypatch.setattr(matrix, "run_matrix", lambda out, **kw: seen.update(out=out, **kw) or 0)
+    assert main(["matrix", "--out", str(tmp_path / "r"), "--junit", str(tmp_path / "j.xml"), "-q"]) == 0
+    assert (seen["out"], seen["junit"], seen["progress"]) == (tmp_path / "r", tmp_path / "j.xml", False)
+    assert main(["matrix", "--out", str(tmp_path / "r")]) == 0
+    assert (seen["junit"], seen["progress"]) == (None, True)
