@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -72,6 +72,7 @@ from parity_tests.judging.verdict import (
     RULE_FLOAT64,
     Verdict,
     _json,
+    exit_status,
 )
 from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.protocol.errors import CaseError
@@ -84,6 +85,8 @@ __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STA
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
+#: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
+_log = logging.getLogger("tfpar.session")
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
 #: how a float32 case's noise floor is measured: ``auto`` (float64 runs where both sides of a pair
 #: declare float64, else the perturbation), or one of the two for every pair (the benchmark compares them)
@@ -123,6 +126,21 @@ class PairResult:
     #: the runs ``verdict`` judged, ``(name, key suffix)`` per side: ``None`` for the pair as it ran; a
     #: built-in's mapped runs (suffix ``SideMapping.key``) where the verdict is the residual's
     judged: tuple[tuple[str, str], tuple[str, str]] | None = None
+
+    def __repr__(self) -> str:
+        v = self.verdict
+        return f"PairResult({self.reference} vs {self.impl}: {v.status}, {v.rule}, gap {v.gap:.3g}, bound {v.bound:.3g})"
+
+    def where(self) -> str:
+        """The line that says where the pair parted: ``impl: where: STAGE at step K, layer L (explanation)``,
+        or the verdict's first line where there is no localisation (``""`` for parity)."""
+        loc = self.localisation or {}
+        if loc.get("stage"):
+            layer = f", layer {loc['layer']}" if loc.get("layer") else ""
+            return f"{self.impl}: where: {loc['stage']} at step {loc['first_bad_step']}{layer} ({loc['explanation']})"
+        if self.verdict.status == "parity":
+            return ""
+        return f"{self.impl}: {self.verdict.detail.splitlines()[0] if self.verdict.detail else self.verdict.status}"
 
     @property
     def as_expected(self) -> bool:
@@ -186,21 +204,41 @@ class CaseResult:
     def as_expected(self) -> bool:
         return all(p.as_expected for p in self.pairs)
 
-    def summary(self) -> str:
-        """A table a person reads in a terminal, then one line per finding."""
+    @property
+    def exit_status(self) -> int:
+        """``tfpar compare``'s exit status: 0 every pair parity or an expected difference, 1 a divergence or
+        an unexpected parity, else 3 a pair inconclusive or an error (``judging.verdict.exit_status``)."""
+        return exit_status(p.verdict.status for p in self.pairs)
+
+    def _table(self) -> list[str]:
+        """The case's line, then one row per pair: pair, verdict, rule, gap, bound."""
         c = self.case
         head = (f"case {c.name}: {c.spec['dtype']}, {c.devices} device(s), {c.spec['parallel']['combine']}, "
                 f"{c.spec['optimizer']['name']} ({c.spec['optimizer']['semantics']}), {c.spec['steps']} steps")
         w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])  # plugin paths are long
         rows = [head, f"{'pair':<{w}} {'verdict':<20} {'rule':<26} {'gap':>10} {'bound':>10}"]
-        notes = []
         for p in self.pairs:
             v = p.verdict
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {v.status:<20} {v.rule:<26} {v.gap:>10.3g} {v.bound:>10.3g}")
+        return rows
+
+    def _headline(self) -> str:
+        statuses = {p.verdict.status for p in self.pairs}
+        verdict = next((text for status, text in _HEADLINES if status in statuses), "PARITY")
+        return f"verdict: {verdict} ({self.seconds:.1f} s)"
+
+    def __repr__(self) -> str:
+        """The summary's table and verdict line, without the notes (:meth:`summary` has them) or any array."""
+        return "\n".join(["CaseResult: " + self._table()[0], *self._table()[1:], self._headline()])
+
+    def summary(self) -> str:
+        """A table a person reads in a terminal, then one line per finding."""
+        rows = self._table()
+        notes = []
+        for p in self.pairs:
+            v = p.verdict
             if p.localisation and p.localisation.get("stage"):
-                layer = f", layer {p.localisation['layer']}" if p.localisation.get("layer") else ""
-                notes.append(f"  {p.impl}: where: {p.localisation['stage']} at step {p.localisation['first_bad_step']}"
-                             f"{layer} ({p.localisation['explanation']})")
+                notes.append("  " + p.where())
             for e in p.prediction.expected:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
@@ -220,9 +258,7 @@ class CaseResult:
             bad = first_nonfinite(traj, key)
             if bad:
                 notes.append(f"  non-finite: {bad}")
-        statuses = {p.verdict.status for p in self.pairs}
-        verdict = next((text for status, text in _HEADLINES if status in statuses), "PARITY")
-        return "\n".join([*rows, *notes, f"verdict: {verdict} ({self.seconds:.1f} s)"])
+        return "\n".join([*rows, *notes, self._headline()])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -867,15 +903,14 @@ def compare_case(
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
     tf_kernels = _tf_kernels(theory_spec)
     preds = {impl: predict(theory_spec, ref, impl, kernels=tf_kernels) for impl in impls[1:]}
+    if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
+        need = (tf_bytes(case) + torch_bytes(case)) / 1e9
+        _log.info("%s: TensorFlow and torch runs one after another, not beside each other: together about %.1f GB"
+                  " in float64, %.1f GB available (docs/memory.md)", case.name, need, available_bytes() / 1e9)
     bar = None
     if progress is True:  # a bar on a terminal, one line per run in a log
         from parity_tests.session.progress import run_bar
 
-        if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
-            need = (tf_bytes(case) + torch_bytes(case)) / 1e9
-            print(f"{case.name}: TensorFlow and torch runs one after another, not beside each other: together"
-                  f" about {need:.1f} GB in float64, {available_bytes() / 1e9:.1f} GB available"
-                  " (docs/memory.md)", file=sys.stderr, flush=True)
         bar = run_bar(len(_plan(case, impls, rules)), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
     refused: dict[str, str] = {}
@@ -906,7 +941,10 @@ def compare_case(
             try:
                 try:
                     c = case_for(impl, d, mapping)
+                    started = time.perf_counter()
+                    _log.debug("%s: run %s started", case.name, key)
                     trajs[key] = runner(c, impl)
+                    _log.debug("%s: run %s finished in %.2f s", case.name, key, time.perf_counter() - started)
                     if mapping is not None:
                         mapped_cases[key] = c
                 except CaseError as e:

@@ -70,7 +70,7 @@ from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
-from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
@@ -270,6 +270,20 @@ class LockstepPair:
     #: the localisation (docs/localisation.md) of the first bad step (its stage chain where both sides capture), or ``None``
     localisation: dict[str, Any] | None = None
 
+    def __repr__(self) -> str:
+        first = "" if self.first_bad_step is None else f", first bad step {self.first_bad_step}"
+        return f"LockstepPair({self.reference} vs {self.impl}: {self.status}, {self.rule}{first})"
+
+    def where_line(self) -> str:
+        """``impl: where: STAGE, device D (NAME), layer L`` from the first bad step's localisation, or ``""``."""
+        where = self.localisation or {}
+        if not where.get("stage"):
+            return ""
+        device = "" if where.get("device") is None else f", device {where['device']}"
+        return (f"{self.impl}: where: {where['stage']}{device}" + (f" ({where['name']})" if where.get("name") else "")
+                + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ")
+                   else ""))
+
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "impl": self.impl, "status": self.status, "rule": self.rule,
                 "one_step_gap": self.one_step_gap, "bound": self.bound, "step_status": self.step_status,
@@ -300,10 +314,15 @@ class LockstepResult:
         """Every lockstep verdict parity or an expected difference (``tfpar compare --lockstep``'s exit status 0)."""
         return self.as_expected
 
-    def summary(self) -> str:
-        """The free comparison's table, then one lockstep line per pair."""
+    @property
+    def exit_status(self) -> int:
+        """``tfpar compare --lockstep``'s exit status, from lockstep's verdicts as :attr:`CaseResult.exit_status`."""
+        return exit_status(p.status for p in self.pairs)
+
+    def _rows(self, *, notes: bool) -> list[str]:
+        """Lockstep's header and one row per pair (with ``notes``: each first bad step's line and where)."""
         w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])
-        rows = [self.free.summary(), f"lockstep (every step from {self.pairs[0].reference}'s state of the step before):"
+        rows = [f"lockstep (every step from {self.pairs[0].reference}'s state of the step before):"
                 if self.pairs else "lockstep: no pairs",
                 f"{'pair':<{w}} {'verdict':<20} {'first bad step':>14} {'worst gap/bound':>16} {'free gap/bound':>15}"]
         for p in self.pairs:
@@ -312,30 +331,35 @@ class LockstepResult:
                 free = float(np.nanmax(p.free_gap / p.free_bound)) if p.free_bound.size else 0.0
             first = "-" if p.first_bad_step is None else str(p.first_bad_step)
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {p.status:<20} {first:>14} {worst:>16.3g} {free:>15.3g}")
+            if not notes:
+                continue
             if p.first_bad_step is not None:
                 rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
-            where = p.localisation or {}
-            if where.get("stage"):  # docs/localisation.md, from the stage chain of the first bad step where both sides capture
-                device = "" if where.get("device") is None else f", device {where['device']}"
-                rows.append(f"  {p.impl}: where: {where['stage']}{device}"
-                            + (f" ({where['name']})" if where.get("name") else "")
-                            + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ") else ""))
+            if p.where_line():
+                rows.append("  " + p.where_line())
         statuses = {p.status for p in self.pairs}
         verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
                    "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
         rows.append(f"lockstep verdict: {verdict} (free {self.seconds_free:.1f} s, lockstep {self.seconds_lockstep:.1f} s)")
-        return "\n".join(rows)
+        return rows
+
+    def summary(self) -> str:
+        """The free comparison's table, then one lockstep line per pair."""
+        return "\n".join([self.free.summary(), *self._rows(notes=True)])
+
+    def __repr__(self) -> str:
+        """The free comparison's table and lockstep's, without notes or arrays."""
+        return "\n".join(["LockstepResult: " + repr(self.free).removeprefix("CaseResult: "), *self._rows(notes=False)])
 
     def plot(self) -> bytes:
         """PNG: one panel per pair, the one-step gap and its bound beside the free run's gap and bound, per step."""
         import io
 
-        import matplotlib
+        # never pyplot: the user's backend (a notebook's inline one) and figures stay theirs
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, max(len(self.pairs), 1), figsize=(5.0 * max(len(self.pairs), 1), 3.4), squeeze=False)
+        fig = Figure(figsize=(5.0 * max(len(self.pairs), 1), 3.4))
+        axes = fig.subplots(1, max(len(self.pairs), 1), squeeze=False)
         for ax, p in zip(axes[0], self.pairs, strict=False):
             steps = np.arange(1, len(p.step_status) + 1)
             tiny = 1e-18  # an exact zero on the log scale
@@ -355,7 +379,6 @@ class LockstepResult:
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
         return buf.getvalue()
 
     def markdown(self) -> str:

@@ -125,6 +125,7 @@ def test_two_workers_equal_mirrored_and_ddp_at_world_size_two(tmp_path):
     # the chief wrote the trajectory and the manifest tfpar run writes, naming the cluster
     manifest = json.loads((tmp_path / "run.manifest.json").read_text())
     assert manifest["impl"] == "tf.multiworker" and manifest["implementation"]["framework"] == "tf"
+    assert manifest["gpu"]["tensorflow"]["live"] is True  # the chief's own TensorFlow said its CUDA build and GPUs
     assert manifest["cluster"] == {"tasks": [f"worker:{i} 127.0.0.1:{p}" for i, p in enumerate(ports)],
                                    "local_devices": 1, "replicas": 2}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["case.json", "run.manifest.json", "run.npz"]

@@ -11,6 +11,7 @@ comparison fails.
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -223,10 +224,19 @@ def test_cli_exit_status_follows_contract_section_8(tmp_path, capsys):
     pair = json.loads((tmp_path / "r1" / "report.json").read_text())["cases"][0]["pairs"][0]
     assert pair["status"] == "expected_difference" and pair["residual"]["status"] == "parity"
     frozen = case_file("frozen", optimizer={"name": "sgd", "lr": 0.0})
-    assert main(["compare", frozen, "--impls", "tf.towers,torch.ddp", "--report", str(tmp_path / "r2")]) == 1
-    pair = json.loads((tmp_path / "r2" / "report.json").read_text())["cases"][0]["pairs"][0]
+    junit = tmp_path / "junit.xml"
+    assert main(["compare", frozen, "--impls", "tf.towers,torch.ddp", "--report", str(tmp_path / "r2"),
+                 "--junit", str(junit)]) == 3  # nothing could be judged: neither parity nor a divergence
+    doc = json.loads((tmp_path / "r2" / "report.json").read_text())
+    pair = doc["cases"][0]["pairs"][0]
+    assert doc["schema"] == "tfpar-report/1"
     assert pair["status"] == "inconclusive" and "no parameter moves" in pair["verdict"]["detail"]
-    assert "INCONCLUSIVE" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "INCONCLUSIVE" in out and f"junit: {junit}" in out
+    root = ET.parse(junit).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("1", "0", "1")
+    error = root.find("testsuite/testcase/error")
+    assert error.get("type") == "inconclusive" and "no parameter moves" in error.text
 
 
 @pytest.mark.usefixtures("pool")

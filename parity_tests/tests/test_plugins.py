@@ -124,10 +124,10 @@ def _failure(err: str) -> tuple[str, list[str]]:
     (f"{TF}:raises_before_begin,torch.ddp", f"{TF}:raises_before_begin raised before step 1: KeyError: 'lr_schedule'",
      "return run.spec[\"optimizer\"][\"lr_schedule\"]"),
 ])
-def test_a_plugin_that_raises_is_exit_1_one_line_then_the_users_frames(tmp_path, capsys, impls, says, frame):
+def test_a_plugin_that_raises_is_exit_3_one_line_then_the_users_frames(tmp_path, capsys, impls, says, frame):
     status = main(["compare", _case_file(tmp_path), "--impls", impls])
     line, rest = _failure(capsys.readouterr().err)
-    assert status == 1 and line == f"tfpar: run failed: {says}"
+    assert status == 3 and line == f"tfpar: run failed: {says}"  # an error: nothing could be judged
     assert rest[0] == "Traceback (most recent call last; the tool's frames left out):", rest
     files = [r.split('"')[1] for r in rest if r.startswith('  File "')]
     assert files and all(f.startswith(str(HERE)) for f in files), rest  # the user's file only: no tool frame
