@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --report: write every run's full trajectory, whatever its size (default: up to 1 GiB in all)")
     c.add_argument("--lockstep", action="store_true",
                    help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
-                        "exit status from lockstep's verdicts")
+                        "exit status from the worst verdict printed (a free inconclusive excepted)")
 
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
     m.add_argument("--out", default="report", help="report folder (default: %(default)s)")
@@ -138,7 +138,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
     """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 when every lockstep
-    verdict is parity or an expected difference."""
+    verdict is parity or an expected difference and no free verdict says something is wrong
+    (``LockstepResult.ok``)."""
     from parity_tests.reporting.report import write_case_report
     from parity_tests.session.lockstep import check_lockstep, lockstep_compare
 
