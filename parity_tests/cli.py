@@ -118,10 +118,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", args.impls)
     case = load_case(args.case)
-    from parity_tests.running.harness import check_dtypes, prestart_torch
+    from parity_tests.running.harness import check_refusals, prestart_torch
 
+    check_refusals(case, impls)  # every implementation's refusal before any of them runs (or the pool starts)
     prestart_torch(case, impls)  # the torch ranks start while TensorFlow imports
-    check_dtypes(case, impls)
     if args.lockstep:
         return _lockstep(case, impls, args)
     result = compare_case(case, impls, progress=True)

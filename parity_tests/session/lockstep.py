@@ -77,7 +77,7 @@ from parity_tests.protocol.optimizer_state import nested_state
 from parity_tests.protocol.trajectory import Trajectory
 from parity_tests.running import registry
 from parity_tests.running.builtins import SPECS
-from parity_tests.running.harness import check_dtypes, run_impl
+from parity_tests.running.harness import check_refusals, run_impl
 from parity_tests.session.comparison import (
     CaseResult,
     SideMapping,
@@ -584,7 +584,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     """
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", ",".join(impls))
-    check_dtypes(case, impls)
+    check_refusals(case, impls)  # every implementation's refusal before any of them runs
     if case.spec["dtype"] == "mixed_bfloat16":  # its steps are judged against float64 runs: no bfloat16 floor
         raise CaseError("dtype", "float32 or float64 with --lockstep (mixed_bfloat16 is judged without it:"
                                  " docs/mixed-precision.md)", case.spec["dtype"])
