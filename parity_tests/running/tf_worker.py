@@ -17,8 +17,10 @@ How, and what it costs (``benchmarks/bench_plugin_isolation.py``, docs/plugins.m
 "Every run starts clean"): a *server* process (``python -m
 parity_tests.running.tf_worker``) imports TensorFlow, Keras and ``tfpar`` once,
 without starting TensorFlow's runtime (no op has run: no device, no thread pool,
-no eager context). Each run is an ``os.fork()`` of it: the child configures the
-case's devices and op determinism, imports the plugin's module afresh, runs it,
+no eager context). Each run is an ``os.fork()`` of it: the child puts Keras' settings
+and global state back as ``import keras`` left them (``tfpar.fresh``: no global dtype
+policy made, so a program's ``set_floatx`` alone works as in a fresh ``python``),
+configures the case's devices and op determinism, imports the plugin's module afresh, runs it,
 and sends its records back (large arrays as spill files, ``parity_tests.protocol.rows``).
 Forking is safe there: the server has one thread of its own (plus OpenBLAS's
 idle pool, which registers fork handlers) and no TensorFlow runtime. The child
