@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "unexpected parity, an error for an inconclusive pair or a failed implementation")
     c.add_argument("--lockstep", action="store_true",
                    help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
-                        "exit status from lockstep's verdicts")
+                        "exit status from the worst verdict printed (a free inconclusive excepted)")
 
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
     m.add_argument("--out", default="report", help="report folder (default: %(default)s)")
@@ -148,10 +148,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", args.impls)
     case = load_case(args.case)
-    from parity_tests.running.harness import check_dtypes, prestart_torch
+    from parity_tests.running.harness import check_refusals, prestart_torch
 
+    check_refusals(case, impls)  # every implementation's refusal before any of them runs (or the pool starts)
     prestart_torch(case, impls)  # the torch ranks start while TensorFlow imports
-    check_dtypes(case, impls)
     try:
         if args.lockstep:
             return _lockstep(case, impls, args)
@@ -179,7 +179,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
     """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; the exit status (and
-    ``--junit``'s test cases) from lockstep's verdicts."""
+    ``--junit``'s test cases) from the worst verdict printed: lockstep's, and the free comparison's that say
+    something is wrong (``LockstepResult.exit_status``; a free inconclusive is lockstep's to resolve)."""
     from parity_tests.reporting.report import write_case_report
     from parity_tests.session.lockstep import check_lockstep, lockstep_compare
 

@@ -30,7 +30,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,7 @@ from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
-from parity_tests.running.harness import run_impl
+from parity_tests.running.harness import refusal, run_impl
 from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, torch_bytes
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
@@ -559,6 +559,11 @@ def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
     return {impl: "float64" if _runs_float64(ref) and _runs_float64(impl) else "perturbation" for impl in impls[1:]}
 
 
+def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``impls`` and ``rules`` without the implementations that refused the case (none of their runs is planned)."""
+    return [i for i in impls if i not in refused], {i: r for i, r in rules.items() if i not in refused}
+
+
 def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, str]]:
     """The runs to make, ``(impl, variant)``; variant ``float32``, ``float64``, ``mixed_bfloat16`` or :data:`PERTURBED`."""
     ref, dtype = impls[0], case.spec["dtype"]
@@ -888,6 +893,13 @@ def compare_case(
     """
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
+    refused: dict[str, str] = {}
+    for name in impls:  # every implementation's refusal before any of them runs (harness.refusal)
+        no = refusal(case, name)
+        if no is not None and (not skip_unsupported or name == impls[0]):
+            raise no
+        if no is not None:
+            refused[name] = str(no)
     default_runner = runner is None
     # the default runner's TensorFlow and torch runs go beside each other where both fit in memory
     # (parity_tests.running.room); a large model's go one after another, with the same results
@@ -911,9 +923,8 @@ def compare_case(
     if progress is True:  # a bar on a terminal, one line per run in a log
         from parity_tests.session.progress import run_bar
 
-        bar = run_bar(len(_plan(case, impls, rules)), case.name)
+        bar = run_bar(len(_plan(case, *_unrefused(impls, rules, refused))), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
-    refused: dict[str, str] = {}
     mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
     unmappable: dict[tuple[str, str], str] = {}  # (runs_as, key) of a mapping whose runs could not be made -> why
 
@@ -972,7 +983,7 @@ def compare_case(
         else:
             work(plan)
 
-    run_all([_Run(impl, d) for impl, d in _plan(case, impls, rules)])
+    run_all([_Run(impl, d) for impl, d in _plan(case, *_unrefused(impls, rules, refused))])
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}

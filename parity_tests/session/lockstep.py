@@ -74,9 +74,10 @@ from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
+from parity_tests.protocol.trajectory import Trajectory
 from parity_tests.running import registry
 from parity_tests.running.builtins import SPECS
-from parity_tests.running.harness import check_dtypes, run_impl
+from parity_tests.running.harness import check_refusals, run_impl
 from parity_tests.session.comparison import (
     CaseResult,
     SideMapping,
@@ -87,7 +88,7 @@ from parity_tests.session.comparison import (
 )
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
-           "one_step_runs", "captured_step"]
+           "one_step_runs", "captured_step", "free_findings"]
 
 #: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`): as the engines declare
 STEPWISE = tuple(s.name for s in SPECS if s.stepwise)
@@ -310,14 +311,32 @@ class LockstepResult:
         return all(p.status in ("parity", "expected_difference") for p in self.pairs)
 
     @property
+    def free_stands(self) -> list[Any]:
+        """The free comparison's pairs whose verdict says something is wrong (``divergence``, ``error``,
+        ``unexpected_parity``) where lockstep's verdict on the same pair does not.
+
+        Lockstep's one-step runs can miss what a free run shows: a program that counts its own steps
+        (``enumerate(run.batches(), 1)`` instead of ``run.first_step``) runs its step-2 code only in the
+        free run. A free ``inconclusive`` (a chaotic run, the conditioning floor) is what lockstep
+        resolves; a free verdict that names a wrong result is never overruled by it.
+        """
+        mine = {p.impl: p.status for p in self.pairs}
+        return [fp for fp in self.free.pairs if fp.verdict.status in (*BAD, "unexpected_parity")
+                and mine.get(fp.impl) in (None, "parity", "expected_difference", "inconclusive")]
+
+    @property
     def ok(self) -> bool:
-        """Every lockstep verdict parity or an expected difference (``tfpar compare --lockstep``'s exit status 0)."""
-        return self.as_expected
+        """``tfpar compare --lockstep``'s exit status 0: every lockstep verdict parity or an expected difference,
+        and no free verdict that says something is wrong (:attr:`free_stands`): the exit status follows the
+        worst verdict printed, the free comparison's ``inconclusive`` excepted (lockstep is what resolves it)."""
+        return self.as_expected and not self.free_stands
 
     @property
     def exit_status(self) -> int:
-        """``tfpar compare --lockstep``'s exit status, from lockstep's verdicts as :attr:`CaseResult.exit_status`."""
-        return exit_status(p.status for p in self.pairs)
+        """``tfpar compare --lockstep``'s exit status from the worst verdict printed, as
+        :attr:`CaseResult.exit_status`: lockstep's verdicts and the free comparison's that stand
+        (:attr:`free_stands`: a free ``inconclusive`` is lockstep's to resolve). 0 exactly when :attr:`ok`."""
+        return exit_status([*(p.status for p in self.pairs), *(fp.verdict.status for fp in self.free_stands)])
 
     def _rows(self, *, notes: bool) -> list[str]:
         """Lockstep's header and one row per pair (with ``notes``: each first bad step's line and where)."""
@@ -340,6 +359,9 @@ class LockstepResult:
         statuses = {p.status for p in self.pairs}
         verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
                    "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
+        for fp in self.free_stands:
+            rows.append(f"  {fp.impl}: the free comparison's {fp.verdict.status} stands (lockstep's one-step runs do not"
+                        " show it: a program whose steps depend on its own count, not run.first_step?)")
         rows.append(f"lockstep verdict: {verdict} (free {self.seconds_free:.1f} s, lockstep {self.seconds_lockstep:.1f} s)")
         return rows
 
@@ -446,6 +468,40 @@ def _renumber(text: str, step: int) -> str:
     return re.sub(r"\bstep 1\b", f"step {step}", text)
 
 
+#: where a finding (``running.plugins.replica_divergence``) says it happened: row 0 is ``run.begin()``
+_FOUND_AT = re.compile(r"\bat (?:run\.begin\(\)|step (\d+))")
+
+
+def free_findings(free: CaseResult, impl: str) -> dict[int, list[str]]:
+    """What ``impl``'s runs of the free comparison found of themselves (DDP replicas out of sync), by step (from 1).
+
+    A replica divergence is a property of the program, not of a start state: where the free run of
+    a DDP job had a rank drop or double its update at step k, lockstep's step k is a divergence too,
+    also when its one-step run does not repeat it (a program that counts its own steps). A finding
+    at ``run.begin()`` belongs to step 1.
+    """
+    out: dict[int, list[str]] = {}
+    for key, traj in free.trajectories.items():
+        if not key.startswith(f"{impl}@"):
+            continue
+        for found in getattr(traj, "findings", ()):
+            m = _FOUND_AT.search(found)
+            step = int(m.group(1)) if m and m.group(1) else 1
+            line = f"in the free run ({key}): {found}"
+            if found not in " ".join(out.get(step, [])):  # each run of it (float32, float64) finds the same
+                out.setdefault(step, []).append(line)
+    return out
+
+
+def _with_found(traj: Mapping[str, Any], found: list[str]) -> Mapping[str, Any]:
+    """``traj`` (judged arrays) carrying ``found`` as findings, unless the one-step run found something itself."""
+    if not found or getattr(traj, "findings", None):
+        return traj
+    out = Trajectory(traj)
+    out.findings.extend(found)
+    return out
+
+
 #: a pair's per-step statuses, worst first: the status of the whole pair is the first one found
 _WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
 
@@ -461,10 +517,13 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     steps = len(runs["b"])
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
     rule = "float64"
+    # each side's replicas as its free runs found them, at their step: the free compare's "replicas in sync" rule
+    found = {"a": free_findings(free, ref), "b": free_findings(free, impl)}
 
     def side(name: str, k: int) -> Side:
         run, f64 = runs.get(name), runs.get(name + "64")
-        return Side(_judged(run[k]), None if f64 is None else _judged(f64[k]))
+        extra = found.get(name, {}).get(k + 1, [])
+        return Side(_with_found(_judged(run[k]), extra), None if f64 is None else _with_found(_judged(f64[k]), extra))
 
     for k in range(steps):
         a, b = side("a", k), side("b", k)
@@ -506,7 +565,9 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     """
     first = pair.first_runs
     if first is None:
-        if free_pair is not None and free_pair.localisation is not None and pair.status == "parity":
+        # a free divergence is not rounding (its bound says so): lockstep missing it does not explain it away
+        if free_pair is not None and free_pair.localisation is not None and pair.status == "parity" \
+                and free_pair.verdict.status not in (*BAD, "unexpected_parity"):
             free_pair.localisation = {**free_pair.localisation, "explanation": (
                 f"{free_pair.localisation.get('explanation', '')}; lockstep: every one-step gap within its bound, so"
                 " the free-run gap is rounding carried and amplified from step to step, not a semantic difference"
@@ -548,7 +609,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     """
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", ",".join(impls))
-    check_dtypes(case, impls)
+    check_refusals(case, impls)  # every implementation's refusal before any of them runs
     if case.spec["dtype"] == "mixed_bfloat16":  # its steps are judged against float64 runs: no bfloat16 floor
         raise CaseError("dtype", "float32 or float64 with --lockstep (mixed_bfloat16 is judged without it:"
                                  " docs/mixed-precision.md)", case.spec["dtype"])

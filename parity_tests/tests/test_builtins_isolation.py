@@ -48,12 +48,15 @@ def test_the_threshold_counts_parameters(monkeypatch):
 
 
 def test_an_isolated_engine_refuses_in_one_line(monkeypatch):
-    # tf.v1 refuses accumulation with batch norm inside the run (tfpar.v1.check_supported), in the child here
+    # tf.v1 refuses accumulation with batch norm (tfpar.refusals.refuse_v1): run_impl asks before any run
+    # (harness.check_refusals), and the run itself, in the child here, refuses the same in one line
     layers = [{"type": "dense", "units": 4}, {"type": "batch_norm"}, {"type": "dense", "units": 1}]
     case = make(MLP, steps=1, parallel__devices=2, parallel__accumulate=2, model__layers=layers)
     monkeypatch.setattr(builtins, "ISOLATE_PARAMETERS", 1)
     with pytest.raises(CaseError, match="parallel.accumulate"):
         run_impl(case, "tf.v1")
+    with pytest.raises(CaseError, match="parallel.accumulate"):
+        builtins._run_in_child(case, "tf.v1", None)
 
 
 def test_an_isolated_capture_run_records_what_the_in_process_one_does(monkeypatch):

@@ -165,6 +165,7 @@ def test_chaotic_free_run_diverges_but_lockstep_says_parity(pool):
     assert pair.status == "parity" and pair.first_bad_step is None
     assert np.all(pair.one_step_gap <= pair.bound)
     assert result.parity
+    assert result.ok and not result.free_stands  # a free inconclusive is what lockstep resolves: exit status 0
 
 
 def test_seeded_bug_at_step_40_is_named_by_lockstep(pool):
