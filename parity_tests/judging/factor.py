@@ -110,8 +110,12 @@ _WORDS = {"N x k": "ranks x accumulation steps", "1/(N x k)": "1 / (ranks x accu
           "N/k": "ranks / accumulation steps", "k/N": "accumulation steps / ranks"}
 
 
-def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL) -> dict[str, Any] | None:
+def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL, scalar: bool = False) -> dict[str, Any] | None:
     """The factor ``c`` as report.json carries it, or ``None`` for a factor of 1 (within ``rtol``).
+
+    ``scalar``: ``c`` is the ratio of two single numbers (a loss), which is always "constant": it is then
+    named only where it is one of the set-up's ratios (``1/N``, ``N x k``, ...), never as a bare ``p/q``
+    (two losses in the ratio 11/12 by chance say nothing).
 
     Returns:
         ``{"value": c, "exact": "1/4" or None, "as": "1/N" or None, "n": N, "k": k, "text": "0.250x the
@@ -121,6 +125,8 @@ def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL) -> dict[str, A
         return None
     f = small_rational(c, rtol=rtol)
     names = name_in_setup(f, n, k) if f is not None else []
+    if scalar and not names:
+        f = None
     exact = None if f is None else (str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}")
     setup = f"N = {n}" + (f", k = {k}" if k > 1 else "")
     if names:
@@ -128,6 +134,8 @@ def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL) -> dict[str, A
     elif f is not None:
         why = _power_of_two(f) or exact
         why = f"{why}, not a ratio of the set-up's N or k ({setup})"
+    elif scalar:
+        why = f"not a ratio of the set-up's N or k, {setup}"
     else:
         why = "not a small rational"
     return {"value": c, "exact": exact, "as": " or ".join(names) or None, "n": n, "k": k,
@@ -170,11 +178,12 @@ def factor_of_arrays(a: Mapping[str, Any], b: Mapping[str, Any], what: str, n: i
         ``text`` reads ``"combined gradients 0.250x the reference's (1/N: 1 / ranks, N = 4)"``.
     """
     c, per = common_factor(a, b, rtol=rtol)
+    scalar = sum(int(np.size(a[p])) for p in per) <= 1
     if c is not None:
-        d = describe(c, n, k, rtol=rtol)
+        d = describe(c, n, k, rtol=rtol, scalar=scalar)
         return None if d is None else {**d, "of": what, "text": f"{what} {d['text']}"}
     if per and all(v is not None for v in per.values()):  # a constant per parameter, not one overall
-        named = {p: describe(v, n, k, rtol=rtol) for p, v in per.items()}
+        named = {p: describe(v, n, k, rtol=rtol, scalar=int(np.size(a[p])) <= 1) for p, v in per.items()}
         text = "; ".join(f"{p} {d['text']}" if d else f"{p} 1x" for p, d in named.items())
         return {"value": None, "exact": None, "as": None, "n": n, "k": k, "of": what,
                 "per_name": {p: (d["value"] if d else 1.0) for p, d in named.items()},
@@ -182,13 +191,13 @@ def factor_of_arrays(a: Mapping[str, Any], b: Mapping[str, Any], what: str, n: i
     return None
 
 
-def _device_text(ratios: list[float | None], n: int, k: int, rtol: float) -> str:
+def _device_text(ratios: list[float | None], n: int, k: int, rtol: float, scalar: bool) -> str:
     parts = []
     for r, c in enumerate(ratios):
         if c is None:
             parts.append(f"device {r} not by a constant")
         else:
-            d = describe(c, n, k, rtol=rtol)
+            d = describe(c, n, k, rtol=rtol, scalar=scalar)
             parts.append(f"device {r} " + ("1x (agrees)" if d is None else d["text"].replace(" the reference's", "")))
     return ", ".join(parts)
 
@@ -214,7 +223,7 @@ def _devices(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str, what: str,
     if all(c is None for c in ratios):
         return None
     return {"value": None, "exact": None, "as": None, "n": n, "k": k, "of": what,
-            "per_device": ratios, "text": f"{what} by device: {_device_text(ratios, n, k, rtol)}"}
+            "per_device": ratios, "text": f"{what} by device: {_device_text(ratios, n, k, rtol, rows[0][0][0].size * len(rows) <= 1)}"}
 
 
 def attach(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any], spec: Mapping[str, Any] | None,

@@ -126,3 +126,10 @@ def test_attach_leaves_a_localisation_without_a_scale_alone():
     assert attach(where, _traj(), other, SPEC) == where
     assert attach({"first_bad_step": None, "stage": None}, _traj(), _traj(8.0), SPEC) == {"first_bad_step": None,
                                                                                           "stage": None}
+
+
+def test_a_ratio_of_two_single_numbers_is_named_only_as_a_ratio_of_the_setup():
+    assert describe(11 / 12, 2, 2, scalar=True)["exact"] is None            # by chance: no p/q claimed
+    assert describe(0.25, 4, scalar=True)["as"] == "1/N"                     # the set-up's ratio: said
+    f = factor_of_arrays({"loss": np.float64(0.7)}, {"loss": np.float64(0.7 * 11 / 12)}, "logged losses", 2, 2)
+    assert f["exact"] is None and "not a ratio of the set-up's N or k" in f["text"]
