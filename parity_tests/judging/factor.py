@@ -181,7 +181,9 @@ def factor_of_arrays(a: Mapping[str, Any], b: Mapping[str, Any], what: str, n: i
     scalar = sum(int(np.size(a[p])) for p in per) <= 1
     if c is not None:
         d = describe(c, n, k, rtol=rtol, scalar=scalar)
-        return None if d is None else {**d, "of": what, "text": f"{what} {d['text']}"}
+        if d is None or (scalar and d["as"] is None):  # one number against one: only a ratio of the set-up says more
+            return None
+        return {**d, "of": what, "text": f"{what} {d['text']}"}
     if per and all(v is not None for v in per.values()):  # a constant per parameter, not one overall
         named = {p: describe(v, n, k, rtol=rtol, scalar=int(np.size(a[p])) <= 1) for p, v in per.items()}
         text = "; ".join(f"{p} {d['text']}" if d else f"{p} 1x" for p, d in named.items())
