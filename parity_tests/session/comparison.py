@@ -49,6 +49,7 @@ from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.compare import first_nonfinite
 from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain, with_layer
+from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
 from parity_tests.judging.perturbation import (
     bfloat16_signature,
@@ -202,6 +203,8 @@ class CaseResult:
                 layer = f", layer {p.localisation['layer']}" if p.localisation.get("layer") else ""
                 notes.append(f"  {p.impl}: where: {p.localisation['stage']} at step {p.localisation['first_bad_step']}"
                              f"{layer} ({p.localisation['explanation']})")
+                if p.verdict.status == "divergence" and p.localisation.get("loss_only"):  # judging.loss_only (issue 37)
+                    notes.append(f"  {p.impl}: loss alone: {p.localisation['loss_only']['text']}")
             for e in p.prediction.expected:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
@@ -1067,6 +1070,10 @@ class _Judged:
                                 beside=self.beside, stop=True)
         if "factor" not in where:  # issue 37: a constant scale at the first bad stage (judging.factor)
             where = attach_factor(where, runs[0], runs[1], self.case.spec)
+        # issue 37: would the logged loss alone (rtol 1e-3) have shown it, in the case dtype as a user logs it
+        d0 = self.case.spec["dtype"]
+        logged = [self.trajs.get(f"{n}@{d0}{s}", r) for (n, s), r in zip((a, b), runs, strict=True)]
+        where = attach_loss_only(where, logged[0], logged[1], self.case.spec)
         return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
