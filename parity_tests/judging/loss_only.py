@@ -81,7 +81,7 @@ def loss_only(a: Any, b: Any, *, where: Mapping[str, Any] | None = None, spec: M
                    " update")
     g = _growth(rel)
     if g is not None and worst > 0:
-        more = max(1, math.ceil(math.log(rtol / worst) / math.log(g))) if g > 1 and worst < rtol else None
+        more = max(1, math.ceil(math.log(rtol / worst) / math.log(g) - 1e-9)) if g > 1 and worst < rtol else None
         why.append(f"too few steps: the loss gap grows about {g:.3g}x a step (to {worst:.3g} at step {n})"
                    + (f"; at that rate it passes {rtol:g} after about {more} more step(s)" if more else ""))
     if not why:
