@@ -91,26 +91,34 @@ def _power_of_two(f: Fraction) -> str | None:
     return None
 
 
-def name_in_setup(f: Fraction, n: int, k: int = 1) -> list[str]:
-    """Every name of ``f`` in terms of ``N`` (devices) and ``k`` (accumulation steps), most specific first.
+def name_in_setup(f: Fraction, n: int, k: int = 1, b: int | None = None) -> list[str]:
+    """Every name of ``f`` in terms of ``N`` (devices) and ``k`` (accumulation steps), most specific first, or
+    where none fits, in terms of ``B`` (the global batch's rows: a loss summed where a mean was due).
 
     A name counts only when its parameter is above 1 (``k`` is no name when there is no accumulation).
     """
+    rows = [("B", Fraction(b), True), ("1/B", Fraction(1, b), True)] if b and b > 1 else []
+    if b and b > 1 and n > 1 and b % n == 0:
+        rows += [("B/N", Fraction(b, n), True), ("N/B", Fraction(n, b), True)]
     names: list[tuple[str, Fraction, bool]] = [
         ("N x k", Fraction(n * k), n > 1 and k > 1), ("1/(N x k)", Fraction(1, n * k), n > 1 and k > 1),
         ("N", Fraction(n), n > 1), ("1/N", Fraction(1, n), n > 1),
         ("k", Fraction(k), k > 1), ("1/k", Fraction(1, k), k > 1),
         ("N/k", Fraction(n, k), n > 1 and k > 1 and n != k), ("k/N", Fraction(k, n), n > 1 and k > 1 and n != k),
     ]
-    return [name for name, value, ok in names if ok and value == f]
+    found = [name for name, value, ok in names if ok and value == f]
+    # the batch names only where N and k do not explain it (at B = 16, N = 4, B/N is N: say N)
+    return found or [name for name, value, ok in rows if ok and value == f]
 
 
-_WORDS = {"N x k": "ranks x accumulation steps", "1/(N x k)": "1 / (ranks x accumulation steps)",
+_WORDS = {"B": "the global batch's rows", "1/B": "1 / the global batch's rows", "B/N": "rows per device",
+          "N/B": "1 / rows per device", "N x k": "ranks x accumulation steps", "1/(N x k)": "1 / (ranks x accumulation steps)",
           "N": "ranks", "1/N": "1 / ranks", "k": "accumulation steps", "1/k": "1 / accumulation steps",
           "N/k": "ranks / accumulation steps", "k/N": "accumulation steps / ranks"}
 
 
-def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL, scalar: bool = False) -> dict[str, Any] | None:
+def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL, scalar: bool = False,
+             b: int | None = None) -> dict[str, Any] | None:
     """The factor ``c`` as report.json carries it, or ``None`` for a factor of 1 (within ``rtol``).
 
     ``scalar``: ``c`` is the ratio of two single numbers (a loss), which is always "constant": it is then
@@ -124,11 +132,11 @@ def describe(c: float, n: int, k: int = 1, *, rtol: float = RTOL, scalar: bool =
     if abs(c - 1.0) <= rtol:
         return None
     f = small_rational(c, rtol=rtol)
-    names = name_in_setup(f, n, k) if f is not None else []
+    names = name_in_setup(f, n, k, b) if f is not None else []
     if scalar and not names:
         f = None
     exact = None if f is None else (str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}")
-    setup = f"N = {n}" + (f", k = {k}" if k > 1 else "")
+    setup = f"N = {n}" + (f", k = {k}" if k > 1 else "") + (f", B = {b}" if any("B" in x for x in names) else "")
     if names:
         why = " or ".join(f"{x}: {_WORDS[x]}" for x in names) + f", {setup}"
     elif f is not None:
@@ -169,7 +177,7 @@ def per_device(a: Sequence[Any], b: Sequence[Any], *, rtol: float = RTOL) -> lis
 
 
 def factor_of_arrays(a: Mapping[str, Any], b: Mapping[str, Any], what: str, n: int, k: int = 1, *,
-                     rtol: float = RTOL) -> dict[str, Any] | None:
+                     rtol: float = RTOL, rows: int | None = None) -> dict[str, Any] | None:
     """The localisation's ``factor`` for ``what`` (e.g. ``"combined gradients"``) between named arrays.
 
     Returns:
@@ -180,12 +188,12 @@ def factor_of_arrays(a: Mapping[str, Any], b: Mapping[str, Any], what: str, n: i
     c, per = common_factor(a, b, rtol=rtol)
     scalar = sum(int(np.size(a[p])) for p in per) <= 1
     if c is not None:
-        d = describe(c, n, k, rtol=rtol, scalar=scalar)
+        d = describe(c, n, k, rtol=rtol, scalar=scalar, b=rows)
         if d is None or (scalar and d["as"] is None):  # one number against one: only a ratio of the set-up says more
             return None
         return {**d, "of": what, "text": f"{what} {d['text']}"}
     if per and all(v is not None for v in per.values()):  # a constant per parameter, not one overall
-        named = {p: describe(v, n, k, rtol=rtol, scalar=int(np.size(a[p])) <= 1) for p, v in per.items()}
+        named = {p: describe(v, n, k, rtol=rtol, scalar=int(np.size(a[p])) <= 1, b=rows) for p, v in per.items()}
         text = "; ".join(f"{p} {d['text']}" if d else f"{p} 1x" for p, d in named.items())
         return {"value": None, "exact": None, "as": None, "n": n, "k": k, "of": what,
                 "per_name": {p: (d["value"] if d else 1.0) for p, d in named.items()},
@@ -193,19 +201,19 @@ def factor_of_arrays(a: Mapping[str, Any], b: Mapping[str, Any], what: str, n: i
     return None
 
 
-def _device_text(ratios: list[float | None], n: int, k: int, rtol: float, scalar: bool) -> str:
+def _device_text(ratios: list[float | None], n: int, k: int, rtol: float, scalar: bool, b: int | None) -> str:
     parts = []
     for r, c in enumerate(ratios):
         if c is None:
             parts.append(f"device {r} not by a constant")
         else:
-            d = describe(c, n, k, rtol=rtol, scalar=scalar)
+            d = describe(c, n, k, rtol=rtol, scalar=scalar, b=b)
             parts.append(f"device {r} " + ("1x (agrees)" if d is None else d["text"].replace(" the reference's", "")))
     return ", ".join(parts)
 
 
 def _devices(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str, what: str, n: int, k: int,
-             rtol: float) -> dict[str, Any] | None:
+             rtol: float, batch: int | None) -> dict[str, Any] | None:
     """Per-device arrays ``device/<prefix>...`` (``[N, ...]`` each): one factor, or which devices and by how much."""
     names = sorted(key for key in a if key.startswith(f"device/{prefix}") and key in b)
     if not names:
@@ -214,7 +222,8 @@ def _devices(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str, what: str,
     if any(x.shape != y.shape or x.ndim == 0 for x, y in rows):
         return None
     overall = factor_of_arrays({key: x for key, (x, _) in zip(names, rows, strict=True)},
-                               {key: y for key, (_, y) in zip(names, rows, strict=True)}, what, n, k, rtol=rtol)
+                               {key: y for key, (_, y) in zip(names, rows, strict=True)}, what, n, k, rtol=rtol,
+                               rows=batch)
     if overall is not None and overall["value"] is not None:
         return overall
     ratios: list[float | None] = []
@@ -225,7 +234,7 @@ def _devices(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str, what: str,
     if all(c is None for c in ratios):
         return None
     return {"value": None, "exact": None, "as": None, "n": n, "k": k, "of": what,
-            "per_device": ratios, "text": f"{what} by device: {_device_text(ratios, n, k, rtol, rows[0][0][0].size * len(rows) <= 1)}"}
+            "per_device": ratios, "text": f"{what} by device: {_device_text(ratios, n, k, rtol, rows[0][0][0].size * len(rows) <= 1, batch)}"}
 
 
 def attach(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any], spec: Mapping[str, Any] | None,
@@ -250,31 +259,32 @@ def attach(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any],
         return dict(where)
     par = spec.get("parallel", {})
     n, k = int(par.get("devices", 1)), int(par.get("accumulate", 1) or 1)
+    batch = (spec.get("data") or {}).get("global_batch")
     row = step - 1
     found: dict[str, Any] | None = None
     ca, cb = captured if captured is not None else ({}, {})
     if stage == "device_grads":
-        found = _devices(ca, cb, "grad/", "per-device gradients", n, k, rtol)
+        found = _devices(ca, cb, "grad/", "per-device gradients", n, k, rtol, batch)
     elif stage == "loss":
-        found = _devices(ca, cb, "loss", "per-device losses", n, k, rtol) if ca and cb else None
+        found = _devices(ca, cb, "loss", "per-device losses", n, k, rtol, batch) if ca and cb else None
         if found is None and "loss" in a and "loss" in b and row < min(len(a["loss"]), len(b["loss"])):
-            found = factor_of_arrays({"loss": a["loss"][row]}, {"loss": b["loss"][row]}, "logged losses", n, k, rtol=rtol)
+            found = factor_of_arrays({"loss": a["loss"][row]}, {"loss": b["loss"][row]}, "logged losses", n, k, rtol=rtol, rows=batch)
     elif stage == "record" and "loss" in a and "loss" in b and row < min(len(a["loss"]), len(b["loss"])):
-        found = factor_of_arrays({"loss": a["loss"][row]}, {"loss": b["loss"][row]}, "logged losses", n, k, rtol=rtol)
+        found = factor_of_arrays({"loss": a["loss"][row]}, {"loss": b["loss"][row]}, "logged losses", n, k, rtol=rtol, rows=batch)
     elif stage in ("combined_grads", "clip"):
         grads = sorted(key for key in a if key.startswith("grad/") and key in b)
         if grads and all(row < min(len(a[g]), len(b[g])) for g in grads):
             found = factor_of_arrays({g[5:]: a[g][row] for g in grads}, {g[5:]: b[g][row] for g in grads},
                                      "combined gradients" if stage == "combined_grads" else "gradients applied",
-                                     n, k, rtol=rtol)
+                                     n, k, rtol=rtol, rows=batch)
         elif ca and cb:
-            found = _devices(ca, cb, "combined/", "combined gradients", n, k, rtol)
+            found = _devices(ca, cb, "combined/", "combined gradients", n, k, rtol, batch)
     elif stage == "update":
         params = sorted(key for key in a if key.startswith("param/") and key in b)
         if params and all(step < min(len(a[p]), len(b[p])) for p in params):
             da = {p[6:]: np.asarray(a[p][step], np.float64) - np.asarray(a[p][row], np.float64) for p in params}
             db = {p[6:]: np.asarray(b[p][step], np.float64) - np.asarray(b[p][row], np.float64) for p in params}
-            found = factor_of_arrays(da, db, "updates", n, k, rtol=rtol)
+            found = factor_of_arrays(da, db, "updates", n, k, rtol=rtol, rows=batch)
     if found is None:
         return dict(where)
     return {**where, "factor": found, "explanation": f"{where.get('explanation', '')}; {found['text']}"}

@@ -134,3 +134,11 @@ def test_a_ratio_of_two_single_numbers_is_named_only_as_a_ratio_of_the_setup():
     # one logged loss against another: a ratio is always there, only the set-up's ratios are said
     assert factor_of_arrays({"loss": np.float64(0.7)}, {"loss": np.float64(0.7 * 11 / 12)}, "logged losses", 2, 2) is None
     assert factor_of_arrays({"loss": np.float64(0.7)}, {"loss": np.float64(0.35)}, "logged losses", 2, 2)["as"] == "1/N or 1/k"
+
+
+def test_a_sum_where_a_mean_was_due_is_named_by_the_batch():
+    assert name_in_setup(Fraction(16), 1, 1, 16) == ["B"]
+    assert name_in_setup(Fraction(12), 2, 1, 24) == ["B/N"]
+    assert name_in_setup(Fraction(12), 2, 1, None) == []
+    assert name_in_setup(Fraction(1, 4), 4, 1, 16) == ["1/N"]          # N/B is 1/4 too: N explains it first
+    assert describe(16.0, 1, b=16)["text"] == "16.0x the reference's (B: the global batch's rows, N = 1, B = 16)"
