@@ -124,6 +124,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     check_dtypes(case, impls)
     if args.lockstep:
         return _lockstep(case, impls, args)
+    from parity_tests.session.noise import noise_or_bug, recorded_pair
+
+    if recorded_pair(case, impls):  # two recorded float32 runs: noise or bug, against the stand-ins' floors
+        from parity_tests.running.harness import run_impl
+
+        noise = noise_or_bug(case, (impls[0], impls[1]), lambda c, n: run_impl(c, n))
+        print(noise.summary())
+        return 0 if noise.status == "parity" else 1
     result = compare_case(case, impls, progress=True)
     print(result.summary())
     if args.report:
