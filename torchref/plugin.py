@@ -171,6 +171,13 @@ def _numpy(v: Any) -> np.ndarray:
     return np.array(v, copy=True)
 
 
+def _norm(v: Any) -> float:
+    """``||v||_2`` of a reported gradient (a tensor or an array), in float64."""
+    if isinstance(v, torch.Tensor):
+        return float(torch.linalg.vector_norm(v.detach().to(torch.float64)))
+    return float(np.linalg.norm(np.asarray(v, np.float64).ravel()))
+
+
 def _digest(a: np.ndarray) -> str:
     h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
     h.update(np.ascontiguousarray(a).tobytes())
@@ -317,6 +324,7 @@ class Run(NamedLayouts, RunBase):
         self.rank, self.world_size, self.group = rank, world_size, group
         self._beat: Callable[[], None] = lambda: None
         self._hooked: dict[str, np.ndarray] = {}
+        self._grad_norms: list[dict[str, float]] = []  # per step: {name: |g|} of the gradient this rank applied
         self._layers = LayerHooks()
 
     def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
@@ -429,6 +437,9 @@ class Run(NamedLayouts, RunBase):
         this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
         """
         self._record(loss, params, grads, state, optimizer_state)
+        # each parameter's |g| of the gradient this rank applied: where replicas part, the judge says which
+        # ranks applied what (issue 37; only rank 0's arrays come back, the others' digests and these norms)
+        self._grad_norms.append({} if grads is None else {str(k): _norm(v) for k, v in grads.items()})
         if self.capture_step == len(self._steps):
             device_grads = self._hooked or None if device_grads is None else device_grads
             self._device = {"grads": None if device_grads is None else self._named(device_grads, "record(device_grads=...)"),
@@ -495,9 +506,11 @@ class Run(NamedLayouts, RunBase):
         spill = self._store.close()
         if full:
             return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device,
-                    "spill": spill, "opt_export": self._export() if self._export_optimizer else None}
+                    "spill": spill, "opt_export": self._export() if self._export_optimizer else None,
+                    "grad_norms": self._grad_norms}
         remove_files(spill)
-        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
+        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device,
+                "grad_norms": self._grad_norms}
 
 
 #: the plugin modules this rank saw import TensorFlow: refused on every later run too, not only

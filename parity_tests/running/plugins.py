@@ -301,8 +301,25 @@ def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
                 if rec["digests"][row].get(n) != names[n]:
                     when = "at run.begin()" if row == 0 else f"at step {row}"
                     return (f"replicas diverged {when}: rank {r}, parameter {n} (not bitwise equal to rank 0's;"
-                            " DDP keeps every replica identical, so some update bypassed it)")
+                            " DDP keeps every replica identical, so some update bypassed it)" + _applied(ranks, row, n))
     return None
+
+
+def _applied(ranks: list[Mapping[str, Any]], row: int, name: str) -> str:
+    """Which ranks applied which gradient at step ``row``: each rank's ``|g|`` of ``name`` (``run.record(grads=...)``),
+    the ranks that differ from rank 0's, and by how much; ``""`` where the ranks recorded no gradient."""
+    norms = [rec.get("grad_norms") or [] for rec in ranks]
+    if row < 1 or any(len(x) < row or name not in x[row - 1] for x in norms):
+        return ""
+    g = [x[row - 1][name] for x in norms]
+    if g[0] == 0.0:
+        return ""
+    apart = [r for r in range(1, len(g)) if g[r] != g[0]]
+    if not apart:
+        return f"; every rank applied a gradient of the same norm in {name} at step {row} ({g[0]:.4g})"
+    shown = ", ".join(f"rank {r} {g[r]:.4g} ({g[r] / g[0]:.3g}x)" for r in apart[:8])
+    return (f"; the gradient applied at step {row} differs between the ranks: |g| of {name} rank 0 {g[0]:.4g}, "
+            f"{shown}" + (f" and {len(apart) - 8} more" if len(apart) > 8 else ""))
 
 
 _RAISED = re.compile(r"PluginRaised: ((?:at|before|after) step \d+): (.*)$")

@@ -47,7 +47,9 @@ from parity_tests.judging.bfloat16 import (
 from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.compare import first_nonfinite
+from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain, with_layer
+from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
 from parity_tests.judging.perturbation import (
     bfloat16_signature,
@@ -239,6 +241,8 @@ class CaseResult:
             v = p.verdict
             if p.localisation and p.localisation.get("stage"):
                 notes.append("  " + p.where())
+                if p.verdict.status == "divergence" and p.localisation.get("loss_only"):  # judging.loss_only (issue 37)
+                    notes.append(f"  {p.impl}: loss alone: {p.localisation['loss_only']['text']}")
             for e in p.prediction.expected:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
@@ -789,7 +793,7 @@ def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str,
     if chain["stage"] is None:  # every captured stage agrees: keep what the recorded channels said
         return {**where, "chain": chain["chain"],
                 "explanation": where["explanation"] + " (" + chain["explanation"].split(": ", 1)[-1] + ")"}
-    return chain
+    return attach_factor(chain, trajs[0], trajs[1], sides[0][1].spec, (trajs[0], trajs[1]))  # issue 37: the factor
 
 
 def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
@@ -1113,6 +1117,12 @@ class _Judged:
             cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
             where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured,
                                 beside=self.beside, stop=True)
+        if "factor" not in where:  # issue 37: a constant scale at the first bad stage (judging.factor)
+            where = attach_factor(where, runs[0], runs[1], self.case.spec)
+        # issue 37: would the logged loss alone (rtol 1e-3) have shown it, in the case dtype as a user logs it
+        d0 = self.case.spec["dtype"]
+        logged = [self.trajs.get(f"{n}@{d0}{s}", r) for (n, s), r in zip((a, b), runs, strict=True)]
+        where = attach_loss_only(where, logged[0], logged[1], self.case.spec)
         return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
