@@ -218,14 +218,16 @@ def _gap(a: Any, b: Any) -> float:
     return 0.0 if np.isnan(g) else g
 
 
-def _ratio(a: np.ndarray, b: np.ndarray) -> float | None:
-    """``c`` when ``B = c A`` to 1e-6 (a scaling: a weight, a missing or extra factor), else ``None``."""
+def _ratio(a: np.ndarray, b: np.ndarray, tol: float | None = None) -> float | None:
+    """``c`` when ``B = c A`` to ``tol`` (:func:`_tolerance` of the two) relative (a scaling: a weight, a missing or
+    extra factor, a clip), else ``None``."""
+    tol = _tolerance(a, b) if tol is None else tol
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     aa = float(a @ a)
     if aa == 0.0:
         return None
     c = float(a @ b) / aa
-    return c if np.abs(b - c * a).max() <= 1e-6 * max(np.abs(b).max(), 1e-300) else None
+    return c if np.abs(b - c * a).max() <= tol * max(np.abs(b).max(), 1e-300) else None
 
 
 def _split(rows: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
@@ -271,10 +273,11 @@ def _rule_of(d: Mapping[str, np.ndarray], combined: Mapping[str, np.ndarray], na
     With ``scaled``, up to one common factor (a global-norm clip after the combination).
     """
     got = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+    tol = _tolerance(*(combined[p] for p in names))
     for rule, (text, _) in _RULES.items():
         mixed = np.concatenate([g.ravel() for g in _weighted(d, names, rule).values()])
-        c = _ratio(mixed, got) if scaled else 1.0
-        if c is not None and _gap(c * mixed, got) < 1e-6:
+        c = _ratio(mixed, got, tol) if scaled else 1.0
+        if c is not None and _gap(c * mixed, got) < tol:
             return text + (f" times {c:.3g}" if scaled and abs(c - 1.0) > 1e-9 else "")
     return None
 
@@ -288,6 +291,97 @@ def _combination(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], ca:
         uneven = " (the shards are uneven: " + "/".join(str(int(s)) for s in sizes) + " rows)" if len(set(sizes.tolist())) > 1 else ""
         return f": the reference combines by {ra}, the other by {rb}{uneven}"
     return ""
+
+
+def _tolerance(*arrays: Any) -> float:
+    """The relative gap under which two computations of one combination or clip count as the same.
+
+    float64: 1e-6, far above rounding and far below any real difference of weights or thresholds.
+    float32 (or narrower) values: 1e-4: a global norm sums n squares, each rounding by ``u = 6e-8``
+    relative, so it is off by up to ``sqrt(n) u`` in a typical run (6e-5 at a million elements), and
+    the factor ``c / norm`` with it; a wrong weighting or threshold moves the result by far more.
+    """
+    narrow = any(np.dtype(getattr(a, "dtype", np.float64)).itemsize < 8 for a in arrays)
+    return 1e-4 if narrow else 1e-6
+
+
+def _norm(g: Mapping[str, Any], names: Iterable[str]) -> float:
+    """The global L2 norm ``sqrt(sum_p ||g_p||^2)`` of the gradients ``g`` (a clip's norm)."""
+    return float(np.sqrt(sum(float(np.sum(np.square(np.asarray(g[p], np.float64)))) for p in names)))
+
+
+def _clip_acted(d: Mapping[str, Any], applied: Mapping[str, Any], names: list[str], spec: Mapping[str, Any] | None) -> str:
+    """Which clip acted on one side, read from its device gradients ``d["grad/<p>"]`` and its applied gradient.
+
+    ``applied = c * G`` with ``G = sum_r w_r g_r`` (the case's weighting, or another of :data:`_RULES`): one
+    global-norm clip after the combination with norm ``||G||`` and factor ``c``; when ``c ||G||`` is not the
+    case's threshold, the threshold it acted at (and how far from the case's: a clip of a loss-scaled
+    gradient acts at ``threshold / S``). ``applied = sum_r w_r f_r g_r`` with factors ``f_r`` fitted per
+    device: a clip of each device's gradient, with each device's norm and factor. Else says so.
+    """
+    names = [p for p in names if p in applied]
+    if not names:
+        return "nothing applied to compare"
+    threshold = ((spec or {}).get("parallel", {}).get("clip") or {}).get("global_norm")
+    got = np.concatenate([np.asarray(applied[p], np.float64).ravel() for p in names])
+    tol = _tolerance(*(applied[p] for p in names))
+    rules = list(_RULES)
+    own = (spec or {}).get("parallel", {}).get("weighting")
+    if own in rules:  # the case's weighting first: with even shards equal and by-size weights are the same
+        rules.remove(own)
+        rules.insert(0, own)
+    sizes = np.asarray(d["sizes"], np.float64)
+    for rule in rules:
+        combined = _weighted(d, names, rule)
+        mixed = np.concatenate([combined[p].ravel() for p in names])
+        c = _ratio(mixed, got, tol)
+        if c is None or _gap(c * mixed, got) > tol:
+            continue
+        norm = _norm(combined, names)
+        head = f"{_RULES[rule][0]} of the device gradients"
+        if abs(c - 1.0) <= tol:
+            over = f", over the case's {threshold:.3g}: no clip acted where one should" if threshold and norm > threshold * (1 + tol) else ""
+            return f"{head}, unscaled (global norm {norm:.3g}{over})"
+        acted = c * norm  # the threshold a global-norm clip with this factor acted at
+        text = f"{head} clipped once after the combination (global norm {norm:.3g}, factor {c:.3g}"
+        if threshold and abs(acted - threshold) <= 1e-4 * threshold + 2e-6:  # torch divides by norm + 1e-6
+            return text + f" = {threshold:.3g} / {norm:.3g})"
+        away = f", {threshold / acted:.3g}x below the case's {threshold:.3g}: the norm of a gradient scaled by that" \
+               " (a loss scale?)" if threshold and acted < threshold else (f", not the case's {threshold:.3g}" if threshold else "")
+        return text + f": a global-norm clip at {acted:.3g}{away})"
+    # one factor per device: least squares for f in applied = sum_r w_r f_r g_r, for each weighting
+    for rule in rules:
+        w = _RULES[rule][1](sizes)
+        cols = np.stack([np.concatenate([w[r] * np.asarray(d[f"grad/{p}"][r], np.float64).ravel() for p in names])
+                         for r in range(len(sizes))], axis=1)
+        f, *_ = np.linalg.lstsq(cols, got, rcond=None)
+        if _gap(cols @ f, got) > tol:
+            continue
+        norms = [_norm({p: d[f"grad/{p}"][r] for p in names}, names) for r in range(len(sizes))]
+        fac = "/".join(f"{x:.3g}" for x in f)
+        at = (f" = min(1, {threshold:.3g} / norm)" if threshold and all(
+            abs(x - min(1.0, threshold / n)) <= 1e-4 * x + 2e-6 for x, n in zip(f, norms, strict=True)) else "")
+        return (f"each device's gradient clipped before {_RULES[rule][0]} (device norms "
+                + "/".join(f"{x:.3g}" for x in norms) + f", factors {fac}{at})")
+    return "not one factor on a combination of the device gradients, nor one factor per device: no clip the chain recognises"
+
+
+def _factor(combined: Mapping[str, Any], applied: Mapping[str, Any], names: list[str],
+            spec: Mapping[str, Any] | None) -> str:
+    """What was applied of the combined gradient: one factor (a global-norm clip: its norm, factor and threshold)."""
+    names = [p for p in names if p in combined]
+    mixed = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+    got = np.concatenate([np.asarray(applied[p], np.float64).ravel() for p in names])
+    tol = _tolerance(*(applied[p] for p in names))
+    c = _ratio(mixed, got, tol)
+    if c is None or _gap(c * mixed, got) > tol:
+        return "not one factor times the combined gradient"
+    norm = _norm(combined, names)
+    threshold = ((spec or {}).get("parallel", {}).get("clip") or {}).get("global_norm")
+    if abs(c - 1.0) <= tol:
+        return f"the combined gradient unscaled (global norm {norm:.3g})"
+    said = f" (the case's {threshold:.3g})" if threshold else ""
+    return f"the combined gradient times {c:.3g} (global norm {norm:.3g}: a clip at {c * norm:.3g}{said})"
 
 
 def _own_names(key: str, sides: tuple[Mapping[str, Any], ...]) -> str:
@@ -524,8 +618,10 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         if worst_a > bound:
             if ca and cb:  # the combination agrees: what is applied after it is the clip
                 chain.append({"stage": "clip", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+                acted = [_factor(c, g, applied, spec) for c, g in ((ca, ga), (cb, gb))]
                 return broke("clip", None, pa, worst_a, f"the gradient applied differs in {pa} (gap {worst_a:.3g}):"
-                                                        " clipping after the combination (its threshold, norm or formula)")
+                                                        " clipping after the combination (its threshold, norm or formula)"
+                                                        f"; the reference applied {acted[0]}; the other applied {acted[1]}")
             ra = _rule_of(da, ga, names, scaled=True) if by_rule and set(names) <= set(applied) else None
             rb = _rule_of(db, gb, names, scaled=True) if by_rule and set(names) <= set(applied) else None
             if (ra and rb and ra.split(" times ")[0] != rb.split(" times ")[0]) or not has_clip:
@@ -535,8 +631,8 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
                 return broke("combined_grads", None, pa, worst_a,
                              f"the gradient applied differs in {pa} (gap {worst_a:.3g}){why} of the device gradients")
             chain.append({"stage": "clip", "device": None, "name": pa, "gap": worst_a, "bound": bound})
-            what = (f"; the reference's is {ra or 'no fixed weighting'} of the device gradients, the other's"
-                    f" {rb or 'no fixed weighting of them (each device scaled by its own factor: clipped per device?)'}")
+            what = (f"; the reference applied {_clip_acted(da, ga, names, spec)}; the other applied"
+                    f" {_clip_acted(db, gb, names, spec)}") if by_rule and set(names) <= set(applied) else ""
             return broke("clip", None, pa, worst_a, f"the gradient applied differs in {pa} (gap {worst_a:.3g}) while"
                                                     f" the per-device gradients agree: the clipping{what}")
         chain.append({"stage": "clip" if has_clip else "combined_grads", "device": None, "name": pa, "gap": worst_a,

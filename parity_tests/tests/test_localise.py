@@ -204,3 +204,51 @@ def test_the_stage_chain_holds_a_few_arrays_not_both_sides_gradients(tmp_path):
         tracemalloc.stop()
     assert [c["stage"] for c in where["chain"]][-1] == "combined_grads" and where["stage"] is None
     assert peak < model_bytes, f"the chain held {peak / model_bytes:.2f} copies of the model at once"
+
+
+# ---------------------------------------------------------------- which clip acted (issue 35)
+
+
+def _clip_side(how: str, *, threshold: float = 1.0, scale: float = 1.0, dtype=np.float64) -> dict:
+    """A captured step of 2 devices whose device gradients agree and whose applied gradient is clipped ``how``:
+    ``after`` (one global-norm clip of the mean, computed on the gradient times ``scale``, then divided by it, as
+    a loss-scaled program does), ``per_device`` (each device's gradient clipped, then the mean) or ``none``."""
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=(2, 3, 2)).astype(dtype) * dtype(2.0)  # norms about 3.5: every clip at 1 acts
+    if how == "after":
+        s = (g.mean(axis=0) * dtype(scale)).astype(dtype)
+        applied = s * dtype(min(1.0, threshold / float(np.linalg.norm(s)))) / dtype(scale)
+    elif how == "per_device":
+        applied = np.mean([gr * dtype(min(1.0, threshold / float(np.linalg.norm(gr)))) for gr in g], axis=0)
+    else:
+        applied = g.mean(axis=0)
+    x = np.arange(12, dtype=dtype).reshape(6, 2)
+    return {"device/step": np.asarray(1), "device/x": x, "device/sizes": np.asarray([3, 3]),
+            "device/act/0": x[:, :1], "device/loss": np.ones(2, dtype), "device/grad/0.kernel": g,
+            "grad/0.kernel": applied.astype(dtype)[None]}
+
+
+_CLIP_SPEC = {"parallel": {"clip": {"global_norm": 1.0, "where": "after_combine"}, "weighting": "equal",
+                           "shard": "contiguous"}, "data": {}, "model": {"layers": []}}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_the_clip_explanation_names_the_clip_that_acted(dtype):
+    """A clip applied once to a loss-scaled gradient (S = 128) is one factor on the combined gradient, at
+    threshold 1/128 of the case's: named as such, never "clipped per device?" (issue 35); a per-device clip is
+    named with each device's norm and factor. In float32 too: one factor holds to float32 rounding there."""
+    from parity_tests.judging.localise import stage_chain
+
+    ref = _clip_side("after", dtype=dtype)
+    scaled = stage_chain(ref, _clip_side("after", scale=128.0, dtype=dtype), 1, 1e-6, _CLIP_SPEC)
+    text = scaled["explanation"]
+    assert scaled["stage"] == "clip", text
+    assert "per device" not in text and "each device" not in text, text
+    assert text.count("clipped once after the combination") == 2, text
+    assert "= 1 / " in text and "128x below the case's 1" in text and "loss scale" in text, text
+    per = stage_chain(ref, _clip_side("per_device", dtype=dtype), 1, 1e-6, _CLIP_SPEC)["explanation"]
+    assert "the other applied each device's gradient clipped before the equal mean (1/N each) (device norms" in per, per
+    assert "= min(1, 1 / norm)" in per, per
+    assert "clipped once after the combination" in per  # the reference's, named as what it is
+    none = stage_chain(ref, _clip_side("none", dtype=dtype), 1, 1e-6, _CLIP_SPEC)["explanation"]
+    assert "unscaled" in none and "no clip acted where one should" in none, none
