@@ -45,7 +45,8 @@ from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.protocol.rows import RowArray, row_norms
 
-__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at", "with_layer"]
+__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at", "with_layer",
+           "float32_sized", "FLOAT32_U"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
@@ -97,6 +98,49 @@ def _loss_at(verdict: Any, a: Mapping[str, Any], b: Mapping[str, Any], step: int
     return float(gaps[step - 1]), float(bounds[step - 1])
 
 
+#: float32's unit roundoff, 2^-24: the relative size of one float32 rounding
+FLOAT32_U = 2.0 ** -24
+
+
+def float32_sized(gap: float | None, dtype: Any) -> str:
+    """A note for a gap of float32 rounding size in a float64 run, else ``""``.
+
+    A float64 run rounds by ``2^-53`` relative; its bound allows the accumulation of that over the run
+    (far below 1e-9: docs/tolerance.md). A gap between ``2^-30`` and ``2^-20`` (1/64 to 16 float32
+    roundings, 9.3e-10 to 9.5e-7) at the first stage that breaks is what one value computed in float32
+    in the middle of a float64 computation gives (``1 / num_tokens`` of a float32 count, a float32
+    constant, a framework op that casts): said so, with the gap in units of ``2^-24``, because no
+    float64 arithmetic makes it. A real bug that happens to move a value by that much is rare; the
+    note says what the size is, the stage and name say where.
+    """
+    if gap is None or not np.isfinite(gap) or np.dtype(dtype) != np.float64:
+        return ""
+    if not 2.0 ** -30 <= gap <= 2.0 ** -20:
+        return ""
+    return (f"; a gap of float32 rounding size ({gap / FLOAT32_U:.2g} x 2^-24 relative) in a float64 run:"
+            " something computes in float32 (a float32 constant or count, a cast, a framework op in float32)")
+
+
+def _run_dtype(traj: Mapping[str, Any], prefixes: tuple[str, ...] = ("param/", "grad/")) -> Any:
+    """The floating dtype a run computed in, read from its first parameter (or gradient) array."""
+    for key in traj:
+        if isinstance(key, str) and key.startswith(prefixes):
+            dt = getattr(traj[key], "dtype", None)
+            if dt is not None and np.dtype(dt).kind == "f":
+                return np.dtype(dt)
+    return np.dtype(np.float32)
+
+
+def _with_size_note(where: dict[str, Any], *trajs: Mapping[str, Any], prefixes: tuple[str, ...] = ("param/", "grad/")
+                    ) -> dict[str, Any]:
+    """``where`` with :func:`float32_sized`'s note when both runs are float64 (the widest of the two decides)."""
+    if where.get("stage") is None:
+        return where
+    dtypes = [_run_dtype(t, prefixes) for t in trajs]
+    note = float32_sized(where.get("gap"), np.float64 if all(d == np.float64 for d in dtypes) else np.float32)
+    return {**where, "explanation": where["explanation"] + note} if note else where
+
+
 def _result(step: int | None, stage: str | None, device: int | None, name: str | None, gap: float, bound: float,
             explanation: str) -> dict[str, Any]:
     finite = lambda v: float(v) if np.isfinite(v) else None  # noqa: E731  (JSON has no inf)
@@ -112,8 +156,14 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
         verdict: the pair's :class:`~parity_tests.judging.verdict.Verdict` (its bounds are used).
     Returns:
         ``{"first_bad_step", "stage", "device", "name", "gap", "bound", "explanation"}``;
-        ``first_bad_step`` and ``stage`` are ``None`` when no channel is over its bound.
+        ``first_bad_step`` and ``stage`` are ``None`` when no channel is over its bound. A gap of
+        float32 rounding size in float64 runs is named (:func:`float32_sized`).
     """
+    return _with_size_note(_localise(a, b, verdict), a, b)
+
+
+def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
+    """:func:`localise` before the note on gaps of float32 size."""
     for finding in [*getattr(a, "findings", ()), *getattr(b, "findings", ())]:
         m = _REPLICA.search(finding)
         if m:
@@ -479,7 +529,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
 
     def broke(stage: str, device: int | None, name: str | None, gap: float, text: str) -> dict[str, Any]:
         prefix = f"step {step}: " + ("; ".join(agreed) + "; " if agreed else "")
-        out = _result(step, stage, device, name, gap, bound, prefix + text)
+        out = _with_size_note(_result(step, stage, device, name, gap, bound, prefix + text), da, db, prefixes=("grad/",))
         out["chain"] = chain
         return out
 

@@ -252,3 +252,19 @@ def test_the_clip_explanation_names_the_clip_that_acted(dtype):
     assert "clipped once after the combination" in per  # the reference's, named as what it is
     none = stage_chain(ref, _clip_side("none", dtype=dtype), 1, 1e-6, _CLIP_SPEC)["explanation"]
     assert "unscaled" in none and "no clip acted where one should" in none, none
+
+
+def test_a_gap_of_float32_size_in_a_float64_run_is_named():
+    """``1 / num_tokens`` computed in float32 in a float64 run (an int64 count made a float32 tensor) scales the
+    gradient by ``fl32(1/3) * 3``, 1 + 3e-8: a gap of float32 rounding size no float64 arithmetic makes. The
+    where-line says so; a gap far above it (a real factor) or a float32 run's own rounding does not."""
+    from parity_tests.judging.localise import float32_sized
+
+    third = float(np.float32(1 / 3)) * 3  # 1 - 2.98e-8: 0.5 x 2^-24
+    where = _where(_run(grad_scale=lambda k: third))
+    assert where["stage"] == "combined_grads" and where["gap"] < 1e-7, where
+    assert "a gap of float32 rounding size (0.5 x 2^-24 relative) in a float64 run: something computes in float32" \
+        in where["explanation"], where["explanation"]
+    assert "float32" not in _where(_run(grad_scale=lambda k: 2.0 if k >= 3 else 1.0))["explanation"]
+    assert float32_sized(6e-8, np.float32) == "" and float32_sized(1e-3, np.float64) == ""
+    assert float32_sized(6e-8, np.float64) != "" and float32_sized(1e-11, np.float64) == ""
