@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.layouts import NamedLayouts
+from parity_tests.contract.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 
@@ -492,6 +492,9 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
             fn(run)
+    except LayoutError:  # run.to_torch / run.to_tf asked what cannot be told: bad input (tf_worker)
+        remove_files(run._store.close())
+        raise
     except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the tool's
         remove_files(run._store.close())  # nothing of a failed run stays on disk
         raise raised(e, run._begun is not None, len(run._steps), run.steps) from e

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.contract.layouts import NamedLayouts
+from parity_tests.contract.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase
 from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
 from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy
@@ -580,6 +580,9 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
             run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
         try:
             fn(run)
+        except LayoutError as e:  # run.to_torch / run.to_tf asked what cannot be told: bad input, one line
+            remove_files(run._store.close())
+            raise PluginInputError(e.line()) from None
         except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the rank's
             remove_files(run._store.close())  # nothing of a failed run stays on disk
             raise _raised(e, run) from None
