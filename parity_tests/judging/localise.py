@@ -434,6 +434,50 @@ def _factor(combined: Mapping[str, Any], applied: Mapping[str, Any], names: list
     return f"the combined gradient times {c:.3g} (global norm {norm:.3g}: a clip at {c * norm:.3g}{said})"
 
 
+def _row_key(d: Mapping[str, Any]) -> np.ndarray | None:
+    """The rows a side's devices received, concatenated in device order: ``x`` (built-ins, ``device_inputs=``), or
+    the rows its model's first layer received (``rows``, the layer hooks'), one row per example, flattened."""
+    for key in ("x", "rows"):
+        if key in d:
+            rows = np.asarray(d[key])
+            return rows.reshape(len(rows), -1) if rows.ndim else None
+    return None
+
+
+def _row_match(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """``perm`` with ``b[perm[i]]`` the same example as ``a[i]``, matched by content, or ``None``.
+
+    A row's values sorted are its signature, so a row flattened in another order (torch's NCHW
+    ``x.flatten(1)`` against Keras' NHWC ``Flatten``) is still the same row; the two sides read
+    the same data in the same dtype, so the values are equal, not close. ``None`` where the two
+    sets of rows differ (other rows in all: the global batch is not the same set).
+    """
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    sa, sb = np.sort(a.astype(np.float64), axis=1), np.sort(b.astype(np.float64), axis=1)
+    ia, ib = np.lexsort(sa.T[::-1]), np.lexsort(sb.T[::-1])
+    if not np.array_equal(sa[ia], sb[ib]):
+        return None
+    perm = np.empty(len(a), np.int64)
+    perm[ia] = ib
+    return perm
+
+
+def _dealt(devices_a: np.ndarray, devices_b: np.ndarray, sizes: np.ndarray) -> str:
+    """How the two sides dealt the global batch's rows, from each row's device on each side (in the reference's
+    row order, which is its devices' rows concatenated): contiguous against strided, either way, or another way."""
+    n, rows = len(sizes), len(devices_a)
+    g = np.arange(rows)
+    if np.array_equal(devices_b, g % n):
+        return "contiguous slices (the reference) vs rows r, r+N, ... (the other, as DistributedSampler deals them)"
+    if len(set(sizes.tolist())) == 1:  # the reference strided: global row g is its device g % N's row g // N
+        per = rows // n
+        order = (g % n) * per + g // n
+        if np.array_equal(devices_b[order], g // per):
+            return "rows r, r+N, ... (the reference, as DistributedSampler deals them) vs contiguous slices (the other)"
+    return "another split of the same rows"
+
+
 def _own_names(key: str, sides: tuple[Mapping[str, Any], ...]) -> str:
     """`` (blocks.2.body.1 LayerNorm / model/block_2/layer_normalization LayerNormalization)``: what the
     plugins' layer hooks call layer ``key`` (``device/name/<key>``), reference first; empty if none does."""
@@ -498,6 +542,53 @@ def _captured(traj: Mapping[str, Any]) -> _Lazy:
                  lambda key: np.asarray(traj[f"device/{key}"]))
 
 
+def _rows_as(b: Any, perm: np.ndarray | None) -> Any:
+    """``b``'s rows in the reference's row order (``perm``: :func:`_row_match`), or ``b`` as it is."""
+    return b if perm is None else np.asarray(b)[perm]
+
+
+def _dealt_otherwise(da: Mapping[str, Any], db: Mapping[str, Any], perm: np.ndarray, devices: np.ndarray,
+                     sizes: np.ndarray, step: int, bound: float, spec: Mapping[str, Any] | None,
+                     chain: list[dict[str, Any]]) -> dict[str, Any]:
+    """The localisation where both sides' devices received the same rows in all but not the same rows each.
+
+    The stage is ``inputs``: that is the first thing that differs. Per-device losses and gradients are
+    of other rows on each side and are not compared; the forward pass is, on matching rows (each
+    layer's output of a row against the same row's on the other side): agreeing, the layers compute
+    alike and only the dealing differs; differing, a layer computes from a device's rows together
+    (batch-norm statistics) or computes otherwise, and the explanation names it.
+    """
+    how = _dealt(devices, devices[perm], sizes)
+    moved = int(np.sum(devices != devices[perm]))
+    text = (f"step {step}: the devices received different rows: the same {len(perm)} rows in all, dealt {how}"
+            f" ({moved} of {len(perm)} rows on another device); per-device losses and gradients are of other rows"
+            " and are not compared")
+    chain.append({"stage": "inputs", "device": None, "name": None, "gap": float("inf"), "bound": bound})
+    layers = sorted((k[len("act/"):] for k in da if k.startswith("act/") and k in db), key=execution_key)
+    worst, last = 0.0, None
+    for layer in layers:
+        a, b = da[f"act/{layer}"], db[f"act/{layer}"]
+        if a.shape != b.shape:
+            break
+        g = _gap(a, _rows_as(b, perm))
+        if g > bound:
+            name = _layer_name(layer, spec, da, db)
+            chain.append({"stage": "forward", "device": None, "name": name, "gap": g, "bound": bound})
+            text += (f"; on matching rows the output of {_layer_text(layer, spec, 'layer ', da, db)} differs (gap"
+                     f" {g:.3g}): it computes from a device's rows together (batch-norm statistics) or otherwise")
+            break
+        worst, last = max(worst, g), layer
+    else:
+        if last is not None:
+            chain.append({"stage": "forward", "device": None, "name": _layer_name(last, spec, da, db), "gap": worst,
+                          "bound": bound})
+            text += (f"; on matching rows the forward pass agrees to {worst:.1g} through {_layer_text(last, spec)}:"
+                     " the layers compute alike, only the dealing of the rows differs")
+    out = _with_size_note(_result(step, "inputs", None, None, float("inf"), bound, text), da, db, prefixes=("grad/",))
+    out["chain"] = chain
+    return out
+
+
 def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: float,
                 spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The stages of one captured step, each judged against ``bound``, and the first one that breaks.
@@ -546,7 +637,20 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         return broke("inputs", r, None, float("inf"),
                      f"device {r} received {int(db['sizes'][r])} rows, the reference's {int(da['sizes'][r])}"
                      " (sharding: contiguous vs strided, uneven split, or a sampler's padding)")
-    if "x" in da and "x" in db and rows_line_up:
+    # the same rows in all, dealt otherwise: matched by content, the forward pass compared on matching rows
+    total = int(np.sum(da["sizes"])) if "sizes" in da else None
+    perm = _row_match(_row_key(da), _row_key(db))
+    if perm is not None and total is not None and len(perm) != total:
+        perm = None
+    moved = perm is not None and not np.array_equal(perm, np.arange(len(perm)))
+    if moved and sizes is not None:
+        devices = np.repeat(np.arange(n), sizes)
+        if not np.array_equal(devices, devices[perm]):
+            return _dealt_otherwise(da, db, perm, devices, sizes, step, bound, spec, chain)
+    if moved:
+        agreed.append("inputs: the same rows, in another order (matched by content)")
+        rows_line_up = True
+    elif "x" in da and "x" in db and rows_line_up:
         gaps = _per_device(da["x"], db["x"], sizes)
         dev, over = _which(gaps, bound)
         chain.append({"stage": "inputs", "device": dev, "name": None, "gap": max(gaps), "bound": bound})
@@ -563,7 +667,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
     for layer in layers:
         if da[f"act/{layer}"].shape != db[f"act/{layer}"].shape:
             break
-        gaps = _per_device(da[f"act/{layer}"], db[f"act/{layer}"], sizes)
+        gaps = _per_device(da[f"act/{layer}"], _rows_as(db[f"act/{layer}"], perm if moved else None), sizes)
         dev, over = _which(gaps, bound)
         if over:
             name = _layer_name(layer, spec, da, db)

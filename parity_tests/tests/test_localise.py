@@ -268,3 +268,49 @@ def test_a_gap_of_float32_size_in_a_float64_run_is_named():
     assert "float32" not in _where(_run(grad_scale=lambda k: 2.0 if k >= 3 else 1.0))["explanation"]
     assert float32_sized(6e-8, np.float32) == "" and float32_sized(1e-3, np.float64) == ""
     assert float32_sized(6e-8, np.float64) != "" and float32_sized(1e-11, np.float64) == ""
+
+
+# ---------------------------------------------------------------- rows dealt otherwise (issue 35)
+
+
+def _dealt_side(order: np.ndarray, *, hooks: bool, act_shift: float = 0.0) -> dict:
+    """A captured step of 2 devices over the same 8 rows, device r holding ``order``'s rows 4r..4r+3 (a linear model,
+    loss and gradient per device of its own rows); ``hooks``: the rows as a plugin's layer hooks saw them
+    (``rows``: what its first layer received, flattened), else ``x`` as the built-ins record them."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(8, 2, 3))[order]
+    w = rng.normal(size=(6, 2))
+    act = x.reshape(8, -1) @ w
+    act[4:] += act_shift  # device 1's layer output moved (batch-norm statistics of its own rows, say)
+    parts = [slice(0, 4), slice(4, 8)]
+    out = {"device/step": np.asarray(1), "device/sizes": np.asarray([4, 4]), "device/act/0": act,
+           "device/loss": np.array([act[p].mean() for p in parts]),
+           "device/grad/0.kernel": np.stack([np.tile(x[p].reshape(4, -1).mean(0)[:, None], (1, 2)) for p in parts])}
+    out["device/rows" if hooks else "device/x"] = x.reshape(8, -1) if hooks else x
+    return out
+
+
+def test_rows_dealt_otherwise_are_an_inputs_difference_and_the_forward_pass_is_compared_on_matching_rows():
+    """Contiguous slices (the reference, ``x``) against rows r::N (a plugin's hooks, ``rows``): the same 8 rows in all,
+    on other devices. Named at ``inputs`` as the dealing it is, never "forward ... differs on every device" (the
+    forward pass is the same on each row, issue 35); a layer that does compute otherwise on matching rows is
+    named; the same dealing (rows in the same order) is not a finding."""
+    from parity_tests.judging.localise import stage_chain
+
+    contiguous, strided = np.arange(8), np.array([0, 2, 4, 6, 1, 3, 5, 7])
+    ref = _dealt_side(contiguous, hooks=False)
+    where = stage_chain(ref, _dealt_side(strided, hooks=True), 1, 1e-10)
+    text = where["explanation"]
+    assert (where["stage"], where["device"]) == ("inputs", None), text
+    assert "the devices received different rows: the same 8 rows in all, dealt contiguous slices (the reference) vs" \
+           " rows r, r+N, ... (the other, as DistributedSampler deals them)" in text, text
+    assert "on matching rows the forward pass agrees" in text and "differs on every device" not in text, text
+    back = stage_chain(_dealt_side(strided, hooks=False), _dealt_side(contiguous, hooks=True), 1, 1e-10)
+    assert "dealt rows r, r+N, ... (the reference, as DistributedSampler deals them) vs contiguous" in back["explanation"]
+    bn = stage_chain(ref, _dealt_side(strided, hooks=True, act_shift=0.5), 1, 1e-10)
+    assert bn["stage"] == "inputs" and "on matching rows the output of layer 0 differs" in bn["explanation"]
+    same = stage_chain(ref, _dealt_side(contiguous, hooks=True), 1, 1e-10)
+    assert same["stage"] is None and "different rows" not in same["explanation"], same["explanation"]
+    other = _dealt_side(contiguous, hooks=True)
+    other["device/rows"] = other["device/rows"] + 1.0  # other rows altogether: no matching, compared as before
+    assert "different rows" not in stage_chain(ref, other, 1, 1e-10)["explanation"]
