@@ -221,3 +221,31 @@ def test_a_plugin_with_its_activation_in_forward_lines_up_with_the_builtins(pool
     chain = {c["stage"]: c for c in where["chain"]}
     assert chain["forward"]["name"] == "layer 1 dense (module.l1 Linear)" and chain["forward"]["gap"] < 1e-12
     assert where["stage"] == "device_grads" and "forward agrees" in where["explanation"]
+
+
+def test_torch_hooks_count_every_micro_batch_the_step_backpropagates():
+    """Gradient accumulation: the step's k backpropagated passes are the rows the rank read, merged in call order
+    (issue 35: the hooks kept the first micro-batch, and the rank was said to read 8 rows of 16); a forward that
+    nothing differentiates (a logged evaluation with autograd on) is no micro-batch."""
+    import torch
+
+    from torchref.plugin import LayerHooks
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)).double()
+    x = torch.randn(8, 5, dtype=torch.float64)
+    hooks = LayerHooks()
+    hooks.install()
+    hooks.armed = True
+    try:
+        for xj in (x[:4], x[4:]):  # two micro-batches, each backpropagated
+            (net(xj).sum() / 2).backward()
+        net(x[:2])  # looked at, never differentiated
+    finally:
+        hooks.remove()
+    assert len(hooks.passes) == 3
+    assert [leaf["name"] for leaf in hooks.leaves] == ["0", "1", "2"]
+    assert np.array_equal(hooks.leaves[0]["in"], x.numpy())  # the 8 rows read, in order
+    assert np.array_equal(hooks.leaves[2]["out"], net(x).detach().numpy())
+    assert sum(len(v) for v in [layer_outputs(hooks.leaves)["0"]]) == 8
+

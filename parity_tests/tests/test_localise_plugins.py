@@ -1,0 +1,47 @@
+"""Where-lines for plugins as users write them (issue 35): micro-batches are rows read, and the layer hooks' layers
+are the case's layers (plugins/localise_torch.py against the built-in ``tf.towers``).
+
+Float64, SGD: a correct port is at parity with ``tf.towers`` to rounding (1e-16 against the 1e-10 bound), and a
+seeded bug moves what it touches by O(0.1) or a factor of 2, so each expected stage holds far from the bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
+from parity_tests.tests.helpers import MLP, make
+
+PLUGIN = f"{Path(__file__).parent / 'plugins' / 'localise_torch.py'}"
+SGD = {"name": "sgd", "lr": 0.1}
+#: dense 10 relu -> dense 1 on 2 ranks, 8 rows each a step, cut into 2 micro-batches of 4
+ACCUMULATE = make(MLP, parallel__devices=2, parallel__accumulate=2, data__global_batch=16, steps=2, optimizer=SGD)
+#: flatten -> dense 6 relu -> dense 1 on [2, 3] inputs, 2 ranks
+FLATTEN = make(MLP, model__input_shape=[2, 3], model__layers=[
+    {"type": "flatten"}, {"type": "dense", "units": 6, "activation": "relu"}, {"type": "dense", "units": 1}],
+    data={"generator": "gaussian", "seed": 4, "global_batch": 16}, parallel__devices=2, steps=2, optimizer=SGD)
+
+
+def test_micro_batches_are_rows_read(pool):
+    """A rank that accumulates 2 micro-batches read its 8 rows, as ``tf.towers`` with ``accumulate: 2`` says;
+    the hooks kept the first micro-batch and the pair was placed at ``inputs`` ("8 rows in all, the
+    reference's 16") whether the plugin was right or not. The correct port's captured rows and layer
+    outputs are the towers' (the same numbers); a port that sums its micro-batch gradients is found where
+    it is: the combined gradient, 2x."""
+    captured = dataclasses.replace(ACCUMULATE, capture=1)
+    mine, towers = run_impl(captured, f"{PLUGIN}:accumulate"), run_impl(captured, "tf.towers")
+    assert list(mine["device/sizes"]) == [8, 8] == list(towers["device/sizes"])
+    for layer in ("0", "1"):
+        a, b = towers[f"device/act/{layer}"], mine[f"device/act/{layer}"]
+        assert a.shape == b.shape == (16, 10 if layer == "0" else 1)
+        assert np.abs(a - b).max() <= 1e-12 * np.abs(a).max()  # float64 rounding of one layer: ~1e-16 relative
+    result = compare_case(ACCUMULATE, ["tf.towers", f"{PLUGIN}:accumulate", f"{PLUGIN}:accumulate_summed"])
+    good, summed = result.pairs
+    assert good.verdict.status == "parity", good.verdict.detail
+    where = summed.localisation
+    assert where["stage"] == "combined_grads" and "rows in all" not in where["explanation"], where["explanation"]
+
