@@ -249,3 +249,34 @@ def test_torch_hooks_count_every_micro_batch_the_step_backpropagates():
     assert np.array_equal(hooks.leaves[2]["out"], net(x).detach().numpy())
     assert sum(len(v) for v in [layer_outputs(hooks.leaves)["0"]]) == 8
 
+
+def test_hook_layers_take_the_case_layer_they_are():
+    """A plugin that flattens (or pools) in code has no module there: its first ``Linear`` is the case's layer 1
+    (after ``flatten``), not layer 0 (issue 35: a where-line named ``layer 0 flatten`` for the hooks' first
+    dense). Keras' ``Flatten`` layer is the case's 0; a layer with parameters the hooks never saw: no numbering."""
+    from parity_tests.contract.model import validate_model
+    from parity_tests.running.plugins import case_numbering
+
+    def model(shape, layers):
+        return {"model": validate_model({"input_shape": shape, "layers": layers, "loss": "mse"})[0]}
+
+    spec = model([2, 3], [{"type": "flatten"}, {"type": "dense", "units": 4, "activation": "relu"},
+                          {"type": "dense", "units": 1}])
+    torch_side = {"0": np.zeros((5, 4)), "1": np.zeros((5, 1))}
+    assert case_numbering(spec, torch_side, {"0": True, "1": True}) == {"0": "1", "1": "2"}
+    keras_side = {"0": np.zeros((5, 6)), "1": np.zeros((5, 4)), "2": np.zeros((5, 1))}
+    assert case_numbering(spec, keras_side, {"0": False, "1": True, "2": True}) == {"0": "0", "1": "1", "2": "2"}
+    assert case_numbering(spec, {"0": np.zeros((5, 1))}, {"0": True}) is None  # dense 4 unseen
+    cnn = model([4, 4, 1], [{"type": "conv2d", "filters": 2, "kernel_size": 3, "padding": "same"},
+                            {"type": "max_pool2d", "pool_size": 2}, {"type": "flatten"}, {"type": "dense", "units": 1}])
+    # Conv2d, pooled and flattened in code, then Linear: the conv's layer is what Linear received (flatten's output)
+    assert case_numbering(cnn, {"0": np.zeros((5, 8)), "1": np.zeros((5, 1))}, {"0": True, "1": True}) == \
+        {"0": "2", "1": "3"}
+    leaves = [{"name": "module.0", "kind": "Linear", "weights": True, "kept": False, "fed": True, "in": np.ones((4, 6)),
+               "out": np.ones((4, 4))},
+              {"name": "module.1", "kind": "Linear", "weights": True, "kept": False, "fed": True, "in": np.ones((4, 4)),
+               "out": np.ones((4, 1))}]
+    device = [{"grads": None, "acts": None, "losses": None, "inputs": None, "leaves": leaves}]
+    got = device_arrays(device, 1, "p", {}, spec=spec)
+    assert sorted(k for k in got if k.startswith("device/act/")) == ["device/act/1", "device/act/2"]
+    assert str(got["device/name/1"]) == "module.0 Linear" and got["device/rows"].shape == (4, 6)

@@ -45,3 +45,13 @@ def test_micro_batches_are_rows_read(pool):
     where = summed.localisation
     assert where["stage"] == "combined_grads" and "rows in all" not in where["explanation"], where["explanation"]
 
+
+def test_hook_layers_are_named_as_the_cases_layers(pool):
+    """A port that flattens in ``forward`` has no module for the case's ``flatten``: its first ``Linear`` is the
+    case's layer 1, and a bug there is named ``layer 1 dense`` (the hooks' layer 0 was named ``layer 0 flatten``)."""
+    result = compare_case(FLATTEN, ["tf.towers", f"{PLUGIN}:flatten_in_code", f"{PLUGIN}:flatten_in_code_tanh"])
+    good, bad = result.pairs
+    assert good.verdict.status == "parity", good.verdict.detail
+    where = bad.localisation
+    assert (where["stage"], where["name"].split(" (")[0]) == ("forward", "layer 1 dense"), where
+    assert where["layer"] == "1 dense" and "flatten" not in where["name"], where
