@@ -549,14 +549,17 @@ def _rows_as(b: Any, perm: np.ndarray | None) -> Any:
 
 def _dealt_otherwise(da: Mapping[str, Any], db: Mapping[str, Any], perm: np.ndarray, devices: np.ndarray,
                      sizes: np.ndarray, step: int, bound: float, spec: Mapping[str, Any] | None,
-                     chain: list[dict[str, Any]]) -> dict[str, Any]:
+                     chain: list[dict[str, Any]], runs: tuple[Mapping[str, Any], Mapping[str, Any]]) -> dict[str, Any]:
     """The localisation where both sides' devices received the same rows in all but not the same rows each.
 
     The stage is ``inputs``: that is the first thing that differs. Per-device losses and gradients are
     of other rows on each side and are not compared; the forward pass is, on matching rows (each
     layer's output of a row against the same row's on the other side): agreeing, the layers compute
     alike and only the dealing differs; differing, a layer computes from a device's rows together
-    (batch-norm statistics) or computes otherwise, and the explanation names it.
+    (batch-norm statistics) or computes otherwise, and the explanation names it. The gradient
+    applied (``runs``: both trajectories) is compared too: equal shards combined by a mean do
+    not depend on which device holds a row, so a gradient that differs while the forward pass
+    agrees is said to be more than the dealing.
     """
     how = _dealt(devices, devices[perm], sizes)
     moved = int(np.sum(devices != devices[perm]))
@@ -584,6 +587,17 @@ def _dealt_otherwise(da: Mapping[str, Any], db: Mapping[str, Any], perm: np.ndar
                           "bound": bound})
             text += (f"; on matching rows the forward pass agrees to {worst:.1g} through {_layer_text(last, spec)}:"
                      " the layers compute alike, only the dealing of the rows differs")
+    a, b = runs
+    applied = [q[len("grad/"):] for q in a if isinstance(q, str) and q.startswith("grad/") and q in b
+               and len(a[q]) >= step and len(b[q]) >= step]
+    if applied:
+        worst_a, pa = max((_gap(np.asarray(a[f"grad/{p}"][step - 1]), np.asarray(b[f"grad/{p}"][step - 1])), p)
+                          for p in applied)
+        chain.append({"stage": "combined_grads", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+        text += (f"; the gradient applied agrees (gap {worst_a:.1g})" if worst_a <= bound else
+                 f"; the gradient applied differs in {pa} (gap {worst_a:.3g})"
+                 + (": more than the dealing, where the forward pass agrees on matching rows" if last is not None
+                    and not any(c["stage"] == "forward" and c["gap"] > bound for c in chain) else ""))
     out = _with_size_note(_result(step, "inputs", None, None, float("inf"), bound, text), da, db, prefixes=("grad/",))
     out["chain"] = chain
     return out
@@ -646,7 +660,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
     if moved and sizes is not None:
         devices = np.repeat(np.arange(n), sizes)
         if not np.array_equal(devices, devices[perm]):
-            return _dealt_otherwise(da, db, perm, devices, sizes, step, bound, spec, chain)
+            return _dealt_otherwise(da, db, perm, devices, sizes, step, bound, spec, chain, (a, b))
     if moved:
         agreed.append("inputs: the same rows, in another order (matched by content)")
         rows_line_up = True

@@ -287,6 +287,7 @@ def _dealt_side(order: np.ndarray, *, hooks: bool, act_shift: float = 0.0) -> di
            "device/loss": np.array([act[p].mean() for p in parts]),
            "device/grad/0.kernel": np.stack([np.tile(x[p].reshape(4, -1).mean(0)[:, None], (1, 2)) for p in parts])}
     out["device/rows" if hooks else "device/x"] = x.reshape(8, -1) if hooks else x
+    out["grad/0.kernel"] = out["device/grad/0.kernel"].mean(axis=0)[None]  # equal shards' mean: the same either way
     return out
 
 
@@ -305,6 +306,11 @@ def test_rows_dealt_otherwise_are_an_inputs_difference_and_the_forward_pass_is_c
     assert "the devices received different rows: the same 8 rows in all, dealt contiguous slices (the reference) vs" \
            " rows r, r+N, ... (the other, as DistributedSampler deals them)" in text, text
     assert "on matching rows the forward pass agrees" in text and "differs on every device" not in text, text
+    assert "the gradient applied agrees" in text, text
+    doubled = _dealt_side(strided, hooks=True)
+    doubled["grad/0.kernel"] = 2 * doubled["grad/0.kernel"]
+    assert "the gradient applied differs in 0.kernel (gap 0.5): more than the dealing" in \
+        stage_chain(ref, doubled, 1, 1e-10)["explanation"]
     back = stage_chain(_dealt_side(strided, hooks=False), _dealt_side(contiguous, hooks=True), 1, 1e-10)
     assert "dealt rows r, r+N, ... (the reference, as DistributedSampler deals them) vs contiguous" in back["explanation"]
     bn = stage_chain(ref, _dealt_side(strided, hooks=True, act_shift=0.5), 1, 1e-10)
