@@ -8,7 +8,9 @@ Each records no per-device values by hand: the layer hooks see its ``nn.Module``
   gradient is k times the mean's).
 * ``flatten_in_code`` / ``flatten_in_code_tanh``: the case's ``flatten -> dense relu -> dense``
   with the flatten written in ``forward`` (no module for the hooks to see); ``_tanh`` has the
-  seeded forward bug (``tanh`` for the first dense layer's ``relu``).
+  seeded forward bug (``tanh`` for the first dense layer's ``relu``); ``flatten_in_code_strided``
+  reads rows r::N of each global batch (as under ``DistributedSampler``) where the case deals
+  contiguous slices.
 """
 
 import contextlib
@@ -32,8 +34,9 @@ class _Flat(torch.nn.Module):
         return self.l1(self.act(self.l0(x.flatten(1))))
 
 
-def _train(run, net, dense, *, divide=True):
-    """``dense``: the ``nn.Linear`` of each canonical layer index that holds parameters."""
+def _train(run, net, dense, *, divide=True, strided=False):
+    """``dense``: the ``nn.Linear`` of each canonical layer index that holds parameters; ``strided``: this rank
+    reads rows r, r+N, ... of each global batch (``DistributedSampler``'s dealing), whatever the case says."""
     net.to(run.torch_dtype)  # before the weights go in: a float32 module would round them
     with torch.no_grad():
         for i, lin in dense.items():
@@ -48,7 +51,9 @@ def _train(run, net, dense, *, divide=True):
                 **{f"{i}.bias": getattr(lin.bias, attr) for i, lin in dense.items()}}
 
     run.begin(named())
-    for x, y in run.batches():
+    batches = ((x[run.rank::run.world_size], y[run.rank::run.world_size]) for x, y in run.global_batches()) \
+        if strided else run.batches()
+    for x, y in batches:
         opt.zero_grad()
         logged = torch.zeros((), dtype=run.torch_dtype)
         for j, (xj, yj) in enumerate(zip(np.array_split(x, k), np.array_split(y, k), strict=True)):
@@ -78,10 +83,10 @@ def accumulate_summed(run):
     _train(run, *_mlp(), divide=False)
 
 
-def _flat(run, act):
+def _flat(run, act, strided=False):
     n_in = int(np.prod(run.spec["model"]["input_shape"]))
     net = _Flat(n_in, run.spec["model"]["layers"][1]["units"], act)
-    _train(run, net, {1: net.l0, 2: net.l1})
+    _train(run, net, {1: net.l0, 2: net.l1}, strided=strided)
 
 
 @torchref.plugin.distributed(dtypes=BOTH)
@@ -92,3 +97,8 @@ def flatten_in_code(run):
 @torchref.plugin.distributed(dtypes=BOTH)
 def flatten_in_code_tanh(run):
     _flat(run, torch.tanh)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def flatten_in_code_strided(run):
+    _flat(run, torch.relu, strided=True)
