@@ -598,7 +598,8 @@ def _dealt_otherwise(da: Mapping[str, Any], db: Mapping[str, Any], perm: np.ndar
                  f"; the gradient applied differs in {pa} (gap {worst_a:.3g})"
                  + (": more than the dealing, where the forward pass agrees on matching rows" if last is not None
                     and not any(c["stage"] == "forward" and c["gap"] > bound for c in chain) else ""))
-    out = _with_size_note(_result(step, "inputs", None, None, float("inf"), bound, text), da, db, prefixes=("grad/",))
+    out = _with_size_note(_result(step, "inputs", None, None, float("inf"), bound, text), da, db,
+                          prefixes=("grad/", "act/", "x"))
     out["chain"] = chain
     return out
 
@@ -634,7 +635,8 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
 
     def broke(stage: str, device: int | None, name: str | None, gap: float, text: str) -> dict[str, Any]:
         prefix = f"step {step}: " + ("; ".join(agreed) + "; " if agreed else "")
-        out = _with_size_note(_result(step, stage, device, name, gap, bound, prefix + text), da, db, prefixes=("grad/",))
+        out = _with_size_note(_result(step, stage, device, name, gap, bound, prefix + text), da, db,
+                              prefixes=("grad/", "act/", "x"))
         out["chain"] = chain
         return out
 
