@@ -693,7 +693,8 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
                         f" {_devices_text(over, n, 'device')}"
                         f" (gap {max(gaps):.3g})"
                         + (f" while layers up to {_layer_text(last, spec, '')} agree" if last is not None
-                           else " (the first layer)"))
+                           else " (the first layer" + ("" if layer == min((k[len("act/"):] for k in da if k.startswith(
+                               "act/")), key=execution_key) else " both sides recorded") + ")"))
             return out
         worst, last = max(worst, max(gaps)), layer
     if last is not None:

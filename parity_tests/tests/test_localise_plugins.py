@@ -55,6 +55,7 @@ def test_hook_layers_are_named_as_the_cases_layers(pool):
     where = bad.localisation
     assert (where["stage"], where["name"].split(" (")[0]) == ("forward", "layer 1 dense"), where
     assert where["layer"] == "1 dense" and "flatten" not in where["name"], where
+    assert "(the first layer both sides recorded)" in where["explanation"], where  # the port has no flatten module
 
 
 def test_rows_dealt_otherwise_are_named_at_inputs_from_what_the_hooks_saw(pool):
@@ -73,3 +74,15 @@ def test_rows_dealt_otherwise_are_named_at_inputs_from_what_the_hooks_saw(pool):
     assert "dealt contiguous slices (the reference) vs rows r, r+N, ... (the other, as DistributedSampler" in text, text
     assert "on matching rows the forward pass agrees" in text and "through layer 2 (dense)" in text, text
     assert "the gradient applied agrees" in text, text
+
+
+def test_a_float32_count_in_a_float64_run_is_named_by_its_size(pool):
+    """``1 / num_tokens`` with the count made a float32 tensor, in a float64 run: every gradient is off by
+    ``fl32(1/6) * 6 - 1`` = 2^-25 relative (6 rows a rank), a gap no float64 arithmetic makes. The where-line
+    says it is of float32 rounding size (issue 35: 2^-24-sized gaps with nothing saying float32)."""
+    case = make(MLP, parallel__devices=2, data__global_batch=12, steps=2, optimizer=SGD)
+    pair = compare_case(case, ["tf.towers", f"{PLUGIN}:count_in_float32"]).pairs[0]
+    where = pair.localisation
+    assert pair.verdict.status == "divergence" and where["gap"] < 2.0 ** -20, where
+    assert "a gap of float32 rounding size" in where["explanation"] and "in a float64 run: something computes in" \
+        " float32" in where["explanation"], where["explanation"]

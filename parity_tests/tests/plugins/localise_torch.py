@@ -11,6 +11,7 @@ Each records no per-device values by hand: the layer hooks see its ``nn.Module``
   seeded forward bug (``tanh`` for the first dense layer's ``relu``); ``flatten_in_code_strided``
   reads rows r::N of each global batch (as under ``DistributedSampler``) where the case deals
   contiguous slices.
+* ``count_in_float32``: ``accumulate``'s model whose mean divides by a float32 count.
 """
 
 import contextlib
@@ -34,9 +35,11 @@ class _Flat(torch.nn.Module):
         return self.l1(self.act(self.l0(x.flatten(1))))
 
 
-def _train(run, net, dense, *, divide=True, strided=False):
+def _train(run, net, dense, *, divide=True, strided=False, count32=False):
     """``dense``: the ``nn.Linear`` of each canonical layer index that holds parameters; ``strided``: this rank
-    reads rows r, r+N, ... of each global batch (``DistributedSampler``'s dealing), whatever the case says."""
+    reads rows r, r+N, ... of each global batch (``DistributedSampler``'s dealing), whatever the case says;
+    ``count32``: the mean as a GPT trainer writes it, the summed loss times ``1 / num_tokens`` with the int64
+    count made a float32 tensor (``1 / 6`` rounded to float32, 2^-25 relative, in a float64 run)."""
     net.to(run.torch_dtype)  # before the weights go in: a float32 module would round them
     with torch.no_grad():
         for i, lin in dense.items():
@@ -58,8 +61,12 @@ def _train(run, net, dense, *, divide=True, strided=False):
         logged = torch.zeros((), dtype=run.torch_dtype)
         for j, (xj, yj) in enumerate(zip(np.array_split(x, k), np.array_split(y, k), strict=True)):
             with model.no_sync() if j < k - 1 else contextlib.nullcontext():
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(model(torch.as_tensor(xj)),
-                                                                            torch.as_tensor(yj))
+                logits, target = model(torch.as_tensor(xj)), torch.as_tensor(yj)
+                if count32:
+                    inv = 1.0 / torch.tensor(target.numel()).float()  # float32: the count's reciprocal rounded
+                    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum") * inv
+                else:
+                    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
                 (loss / k if divide else loss).backward()
             logged += loss.detach() / k
         grads = named("grad")  # after DDP's all-reduce: the combined gradient
@@ -102,3 +109,8 @@ def flatten_in_code_tanh(run):
 @torchref.plugin.distributed(dtypes=BOTH)
 def flatten_in_code_strided(run):
     _flat(run, torch.relu, strided=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def count_in_float32(run):
+    _train(run, *_mlp(), count32=True)
