@@ -280,3 +280,23 @@ def test_hook_layers_take_the_case_layer_they_are():
     got = device_arrays(device, 1, "p", {}, spec=spec)
     assert sorted(k for k in got if k.startswith("device/act/")) == ["device/act/1", "device/act/2"]
     assert str(got["device/name/1"]) == "module.0 Linear" and got["device/rows"].shape == (4, 6)
+
+
+def test_keras_hooks_merge_a_towers_micro_batches():
+    """Under ``parallel.accumulate: k`` a tower's first k passes are its micro-batches: their rows merged in call
+    order (rows read, as ``tf.towers`` records them); without accumulation a tower's first pass alone."""
+    from tfpar.plugin import KerasLayerHooks
+
+    def pass_(rows):
+        return [{"name": "sequential/dense", "kind": "Dense", "weights": True, "kept": False, "fed": False,
+                 "in": rows, "out": rows * 2.0}]
+
+    rows = [np.full((4, 5), float(i)) for i in range(4)]
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    hooks = KerasLayerHooks()
+    hooks.passes = [(devices[0], pass_(rows[0])), (devices[1], pass_(rows[1])),
+                    (devices[0], pass_(rows[2])), (devices[1], pass_(rows[3]))]
+    merged = hooks.by_tower(devices, micro=2)
+    assert [m[0]["in"].shape for m in merged] == [(8, 5), (8, 5)]
+    assert np.array_equal(merged[1][0]["out"], 2.0 * np.concatenate([rows[1], rows[3]]))
+    assert [m[0]["in"].shape for m in hooks.by_tower(devices)] == [(4, 5), (4, 5)]  # one micro-batch: the first
