@@ -86,3 +86,19 @@ def test_a_float32_count_in_a_float64_run_is_named_by_its_size(pool):
     assert pair.verdict.status == "divergence" and where["gap"] < 2.0 ** -20, where
     assert "a gap of float32 rounding size" in where["explanation"] and "in a float64 run: something computes in" \
         " float32" in where["explanation"], where["explanation"]
+
+
+def test_a_clip_of_a_loss_scaled_gradient_is_named_as_the_clip_that_acted(pool):
+    """The port clips once after the all-reduce, as the case says, but the gradient of its loss times 128: its clip
+    acts at 1/128 of the threshold. Named as one global-norm clip after the combination on both sides, the port's
+    at a threshold 128x below the case's (issue 35: "each device scaled by its own factor: clipped per device?").
+    ``tf.towers`` clips by TensorFlow's formula, the port by torch's (``c / (norm + 1e-6)``): the same threshold
+    to 1e-6 relative at norms of order 1."""
+    case = make(MLP, parallel__devices=2, data__global_batch=16, steps=2, optimizer={**SGD, "semantics": "tf"},
+                parallel__clip={"global_norm": 0.05, "where": "after_combine"})
+    where = compare_case(case, ["tf.towers", f"{PLUGIN}:clip_loss_scaled"]).pairs[0].localisation
+    text = where["explanation"]
+    assert where["stage"] == "clip" and "per device" not in text and "each device" not in text, text
+    assert "the reference applied the equal mean (1/N each) of the device gradients clipped once after the" \
+           " combination" in text and "= 0.05 / " in text, text
+    assert "128x below the case's 0.05" in text and "loss scale" in text, text

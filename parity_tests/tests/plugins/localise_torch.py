@@ -12,6 +12,8 @@ Each records no per-device values by hand: the layer hooks see its ``nn.Module``
   reads rows r::N of each global batch (as under ``DistributedSampler``) where the case deals
   contiguous slices.
 * ``count_in_float32``: ``accumulate``'s model whose mean divides by a float32 count.
+* ``clip_loss_scaled``: the case's clip applied once, after the all-reduce, to the gradient of the loss
+  times 128, then unscaled.
 """
 
 import contextlib
@@ -35,17 +37,23 @@ class _Flat(torch.nn.Module):
         return self.l1(self.act(self.l0(x.flatten(1))))
 
 
-def _train(run, net, dense, *, divide=True, strided=False, count32=False):
+def _train(run, net, dense, *, divide=True, strided=False, count32=False, loss_scale=None):
     """``dense``: the ``nn.Linear`` of each canonical layer index that holds parameters; ``strided``: this rank
     reads rows r, r+N, ... of each global batch (``DistributedSampler``'s dealing), whatever the case says;
     ``count32``: the mean as a GPT trainer writes it, the summed loss times ``1 / num_tokens`` with the int64
-    count made a float32 tensor (``1 / 6`` rounded to float32, 2^-25 relative, in a float64 run)."""
+    count made a float32 tensor (``1 / 6`` rounded to float32, 2^-25 relative, in a float64 run);
+    ``loss_scale``: ``S``: the loss times ``S`` is differentiated, the case's global-norm clip applied to that
+    gradient (so at ``c / S`` of the true one), then the gradient divided by ``S`` (a loss-scaled program that
+    clips before it unscales)."""
     net.to(run.torch_dtype)  # before the weights go in: a float32 module would round them
     with torch.no_grad():
         for i, lin in dense.items():
             lin.weight.copy_(torch.as_tensor(run.to_torch(run.initial[f"{i}.kernel"])))
             lin.bias.copy_(torch.as_tensor(run.initial[f"{i}.bias"]))
     model = DDP(net, process_group=run.group)
+    if loss_scale is not None:  # this rank's gradients before the all-reduce, d l_r / d param (the loss's S undone)
+        run.hook_gradients(model, {**{f"{i}.kernel": lin.weight for i, lin in dense.items()},
+                                   **{f"{i}.bias": lin.bias for i, lin in dense.items()}}, scale=loss_scale)
     opt = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
     k = run.spec["parallel"].get("accumulate", 1)
 
@@ -67,8 +75,13 @@ def _train(run, net, dense, *, divide=True, strided=False, count32=False):
                     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum") * inv
                 else:
                     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
-                (loss / k if divide else loss).backward()
+                (loss / k if divide else loss).mul(loss_scale or 1.0).backward()
             logged += loss.detach() / k
+        if loss_scale is not None:
+            clip = run.spec["parallel"]["clip"]["global_norm"]
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)  # on the scaled gradient: the bug
+            for p in model.parameters():
+                p.grad.div_(loss_scale)
         grads = named("grad")  # after DDP's all-reduce: the combined gradient
         opt.step()
         dist.all_reduce(logged, group=run.group)
@@ -114,3 +127,8 @@ def flatten_in_code_strided(run):
 @torchref.plugin.distributed(dtypes=BOTH)
 def count_in_float32(run):
     _train(run, *_mlp(), count32=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def clip_loss_scaled(run):
+    _train(run, *_mlp(), loss_scale=128.0)
