@@ -446,10 +446,14 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
         from parity_tests.running.plugin_marks import describe
 
         return {"described": describe(fn)}
+    from parity_tests.contract.layouts import LayoutError
+
     try:
         return {"records": run_plugin(fn, job["payload"])}
     except PluginRaised as e:
         return {"raised": {"step": e.step, "when": e.when, "line": e.line, "frames": e.frames}}
+    except LayoutError as e:  # run.to_torch / run.to_tf asked what cannot be told: bad input, one line
+        return {"input": e.line()}
 
 
 def _run_builtin(impl: str, payload: Mapping[str, Any]) -> dict[str, Any]:

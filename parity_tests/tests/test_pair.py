@@ -96,6 +96,18 @@ def test_resolve_needs_the_residual_to_be_parity():
     assert resolve(same, _pred("update"), residual=apart).verdict.status == "unexpected_parity"
 
 
+def test_unexpected_parity_shows_the_pairs_own_gap_not_the_mapped_runs():
+    """The gap column of every status is the pair's own: an ``unexpected_parity`` found through a mapped run
+    (a stand-in that parts by 1e-3 once mapped) shows the pair's gap as it ran (0 here), the mapped runs'
+    gap in its detail (issue 35: the stand-in's 0.00146 stood in the column instead of the pair's 6e-16)."""
+    same, apart = _verdicts()
+    r = resolve(same, _pred("update"), residual=apart, mapping="mapped on a stand-in")
+    assert r.verdict.status == "unexpected_parity"
+    assert (r.verdict.gap, r.verdict.bound, r.verdict.rule) == (same.gap, same.bound, same.rule)
+    assert r.verdict.gap != apart.gap and f"gap {apart.gap:.3g}" in r.verdict.detail
+    assert (r.residual.status, r.residual.gap) == (apart.status, apart.gap)  # the mapped runs' verdict stays beside it (report.json "residual")
+
+
 def test_resolve_without_a_residual_checks_the_stage():
     same, apart = _verdicts()
     assert resolve(apart, _pred("update"), stage="update").verdict.status == "expected_difference"

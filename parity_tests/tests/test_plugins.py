@@ -253,6 +253,20 @@ def test_an_external_model_runs_on_plugins_under_their_own_names(tmp_path, capsy
     assert traj["param/lin.w"].shape == (5, 3, 2)
 
 
+def test_an_external_models_array_is_told_its_layout_not_guessed_by_rank(tmp_path, capsys):
+    """``run.to_torch(a)`` of an external model's 2-D array cannot know whether it is a kernel (transposed) or a
+    table (as it is): bad input in one line naming ``layout=``, exit 2, nothing written (issue 35); with
+    ``layout="dense"`` (torch_external.py:ddp) the same model runs (the test above)."""
+    out = tmp_path / "t.npz"
+    status = main(["run", _external_case(tmp_path, 2), "--impl", f"{HERE / 'torch_external.py'}:ddp_guessing",
+                   "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert "run.to_torch(a, layout=...) for an external model's 2-D array: 'dense'" in err[0], err
+    assert err[0].endswith("its rank alone does not say which, got 'shape [3, 2]'"), err
+    assert not out.exists()
+
+
 def test_an_external_model_keeps_its_own_distributed_sampler(tmp_path, capsys):
     """data.order distributed_sampler for an external model: the DDP program's own DataLoader over
     DistributedSampler (23 rows dealt to 3 ranks, padded to 24) against the towers reading run.batches()."""
