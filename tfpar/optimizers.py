@@ -72,6 +72,7 @@ Gradient clipping by global norm ``n = sqrt(sum_i ||g_i||^2)`` (:func:`clip_by_g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -156,6 +157,16 @@ def keras_schedule(schedule: Mapping[str, Any], lr: float) -> float | keras.opti
     Keras switches to ``values[i+1]`` when ``iterations > boundaries[i]``, and
     the case's boundary ``b`` means "steps 1..b use the old value", i.e.
     ``iterations = t - 1 >= b``, i.e. ``iterations > b - 1``.
+
+    ``warmup_cosine`` is Keras' own ``CosineDecay(0.0, d, alpha=min_lr / lr, warmup_target=lr,
+    warmup_steps=k)``, as a Keras user writes it (``alpha`` is a fraction of the target).
+
+    .. warning:: ``CosineDecay`` is the case's schedule *one step late*: it reads ``iterations``
+       (0 at the first update), so step ``t`` runs at the contract's rate of step ``t - 1``
+       (step 1 at 0, ``lr`` first at step ``k + 1``, ``min_lr`` from step ``k + d + 1``), in
+       float32 (``protocol.hyper.keras_cosine_lr``, Keras 3.15
+       ``keras/src/optimizers/schedules/learning_rate_schedule.py``). A predicted difference
+       against torch (docs/framework-differences.md); the exact rules use the contract's rate.
     """
     kind = schedule["kind"]
     if kind == "constant":
@@ -166,6 +177,10 @@ def keras_schedule(schedule: Mapping[str, Any], lr: float) -> float | keras.opti
         )
     if kind == "warmup_linear":
         return WarmupLinear(lr, schedule["warmup_steps"])
+    if kind == "warmup_cosine":
+        return keras.optimizers.schedules.CosineDecay(
+            0.0, schedule["decay_steps"], alpha=schedule["min_lr"] / lr, warmup_target=lr,
+            warmup_steps=schedule["warmup_steps"])
     raise ValueError(f"unknown schedule kind {kind!r}")
 
 
@@ -173,11 +188,21 @@ def schedule_lr(schedule: Mapping[str, Any], lr: float, t: tf.Tensor, dtype: tf.
     """The learning rate of step ``t`` (int64 scalar, counting from 1), exact in ``dtype``.
 
     constant: ``lr``; step: ``values[i]``, ``i`` = the number of boundaries ``b < t``;
-    warmup_linear: ``lr * min(1, t / k)``.
+    warmup_linear: ``lr * min(1, t / k)``; warmup_cosine (``protocol.hyper.cosine_lr``):
+    ``lr t / k`` for ``t <= k``, ``m + (lr - m)(1 + cos(pi (t - k) / d)) / 2`` for ``k < t < k + d``,
+    ``m`` from ``t = k + d`` on.
     """
     kind = schedule["kind"]
     if kind == "constant":
         return tf.constant(lr, dtype)
+    if kind == "warmup_cosine":
+        k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
+        tt = tf.cast(t, dtype)
+        c = lambda v: tf.constant(v, dtype)  # noqa: E731
+        warm = c(lr) * tt / c(float(k))
+        frac = (tt - c(float(k))) / c(float(d))
+        cosine = c(m) + (c(lr) - c(m)) * (c(1.0) + tf.cos(c(math.pi) * frac)) / c(2.0)
+        return tf.where(t <= k, warm, tf.where(t >= k + d, c(m), cosine))
     if kind == "step":
         i = tf.reduce_sum(tf.cast(t > tf.constant(schedule["boundaries"], tf.int64), tf.int32))
         return tf.gather(tf.constant(schedule["values"], dtype), i)

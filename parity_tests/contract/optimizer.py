@@ -24,7 +24,12 @@ torch's under ``torch``, Keras' under ``tf`` and ``native`` (see
   steps ``1..b0`` use ``v0``, steps ``b0+1..b1`` use ``v1``, ..., steps after
   the last boundary the last value. ``lr`` may be left out (it is ``v0``);
   given, it must equal ``v0``;
-* ``{"kind": "warmup_linear", "warmup_steps": k}``: ``lr * min(1, t / k)``.
+* ``{"kind": "warmup_linear", "warmup_steps": k}``: ``lr * min(1, t / k)``;
+* ``{"kind": "warmup_cosine", "warmup_steps": k, "decay_steps": d, "min_lr": m}``: ``lr t / k`` for
+  ``t <= k``, then ``m + (lr - m) (1 + cos(pi (t - k) / d)) / 2`` up to step ``k + d`` (which is at
+  ``m``), ``m`` after (``protocol.hyper.cosine_lr``). ``k >= 1``, ``d >= 1``, ``0 <= m <= lr``
+  (a decay: the tool's limit, from ``torch.optim.lr_scheduler.ConstantLR``'s factor ``m / lr``
+  in [0, 1], which holds the rate at ``m`` after the decay under ``native``).
 
 Accepted ranges (:data:`CHECKS`, :func:`accepted_range`): a value is accepted
 exactly when both frameworks' own classes accept it (``torch.optim.*``'s and
@@ -39,7 +44,7 @@ semantics. Where neither framework checks, the tool's own limit is named
 * RMSprop with ``epsilon == 0`` and ``rho == 1`` (the square average stays 0),
   or ``centered`` with ``rho == 0`` (``s - a^2 = g^2 - g^2 = 0``): every update
   divides by zero, for every gradient;
-* ``lr == 0`` (or a first step value of 0) with a ``step`` or ``warmup_linear``
+* ``lr == 0`` (or a first step value of 0) with a ``step``, ``warmup_linear`` or ``warmup_cosine``
   schedule: the torch side's ``LambdaLR`` factor is ``lr_t / lr``
   (``torchref.optimizers.make_scheduler``).
 
@@ -69,7 +74,7 @@ __all__ = ["SEMANTICS", "SCHEDULES", "DEFAULTS", "Check", "CHECKS", "TORCH_CLASS
            "accepted_range", "validate_optimizer", "validate_schedule", "builtin_refusal"]
 
 SEMANTICS = ("native", "torch", "tf")
-SCHEDULES = ("constant", "step", "warmup_linear")
+SCHEDULES = ("constant", "step", "warmup_linear", "warmup_cosine")
 
 # the hyperparameters each optimizer takes besides lr, in the order they are listed
 _ALL_HP = ("momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho", "centered", "initial_accumulator")
@@ -234,6 +239,12 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:  # noqa: C901
         no_extra(s, {"kind", "warmup_steps"}, "optimizer.schedule")
         k = integer(need(s, "warmup_steps", "optimizer.schedule"), "optimizer.schedule.warmup_steps", 1, 10_000_000)
         return {"kind": "warmup_linear", "warmup_steps": k}
+    if kind == "warmup_cosine":
+        no_extra(s, {"kind", "warmup_steps", "decay_steps", "min_lr"}, "optimizer.schedule")
+        k = integer(need(s, "warmup_steps", "optimizer.schedule"), "optimizer.schedule.warmup_steps", 1, 10_000_000)
+        d = integer(need(s, "decay_steps", "optimizer.schedule"), "optimizer.schedule.decay_steps", 1, 10_000_000)
+        m = _checked(need(s, "min_lr", "optimizer.schedule"), "optimizer.schedule.min_lr", _MIN_LR)
+        return {"kind": "warmup_cosine", "warmup_steps": k, "decay_steps": d, "min_lr": m}
     no_extra(s, {"kind", "boundaries", "values"}, "optimizer.schedule")
     bounds = need(s, "boundaries", "optimizer.schedule")
     if not isinstance(bounds, list) or not bounds:
@@ -252,6 +263,19 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:  # noqa: C901
     lr_checks = CHECKS[name]["lr"] if name in CHECKS else _PLUGIN_LR
     out_v = [_checked(v, f"optimizer.schedule.values[{i}]", lr_checks) for i, v in enumerate(values)]
     return {"kind": "step", "boundaries": out_b, "values": out_v}
+
+
+#: the checks on ``warmup_cosine``'s ``min_lr`` (its upper limit, ``lr``, is checked with the case's lr)
+_MIN_LR = (Check("tfpar", "min_lr", "<", 0.0, "a learning rate is a number >= 0"),)
+
+
+def _min_lr_at_most_lr(schedule: dict, lr: float) -> None:
+    """``warmup_cosine`` decays: ``min_lr <= lr`` (the module docstring says why)."""
+    if schedule["kind"] == "warmup_cosine" and schedule["min_lr"] > lr:
+        raise CaseError("optimizer.schedule.min_lr", f"a number <= lr {lr!r} (tfpar: warmup_cosine decays from lr to"
+                        " min_lr; under native the torch side holds min_lr with ConstantLR(factor=min_lr / lr), and"
+                        " torch.optim.lr_scheduler.ConstantLR refuses a factor > 1: 'Constant multiplicative factor"
+                        " expected to be between 0 and 1')", schedule["min_lr"])
 
 
 def validate_optimizer(o: Any) -> dict:
@@ -289,6 +313,7 @@ def _strict(o: dict) -> dict:
         raise CaseError(where, f"a number > 0 with a {schedule['kind']} schedule (tfpar refuses lr 0 there: the torch"
                         " side's LambdaLR factor is lr_t / lr, torchref.optimizers.make_scheduler; torch.optim and"
                         " Keras accept 0, and a constant schedule takes it)", lr)
+    _min_lr_at_most_lr(schedule, lr)
     out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
     defaults = DEFAULTS[name]["torch" if semantics == "torch" else "tf"]
     for key in allowed:
@@ -323,6 +348,7 @@ def _as_data(o: dict) -> dict:
     lr_default = schedule["values"][0] if schedule["kind"] == "step" else None
     lr = _checked(o["lr"] if "lr" in o else (lr_default if lr_default is not None else need(o, "lr", "optimizer")),
                   "optimizer.lr", _PLUGIN_LR)
+    _min_lr_at_most_lr(schedule, lr)
     out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
     for key in sorted(set(o) - {"name", "semantics", "lr", "schedule"}):
         v, path = o[key], f"optimizer.{key}"

@@ -308,6 +308,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                       " predicts nothing about it")
     if known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
+    found.extend(_schedule_differences(spec, a, b, moves, absent))
     if known_opt and opt["semantics"] == "native" and spec["dtype"] == "float64":
         ra, rb = (_keras_rounded(spec, _held(x, held)) for x in (a, b))
         if ra != rb and moves:
@@ -803,6 +804,47 @@ def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: lis
     return out
 
 
+def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, absent: list[str]) -> list[Difference]:
+    """What the frameworks' own ``warmup_cosine`` classes do differently (docs/framework-differences.md, "Warm-up + cosine").
+
+    Under ``native`` the TensorFlow side runs Keras' ``CosineDecay`` and the torch side torch's
+    ``SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR)`` (``tfpar.optimizers.keras_schedule``,
+    ``torchref.optimizers.warmup_cosine_scheduler``):
+
+    * Keras one step late (expected, ``mapping="optimizer"``): ``CosineDecay`` evaluates the
+      curve at ``iterations = t - 1``, so step 1 runs at rate 0 and every later step at the rate of
+      the step before; present whenever a side of each framework runs and a step moves;
+    * torch's recursion (known, no mapping): ``LinearLR`` and ``CosineAnnealingLR`` compute each
+      rate from the last, within about 1e-14 relative of the closed form over 2,000 steps
+      (measured, ``torchref.optimizers``), far below the float64 bound: named in float64.
+
+    Neither under ``torch`` or ``tf`` semantics: both sides then compute the contract's curve
+    (``protocol.hyper.cosine_lr``) in closed form.
+    """
+    opt = spec["optimizer"]
+    if (opt.get("schedule") or {}).get("kind") != "warmup_cosine" or plugins_only(opt):
+        return []
+    fa, fb = _framework(a), _framework(b)
+    if opt["semantics"] != "native" or fa == fb:
+        if opt["semantics"] != "native" and fa != fb:
+            absent.append(f"warmup_cosine one step late in Keras' CosineDecay: semantics {opt['semantics']} computes"
+                          " the case's curve on both sides")
+        return []
+    if not moves:
+        absent.append("warmup_cosine one step late in Keras' CosineDecay: no step moves the parameters")
+        return []
+    k, d = opt["schedule"]["warmup_steps"], opt["schedule"]["decay_steps"]
+    out = [_diff(
+        "warmup_cosine one step late in Keras' CosineDecay: it reads iterations (0 at the first update), so"
+        f" step t runs at the case's rate of step t - 1 (step 1 at 0, lr first at step {k + 1}, min_lr from step"
+        f" {k + d + 1}); torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate", mapping="optimizer")]
+    if spec["dtype"] == "float64":
+        out.append(_diff(
+            "torch's LinearLR and CosineAnnealingLR are recursive (each rate from the last): within about 1e-14"
+            " relative of the closed-form curve over 2,000 steps, below the float64 bound", expected=False))
+    return out
+
+
 #: Keras 3.15 in a float64 run, measured bit for bit (``tests/test_keras_rounding.py``): which
 #: hyperparameters pass through float32. ``learning_rate`` (and its use in weight decay) lives in
 #: a variable of ``keras.config.floatx()`` at the optimizer's construction; ``ops.cast(python_float,
@@ -860,6 +902,10 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         # Keras' rule, holding in float32 what the other side's Keras optimizer holds (a TensorFlow
         # side without one: Keras' rule with exact numbers, as the case's "native" says)
         rounding = keras_rounding or ("floatx_float32" if _builtin_keras(other) else "none")
+        if rounding != "none" and (spec["optimizer"].get("schedule") or {}).get("kind") == "warmup_cosine":
+            # Keras' CosineDecay computes cos in TensorFlow's float32 kernel, which is not correctly
+            # rounded (protocol.hyper.keras_cosine_lr): no other side reproduces its rates bit for bit
+            return None
         return {"optimizer.semantics": "tf", "optimizer.keras_rounding": rounding}
     if kind == "weighting" and parallel_side:
         return {"parallel.weighting": "by_size"}

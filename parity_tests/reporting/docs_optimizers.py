@@ -130,6 +130,15 @@ def render() -> str:
       "before the update, `t - 1`, and switches when it is `> b - 1`) | `LambdaLR`, factor `v_i / lr` |")
     w("| `{\"kind\": \"warmup_linear\", \"warmup_steps\": k}` | `lr * min(1, t / k)` (the first step uses `lr / k`) "
       "| `tfpar.optimizers.WarmupLinear` (a `LearningRateSchedule`, float32 like Keras' own) | `LambdaLR` |")
+    w("| `{\"kind\": \"warmup_cosine\", \"warmup_steps\": k, \"decay_steps\": d, \"min_lr\": m}` | `lr t / k` for "
+      "`t <= k`; `m + (lr - m)(1 + cos(pi (t - k) / d)) / 2` for `k < t <= k + d` (step `k + d` is at `m`); `m` after "
+      "| `CosineDecay(0.0, d, alpha=m / lr, warmup_target=lr, warmup_steps=k)`: the same curve at `t - 1` "
+      "(one step late: step 1 at 0), float32 | `SequentialLR` of `LinearLR(1/k, 1, k - 1)`, "
+      "`CosineAnnealingLR(d, m)`, `ConstantLR(m / lr)` at milestones `k - 1`, `k - 1 + d` (recursive: "
+      "within 1e-14 of the curve); `LambdaLR` under `torch`/`tf` |")
+    w("")
+    w("`warmup_cosine` needs `k >= 1`, `d >= 1` and `0 <= m <= lr`. Keras' `CosineDecay` one step late")
+    w("is a predicted difference under `native` (docs/framework-differences.md, \"Warm-up + cosine\").")
     w("")
     w("`lr` may be left out with a step schedule (it is `v0`); given, it must equal `v0`.")
     w("The exact rules (`torch`/`tf` semantics) compute the step's rate from their own step")

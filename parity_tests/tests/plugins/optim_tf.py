@@ -18,6 +18,10 @@ NAMES = ("0.kernel", "0.bias", "1.kernel", "1.bias")
 
 def keras_optimizer(opt: dict) -> keras.optimizers.Optimizer:
     name, lr = opt["name"], opt["lr"]
+    schedule = opt.get("schedule", {"kind": "constant"})
+    if schedule["kind"] == "warmup_cosine":  # as a Keras user writes warm-up + cosine (alpha: a fraction of lr)
+        lr = keras.optimizers.schedules.CosineDecay(0.0, schedule["decay_steps"], alpha=schedule["min_lr"] / lr,
+                                                    warmup_target=lr, warmup_steps=schedule["warmup_steps"])
     if name in ("adam", "amsgrad"):
         return keras.optimizers.Adam(lr, beta_1=opt["beta1"], beta_2=opt["beta2"], epsilon=opt["epsilon"],
                                      amsgrad=name == "amsgrad")

@@ -29,6 +29,19 @@ def torch_optimizer(opt: dict, params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr, momentum=opt.get("momentum", 0.0), nesterov=name == "nesterov")
 
 
+def torch_scheduler(opt: dict, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """Warm-up + cosine as a torch user writes it with torch's own schedulers (stepped after each update)."""
+    schedule = opt.get("schedule", {"kind": "constant"})
+    if schedule["kind"] != "warmup_cosine":
+        return None
+    k, d, m, lr = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"], opt["lr"]
+    sched = torch.optim.lr_scheduler
+    parts = [sched.LinearLR(optimizer, start_factor=1.0 / k, total_iters=k - 1),
+             sched.CosineAnnealingLR(optimizer, T_max=d, eta_min=m),
+             sched.ConstantLR(optimizer, factor=m / lr, total_iters=2**62)]
+    return sched.SequentialLR(optimizer, parts, milestones=[k - 1, k - 1 + d])
+
+
 @torchref.plugin.distributed(dtypes=("float32", "float64"))
 def ddp(run):
     net = torch.nn.Sequential(torch.nn.Linear(5, 10), torch.nn.ReLU(), torch.nn.Linear(10, 1)).to(run.torch_dtype)
@@ -36,7 +49,8 @@ def ddp(run):
     model = DDP(net, process_group=run.group)
     named = {k: dict(net.named_parameters())[v] for k, v in NAMES.items()}
     opt = torch_optimizer(run.spec["optimizer"], model.parameters())
-    run.use_optimizer(opt, named)  # under --lockstep: the reference's slots and step counter
+    scheduler = torch_scheduler(run.spec["optimizer"], opt)
+    run.use_optimizer(opt, named, scheduler=scheduler)  # under --lockstep: the reference's slots, step, schedule
 
     def params():
         return {k: run.to_tf(p) for k, p in named.items()}
@@ -48,6 +62,8 @@ def ddp(run):
         loss.backward()
         grads = {k: run.to_tf(p.grad) for k, p in named.items()}
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
         logged = loss.detach().clone()
         dist.all_reduce(logged, group=run.group)
         run.record(logged / run.world_size, params(), grads=grads)
