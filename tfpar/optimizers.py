@@ -80,7 +80,7 @@ from typing import Any, Protocol
 import keras
 import tensorflow as tf
 
-from parity_tests.protocol.optimizer_state import slot_names
+from parity_tests.protocol.optimizer_state import no_decay_names, slot_names
 
 __all__ = [
     "Optimizer",
@@ -111,13 +111,23 @@ class Optimizer(Protocol):
 
 
 class KerasOptimizer:
-    """A Keras optimizer class used as it is (``native`` semantics)."""
+    """A Keras optimizer class used as it is (``native`` semantics).
 
-    def __init__(self, opt: keras.optimizers.Optimizer) -> None:
-        self.opt = opt
+    ``names`` (canonical, in the order :meth:`build` gets the variables) and ``exclude`` (those of
+    ``optimizer.no_decay``): the excluded variables are handed to Keras'
+    ``exclude_from_weight_decay(var_list=...)`` before the build, as a Keras user excludes them.
+    """
+
+    def __init__(self, opt: keras.optimizers.Optimizer, names: Sequence[str] | None = None,
+                 exclude: frozenset[str] = frozenset()) -> None:
+        self.opt, self.names, self.exclude = opt, names, exclude
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
-        self.opt.build(list(variables))
+        variables = list(variables)
+        if self.exclude:
+            self.opt.exclude_from_weight_decay(
+                var_list=[v for n, v in zip(self.names, variables, strict=True) if n in self.exclude])
+        self.opt.build(variables)
 
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
         self.opt.apply_gradients(zip(grads, variables, strict=True))
@@ -228,12 +238,15 @@ class _Rule:
     slot_names: tuple[str, ...] = ()
 
     def __init__(self, lr: float, semantics: str, *, schedule: Mapping[str, Any] | None = None,
-                 weight_decay: float = 0.0, decoupled_torch: bool = False) -> None:
+                 weight_decay: float = 0.0, decoupled_torch: bool = False, names: Sequence[str] | None = None,
+                 exclude: frozenset[str] = frozenset()) -> None:
         if semantics not in ("torch", "tf"):
             raise ValueError(f"an exact rule needs semantics torch or tf, got {semantics!r}")
         self.lr, self.semantics = lr, semantics
         self.schedule = dict(schedule or {"kind": "constant"})
         self.wd, self.decoupled_torch = weight_decay, decoupled_torch
+        # optimizer.no_decay: the variables (by canonical name, in build order) that take no weight decay
+        self.names, self.exclude = names, exclude
 
     def _slot_init(self, name: str, v: tf.Variable) -> tf.Tensor:
         return tf.zeros_like(v)
@@ -248,6 +261,8 @@ class _Rule:
             self.slots[s] = lst
         with tf.device(variables[0].device):
             self.t = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        names = self.names if self.names is not None else [None] * len(variables)
+        self.decays = [n not in self.exclude for n in names]
 
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
         self.t.assign_add(1)
@@ -256,7 +271,7 @@ class _Rule:
         for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
             g = tf.cast(g, v.dtype)
             lr = schedule_lr(self.schedule, self.lr, self.t, v.dtype)
-            if self.wd:
+            if self.wd and self.decays[i]:
                 wd = self._c(self.wd, v)
                 if self.semantics == "torch" and self.decoupled_torch:
                     v.assign(v * (self._c(1.0, v) - lr * wd))
@@ -425,11 +440,21 @@ def _keras(spec: Mapping[str, Any]) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def make_optimizer(spec: Mapping[str, Any]) -> Optimizer:
-    """Build the optimizer a validated case's ``optimizer`` section asks for."""
+def make_optimizer(spec: Mapping[str, Any], names: Sequence[str] | None = None) -> Optimizer:
+    """Build the optimizer a validated case's ``optimizer`` section asks for.
+
+    ``names``: the canonical names of the variables :meth:`Optimizer.build` will get, in its order;
+    needed when the section has ``no_decay`` (those parameters take no weight decay: Keras'
+    ``exclude_from_weight_decay`` under ``native``, a mask in the exact rules).
+    """
     name, sem, lr = spec["name"], spec["semantics"], spec["lr"]
+    exclude = frozenset()
+    if spec.get("no_decay"):
+        if names is None:
+            raise ValueError("optimizer.no_decay needs the parameter names: make_optimizer(spec, names)")
+        exclude = no_decay_names(spec, names)
     if sem == "native":
-        return KerasOptimizer(_keras(spec))
+        return KerasOptimizer(_keras(spec), names, exclude)
     rounding = spec.get("keras_rounding", "none")
     if rounding != "none":
         # Keras' rule with Keras' own float32 roundings: Keras' own class, made under that floatx
@@ -437,11 +462,11 @@ def make_optimizer(spec: Mapping[str, Any]) -> Optimizer:
         floatx = keras.config.floatx()
         keras.config.set_floatx("float32" if rounding == "floatx_float32" else "float64")
         try:
-            return KerasOptimizer(_keras(spec))
+            return KerasOptimizer(_keras(spec), names, exclude)
         finally:
             keras.config.set_floatx(floatx)
     kw = {"schedule": spec.get("schedule"), "weight_decay": spec.get("weight_decay", 0.0),
-          "decoupled_torch": name == "adamw"}
+          "decoupled_torch": name == "adamw", "names": names, "exclude": exclude}
     if name == "sgd":
         return SGDRule(lr, sem, **kw)
     if name in ("momentum", "nesterov"):

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from parity_tests.protocol.hyper import cosine_lr, keras_float32, keras_lr
-from parity_tests.protocol.optimizer_state import flat_state, slot_names
+from parity_tests.protocol.optimizer_state import flat_state, no_decay_names, slot_names
 
 __all__ = ["make_optimizer", "make_scheduler", "warmup_cosine_scheduler", "advance", "lr_at", "KerasRule", "clip_grads", "export_state",
            "load_state", "exported"]
@@ -78,8 +78,9 @@ class KerasRule(torch.optim.Optimizer):
     torch LR scheduler drives it like any torch optimizer.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], spec: Mapping[str, Any]) -> None:
-        super().__init__(params, {"lr": spec["lr"]})
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], spec: Mapping[str, Any]) -> None:
+        # a group's own weight_decay (optimizer.no_decay: 0) overrides the case's, as in torch.optim
+        super().__init__(params, {"lr": spec["lr"], "weight_decay": spec.get("weight_decay", 0.0)})
         self.spec = dict(spec)
 
     def _h(self, value: float, use: str) -> float:
@@ -90,9 +91,8 @@ class KerasRule(torch.optim.Optimizer):
     def step(self, closure=None):
         s = self.spec
         name = s["name"]
-        wd = s.get("weight_decay", 0.0)
-        wd = self._h(wd, "weight_decay")
         for group in self.param_groups:
+            wd = self._h(group["weight_decay"], "weight_decay")
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -150,10 +150,25 @@ class KerasRule(torch.optim.Optimizer):
                     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def make_optimizer(spec: Mapping[str, Any], params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
-    """Build the optimizer a validated case's ``optimizer`` section asks for."""
+def make_optimizer(spec: Mapping[str, Any], params: Iterable[torch.Tensor],
+                   named: Mapping[str, torch.Tensor] | None = None) -> torch.optim.Optimizer:
+    """Build the optimizer a validated case's ``optimizer`` section asks for.
+
+    ``named`` (canonical name -> parameter), needed when the section has ``no_decay``: the
+    parameters it names go in a second parameter group with ``weight_decay=0``, what a torch
+    user writes for decay / no-decay groups (``[{"params": decay}, {"params": no_decay,
+    "weight_decay": 0.0}]``); ``params`` keeps its order within each group.
+    """
     params = list(params)
     name, sem = spec["name"], spec["semantics"]
+    if spec.get("no_decay"):
+        if named is None:
+            raise ValueError("optimizer.no_decay needs the parameters' names: make_optimizer(spec, params, named)")
+        skip = {id(named[n]) for n in no_decay_names(spec, list(named))}
+        decay = [p for p in params if id(p) not in skip]
+        groups = [g for g in ({"params": decay}, {"params": [p for p in params if id(p) in skip], "weight_decay": 0.0})
+                  if g["params"]]
+        params = groups  # torch.optim and KerasRule take groups where they take a list of parameters
     if sem == "tf":
         return KerasRule(params, spec)
     lr, wd = spec["lr"], spec.get("weight_decay", 0.0)

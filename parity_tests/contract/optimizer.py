@@ -31,6 +31,13 @@ torch's under ``torch``, Keras' under ``tf`` and ``native`` (see
   (a decay: the tool's limit, from ``torch.optim.lr_scheduler.ConstantLR``'s factor ``m / lr``
   in [0, 1], which holds the rate at ``m`` after the decay under ``native``).
 
+``no_decay`` (an extension beyond CONTRACT.md; docs/optimizers.md "Parameter groups"): a list
+of patterns naming parameters that take no weight decay, each a parameter kind (``bias``,
+``gamma``: the last part of a canonical name) or a glob over the whole name (``3.*``),
+``protocol.optimizer_state.pattern_matches``: what a GPT trainer's decay / no-decay parameter
+groups say. Every pattern must name a trainable parameter of the model (the case checks it,
+``check_no_decay``). Kept in the spec only when given.
+
 Accepted ranges (:data:`CHECKS`, :func:`accepted_range`): a value is accepted
 exactly when both frameworks' own classes accept it (``torch.optim.*``'s and
 ``keras.optimizers.*``'s argument checks, copied here with their messages and
@@ -68,17 +75,23 @@ from typing import Any
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, obj
 from parity_tests.protocol.errors import CaseError
-from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS, plugins_only
+from parity_tests.protocol.optimizer_state import (
+    HYPERPARAMETERS,
+    OPTIMIZERS,
+    pattern_matches,
+    plugins_only,
+)
 
 __all__ = ["SEMANTICS", "SCHEDULES", "DEFAULTS", "Check", "CHECKS", "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING",
-           "accepted_range", "validate_optimizer", "validate_schedule", "builtin_refusal"]
+           "accepted_range", "validate_optimizer", "validate_schedule", "builtin_refusal", "check_no_decay",
+           "case_fields_for"]
 
 SEMANTICS = ("native", "torch", "tf")
 SCHEDULES = ("constant", "step", "warmup_linear", "warmup_cosine")
 
 # the hyperparameters each optimizer takes besides lr, in the order they are listed
 _ALL_HP = ("momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho", "centered", "initial_accumulator")
-_OPT_KEYS = {"name", "lr", "semantics", "schedule", "keras_rounding", *_ALL_HP}
+_OPT_KEYS = {"name", "lr", "semantics", "schedule", "keras_rounding", "no_decay", *_ALL_HP}
 #: ``keras_rounding`` (``semantics: tf`` only): which hyperparameters pass through float32 in a float64
 #: run, as a Keras optimizer made under that ``keras.config.floatx()`` rounds them (the judge's mapping
 #: of a Keras side: ``judging.theory.KERAS_ROUNDED``); ``none``: every hyperparameter exact
@@ -321,6 +334,8 @@ def _strict(o: dict) -> dict:
     if name == "rmsprop":
         _rmsprop_divides_by_zero(out)
     out["schedule"] = schedule
+    if "no_decay" in o:
+        out["no_decay"] = _no_decay(o["no_decay"])
     rounding = choice(o.get("keras_rounding", "none"), "optimizer.keras_rounding", KERAS_ROUNDING)
     if rounding != "none":  # carried only when it changes something, so other cases keep their spec
         if semantics != "tf":
@@ -350,7 +365,9 @@ def _as_data(o: dict) -> dict:
                   "optimizer.lr", _PLUGIN_LR)
     _min_lr_at_most_lr(schedule, lr)
     out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
-    for key in sorted(set(o) - {"name", "semantics", "lr", "schedule"}):
+    if "no_decay" in o:
+        out["no_decay"] = _no_decay(o["no_decay"])
+    for key in sorted(set(o) - {"name", "semantics", "lr", "schedule", "no_decay"}):
         v, path = o[key], f"optimizer.{key}"
         if not isinstance(key, str) or not key.isidentifier():
             raise CaseError("optimizer", "hyperparameter names like identifiers", key)
@@ -361,6 +378,59 @@ def _as_data(o: dict) -> dict:
         else:
             raise CaseError(path, "a finite number, true/false or a short string (kept as data for the plugins)", v)
     out["schedule"] = schedule
+    return out
+
+
+def _no_decay(v: Any) -> list[str]:
+    """``optimizer.no_decay``: a non-empty list of distinct, non-empty patterns (module docstring)."""
+    if not isinstance(v, list) or not v or len(v) > 64:
+        raise CaseError("optimizer.no_decay", "a list of 1 to 64 parameter patterns (a kind such as \"bias\", or a"
+                        " glob over canonical names such as \"3.*\")", v)
+    for i, p in enumerate(v):
+        if not isinstance(p, str) or not p or len(p) > 200 or p != p.strip():
+            raise CaseError(f"optimizer.no_decay[{i}]", "a non-empty pattern without surrounding spaces", p)
+    if len(set(v)) != len(v):
+        raise CaseError("optimizer.no_decay", "distinct patterns", v)
+    return list(v)
+
+
+def check_no_decay(optimizer: dict, names: list[str]) -> None:
+    """Every ``optimizer.no_decay`` pattern names at least one of the model's trainable parameters ``names``.
+
+    A pattern that names none is a typo (``biases``), not a decision: one line naming it and the names there are.
+    """
+    for i, p in enumerate(optimizer.get("no_decay") or ()):
+        if not any(pattern_matches(p, n) for n in names):
+            shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+            raise CaseError(f"optimizer.no_decay[{i}]", f"a pattern naming a trainable parameter (the model's: {shown})",
+                            p)
+
+
+#: hyperparameter names of a plugins-only optimizer that say what a case field already says (GPT trainers'
+#: ``grad_clip``, ``gradient_accumulation_steps``, ``no_decay_params``, ``warmup_iters``): the field, and how
+_CASE_FIELDS = (
+    (("clip",), 'parallel.clip {"global_norm": c, "where": "after_combine"}'),
+    (("accum", "micro_batch", "microbatch"), "parallel.accumulate: k"),
+    (("decay_exclude", "exclude_from", "no_decay", "nodecay", "param_group"), 'optimizer.no_decay: ["bias", ...]'),
+    (("warmup", "cosine", "decay_steps", "decay_iters", "min_lr"),
+     'optimizer.schedule {"kind": "warmup_cosine", "warmup_steps": k, "decay_steps": d, "min_lr": m}'),
+)
+
+
+def case_fields_for(optimizer: dict) -> list[str]:
+    """For a plugins-only ``optimizer``, each key that a case field expresses, with that field (one text each).
+
+    ``{"name": "adamw", ..., "grad_clip": 1.0}`` gives ``['optimizer.grad_clip: parallel.clip {...}']``: said
+    there, the optimizer is one the tool knows and theory predicts what it does.
+    """
+    known = {"name", "lr", "semantics", "schedule", "keras_rounding", "no_decay"}
+    out = []
+    for key in sorted(set(optimizer) - known):
+        low = key.lower()
+        for words, field in _CASE_FIELDS:
+            if any(w in low for w in words):
+                out.append(f"optimizer.{key}: {field}")
+                break
     return out
 
 

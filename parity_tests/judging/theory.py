@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.model import nested_layers
-from parity_tests.contract.specs import nested_inputs, output_shape
+from parity_tests.contract.optimizer import case_fields_for
+from parity_tests.contract.specs import nested_inputs, output_shape, param_specs
 from parity_tests.judging import tokens
 from parity_tests.judging.attention_theory import (
     attention_scale_absent,
@@ -28,13 +29,13 @@ from parity_tests.judging.attention_theory import (
     native_attention_scales,
 )
 from parity_tests.protocol.engine import EngineSpec, declared
-from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.optimizer_state import no_decay_names, plugins_only
 from parity_tests.protocol.shards import shard_sizes
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus",
-           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS"]
+           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS", "decays_any"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -304,8 +305,10 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     fa, fb = _framework(a), _framework(b)
     known_opt = not plugins_only(opt)  # else kept as data for plugins: nothing known to predict from
     if not known_opt:
+        fields = case_fields_for(opt)
+        say = ("; the case says " + "; ".join(fields) + " (there the optimizer is one the tool knows)") if fields else ""
         absent.append(f"the optimizer {opt['name']!r} as the case gives it: not one the tool knows, so theory"
-                      " predicts nothing about it")
+                      f" predicts nothing about it{say}")
     if known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
     found.extend(_schedule_differences(spec, a, b, moves, absent))
@@ -785,7 +788,9 @@ def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: lis
             absent.append(f"{label} epsilon placement: epsilon is 0")
     wd = opt.get("weight_decay", 0.0)
     plain = name == "sgd" or (name in ("momentum", "nesterov") and opt["momentum"] == 0) or name == "adamw"
-    if wd > 0 and not plain:
+    if wd > 0 and not decays_any(spec):
+        absent.append("weight decay decoupled vs L2: optimizer.no_decay excludes every trainable parameter")
+    elif wd > 0 and not plain:
         # plain SGD: p - lr(g + wd p) == p - lr wd p - lr g; AdamW is decoupled on both sides
         out.append(_diff(
             "weight decay: Keras decouples it (p -= p wd lr before the update), torch adds wd p to the gradient (L2)",
@@ -802,6 +807,19 @@ def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: lis
     elif mu > 0:
         absent.append("momentum holding lr: the learning rate is the same at every step")
     return out
+
+
+def decays_any(spec: dict[str, Any]) -> bool:
+    """Whether weight decay reaches any trainable parameter: ``optimizer.no_decay`` may exclude them all.
+
+    An external model's names are the plugins' (the case's ``init`` npz): theory does not read them and
+    assumes a parameter is decayed.
+    """
+    opt = spec["optimizer"]
+    if not opt.get("no_decay") or "external" in spec["model"]:
+        return True
+    names = [sp.name for sp in param_specs(spec["model"]["input_shape"], spec["model"]["layers"]) if sp.trainable]
+    return len(no_decay_names(opt, names)) < len(names)
 
 
 def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, absent: list[str]) -> list[Difference]:
@@ -871,7 +889,8 @@ def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> st
         return ""
     opt = spec["optimizer"]
     moved = [k for k in KERAS_ROUNDED.get(opt["name"], ())
-             if k in opt and isinstance(opt[k], float) and opt[k] != 0 and not _f32_exact(opt[k])]
+             if k in opt and isinstance(opt[k], float) and opt[k] != 0 and not _f32_exact(opt[k])
+             and (k != "weight_decay" or decays_any(spec))]
     if rounding == "floatx_float32" and not all(_f32_exact(r) for r in _rates(spec)):
         moved.insert(0, "learning_rate")
     return ", ".join(moved)

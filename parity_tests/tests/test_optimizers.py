@@ -538,3 +538,63 @@ def test_warmup_cosine_runs_on_every_engine(changes, tf_impl, torch_impl, pool):
     v = judge_float64(tf_exact, run_impl(native, torch_impl))  # torch's own schedulers against the closed form
     assert v.status == "parity", v.detail
     assert judge_float64(run_impl(native, tf_impl), tf_exact).status != "parity"
+
+
+# ---------------------------------------------------------------- optimizer.no_decay (parameter groups)
+
+
+@pytest.mark.parametrize(("no_decay", "field", "text"), [
+    ("bias", "optimizer.no_decay", "a list of 1 to 64 parameter patterns"),
+    ([], "optimizer.no_decay", "a list of 1 to 64 parameter patterns"),
+    (["bias", "bias"], "optimizer.no_decay", "distinct patterns"),
+    (["bias", ""], "optimizer.no_decay[1]", "a non-empty pattern"),
+    (["bias", 3], "optimizer.no_decay[1]", "a non-empty pattern"),
+    (["biases"], "optimizer.no_decay[0]", "a pattern naming a trainable parameter (the model's: 0.kernel, 0.bias"),
+    (["bias", "2.*"], "optimizer.no_decay[1]", "a pattern naming a trainable parameter"),
+], ids=["text", "empty", "duplicate", "blank", "number", "typo", "no-such-layer"])
+def test_bad_no_decay_names_the_field(no_decay, field, text):
+    with pytest.raises(CaseError) as e:
+        make(MLP, optimizer={"name": "adamw", "lr": 0.01, "no_decay": no_decay})
+    assert e.value.field == field and text in str(e.value), str(e.value)
+
+
+def test_no_decay_patterns_are_kinds_or_globs_and_stay_known_to_the_builtins():
+    from parity_tests.protocol.optimizer_state import no_decay_names, plugins_only
+
+    names = ["0.kernel", "0.bias", "3.body.1.gamma", "3.body.1.beta", "5.2.0.q.bias"]
+    assert no_decay_names({"no_decay": ["bias"]}, names) == {"0.bias", "5.2.0.q.bias"}
+    assert no_decay_names({"no_decay": ["3.*", "0.kernel"]}, names) == {"0.kernel", "3.body.1.gamma", "3.body.1.beta"}
+    assert no_decay_names({}, names) == set()
+    spec = make(MLP, optimizer={"name": "adamw", "lr": 0.01, "no_decay": ["bias"]}).spec["optimizer"]
+    assert spec["no_decay"] == ["bias"] and not plugins_only(spec)
+    assert "no_decay" not in make(MLP, optimizer={"name": "adamw", "lr": 0.01}).spec["optimizer"]  # others unchanged
+    kept = validate_optimizer({"name": "lion", "lr": 1e-4, "no_decay": ["bias"]})  # plugins only: checked, kept
+    assert kept["no_decay"] == ["bias"] and plugins_only(kept)
+
+
+_ND = {"name": "adam", "lr": 0.02, "epsilon": 1e-8, "weight_decay": 0.2}
+
+
+@pytest.mark.parametrize(("changes", "tf_impl", "torch_impl"), [
+    pytest.param({}, "tf.towers", "torch.ddp", id="towers"),
+    *_ENGINE_PAIRS,
+])
+def test_no_decay_runs_on_every_engine(changes, tf_impl, torch_impl, pool):
+    """Under torch and tf semantics both engines exclude the same parameters (parity), and the exclusion acts (the
+    run without it diverges); under native, excluding every parameter is weight decay 0 on each side's own class."""
+    from parity_tests.judging.rules import judge_float64
+    from parity_tests.running.harness import run_impl
+
+    base = dict(parallel__devices=3, steps=4, model__layers__0__activation="tanh", **changes)
+    for sem in ("torch", "tf"):
+        case = make(MLP, optimizer=dict(_ND, semantics=sem, no_decay=["bias"]), **base)
+        ref = run_impl(case, tf_impl)
+        v = judge_float64(ref, run_impl(case, torch_impl))
+        assert v.status == "parity", (sem, v.detail)
+        assert judge_float64(ref, run_impl(make(MLP, optimizer=dict(_ND, semantics=sem), **base), tf_impl)).status \
+            == "divergence"
+    every = make(MLP, optimizer=dict(_ND, semantics="native", no_decay=["bias", "kernel"]), **base)
+    none = make(MLP, optimizer=dict(_ND, semantics="native", weight_decay=0.0), **base)
+    for impl in (tf_impl, torch_impl):
+        v = judge_float64(run_impl(every, impl), run_impl(none, impl))
+        assert v.status == "parity", (impl, v.detail)
