@@ -31,7 +31,7 @@ torch's under ``torch``, Keras' under ``tf`` and ``native`` (see
   (a decay: the tool's limit, from ``torch.optim.lr_scheduler.ConstantLR``'s factor ``m / lr``
   in [0, 1], which holds the rate at ``m`` after the decay under ``native``).
 
-``no_decay`` (an extension beyond CONTRACT.md; docs/optimizers.md "Parameter groups"): a list
+``no_decay`` (an extension beyond the case contract; docs/optimizers.md "Parameter groups"): a list
 of patterns naming parameters that take no weight decay, each a parameter kind (``bias``,
 ``gamma``: the last part of a canonical name) or a glob over the whole name (``3.*``),
 ``protocol.optimizer_state.pattern_matches``: what a GPT trainer's decay / no-decay parameter
