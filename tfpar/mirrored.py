@@ -314,7 +314,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         names = [k for k in variables if not is_state(k)]
         var_list = [variables[k] for k in names]
         state = {k: v for k, v in variables.items() if is_state(k)}
-        optimizer = make_optimizer(spec["optimizer"])
+        optimizer = make_optimizer(spec["optimizer"], names)
         optimizer.build(var_list)
     native = isinstance(optimizer, KerasOptimizer)
     sizes = shard_sizes(batch, n, par["shard"])

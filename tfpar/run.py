@@ -150,7 +150,7 @@ def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, dev
         return losses
 
     trainer = TowerTrainer(
-        loss_fn, variables, make_optimizer(spec["optimizer"]), devices,
+        loss_fn, variables, make_optimizer(spec["optimizer"], list(variables)), devices,
         combine=par["combine"] if par["combine"] not in LOCAL_COMBINES else "grad_mean",
         shard=par["shard"], weighting=par["weighting"],
         clip=make_clip(spec),

@@ -469,7 +469,8 @@ class Run(NamedLayouts, RunBase):
 
     # ------------------------------------------------------------- optimizer state (lockstep)
     @torch.no_grad()
-    def use_optimizer(self, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> None:
+    def use_optimizer(self, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
+                      scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
         """Hand your ``torch.optim`` optimizer to the tool (once, before the first step); ``params``: ``{name: parameter}``.
 
         Under ``tfpar compare --lockstep`` every step runs alone from the reference's state of the
@@ -479,15 +480,21 @@ class Run(NamedLayouts, RunBase):
         optimizer. The slots, by the case's optimizer: ``momentum`` (``momentum_buffer``), ``m``,
         ``v`` (``exp_avg``, ``exp_avg_sq``; AMSGrad also ``v_max``: ``max_exp_avg_sq``),
         ``square_avg``, ``grad_avg``, ``accumulator`` (Adagrad's ``sum``); any other optimizer (one
-        only plugins know) every tensor of its state but ``step``, by its key (``acc_delta``). A
-        learning-rate scheduler of your own: move it to ``run.optimizer_state["step"]``. A
-        hand-written rule: read :attr:`optimizer_state` yourself and pass
+        only plugins know) every tensor of its state but ``step``, by its key (``acc_delta``).
+        ``scheduler``: your learning-rate scheduler over ``optimizer``, made fresh (a ``LambdaLR``,
+        or ``SequentialLR(LinearLR, CosineAnnealingLR)``, whose recursive rates have no closed form
+        to jump with): it is stepped ``run.optimizer_state["step"]`` times, to where that many
+        updates leave it (``torchref.optimizers.advance``). A hand-written rule: read :attr:`optimizer_state` yourself and pass
         ``run.record(..., optimizer_state=...)`` after the last step.
         """
         self._optimizer = (optimizer, dict(params))
         state = self.optimizer_state
         if state is None or not state.get("step"):
             return
+        if scheduler is not None:
+            from .optimizers import advance
+
+            advance(scheduler, int(state["step"]))
         keys = _torch_slot_keys(optimizer, self.spec["optimizer"])
         for name, p in params.items():
             st = optimizer.state[p]

@@ -39,6 +39,9 @@ STATEFUL_CASES = {
     "rmsprop-torch": (SOFTMAX, {"optimizer": {"name": "rmsprop", "lr": 0.01, "semantics": "torch", "centered": True,
                                               "momentum": 0.5}}),
     "adagrad-native": (SOFTMAX, {"optimizer": {"name": "adagrad", "lr": 0.05}}),
+    # Keras' CosineDecay reads iterations; torch's SequentialLR is recursive and is replayed to step t
+    "momentum-native-cosine": (SOFTMAX, {"optimizer__schedule": {"kind": "warmup_cosine", "warmup_steps": 1,
+                                                                 "decay_steps": 2, "min_lr": 0.005}}),
 }
 
 

@@ -156,6 +156,17 @@ def test_two_workers_accumulate_micro_batches_as_mirrored_and_ddp(tmp_path):
     assert not result.ok and result.mismatch.step == 1
 
 
+def test_two_workers_run_keras_cosine_decay_as_mirrored(tmp_path):
+    """warmup_cosine under native: Keras' CosineDecay on the workers follows their iterations as on tf.mirrored
+    (a worker restarting the schedule, or reading another counter, would move every update after step 1)."""
+    opt = {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native",
+           "schedule": {"kind": "warmup_cosine", "warmup_steps": 1, "decay_steps": 2, "min_lr": 0.01}}
+    case_path = _write_case(tmp_path, optimizer=opt, steps=4)
+    _, _, refs = _two_workers_beside(tmp_path, case_path, "tf.mirrored")
+    recorded = run_impl(load_case(case_path), f"recorded:{tmp_path / 'run.npz'}")
+    assert_trajectories_close(recorded, refs["tf.mirrored"], rtol=RTOL, atol=ATOL)
+
+
 def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
     case_path = _write_case(tmp_path, steps=3000)  # long enough to be killed mid-run (about 30 ms a step)
     ports = _free_ports(2)

@@ -269,6 +269,42 @@ def test_keras_float32_hyperparameters_are_mapped_for_every_optimizer_and_schedu
 
 
 @pytest.mark.usefixtures("pool")
+def test_warmup_cosine_one_step_late_in_keras_is_an_expected_difference_and_absent_under_exact_semantics():
+    """Plain SGD, so the schedule is the only native difference: Keras' CosineDecay runs the curve one step late
+    (step 1 at rate 0), mapped by running tf.towers with torch's rule (never torch onto Keras' float32 cos);
+    under semantics torch or tf both sides compute the case's curve: parity."""
+    opt = {"name": "sgd", "lr": 0.05, "schedule": {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 3,
+                                                   "min_lr": 0.005}}
+    native = make(MLP, parallel__devices=2, optimizer=opt, model__layers__0__activation="tanh")
+    p = compare_case(native, ["tf.towers", "torch.ddp"]).pairs[0]
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert any("one step late" in e for e in p.prediction.expected), p.prediction
+    assert p.unmapped_gap > 1e-3 and p.residual.gap < 1e-13, (p.unmapped_gap, p.residual.gap)
+    assert "tf.towers run with optimizer.semantics torch" in p.verdict.detail
+    assert p.localisation["first_bad_step"] == 1 and p.localisation["stage"] == "update"
+    for sem in ("torch", "tf"):
+        exact = make(MLP, parallel__devices=2, optimizer=dict(opt, semantics=sem), model__layers__0__activation="tanh")
+        q = compare_case(exact, ["tf.towers", "torch.ddp"]).pairs[0]
+        assert q.verdict.status == "parity" and not q.prediction.expected, (sem, q.verdict.detail)
+
+
+@pytest.mark.usefixtures("pool")
+def test_warmup_cosine_between_plugins_written_with_each_frameworks_own_schedulers():
+    """A Keras plugin with CosineDecay and a DDP plugin with SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR):
+    the lateness is predicted and its residual judged through tf.towers run with torch's rule (the Keras plugin's
+    stand-in runs Keras' CosineDecay as the plugin does). Float64: the residual is the recursion's rounding."""
+    plugins = Path(__file__).resolve().parent / "plugins"
+    opt = {"name": "adam", "lr": 0.05, "schedule": {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 2,
+                                                    "min_lr": 0.01}}
+    case = make(MLP, parallel__devices=2, steps=5, optimizer=opt)
+    p = compare_case(case, [f"{plugins / 'optim_tf.py'}:towers", f"{plugins / 'optim_torch.py'}:ddp"]).pairs[0]
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert any("one step late" in e for e in p.prediction.expected), p.prediction
+    assert "tf.towers (standing in for" in p.verdict.detail and "optimizer.semantics torch" in p.verdict.detail
+    assert p.residual.gap < 1e-13 and p.unmapped_gap > 1e-3, (p.residual.gap, p.unmapped_gap)
+
+
+@pytest.mark.usefixtures("pool")
 def test_a_combination_difference_may_show_first_in_the_logged_loss():
     """Sum reduction has no mapping: without per-device values (stages=False) the runs part at step 1's loss,
     which the combination already changes; that is where theory says it may first be seen."""
