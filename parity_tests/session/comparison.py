@@ -81,7 +81,8 @@ from parity_tests.running.harness import run_impl
 from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, torch_bytes
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
-           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
+           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
+           "writes_own_rule", "own_rules"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
@@ -633,12 +634,46 @@ def keras_rounding_of(impl: str, traj: Any) -> str | None:
     seen = getattr(traj, "meta", {}).get("keras_optimizers")
     if seen is None:
         return None
-    dtypes = {o.get("lr_dtype") for o in seen}
+    # Keras' classes only: a tf.compat.v1 optimizer (``family``) holds what it was given (as before it was seen)
+    dtypes = {o.get("lr_dtype") for o in seen if not o.get("family")}
     if not dtypes:
         return "none"
     if len(dtypes) > 1:
         return "ambiguous"
     return {"float32": "floatx_float32", "float64": "floatx_float64"}.get(dtypes.pop(), "ambiguous")
+
+
+def held_roundings(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, str | None]:
+    """:func:`keras_rounding_of` for each implementation, read from the run whose numbers decide.
+
+    A float32 case is decided by its float64 runs where they exist: what a plugin's optimizer held
+    there (a plugin that follows docs/plugins.md's Keras recipe, ``set_floatx(run.dtype)``, holds its
+    learning rate in float64 in its float64 run, and in float32 in its float32 run, where every
+    number is float32 anyway) is what the mapping must reproduce. Without a float64 run (a
+    float32-only plugin, judged by the perturbation), the case dtype's run.
+    """
+    return {impl: keras_rounding_of(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {})))
+            for impl in impls}
+
+
+def writes_own_rule(impl: str, traj: Any) -> bool:
+    """Whether the TensorFlow plugin ``impl`` made no optimizer of a framework's class in the run ``traj``.
+
+    Neither a Keras optimizer nor a ``tf.compat.v1`` one (``tfpar.keras_seen``): its update rule is
+    what its code writes out (``theory.predict``'s ``own``). ``False`` for a built-in, a torch side
+    or a run that does not report it.
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "tf":
+        return False
+    seen = getattr(traj, "meta", {}).get("keras_optimizers")
+    return seen is not None and not seen
+
+
+def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> frozenset[str]:
+    """The implementations of ``impls`` that write their update rule out (:func:`writes_own_rule`)."""
+    return frozenset(impl for impl in impls
+                     if writes_own_rule(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))))
 
 
 def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
@@ -679,7 +714,10 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
         if fits and changes:
             # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
             own = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side))
-                   if runs_as != side and spec["optimizer"]["semantics"] == "native" else None)
+                   if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
+            if own and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
+                           for k, v in own.items()):
+                own = None  # the stand-in as the case is given already computes so (else the same run twice)
             return SideMapping(side, other, {**(own or {}), **changes}, runs_as,
                                SideMapping(side, side, own, runs_as) if own else None)
     return None
@@ -937,8 +975,9 @@ def compare_case(
     run_all([_Run(impl, d) for impl, d in _plan(case, impls, rules)])
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
-    rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels) for impl in impls[1:]}
+    rounding = held_roundings(impls, trajs, dtype)
+    own = own_rules(impls, trajs, dtype)
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     second: list[_Run] = []
     for impl in impls[1:]:
