@@ -82,7 +82,7 @@ from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, to
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
-           "writes_own_rule", "own_rules"]
+           "NOT_EQUIVALENT", "writes_own_rule", "own_rules"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
@@ -102,6 +102,9 @@ BF16_ROUNDED64 = "float64+bfloat16-rounded"
 #: of every input, measured, can grow in a step (``_Judged.conditioned``)
 CONDITIONING_ROUNDINGS = 20 * 100
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
+#: what a pair's line and report.json say when its mapping ran on a stand-in that does not compute what the
+#: plugin computes (``_Judged.residual``)
+NOT_EQUIVALENT = "residual not judged: no equivalent run"
 #: the implementation whose float64 run bounds the loss's sensitivity when neither side records a gradient
 GRAD_SOURCE = "grads"
 
@@ -124,6 +127,8 @@ class PairResult:
     #: the runs ``verdict`` judged, ``(name, key suffix)`` per side: ``None`` for the pair as it ran; a
     #: built-in's mapped runs (suffix ``SideMapping.key``) where the verdict is the residual's
     judged: tuple[tuple[str, str], tuple[str, str]] | None = None
+    #: why the residual was not judged although a mapping was run (:data:`NOT_EQUIVALENT`), or ``None``
+    residual_not_judged: str | None = None
 
     @property
     def as_expected(self) -> bool:
@@ -145,6 +150,7 @@ class PairResult:
             "unmapped_gap": self.unmapped_gap,
             "residual": None if r is None else {"status": r.status, "rule": r.rule, "gap": _json(r.gap),
                                                 "bound": _json(r.bound), "first_step": r.first_step, "key": r.key},
+            "residual_not_judged": self.residual_not_judged,
             "notes": list(self.notes),
             "as_expected": self.as_expected,
         }
@@ -154,7 +160,8 @@ class PairResult:
         pred = Prediction(tuple(d["expected_differences"]), tuple(d["known_differences"]),
                           absent=tuple(d.get("absent_differences", ())))
         return cls(d["reference"], d["impl"], Verdict.from_dict(d["verdict"]), pred, d["mapping"], d["unmapped_gap"],
-                   d["verdict"].get("localisation"), notes=tuple(d.get("notes", ())))
+                   d["verdict"].get("localisation"), notes=tuple(d.get("notes", ())),
+                   residual_not_judged=d.get("residual_not_judged"))
 
 
 #: the final line of a summary, by the worst status among the pairs
@@ -210,7 +217,8 @@ class CaseResult:
                 notes.append(f"  {p.impl}: not at these values: {a}")
             if p.mapping:
                 r = p.residual
-                with_it = "" if r is None else f"{r.status}, gap {r.gap:.3g} (bound {r.bound:.3g}); "
+                with_it = (f"{p.residual_not_judged}; " if p.residual_not_judged else
+                           "" if r is None else f"{r.status}, gap {r.gap:.3g} (bound {r.bound:.3g}); ")
                 notes.append(f"  {p.impl}: with it mapped ({p.mapping}): {with_it}gap without the mapping"
                              f" {p.unmapped_gap:.3g}")
             notes.extend(f"  {p.impl}: {n}" for n in p.notes)
@@ -1073,24 +1081,47 @@ class _Judged:
             v = _bf16_guard(v, ref, impl, self.trajs)
         return v
 
-    def residual(self, ref: str, impl: str, m: SideMapping) -> tuple[Verdict, tuple[tuple[str, str], tuple[str, str]]]:
-        """The pair judged with ``m``'s differences mapped away, and the runs that decided it.
+    def residual(self, ref: str, impl: str,
+                 m: SideMapping) -> tuple[Verdict | None, tuple[tuple[str, str], tuple[str, str]], str | None]:
+        """The pair judged with ``m``'s differences mapped away, the runs that decided it, and why it was not.
 
         A built-in side: the pair with that side's mapped runs. A plugin side, through its stand-in
-        ``S``: the other side against ``S`` mapped, and the plugin against ``S`` as it runs; the
-        residual is parity only when both are (the first that is not decides).
+        ``S``: the other side against ``S`` mapped, judged only once ``S`` is shown to compute what
+        the plugin computes: the plugin against ``S`` as it runs (:attr:`SideMapping.plain`: the
+        plugin's own roundings) by the same rule. Parity there and parity of the mapped leg give
+        the pair's residual by the triangle inequality through ``S``'s two runs (each within the
+        rule's bound). Where ``S`` and the plugin part, where they part says which:
+
+        * at the update, from the same gradient (``localise``'s stage ``update``): the plugin's
+          optimizer step is not the rule of its kind that theory predicted from (a torch port
+          that decays every parameter), so no predicted optimizer difference explains its gap:
+          that leg is the residual, a divergence naming the plugin;
+        * before it (the loss, the gradients): ``S`` computes another loss (a loss term no case
+          field expresses, the TF2 custom-loop tutorial's kernel regularizers): its mapped leg
+          says nothing about the plugin, so no residual is judged (``None``, and the reason,
+          which the report gives as "residual not judged: no equivalent run"): the pair is then
+          resolved as one without a mapping (``pair.resolve``: the stage where it parts against
+          theory's). A stand-in that computes another program never makes a divergence of its own.
         """
         mapped = (m.runs_as, m.key)
         a, b = ((ref, ""), mapped) if m.side == impl else (mapped, (impl, ""))
-        leg = self.verdict(ref, impl, a, b)
-        if not m.stand_in:
-            return leg, (a, b)
-        own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
-        plain = self.verdict(ref, impl, stand, own)
-        if plain.status in ("parity", "inconclusive") or leg.status != "parity":
-            return leg, (a, b)
-        return dataclasses.replace(plain, detail=f"{m.side} against {m.runs_as}, the built-in of its kind it must"
-                                                 f" compute as: {plain.detail}"), (stand, own)
+        if m.stand_in:
+            own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
+            plain = self.verdict(ref, impl, stand, own)
+            if plain.status not in ("parity", "inconclusive") and self.localised(plain, stand, own).get("stage") == "update":
+                # the same gradient, another update: the plugin's optimizer step is not the rule of its kind that
+                # theory predicted from (a torch port that decays every parameter), so the prediction explains
+                # nothing of the pair's optimizer difference: a finding about the plugin, not about the stand-in
+                return dataclasses.replace(plain, detail=(
+                    f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
+                    f" is not the optimizer rule theory predicts for it: {plain.detail}")), (stand, own), None
+            if plain.status not in ("parity", "inconclusive"):
+                first = plain.detail.splitlines()[0] if plain.detail else ""
+                return None, ((ref, ""), (impl, "")), (
+                    f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
+                    f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}:"
+                    f" {first})")
+        return self.verdict(ref, impl, a, b), (a, b), None
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
         """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
@@ -1109,10 +1140,15 @@ class _Judged:
         """The pair judged as it ran and, with ``m``, with the predicted differences mapped away (``pair.resolve``)."""
         as_ran = ((ref, ""), (impl, ""))
         v = self.verdict(ref, impl)
-        residual, decided = self.residual(ref, impl, m) if m is not None else (None, as_ran)
+        residual, decided, not_judged = self.residual(ref, impl, m) if m is not None else (None, as_ran, None)
         where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
         res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=m.text if m else None)
         final = res.verdict
+        if not_judged and final.status not in ("parity", "inconclusive", "error"):
+            # said once, with why (pair.resolve's line for a pair without a mapping says "no side can map it")
+            kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+            final = dataclasses.replace(final, unjudged=(*kept, "whether the predicted difference explains the whole"
+                                                                f" gap: {not_judged}"))
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -1127,7 +1163,7 @@ class _Judged:
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
         return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
-                          notes, decided if res.from_residual else None)
+                          notes, decided if res.from_residual else None, not_judged)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).
