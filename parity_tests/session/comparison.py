@@ -57,6 +57,7 @@ from parity_tests.judging.perturbation import (
     perturb_ulp,
     shard_permutation,
 )
+from parity_tests.judging.precision_leak import leak_text, loss_in_float32
 from parity_tests.judging.theory import (
     Prediction,
     keras_bias_add_layers,
@@ -1162,8 +1163,12 @@ class _Judged:
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
+        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(f"{name}@float64")))
+        if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
+            first, _, rest = final.detail.partition("\n")
+            final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
         return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
-                          notes, decided if res.from_residual else None, not_judged)
+                          notes + leaks, decided if res.from_residual else None, not_judged)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).

@@ -8,15 +8,19 @@ a real difference:
 * a TensorFlow plugin that writes its rule out (no optimizer class) is not predicted to differ by
   the frameworks' classes, and a DDP job whose replicas differ is a divergence whatever theory
   predicted;
-* a residual is judged only through a stand-in shown to compute what the plugin computes.
+* a residual is judged only through a stand-in shown to compute what the plugin computes;
+* a float64 run whose loss is computed in float32 (``judging.precision_leak``) is named, and a
+  float32 case's loss channel is then judged at the float32 noise.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from parity_tests.judging.precision_leak import loss_in_float32
 from parity_tests.session.comparison import NOT_EQUIVALENT, compare_case
 from parity_tests.tests.helpers import MLP, make
 
@@ -116,3 +120,41 @@ def test_a_stand_in_that_is_another_program_judges_no_residual(dtype):
     assert faithful.to_dict()["residual_not_judged"].startswith(NOT_EQUIVALENT)
     assert doubled.verdict.status == "divergence", summary
     assert doubled.localisation["first_bad_step"] == 1 and doubled.localisation["stage"] in ("loss", "record"), summary
+
+
+# ------------------------------------------------------------------ precision leaks: a float64 run's float32 loss
+
+#: 8 rows a tower: tf.compat.v1.losses' float32 mean divides by 8, exact, so only the logged loss holds float32
+#: rounding (its gradient is exact) and the parameters of the two sides agree in float64
+V1 = dict(data__global_batch=32, parallel__devices=4, optimizer={"name": "sgd", "lr": 0.1})
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_float64_run_whose_loss_is_float32_is_detected_and_judged_at_the_float32_noise():
+    """A slim-style loss (tf.compat.v1.losses, float32 inside) against its DDP port, float32 case: parity, with the
+    leak named (was: divergence on the logged loss only, 9.3e-9 relative); the same program with a learning rate
+    off by 1e-3 on one parameter is still a divergence; the float64 case names the leak in its divergence."""
+    case = make(MLP, dtype="float32", **V1)
+    pairs, summary = _pairs(case, [f"{JUDGE_TORCH}:native", f"{TF}:v1_losses", f"{TF}:v1_losses_lr_bug", "tf.towers"])
+    assert pairs["v1_losses"].verdict.status == "parity", summary
+    assert any("the float64 run of" in n and "computes its loss in float32" in n for n in pairs["v1_losses"].notes)
+    assert pairs["v1_losses_lr_bug"].verdict.status == "divergence", summary
+    assert pairs["v1_losses_lr_bug"].verdict.key.startswith("param/"), summary
+    assert pairs["tf.towers"].verdict.status == "parity" and not pairs["tf.towers"].notes, summary
+    f64 = compare_case(make(MLP, dtype="float64", **V1), [f"{JUDGE_TORCH}:native", f"{TF}:v1_losses"])
+    p = f64.pairs[0]
+    assert p.verdict.status == "divergence" and p.verdict.key == "loss", f64.summary()
+    assert "computes its loss in float32" in p.verdict.detail, f64.summary()
+
+
+def test_loss_in_float32_reads_the_low_bits():
+    """Unit: a loss made of float32 numbers (a mean over 4 towers) with float64 parameters is a leak; a float64
+    loss, or a run whose parameters are float32 numbers too, is not."""
+    rng = np.random.default_rng(0)
+    towers = rng.random((5, 4)).astype(np.float32).astype(np.float64)
+    params = {"param/0.kernel": rng.standard_normal((6, 5, 10))}
+    assert loss_in_float32({"loss": towers.mean(axis=1), **params})
+    assert not loss_in_float32({"loss": rng.random(5), **params})
+    assert not loss_in_float32({"loss": towers.mean(axis=1),
+                                "param/0.kernel": params["param/0.kernel"].astype(np.float32).astype(np.float64)})
+    assert not loss_in_float32({"loss": np.zeros(5), **params})  # no bits to read
