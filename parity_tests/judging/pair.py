@@ -271,9 +271,16 @@ def resolve(v: Verdict, pred: Prediction, *, residual: Verdict | None = None, st
     """
     known = pred.known + pred.expected
     v = dataclasses.replace(v, known_differences=known)
+    expected = [d for d in pred.differences if d.expected]
     if v.status in ("error", "inconclusive"):
         return Resolution(v, residual)
-    expected = [d for d in pred.differences if d.expected]
+    if v.status == "divergence" and v.rule == RULE_REPLICAS:
+        # the replicas of one job differ from each other: no difference between two frameworks (theory's
+        # subject) makes one program disagree with itself, so nothing predicted can explain it, whatever
+        # the residual says (a mapped run is another program's)
+        return Resolution(v, residual, notes=(
+            f"not explained by theory: one job's replicas differ, which no predicted difference ({_named(pred)})"
+            " between the frameworks makes",) if expected or pred.known else ())
     mapped = f" ({mapping})" if mapping else ""
     # a certain difference shows in the logged loss (or, for the moving statistics, the state): only
     # where the verdict judged the loss is its absence a finding, with or without a mapping

@@ -57,6 +57,7 @@ from parity_tests.judging.loss_channel import (
     _loss_structure,
     _with_loss,
 )
+from parity_tests.judging.precision_leak import loss_in_float32
 from parity_tests.judging.verdict import (
     RULE_FLOAT32,
     RULE_FLOAT64,
@@ -362,7 +363,16 @@ def judge_float32(
     fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
     found, judged64 = _without_zero(zero, a64, b64, judged)
     v64 = _judge64(a64, b64, judged64, label="float64 runs")
-    if with_loss:
+    leaky = [side for side, t in (("A", a64), ("B", b64)) if loss_in_float32(t)]
+    if with_loss and leaky:
+        # a float64 run's loss computed in float32 (precision_leak): the float64 runs cannot resolve that
+        # channel below float32 rounding, so their loss gap is held to the float32 rule's loss bound
+        scale = _loss_scale(a64, b64)
+        ch = _loss_channel_floor(a64, b64, _loss_gap(a32, a64, scale), _loss_gap(b32, b64, scale), scale, factor,
+                                 RULE_FLOAT32, f"float64 runs (the loss of {' and '.join(leaky)} computed in float32)")
+        v64 = _with_loss(v64, replace(ch, how=ch.how + f"; {' and '.join(leaky)}'s float64 loss has float32's"
+                                                       " precision at every step: judged at the float32 noise"))
+    elif with_loss:
         v64 = _with_loss(v64, _loss_channel64(a64, b64, judged64, "float64 runs", tuple(grads)))
     v64 = _with_zero(v64, found, "float64 runs")
     if v64.status != "parity":

@@ -13,7 +13,7 @@ the verdict must name rather than hide.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,17 +227,23 @@ def sampler_padding(spec: dict[str, Any]) -> int:
     return (-rows) % n if reaches_epoch_end else 0
 
 
-def _held(impl: str, held: Mapping[str, str | None]) -> str:
+def _held(impl: str, held: Mapping[str, str | None], spec: Mapping[str, Any] | None = None) -> str:
     """What ``impl``'s optimizer holds in float32 in a float64 run (``contract.optimizer.KERAS_ROUNDING``).
 
-    Built-ins: Keras' classes made under floatx float32 on the TensorFlow side, exact numbers on
-    the torch side. A TensorFlow plugin says what it made once it has run (``held[impl]``,
-    ``session.comparison.keras_rounding_of``: ``none`` when it made no Keras optimizer); before that, and for
-    a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
+    Built-ins follow the case's semantics: under ``native`` Keras' classes made under floatx float32
+    on the TensorFlow side and exact numbers on the torch side; under ``tf`` both frameworks' Keras
+    rule holds what ``optimizer.keras_rounding`` says (``none`` by default: exact); under ``torch``
+    exact numbers. A TensorFlow plugin says what it made once it has run, whatever the semantics
+    (``held[impl]``, ``session.comparison.keras_rounding_of``, read from its float64 run where it
+    made one: the run whose numbers decide; ``none`` when it made no Keras optimizer); before
+    that, and for a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
     """
+    semantics = spec["optimizer"]["semantics"] if spec is not None else "native"
     found = _engine(impl)
     if found is None or found.kind == "builtin":
-        return "floatx_float32" if _builtin_keras(impl) else "none"
+        if semantics == "tf":
+            return spec["optimizer"].get("keras_rounding", "none") if spec is not None else "none"
+        return "floatx_float32" if semantics == "native" and _builtin_keras(impl) else "none"
     if found.framework != "tf":
         return "none"
     return held.get(impl) or "floatx_float32"
@@ -262,7 +268,7 @@ def _rates(spec: dict[str, Any]) -> list[float]:
 
 
 def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None,
-            kernels: Mapping[str, Mapping[str, Any]] | None = None) -> Prediction:
+            kernels: Mapping[str, Mapping[str, Any]] | None = None, own: Collection[str] = ()) -> Prediction:
     """Predicted differences between implementations ``a`` and ``b`` on a validated case.
 
     Each prediction holds at the case's values: a difference whose size these values
@@ -280,6 +286,12 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
 
     ``held``: for TensorFlow plugins that have run, what their Keras optimizers held in float32
     (``session.comparison.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
+
+    ``own``: the TensorFlow plugins whose run made no optimizer of a framework's class, neither
+    Keras' nor ``tf.compat.v1``'s (``session.comparison.writes_own_rule``): their update rule is the
+    one their code writes out (torch's AdamW by hand, say), which the case's ``native`` does not
+    name, so no difference between the frameworks' optimizer classes is predicted for them
+    (predicting one would explain a real difference away).
     """
     held = held or {}
     found: list[Difference] = []
@@ -309,18 +321,24 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
         say = ("; the case says " + "; ".join(fields) + " (there the optimizer is one the tool knows)") if fields else ""
         absent.append(f"the optimizer {opt['name']!r} as the case gives it: not one the tool knows, so theory"
                       f" predicts nothing about it{say}")
-    if known_opt and opt["semantics"] == "native" and fa != fb:
+    writes = [x for x in (a, b) if x in own]
+    if known_opt and opt["semantics"] == "native" and fa != fb and writes:
+        absent.append(f"the frameworks' optimizer classes: {writes[0]} made no Keras or tf.compat.v1 optimizer, so its"
+                      " update rule is its own code's and theory predicts no difference of the optimizer for it")
+    elif known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
-    found.extend(_schedule_differences(spec, a, b, moves, absent))
-    if known_opt and opt["semantics"] == "native" and spec["dtype"] == "float64":
-        ra, rb = (_keras_rounded(spec, _held(x, held)) for x in (a, b))
+    if not writes:  # Keras' CosineDecay is a Keras optimizer's schedule: a rule written by hand has its own
+        found.extend(_schedule_differences(spec, a, b, moves, absent))
+    if known_opt and opt["semantics"] in ("native", "tf") and spec["dtype"] == "float64":
+        # under ``tf`` too: a plugin's Keras class rounds as Keras does, whatever the case says the rule is
+        ra, rb = (_keras_rounded(spec, _held(x, held, spec)) for x in (a, b))
         if ra != rb and moves:
             held_by = a if ra else b
             found.append(_diff(
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
                 f" (and its schedules' rates, weight_decay and Adagrad's initial accumulator): here {ra or rb}"
                 f" ({held_by})" + (f", against {rb} ({b})" if ra and rb else ""), expected=False, mapping="optimizer"))
-        elif _held(a, held) != _held(b, held):
+        elif _held(a, held, spec) != _held(b, held, spec):
             # the sides hold different roundings: say why they change nothing here (the same: nothing to say)
             absent.append("Keras' float32 hyperparameters: " + ("no step moves the parameters" if not moves else
                           "every hyperparameter Keras rounds is exact in float32" if not (ra or rb) else
@@ -914,6 +932,9 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     parallel_side = is_parallel(side) and not is_parallel(other)
     if kind == "optimizer":
         fs, fo = _framework(side), _framework(other)
+        if spec["optimizer"]["semantics"] == "tf":
+            # both sides run Keras' rule: only what each holds in float32 can differ (``_held``)
+            return {"optimizer.semantics": "tf", "optimizer.keras_rounding": keras_rounding or _held(other, {}, spec)}
         if fo == "torch":
             return None if fs == "torch" else {"optimizer.semantics": "torch"}
         if _family(other) == "tf.compat.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):

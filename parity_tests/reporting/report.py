@@ -86,8 +86,8 @@ def _rows(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
                 "known": "; ".join(p.prediction.known),
                 "mapping": p.mapping,
                 "unmapped_gap": p.unmapped_gap,
-                "residual": None if p.residual is None else f"{p.residual.status}, gap {_fmt(p.residual.gap)}"
-                                                            f" (bound {_fmt(p.residual.bound)})",
+                "residual": p.residual_not_judged if p.residual is None else (
+                    f"{p.residual.status}, gap {_fmt(p.residual.gap)} (bound {_fmt(p.residual.bound)})"),
                 "notes": list(p.notes),
                 "unjudged": list(v.unjudged),
                 "localisation": p.localisation,

@@ -59,6 +59,7 @@ from parity_tests.judging.perturbation import (
     perturb_ulp,
     shard_permutation,
 )
+from parity_tests.judging.precision_leak import leak_text, loss_in_float32
 from parity_tests.judging.theory import (
     Prediction,
     keras_bias_add_layers,
@@ -84,7 +85,8 @@ from parity_tests.running.harness import refusal, run_impl
 from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, torch_bytes
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
-           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
+           "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
+           "NOT_EQUIVALENT", "writes_own_rule", "own_rules"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 #: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
@@ -106,6 +108,9 @@ BF16_ROUNDED64 = "float64+bfloat16-rounded"
 #: of every input, measured, can grow in a step (``_Judged.conditioned``)
 CONDITIONING_ROUNDINGS = 20 * 100
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
+#: what a pair's line and report.json say when its mapping ran on a stand-in that does not compute what the
+#: plugin computes (``_Judged.residual``)
+NOT_EQUIVALENT = "residual not judged: no equivalent run"
 #: the implementation whose float64 run bounds the loss's sensitivity when neither side records a gradient
 GRAD_SOURCE = "grads"
 
@@ -128,6 +133,8 @@ class PairResult:
     #: the runs ``verdict`` judged, ``(name, key suffix)`` per side: ``None`` for the pair as it ran; a
     #: built-in's mapped runs (suffix ``SideMapping.key``) where the verdict is the residual's
     judged: tuple[tuple[str, str], tuple[str, str]] | None = None
+    #: why the residual was not judged although a mapping was run (:data:`NOT_EQUIVALENT`), or ``None``
+    residual_not_judged: str | None = None
 
     def __repr__(self) -> str:
         v = self.verdict
@@ -164,6 +171,7 @@ class PairResult:
             "unmapped_gap": self.unmapped_gap,
             "residual": None if r is None else {"status": r.status, "rule": r.rule, "gap": _json(r.gap),
                                                 "bound": _json(r.bound), "first_step": r.first_step, "key": r.key},
+            "residual_not_judged": self.residual_not_judged,
             "notes": list(self.notes),
             "as_expected": self.as_expected,
         }
@@ -173,7 +181,8 @@ class PairResult:
         pred = Prediction(tuple(d["expected_differences"]), tuple(d["known_differences"]),
                           absent=tuple(d.get("absent_differences", ())))
         return cls(d["reference"], d["impl"], Verdict.from_dict(d["verdict"]), pred, d["mapping"], d["unmapped_gap"],
-                   d["verdict"].get("localisation"), notes=tuple(d.get("notes", ())))
+                   d["verdict"].get("localisation"), notes=tuple(d.get("notes", ())),
+                   residual_not_judged=d.get("residual_not_judged"))
 
 
 #: the final line of a summary, by the worst status among the pairs
@@ -251,7 +260,8 @@ class CaseResult:
                 notes.append(f"  {p.impl}: not at these values: {a}")
             if p.mapping:
                 r = p.residual
-                with_it = "" if r is None else f"{r.status}, gap {r.gap:.3g} (bound {r.bound:.3g}); "
+                with_it = (f"{p.residual_not_judged}; " if p.residual_not_judged else
+                           "" if r is None else f"{r.status}, gap {r.gap:.3g} (bound {r.bound:.3g}); ")
                 notes.append(f"  {p.impl}: with it mapped ({p.mapping}): {with_it}gap without the mapping"
                              f" {p.unmapped_gap:.3g}")
             notes.extend(f"  {p.impl}: {n}" for n in p.notes)
@@ -678,12 +688,46 @@ def keras_rounding_of(impl: str, traj: Any) -> str | None:
     seen = getattr(traj, "meta", {}).get("keras_optimizers")
     if seen is None:
         return None
-    dtypes = {o.get("lr_dtype") for o in seen}
+    # Keras' classes only: a tf.compat.v1 optimizer (``family``) holds what it was given (as before it was seen)
+    dtypes = {o.get("lr_dtype") for o in seen if not o.get("family")}
     if not dtypes:
         return "none"
     if len(dtypes) > 1:
         return "ambiguous"
     return {"float32": "floatx_float32", "float64": "floatx_float64"}.get(dtypes.pop(), "ambiguous")
+
+
+def held_roundings(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, str | None]:
+    """:func:`keras_rounding_of` for each implementation, read from the run whose numbers decide.
+
+    A float32 case is decided by its float64 runs where they exist: what a plugin's optimizer held
+    there (a plugin that follows docs/plugins.md's Keras recipe, ``set_floatx(run.dtype)``, holds its
+    learning rate in float64 in its float64 run, and in float32 in its float32 run, where every
+    number is float32 anyway) is what the mapping must reproduce. Without a float64 run (a
+    float32-only plugin, judged by the perturbation), the case dtype's run.
+    """
+    return {impl: keras_rounding_of(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {})))
+            for impl in impls}
+
+
+def writes_own_rule(impl: str, traj: Any) -> bool:
+    """Whether the TensorFlow plugin ``impl`` made no optimizer of a framework's class in the run ``traj``.
+
+    Neither a Keras optimizer nor a ``tf.compat.v1`` one (``tfpar.keras_seen``): its update rule is
+    what its code writes out (``theory.predict``'s ``own``). ``False`` for a built-in, a torch side
+    or a run that does not report it.
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "tf":
+        return False
+    seen = getattr(traj, "meta", {}).get("keras_optimizers")
+    return seen is not None and not seen
+
+
+def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> frozenset[str]:
+    """The implementations of ``impls`` that write their update rule out (:func:`writes_own_rule`)."""
+    return frozenset(impl for impl in impls
+                     if writes_own_rule(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))))
 
 
 def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
@@ -724,7 +768,10 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
         if fits and changes:
             # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
             own = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side))
-                   if runs_as != side and spec["optimizer"]["semantics"] == "native" else None)
+                   if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
+            if own and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
+                           for k, v in own.items()):
+                own = None  # the stand-in as the case is given already computes so (else the same run twice)
             return SideMapping(side, other, {**(own or {}), **changes}, runs_as,
                                SideMapping(side, side, own, runs_as) if own else None)
     return None
@@ -990,8 +1037,9 @@ def compare_case(
     run_all([_Run(impl, d) for impl, d in _plan(case, *_unrefused(impls, rules, refused))])
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
-    rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels) for impl in impls[1:]}
+    rounding = held_roundings(impls, trajs, dtype)
+    own = own_rules(impls, trajs, dtype)
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     second: list[_Run] = []
     for impl in impls[1:]:
@@ -1087,24 +1135,47 @@ class _Judged:
             v = _bf16_guard(v, ref, impl, self.trajs)
         return v
 
-    def residual(self, ref: str, impl: str, m: SideMapping) -> tuple[Verdict, tuple[tuple[str, str], tuple[str, str]]]:
-        """The pair judged with ``m``'s differences mapped away, and the runs that decided it.
+    def residual(self, ref: str, impl: str,
+                 m: SideMapping) -> tuple[Verdict | None, tuple[tuple[str, str], tuple[str, str]], str | None]:
+        """The pair judged with ``m``'s differences mapped away, the runs that decided it, and why it was not.
 
         A built-in side: the pair with that side's mapped runs. A plugin side, through its stand-in
-        ``S``: the other side against ``S`` mapped, and the plugin against ``S`` as it runs; the
-        residual is parity only when both are (the first that is not decides).
+        ``S``: the other side against ``S`` mapped, judged only once ``S`` is shown to compute what
+        the plugin computes: the plugin against ``S`` as it runs (:attr:`SideMapping.plain`: the
+        plugin's own roundings) by the same rule. Parity there and parity of the mapped leg give
+        the pair's residual by the triangle inequality through ``S``'s two runs (each within the
+        rule's bound). Where ``S`` and the plugin part, where they part says which:
+
+        * at the update, from the same gradient (``localise``'s stage ``update``): the plugin's
+          optimizer step is not the rule of its kind that theory predicted from (a torch port
+          that decays every parameter), so no predicted optimizer difference explains its gap:
+          that leg is the residual, a divergence naming the plugin;
+        * before it (the loss, the gradients): ``S`` computes another loss (a loss term no case
+          field expresses, the TF2 custom-loop tutorial's kernel regularizers): its mapped leg
+          says nothing about the plugin, so no residual is judged (``None``, and the reason,
+          which the report gives as "residual not judged: no equivalent run"): the pair is then
+          resolved as one without a mapping (``pair.resolve``: the stage where it parts against
+          theory's). A stand-in that computes another program never makes a divergence of its own.
         """
         mapped = (m.runs_as, m.key)
         a, b = ((ref, ""), mapped) if m.side == impl else (mapped, (impl, ""))
-        leg = self.verdict(ref, impl, a, b)
-        if not m.stand_in:
-            return leg, (a, b)
-        own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
-        plain = self.verdict(ref, impl, stand, own)
-        if plain.status in ("parity", "inconclusive") or leg.status != "parity":
-            return leg, (a, b)
-        return dataclasses.replace(plain, detail=f"{m.side} against {m.runs_as}, the built-in of its kind it must"
-                                                 f" compute as: {plain.detail}"), (stand, own)
+        if m.stand_in:
+            own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
+            plain = self.verdict(ref, impl, stand, own)
+            if plain.status not in ("parity", "inconclusive") and self.localised(plain, stand, own).get("stage") == "update":
+                # the same gradient, another update: the plugin's optimizer step is not the rule of its kind that
+                # theory predicted from (a torch port that decays every parameter), so the prediction explains
+                # nothing of the pair's optimizer difference: a finding about the plugin, not about the stand-in
+                return dataclasses.replace(plain, detail=(
+                    f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
+                    f" is not the optimizer rule theory predicts for it: {plain.detail}")), (stand, own), None
+            if plain.status not in ("parity", "inconclusive"):
+                first = plain.detail.splitlines()[0] if plain.detail else ""
+                return None, ((ref, ""), (impl, "")), (
+                    f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
+                    f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}:"
+                    f" {first})")
+        return self.verdict(ref, impl, a, b), (a, b), None
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
         """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
@@ -1129,10 +1200,15 @@ class _Judged:
         """The pair judged as it ran and, with ``m``, with the predicted differences mapped away (``pair.resolve``)."""
         as_ran = ((ref, ""), (impl, ""))
         v = self.verdict(ref, impl)
-        residual, decided = self.residual(ref, impl, m) if m is not None else (None, as_ran)
+        residual, decided, not_judged = self.residual(ref, impl, m) if m is not None else (None, as_ran, None)
         where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
         res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=m.text if m else None)
         final = res.verdict
+        if not_judged and final.status not in ("parity", "inconclusive", "error"):
+            # said once, with why (pair.resolve's line for a pair without a mapping says "no side can map it")
+            kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+            final = dataclasses.replace(final, unjudged=(*kept, "whether the predicted difference explains the whole"
+                                                                f" gap: {not_judged}"))
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -1146,8 +1222,12 @@ class _Judged:
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
+        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(f"{name}@float64")))
+        if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
+            first, _, rest = final.detail.partition("\n")
+            final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
         return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
-                          notes, decided if res.from_residual else None)
+                          notes + leaks, decided if res.from_residual else None, not_judged)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).

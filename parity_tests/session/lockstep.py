@@ -83,8 +83,9 @@ from parity_tests.session.comparison import (
     SideMapping,
     choose_mapping,
     compare_case,
+    held_roundings,
     inside_step,
-    keras_rounding_of,
+    own_rules,
 )
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
@@ -652,10 +653,11 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
 
         return refine
 
-    held = {i: keras_rounding_of(i, free_result.trajectories.get(f"{i}@{dtype}", {})) for i in impls}
+    held = held_roundings(impls, free_result.trajectories, dtype)
+    own = own_rules(impls, free_result.trajectories, dtype)
     pairs = []
     for impl in impls[1:]:
-        pred = predict(f64.spec, ref, impl, held=held)
+        pred = predict(f64.spec, ref, impl, held=held, own=own)
         mapping = choose_mapping(f64.spec, ref, impl, pred, held)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":

@@ -10,6 +10,7 @@ comparison fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -17,7 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity_tests.judging.pair import RULE_VACUOUS, Side, judge_sides, resolve, vacuity
+from parity_tests.judging.pair import (
+    RULE_REPLICAS,
+    RULE_VACUOUS,
+    Side,
+    judge_sides,
+    resolve,
+    vacuity,
+)
 from parity_tests.judging.rules import judge_float64
 from parity_tests.judging.theory import Difference, Prediction
 from parity_tests.running.harness import run_impl
@@ -336,3 +344,16 @@ def test_sum_weighting_is_the_full_batch_sum_on_every_engine():
     summed = compare_case(case.replace(**{"parallel.weighting": "equal"}), ["torch.ddp", "torch.single"]).pairs[0]
     assert summed.verdict.status == "expected_difference"
     assert summed.mapping == "torch.ddp run with parallel.weighting sum" and summed.residual.gap < 1e-14
+
+
+def test_a_replica_divergence_is_never_a_predicted_difference():
+    """One job's replicas that differ are a divergence whatever theory predicted, with or without a residual."""
+    same, apart = _verdicts()
+    replicas = dataclasses.replace(apart, rule=RULE_REPLICAS, detail="replicas diverged at step 1: rank 1, 0.bias")
+    for residual in (None, same):
+        for stage in ("update", None):
+            r = resolve(replicas, _pred("update"), residual=residual, stage=stage)
+            assert r.verdict.status == "divergence" and r.verdict.rule == RULE_REPLICAS, r.verdict.detail
+            assert not r.explained
+    # the same gap found between two programs (not within one) is explained by the prediction
+    assert resolve(apart, _pred("update"), residual=same).verdict.status == "expected_difference"

@@ -1,0 +1,116 @@
+"""TensorFlow plugins for the judge's mapping and rounding tests (``test_mapping.py``).
+
+The MLP case of ``parity_tests/tests/helpers.py`` (dense relu -> dense, sigmoid_ce), trained by
+N towers as a user's code does it, each written the way a public program is:
+
+* ``keras_recipe``: docs/plugins.md's Keras recipe, ``keras.config.set_floatx(run.dtype)`` and
+  ``keras.config.set_dtype_policy(run.dtype)`` before the model and optimizer are made, and Keras'
+  own Adam for the case's values: its learning rate lives in a variable of ``run.dtype`` (float64
+  in the float64 run, exact);
+* ``keras_l2``: Keras' Adam as Keras' default makes it (floatx float32), with an L2 term
+  ``L2 * sum(kernel**2)`` on every kernel added to each tower's loss, as the TF2 custom-loop
+  tutorial's kernel regularizers do: a loss term no case field expresses;
+* ``own_adamw``: torch's AdamW rule written out by hand (no optimizer class at all);
+* ``v1_losses``: a slim-style tower loop whose loss is ``tf.compat.v1.losses.sigmoid_cross_entropy``,
+  which reduces in float32 even when its inputs are float64 (``compute_weighted_loss`` casts the
+  per-example losses to float32, sums them and casts the mean back).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import tfpar
+
+BOTH = ("float32", "float64")
+#: the L2 factor of ``keras_l2`` (and of the torch ports in ``mapping_torch.py``): the tutorial's 1e-5 is
+#: too small to move a 4-step run past the float64 bound by much; 1e-2 makes the term count
+L2 = 1e-2
+
+
+def _keras_adam(spec: dict):
+    import keras
+
+    o = spec["optimizer"]
+    return keras.optimizers.Adam(o["lr"], beta_1=o["beta1"], beta_2=o["beta2"], epsilon=o["epsilon"])
+
+
+def _tower_loss(w: dict, x, y, *, l2: float = 0.0, v1: bool = False):
+    logits = tf.nn.relu(tf.constant(x) @ w["0.kernel"] + w["0.bias"]) @ w["1.kernel"] + w["1.bias"]
+    if v1:
+        loss = tf.compat.v1.losses.sigmoid_cross_entropy(tf.constant(y), logits)
+    else:
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.constant(y), logits=logits))
+    if l2:
+        loss += l2 * (tf.reduce_sum(w["0.kernel"] ** 2) + tf.reduce_sum(w["1.kernel"] ** 2))
+    return loss
+
+
+def _towers(run, apply, *, l2: float = 0.0, v1: bool = False) -> None:
+    """Each tower's loss and gradient on its contiguous slice, the gradients averaged, ``apply(g, w)``."""
+    w = {k: tf.Variable(v) for k, v in run.initial.items()}
+    n = len(run.devices)
+    run.begin(w)
+    for x, y in run.batches():
+        grads, losses = [], []
+        for dev, xr, yr in zip(run.devices, np.array_split(x, n), np.array_split(y, n), strict=True):
+            with tf.device(dev), tf.GradientTape() as tape:
+                loss = _tower_loss(w, xr, yr, l2=l2, v1=v1)
+            grads.append(tape.gradient(loss, w))
+            losses.append(loss)
+        g = {k: tf.add_n([gr[k] for gr in grads]) / n for k in w}
+        apply(g, w)
+        run.record(tf.add_n(losses) / n, w, grads=g)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_recipe(run):
+    """docs/plugins.md's recipe: floatx and the dtype policy set to ``run.dtype``, then Keras' Adam."""
+    import keras
+
+    keras.config.set_floatx(run.dtype)
+    keras.config.set_dtype_policy(run.dtype)
+    opt = _keras_adam(run.spec)
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]))
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_l2(run):
+    """Keras' Adam (floatx float32, its default) and an L2 term on every kernel in the loss."""
+    opt = _keras_adam(run.spec)
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), l2=L2)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def own_adamw(run):
+    """torch's AdamW written out (decay ``p -= lr wd p``, then Adam with eps added to sqrt(v_hat))."""
+    o = run.spec["optimizer"]
+    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["epsilon"], o["weight_decay"]
+    state = {"t": 0, "m": {}, "v": {}}
+
+    def apply(g, w):
+        state["t"] += 1
+        t = state["t"]
+        for k in w:
+            m = state["m"][k] = b1 * state["m"].get(k, tf.zeros_like(w[k])) + (1 - b1) * g[k]
+            v = state["v"][k] = b2 * state["v"].get(k, tf.zeros_like(w[k])) + (1 - b2) * g[k] * g[k]
+            w[k].assign(w[k] * (1 - lr * wd))
+            w[k].assign_sub(lr / (1 - b1 ** t) * m / (tf.sqrt(v / (1 - b2 ** t)) + eps))
+
+    _towers(run, apply)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def v1_losses(run):
+    """Slim-style: the loss from ``tf.compat.v1.losses`` (reduced in float32), exact plain SGD."""
+    lr = run.spec["optimizer"]["lr"]
+    _towers(run, lambda g, w: [w[k].assign_sub(lr * g[k]) for k in w], v1=True)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def v1_losses_lr_bug(run):
+    """``v1_losses`` with a seeded bug: the learning rate of the last parameter is 1.001 times the case's."""
+    lr = run.spec["optimizer"]["lr"]
+    last = sorted(run.initial)[-1]
+    _towers(run, lambda g, w: [w[k].assign_sub(lr * (1.001 if k == last else 1.0) * g[k]) for k in w], v1=True)
