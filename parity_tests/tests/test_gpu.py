@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from parity_tests.running import gpu
+from parity_tests.tests.processes import HANG_DEADLINE
 
 # as the driver prints them: nvidia-smi on two H100s; the proprietary kernel module's version file; the open
 # module's and a GPU's information file as an H200 printed them (driver 580.159.04, the device check of
@@ -93,9 +94,17 @@ def test_flatten_compares_only_what_both_runs_could_know():
 
 
 def test_the_torch_side_reports_from_its_rank_and_this_process_never_imports_torch(pool):
-    """A torch run's facts come from a pool rank (torchref.gpu); this process imports no torch for them."""
+    """A torch run's facts come from a pool rank (torchref.gpu); this process imports no torch for them.
+
+    Another test of the same worker may have imported torch already (in-process torch optimizers): the
+    import is watched in a fresh interpreter, where nothing else has run."""
     facts = gpu.gpu_facts(live="torch")
     assert facts["torch"]["live"] is True and set(facts["torch"]) == {"cuda", "cudnn", "gpus", "live"}
     assert facts["torch"]["cuda"] == gpu.torch_build()["cuda"]  # the rank's torch is the installed one
     assert isinstance(facts["torch"]["gpus"], list)
-    assert "torch" not in sys.modules
+    code = ("import sys; from parity_tests.running import gpu; from torchref.pool import shutdown_pool\n"
+            "try:\n    facts = gpu.gpu_facts(live='torch')\nfinally:\n    shutdown_pool()\n"
+            "print(facts['torch']['live'], 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stdout
