@@ -10,7 +10,11 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from parity_tests.running import registry  # noqa: E402
-from parity_tests.testing import profiles  # noqa: E402,F401  (registers hypothesis profiles)
+from parity_tests.testing import profiles  # noqa: E402
+
+# this repository's choice (the installed plugin loads no profile): HYPOTHESIS_PROFILE=ci (make test)
+# or =tfpar-ci, default tfpar-dev; Hypothesis' own --hypothesis-profile, applied after this, wins
+profiles.load()
 
 # the built-ins declare themselves (parity_tests.protocol.engine) on the registry's first use: tests that
 # ask theory directly, without running anything, need their declarations too
