@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -82,8 +83,15 @@ def test_python_dash_m_tfpar_runs_torch_workers(tmp_path):
 
 @pytest.mark.slow
 def test_the_wheel_ships_py_typed_and_the_main_modules(tmp_path):
+    # built from a copy: setuptools writes build/ and *.egg-info into the tree it builds
+    src = tmp_path / "src"
+    src.mkdir()
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, src / part)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                          str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                          str(tmp_path), str(src)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     (wheel,) = tmp_path.glob("tfpar-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
