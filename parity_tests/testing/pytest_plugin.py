@@ -29,7 +29,13 @@ POOL_SIZE = 8
 
 @pytest.fixture(scope="session")
 def tfpar_pool() -> Iterator[Any]:
-    """The shared warm DDP pool (``torchref.pool.get_pool(8)``), shut down at the end of the session."""
+    """The shared warm DDP pool (``torchref.pool.get_pool(8)``), shut down at the end of the session.
+
+    Without torch installed: one line naming the extra (``FrameworkMissing``), not an ImportError.
+    """
+    from parity_tests.running.frameworks import require
+
+    require("torch", "the tfpar_pool fixture", "tfpar_pool")
     from torchref.pool import get_pool, shutdown_pool
 
     pool = get_pool(POOL_SIZE)

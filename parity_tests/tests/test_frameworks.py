@@ -50,3 +50,14 @@ def test_missing_module_only_for_the_frameworks():
     absent = missing_module(ModuleNotFoundError("", name="torch"), "p.py:f", "--impls")
     assert absent is None  # torch IS importable here; only a truly absent framework counts
     assert issubclass(FrameworkMissing, ValueError)
+
+
+def test_the_pool_fixture_without_torch_names_the_extra(tmp_path):
+    (tmp_path / "test_user.py").write_text("def test_uses_the_pool(tfpar_pool):\n    pass\n")
+    env = absent_env(tmp_path, "torch")
+    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    out = subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "1 error" in out.stdout and "expected torch for the tfpar_pool fixture" in out.stdout, out.stdout[-2000:]
+    assert "pip install 'tfpar[torch]'" in out.stdout and "ModuleNotFoundError" not in out.stdout
