@@ -3,7 +3,7 @@
     python benchmarks/version_matrix.py --cell lock      # constraints.txt exactly (what make installs)
     python benchmarks/version_matrix.py --cell oldest    # every lower bound of pyproject.toml, exactly
     python benchmarks/version_matrix.py --cell newest    # the newest releases the ranges allow (Python 3.13)
-    python benchmarks/version_matrix.py --cell oldest --checks matrix --skip-build
+    python benchmarks/version_matrix.py --cell oldest --checks matrix --skip-build   # or --reuse
 
 Each cell's virtual environment goes under ``/work/envs/CELL`` (``--envs`` to move it; outside the
 repository), with this repository installed into it editable, extras ``tf-cpu,torch,tensorboard,dev``.
@@ -77,12 +77,14 @@ def run(cmd: list[str], **kw) -> int:
     return subprocess.call(cmd, **kw)
 
 
-def build(cell: str, env: Path) -> None:
-    if env.exists():
-        shutil.rmtree(env)
-    python = find_python(PYTHONS[cell])
-    if run([python, "-m", "venv", str(env)]) != 0:
-        sys.exit(f"version_matrix: could not make a venv with {python}")
+def build(cell: str, env: Path, reuse: bool = False) -> None:
+    """A new venv for the cell (``reuse``: install into the one there, pip changing only what differs)."""
+    if not (reuse and (env / "bin" / "python").exists()):
+        if env.exists():
+            shutil.rmtree(env)
+        python = find_python(PYTHONS[cell])
+        if run([python, "-m", "venv", str(env)]) != 0:
+            sys.exit(f"version_matrix: could not make a venv with {python}")
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     run(pip + ["--upgrade", "pip"])
     cmd = pip[:]
@@ -149,6 +151,8 @@ def main() -> int:
     p.add_argument("--checks", default=",".join(CHECKS), help="comma-separated, of: " + ", ".join(CHECKS))
     p.add_argument("--envs", default="/work/envs", help="where the cells' environments go (default %(default)s)")
     p.add_argument("--skip-build", action="store_true", help="use the cell's environment as built before")
+    p.add_argument("--reuse", action="store_true",
+                   help="install into the cell's environment as built before (after a bound moved: pip changes only that)")
     args = p.parse_args()
     names = [c for c in args.checks.split(",") if c]
     unknown = [c for c in names if c not in CHECKS]
@@ -157,7 +161,7 @@ def main() -> int:
     env = Path(args.envs) / args.cell
     t0 = time.monotonic()
     if not args.skip_build:
-        build(args.cell, env)
+        build(args.cell, env, args.reuse)
         print(f"built {env} in {time.monotonic() - t0:.0f} s", flush=True)
     results = {name: check(name, env) for name in names}
     print(f"\ncell {args.cell}: " + ", ".join(f"{k} {v}" for k, v in versions(env).items()))
