@@ -108,22 +108,15 @@ def versions(env: Path) -> dict[str, str]:
 
 
 def verdicts(report: Path) -> dict[str, str]:
-    """Every ``verdict`` in the matrix's row files, keyed by row file and place in it."""
+    """Every pair's verdict in the matrix's row files: ``"case: ref vs impl"`` -> ``"status, gap"``."""
     found: dict[str, str] = {}
-
-    def walk(node, where: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k == "verdict" and isinstance(v, str):
-                    found[where] = v
-                else:
-                    walk(v, f"{where}.{k}")
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{where}[{i}]")
-
     for row in sorted((report / "rows").glob("*.json")):
-        walk(json.loads(row.read_text()).get("result"), row.stem)
+        result = json.loads(row.read_text()).get("result", {})
+        for pair in result.get("pairs", []):
+            v = pair.get("verdict", {})
+            gap, bound = (float(v.get(k, "nan")) for k in ("gap", "bound"))  # a non-finite one is written as text
+            found[f"{result['case']['name']}: {pair['reference']} vs {pair['impl']}"] = (
+                f"{v.get('status')} (gap {gap:.3g}, bound {bound:.3g})")
     return found
 
 
@@ -170,7 +163,10 @@ def main() -> int:
     lock = Path(args.envs) / "lock" / "report"
     if "matrix" in names and args.cell != "lock" and (lock / "rows").is_dir():
         mine, theirs = verdicts(env / "report"), verdicts(lock)
-        moved = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        def status(text: str | None) -> str | None:
+            return text.split(" (")[0] if text else text
+
+        moved = {k: (theirs.get(k), v) for k, v in mine.items() if status(theirs.get(k)) != status(v)}
         print(f"  matrix verdicts that differ from the lock cell's: {len(moved)} of {len(mine)}")
         for k, (a, b) in sorted(moved.items()):
             print(f"    {k}: lock {a}, {args.cell} {b}")
