@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -99,3 +100,21 @@ def test_the_wheel_ships_py_typed_and_the_main_modules(tmp_path):
         assert (ROOT / package / "py.typed").is_file()
         assert f"{package}/py.typed" in names
     assert {"tfpar/__main__.py", "parity_tests/__main__.py"} <= names
+
+
+def _doc_requirements(line: str) -> set[str]:
+    """The requirements a table row of docs/install.md names: `numpy` `>= 1.26.4` -> {'numpy>=1.26.4'}."""
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if cells[1].startswith("`") and not cells[1].startswith("`>"):  # | `extra` | `name >=a,<b`, ... | why |
+        return {str(Requirement(r.replace(" ", ""))) for r in re.findall(r"`([A-Za-z-]+ [^`]+)`", cells[1])}
+    return {str(Requirement(cells[0] + cells[1].replace(" ", "")))}  # | name | >= a | why |
+
+
+def test_install_md_states_the_ranges_of_pyproject():
+    text = (ROOT / "docs" / "install.md").read_text()
+    core_rows = [ln for ln in text.splitlines() if re.match(r"\| [a-z]+ \| >= ", ln)]
+    assert set().union(*map(_doc_requirements, core_rows)) == {str(Requirement(r)) for r in PROJECT["dependencies"]}
+    extras = PROJECT["optional-dependencies"]
+    for extra in ("tf", "tf-cpu", "torch", "tensorboard"):
+        (row,) = [ln for ln in text.splitlines() if ln.startswith(f"| `{extra}` |")]
+        assert _doc_requirements(row) == {str(Requirement(r)) for r in extras[extra]}, row
