@@ -23,6 +23,9 @@ __all__ = ["FRAMEWORKS", "FrameworkMissing", "installed", "require", "missing_mo
 FRAMEWORKS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "tf": (("tensorflow", "keras"), "TensorFlow (with Keras 3)", "tf"),
     "torch": (("torch",), "torch", "torch"),
+    # tf.summary's implementation (``tfpar compare --tensorboard``): TensorFlow without it raises
+    # TBNotInstalledError at the first scalar, after the whole comparison ran
+    "tensorboard": (("tensorboard",), "TensorBoard", "tensorboard"),
 }
 
 

@@ -61,3 +61,15 @@ def test_the_pool_fixture_without_torch_names_the_extra(tmp_path):
     assert out.returncode == 1, out.stdout[-2000:]
     assert "1 error" in out.stdout and "expected torch for the tfpar_pool fixture" in out.stdout, out.stdout[-2000:]
     assert "pip install 'tfpar[torch]'" in out.stdout and "ModuleNotFoundError" not in out.stdout
+
+
+def test_tensorboard_is_asked_for_by_name(tmp_path):
+    require("tensorboard", "--tensorboard", "--tensorboard")  # installed here: passes
+    code = ("from parity_tests.running.frameworks import require\n"
+            "try:\n    require('tensorboard', '--tensorboard', '--tensorboard')\n"
+            "except ValueError as e:\n    print(e)\n")
+    out = subprocess.run([PYTHON, "-c", code], env=absent_env(tmp_path, "tensorboard"), capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.strip() == ("--tensorboard: expected TensorBoard for --tensorboard; no module named"
+                                  " 'tensorboard' here: pip install 'tfpar[tensorboard]' (or your own build;"
+                                  " docs/install.md)"), out.stdout + out.stderr[-2000:]
