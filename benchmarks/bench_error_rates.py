@@ -41,8 +41,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 QUICK = (60, 30)
 
 
-def draw(kind: str, count: int, seed: int, weights: dict | None = None) -> list:
-    """``count`` pairs of ``kind`` drawn by hypothesis from ``seed`` (generation only: nothing to shrink)."""
+def draw(kind: str, count: int, seed: int, weights: dict | None = None, only: str | None = None) -> list:
+    """``count`` pairs of ``kind`` drawn by hypothesis from ``seed`` (generation only: nothing to shrink);
+    with ``only``, just the pairs one of whose implementations' names contains it (``programs.py``, ``ddp_l2``)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
@@ -63,6 +64,8 @@ def draw(kind: str, count: int, seed: int, weights: dict | None = None) -> list:
         @given(pairs(kind, weights))
         def collect(p):
             key = json.dumps([p.raw, p.reference, p.impl, p.bug.label if p.bug else None], sort_keys=True)
+            if only is not None and only not in p.reference + p.impl:
+                return
             if key not in seen and len(out) < count:  # hypothesis may generate the same example twice
                 seen.add(key)
                 out.append(p)
@@ -119,6 +122,9 @@ def table(rows: list[dict]) -> str:
     add("lr > 0", lambda r: r["raw"]["optimizer"]["lr"] > 0)
     for d in ("float32", "float64", "mixed_bfloat16"):
         add(f"dtype {d}", lambda r, d=d: r["dtype"] == d)
+    add("a program as users write it (hunt/programs.py, ddp_l2)",
+        lambda r: "programs.py" in r["reference"] + r["impl"] or "ddp_l2" in r["reference"] + r["impl"])
+    add("float32 at 4+ devices", lambda r: r["dtype"] == "float32" and r["raw"]["parallel"]["devices"] >= 4)
     for rule in sorted({r["rule"] for r in eq + bugs}):
         add(f"rule: {rule}", lambda r, rule=rule: r["rule"] == rule)
     b = [r for r in bugs if not r["behind"]]
@@ -204,6 +210,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help=f"{QUICK[0]} pairs and {QUICK[1]} bugs")
     ap.add_argument("--out", type=Path, default=Path("failures/error-rates"), help="where cases and results.json go")
     ap.add_argument("--replay", type=Path, help="re-judge one pair.json written by an earlier hunt")
+    ap.add_argument("--only", help="draw only pairs with an implementation whose name contains this (e.g. programs.py)")
     args = ap.parse_args()
 
     from parity_tests.running.backends import reserve_tf_devices
@@ -219,8 +226,8 @@ def main() -> None:
         t0 = time.perf_counter()
         from parity_tests.tests.hunt.corpus import bug_weights
 
-        equivalent = draw("equivalent", n_pairs, args.seed)
-        todo = equivalent + draw("bug", n_bugs, args.seed, bug_weights([p.raw for p in equivalent]))
+        equivalent = draw("equivalent", n_pairs, args.seed, only=args.only)
+        todo = equivalent + draw("bug", n_bugs, args.seed, bug_weights([p.raw for p in equivalent]), only=args.only)
         drawn = time.perf_counter() - t0
         from tqdm import tqdm
 

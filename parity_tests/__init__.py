@@ -29,7 +29,11 @@ import importlib.util
 import sys
 from typing import Any
 
-__all__ = ["assert_parity", "compare_case", "load_case", "case_from_dict"]
+__all__ = ["assert_parity", "compare_case", "load_case", "case_from_dict", "__version__"]
+
+#: the version when the package runs from a source tree without installed metadata (``tfpar --version``
+#: reads the installed distribution's first); kept equal to pyproject.toml's by ``tests/test_cli.py``
+__version__ = "0.1.0"
 
 # old flat name -> where the module lives now
 _MOVED = {

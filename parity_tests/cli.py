@@ -4,12 +4,21 @@
     tfpar compare CASE [--impls A,B,...] [--report DIR]
     tfpar matrix [--out DIR] [--resume] [--impls PLUGIN,...]
     tfpar replay MANIFEST
+    tfpar --version
+
+``-q``/``--quiet`` drops the progress display and the notes on stderr (the verdict table and
+errors stay); ``-v``/``--verbose`` adds the library's debug messages. The library writes its
+messages to the ``logging`` logger ``"tfpar"`` (children ``tfpar.session``, ...) and never
+configures logging itself; this command puts one handler on that logger for its own run.
 
 Exit status: 0 ok (compare: every pair at parity or an expected difference;
-matrix: every expected result held); 1 a divergence, an unexpected parity or an
-inconclusive comparison was found (compare), an expected result did not hold
-(matrix) or an implementation failed; 2 bad input (one line naming the field);
-130 Ctrl-C.
+matrix: every expected result held; replay: bit-identical); 1 a divergence or an
+unexpected parity was found (compare; run: DDP replicas out of sync; replay: an
+array differs), an expected result did not hold (matrix, also when an
+implementation failed there); 2 bad input (one line naming the field); 3 nothing
+could be judged and nothing wrong was shown (compare: the worst pair is
+inconclusive or an error; any command but matrix: an implementation failed);
+130 Ctrl-C, 143 SIGTERM.
 
 This module's top level imports neither TensorFlow nor torch: spawned torch
 workers re-import the parent's main module, and must not pay for TensorFlow.
@@ -18,6 +27,7 @@ workers re-import the parent's main module, and must not pay for TensorFlow.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -41,9 +51,22 @@ class _Parser(OneLineParser):
     help_hint = "tfpar --help"
 
 
+def _verbosity(p: argparse.ArgumentParser, default: Any) -> None:
+    """``-q``/``--quiet`` and ``-v``/``--verbose``, accepted before and after the command's name."""
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("-q", "--quiet", action="store_true", default=default,
+                     help="no progress display and no notes on stderr: the verdicts, the report's path and errors only")
+    how.add_argument("-v", "--verbose", action="store_true", default=default,
+                     help="also the library's debug messages (each run as it starts and ends)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from parity_tests.running.environment import tool_version
+
     p = _Parser(prog="tfpar", description="Prove or disprove that TensorFlow tower training computes the same updates as PyTorch DDP.")
+    p.add_argument("--version", action="version", version=f"tfpar {tool_version()}")
     p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may go without finishing a training step before its ranks are declared hung (default 60)")
+    _verbosity(p, False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="run one implementation and write its trajectory")
@@ -60,18 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write TensorBoard event files: each implementation's loss, each pair's gap per parameter and its bound")
     c.add_argument("--full", action="store_true",
                    help="with --report: write every run's full trajectory, whatever its size (default: up to 1 GiB in all)")
+    c.add_argument("--junit", default=None, metavar="FILE",
+                   help="also write JUnit XML for CI: one test case per pair, a failure for a divergence or an "
+                        "unexpected parity, an error for an inconclusive pair or a failed implementation")
     c.add_argument("--lockstep", action="store_true",
                    help="also judge every step from the reference's state of the step before (docs/lockstep.md); "
-                        "exit status from lockstep's verdicts")
+                        "exit status from the worst verdict printed (a free inconclusive excepted)")
 
     m = sub.add_parser("matrix", help="the built-in scenario matrix, written as a report")
     m.add_argument("--out", default="report", help="report folder (default: %(default)s)")
     m.add_argument("--quick", action="store_true", help="a smaller matrix (1 and 2 devices, float64 only)")
     m.add_argument("--resume", action="store_true", help="keep the rows an interrupted run already finished in --out")
     m.add_argument("--impls", default="", help="more implementations (plugins FILE.py:FUNCTION, installed names) judged against tf.towers in every row")
+    m.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML for CI: one test case per pair of every row")
 
     rp = sub.add_parser("replay", help="re-run a recorded run and check it bit for bit")
     rp.add_argument("manifest", help="a .manifest.json written beside a trajectory")
+    for each in (r, c, m, rp):
+        _verbosity(each, argparse.SUPPRESS)
     return p
 
 
@@ -111,6 +140,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from parity_tests.contract.case import load_case
     from parity_tests.reporting.report import write_case_report
+    from parity_tests.running.backends import RunError
     from parity_tests.running.harness import parse_impls
     from parity_tests.session.comparison import compare_case
 
@@ -118,13 +148,29 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", args.impls)
     case = load_case(args.case)
-    from parity_tests.running.harness import check_dtypes, prestart_torch
+    from parity_tests.running.harness import check_refusals, prestart_torch
 
+    check_refusals(case, impls)  # every implementation's refusal before any of them runs (or the pool starts)
     prestart_torch(case, impls)  # the torch ranks start while TensorFlow imports
-    check_dtypes(case, impls)
-    if args.lockstep:
-        return _lockstep(case, impls, args)
-    result = compare_case(case, impls, progress=True)
+    try:
+        if args.lockstep:
+            return _lockstep(case, impls, args)
+        from parity_tests.session.noise import noise_or_bug, recorded_pair
+
+        if recorded_pair(case, impls):  # two recorded float32 runs: noise or bug, against the stand-ins' floors
+            from parity_tests.judging.verdict import exit_status
+            from parity_tests.running.harness import run_impl
+
+            noise = noise_or_bug(case, (impls[0], impls[1]), lambda c, n: run_impl(c, n))
+            print(noise.summary())
+            return exit_status([noise.status])
+        result = compare_case(case, impls, progress=not args.quiet)
+    except RunError as e:  # no verdict: in CI every pair reads as an error, with the line the command prints
+        if args.junit:
+            from parity_tests.reporting.junit import failed_run_cases, write_junit
+
+            write_junit(args.junit, failed_run_cases(case.name, impls, f"run failed: {e}"), name="tfpar compare")
+        raise
     print(result.summary())
     if args.report:
         path = write_case_report(result, Path(args.report), full=args.full)
@@ -133,17 +179,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result, Path(args.tensorboard))} (tensorboard --logdir there)")
-    return 0 if result.ok else 1
+    if args.junit:
+        from parity_tests.reporting.junit import cases_of, write_junit
+
+        print(f"junit: {write_junit(args.junit, cases_of(result), name='tfpar compare')}")
+    return result.exit_status
 
 
 def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
-    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; exit 0 when every lockstep
-    verdict is parity or an expected difference."""
+    """``compare --lockstep``: the free comparison and lockstep's per-step verdicts; the exit status (and
+    ``--junit``'s test cases) from the worst verdict printed: lockstep's, and the free comparison's that say
+    something is wrong (``LockstepResult.exit_status``; a free inconclusive is lockstep's to resolve)."""
     from parity_tests.reporting.report import write_case_report
     from parity_tests.session.lockstep import check_lockstep, lockstep_compare
 
     check_lockstep(case, impls)  # before anything runs
-    result = lockstep_compare(case, impls, progress=lambda label: print(f"  {label}", file=sys.stderr, flush=True))
+    say = None if args.quiet else (lambda label: print(f"  {label}", file=sys.stderr, flush=True))
+    result = lockstep_compare(case, impls, progress=say)
     print(result.summary())
     if args.report:
         print(f"report: {write_case_report(result.free, Path(args.report), lockstep=result, full=args.full)}")
@@ -151,7 +203,11 @@ def _lockstep(case: Case, impls: list[str], args: argparse.Namespace) -> int:
         from parity_tests.reporting.tensorboard import write_tensorboard
 
         print(f"tensorboard: {write_tensorboard(result.free, Path(args.tensorboard))} (tensorboard --logdir there)")
-    return 0 if result.ok else 1
+    if args.junit:
+        from parity_tests.reporting.junit import lockstep_cases_of, write_junit
+
+        print(f"junit: {write_junit(args.junit, lockstep_cases_of(result), name='tfpar compare --lockstep')}")
+    return result.exit_status
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -159,14 +215,20 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from parity_tests.running.harness import parse_impls
 
     extra = parse_impls(args.impls) if args.impls.strip() else []
-    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra)
+    return run_matrix(Path(args.out), quick=args.quick, resume=args.resume, extra=extra, progress=not args.quiet,
+                      junit=Path(args.junit) if args.junit else None)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from parity_tests.running.manifest import load_manifest
-    from parity_tests.running.provenance import replay
+    from parity_tests.running.manifest import load_manifest, replay_name
+    from parity_tests.running.provenance import replay, run_gpu_facts, version_drift
 
-    same, line = replay(load_manifest(args.manifest))
+    manifest = load_manifest(args.manifest)
+    same, line = replay(manifest)
+    # after the run: the replayed framework reports its own CUDA and cuDNN (a torch run: from its pool rank)
+    drift = version_drift(manifest, now_gpu=run_gpu_facts(replay_name(manifest)))
+    if drift:
+        print(drift)
     print(line)
     return 0 if same else 1
 
@@ -174,15 +236,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tfpar`` console script; returns the exit status."""
     previous = _on_signals()
+    handler = None
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --version, --help: printed; the status is returned like any other
+            return e.code if isinstance(e.code, int) else 0
+        handler = _StderrHandler(logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO)
         settings.check()  # a bad TFPAR_* variable: one line, exit 2, before any work
         from parity_tests.running.backends import RunError, set_pool_timeout
 
         set_pool_timeout(args.timeout)
-        handler = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]
+        command = {"run": _cmd_run, "compare": _cmd_compare, "matrix": _cmd_matrix, "replay": _cmd_replay}[args.command]
         try:
-            return handler(args)
+            return command(args)
         except RunError as e:
             if _signalled:  # a run that failed because the signal broke into it (TensorFlow's own
                 raise _signalled[-1]() from e  # bookkeeping asserts): reported as the signal
@@ -190,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             frames = getattr(e, "frames", "")
             if frames:  # a plugin raised: the user's own frames, after the one line
                 print(frames, end="" if frames.endswith("\n") else "\n", file=sys.stderr)
-            return 1
+            # an implementation failed: nothing could be judged (the matrix: an expected result did not hold)
+            return 1 if args.command == "matrix" else 3
     except CaseError as e:
         print(f"tfpar: error: {e}", file=sys.stderr)
         return 2
@@ -207,9 +275,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["parity_tests.running.tf_worker"].shutdown_worker()
         if "parity_tests.protocol.rows" in sys.modules:  # the runs' spilled rows (docs/memory.md): gigabytes
             sys.modules["parity_tests.protocol.rows"].remove_spill_root()
+        if handler is not None:
+            handler.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
+
+
+class _StderrHandler(logging.StreamHandler):
+    """The command's handler on the ``"tfpar"`` logger: each message as a line of stderr, as the
+    command printed it before it logged. Writes to the ``sys.stderr`` of the moment (pytest's
+    capture, a redirection made after start-up). :meth:`close` takes it off again and restores the
+    logger's level, so a program that calls :func:`main` twice does not print each message twice."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self._logger = logging.getLogger("tfpar")
+        self._level = self._logger.level
+        self._logger.setLevel(level)  # the logger's, not the root's: the library never touches the root logger
+        self._logger.addHandler(self)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ sets it; the property reads sys.stderr
+        pass
+
+    def close(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+        super().close()
 
 
 class Terminated(BaseException):

@@ -169,7 +169,8 @@ def run_async(payload: Mapping[str, Any], *, progress: Callable[[int], None] | N
     dtype, batches = step_batches(payload)
     devices = tower_devices(par["devices"])
     variables = build_variables({k: v for k, v in payload["init"].items() if not is_state(k)}, dtype, device=devices[0])
-    trainer = AsyncTrainer(shard_loss_fn(spec["model"]), variables, make_optimizer(spec["optimizer"]), devices,
+    optimizer = make_optimizer(spec["optimizer"], list(variables))
+    trainer = AsyncTrainer(shard_loss_fn(spec["model"]), variables, optimizer, devices,
                            staleness=par["staleness"], shard=par["shard"], weighting=par["weighting"],
                            clip=make_clip(spec))
     orders = application_orders(par["devices"], spec["steps"], par["order_seed"])

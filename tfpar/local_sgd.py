@@ -210,7 +210,7 @@ def run_param_mean(payload: Mapping[str, Any], *, progress: Callable[[int], None
     dtype, batches = step_batches(payload)
     init = {k: v for k, v in payload["init"].items() if not is_state(k)}
     trainer = LocalSGDTrainer(
-        shard_loss_fn(spec["model"]), init, lambda: make_optimizer(opt_spec), tower_devices(par["devices"]),
+        shard_loss_fn(spec["model"]), init, lambda: make_optimizer(opt_spec, list(init)), tower_devices(par["devices"]),
         dtype=dtype, period=par["period"], shard=par["shard"], weighting=par["weighting"], clip=make_clip(spec),
     )
     rec = Recorder({k: np.asarray(v, dtype.as_numpy_dtype) for k, v in init.items()}, grads=False)  # spills when large

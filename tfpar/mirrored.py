@@ -83,7 +83,6 @@ from parity_tests.protocol.recorder import Recorder
 
 from . import tokens
 from .devices import DeviceError, tower_devices
-from .errors import refuse_unimplemented
 from .losses import elementwise_loss, model_loss, sparse_softmax_ce
 from .models import (
     apply_layer,
@@ -97,6 +96,9 @@ from .models import (
     update_moving,
 )
 from .optimizers import GradientClip, KerasOptimizer, make_clip, make_optimizer
+from .refusals import (
+    refuse_mirrored as check_supported,  # one place for every refusal (tfpar.refusals)
+)
 from .sharding import shard_sizes
 
 __all__ = ["check_supported", "clip_scaled", "make_strategy", "per_example_loss", "replica_forward", "run_mirrored",
@@ -168,15 +170,6 @@ def split_rows(a: np.ndarray, n: int, shard: str) -> list[np.ndarray]:
         return np.split(a, np.cumsum(shard_sizes(len(a), n, shard))[:-1])
     return [a[r::n] for r in range(n)]
 
-
-def check_supported(spec: Mapping[str, Any]) -> None:
-    """Refuse what the MirroredStrategy runner does not implement, naming the case field.
-
-    Every optimizer, schedule, weight decay, clipping, layer, loss option and
-    sample weighting of ``tf.towers`` works; nothing is refused at present
-    beyond what :func:`tfpar.errors.refuse_unimplemented` is told to.
-    """
-    refuse_unimplemented(spec, "tf.mirrored", clip=True, layers=True, loss_options=True)
 
 
 def replica_forward(layers: list[dict], params: Mapping[str, tf.Tensor], x: tf.Tensor, *,
@@ -321,7 +314,7 @@ def run_mirrored(payload: Mapping[str, Any], *, progress: Callable[[int], None] 
         names = [k for k in variables if not is_state(k)]
         var_list = [variables[k] for k in names]
         state = {k: v for k, v in variables.items() if is_state(k)}
-        optimizer = make_optimizer(spec["optimizer"])
+        optimizer = make_optimizer(spec["optimizer"], names)
         optimizer.build(var_list)
     native = isinstance(optimizer, KerasOptimizer)
     sizes = shard_sizes(batch, n, par["shard"])

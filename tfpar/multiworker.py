@@ -47,8 +47,11 @@ import tensorflow as tf
 
 from parity_tests.protocol import settings
 
-from .errors import Unsupported, refuse_unimplemented
+from .errors import Unsupported
 from .mirrored import run_mirrored
+from .refusals import (
+    refuse_multiworker as check_supported,  # one place for every refusal (tfpar.refusals)
+)
 
 __all__ = ["Cluster", "LOCAL_DEVICES_ENV", "check_supported", "configure_local_devices", "failed_task",
            "make_multiworker_strategy", "parse_tf_config", "run_multiworker"]
@@ -182,23 +185,6 @@ def make_multiworker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     tf.config.experimental.enable_op_determinism()
     return strategy
 
-
-def check_supported(spec: Mapping[str, Any]) -> None:
-    """Refuse what the multi-worker runner does not implement, naming the case field.
-
-    Everything ``tf.mirrored`` runs, except ``model.placement`` (layers pinned to tower
-    devices: a worker has only its own devices).
-    """
-    refuse_unimplemented(spec, "tf.multiworker", clip=True, layers=True, loss_options=True)
-    if spec["model"].get("placement"):
-        raise Unsupported("model.placement", "none for tf.multiworker (a worker holds only its own devices;"
-                                             " tf.towers places layers)")
-    order = spec["data"].get("order", "split")
-    if order != "split":
-        raise Unsupported("data.order", f"split for tf.multiworker (data.order {order} runs on tf.towers and tf.single)")
-    if spec["parallel"]["combine"] not in ("grad_mean", "loss_mean"):
-        raise Unsupported("parallel.combine", f"grad_mean or loss_mean for tf.multiworker"
-                                              f" ({spec['parallel']['combine']} runs on tf.towers)")
 
 
 def run_multiworker(payload: Mapping[str, Any], strategy: tf.distribute.MultiWorkerMirroredStrategy, *,

@@ -72,6 +72,7 @@ Gradient clipping by global norm ``n = sqrt(sum_i ||g_i||^2)`` (:func:`clip_by_g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,7 +80,7 @@ from typing import Any, Protocol
 import keras
 import tensorflow as tf
 
-from parity_tests.protocol.optimizer_state import slot_names
+from parity_tests.protocol.optimizer_state import no_decay_names, slot_names
 
 __all__ = [
     "Optimizer",
@@ -110,13 +111,23 @@ class Optimizer(Protocol):
 
 
 class KerasOptimizer:
-    """A Keras optimizer class used as it is (``native`` semantics)."""
+    """A Keras optimizer class used as it is (``native`` semantics).
 
-    def __init__(self, opt: keras.optimizers.Optimizer) -> None:
-        self.opt = opt
+    ``names`` (canonical, in the order :meth:`build` gets the variables) and ``exclude`` (those of
+    ``optimizer.no_decay``): the excluded variables are handed to Keras'
+    ``exclude_from_weight_decay(var_list=...)`` before the build, as a Keras user excludes them.
+    """
+
+    def __init__(self, opt: keras.optimizers.Optimizer, names: Sequence[str] | None = None,
+                 exclude: frozenset[str] = frozenset()) -> None:
+        self.opt, self.names, self.exclude = opt, names, exclude
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
-        self.opt.build(list(variables))
+        variables = list(variables)
+        if self.exclude:
+            self.opt.exclude_from_weight_decay(
+                var_list=[v for n, v in zip(self.names, variables, strict=True) if n in self.exclude])
+        self.opt.build(variables)
 
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
         self.opt.apply_gradients(zip(grads, variables, strict=True))
@@ -156,6 +167,16 @@ def keras_schedule(schedule: Mapping[str, Any], lr: float) -> float | keras.opti
     Keras switches to ``values[i+1]`` when ``iterations > boundaries[i]``, and
     the case's boundary ``b`` means "steps 1..b use the old value", i.e.
     ``iterations = t - 1 >= b``, i.e. ``iterations > b - 1``.
+
+    ``warmup_cosine`` is Keras' own ``CosineDecay(0.0, d, alpha=min_lr / lr, warmup_target=lr,
+    warmup_steps=k)``, as a Keras user writes it (``alpha`` is a fraction of the target).
+
+    .. warning:: ``CosineDecay`` is the case's schedule *one step late*: it reads ``iterations``
+       (0 at the first update), so step ``t`` runs at the contract's rate of step ``t - 1``
+       (step 1 at 0, ``lr`` first at step ``k + 1``, ``min_lr`` from step ``k + d + 1``), in
+       float32 (``protocol.hyper.keras_cosine_lr``, Keras 3.15
+       ``keras/src/optimizers/schedules/learning_rate_schedule.py``). A predicted difference
+       against torch (docs/framework-differences.md); the exact rules use the contract's rate.
     """
     kind = schedule["kind"]
     if kind == "constant":
@@ -166,6 +187,10 @@ def keras_schedule(schedule: Mapping[str, Any], lr: float) -> float | keras.opti
         )
     if kind == "warmup_linear":
         return WarmupLinear(lr, schedule["warmup_steps"])
+    if kind == "warmup_cosine":
+        return keras.optimizers.schedules.CosineDecay(
+            0.0, schedule["decay_steps"], alpha=schedule["min_lr"] / lr, warmup_target=lr,
+            warmup_steps=schedule["warmup_steps"])
     raise ValueError(f"unknown schedule kind {kind!r}")
 
 
@@ -173,11 +198,21 @@ def schedule_lr(schedule: Mapping[str, Any], lr: float, t: tf.Tensor, dtype: tf.
     """The learning rate of step ``t`` (int64 scalar, counting from 1), exact in ``dtype``.
 
     constant: ``lr``; step: ``values[i]``, ``i`` = the number of boundaries ``b < t``;
-    warmup_linear: ``lr * min(1, t / k)``.
+    warmup_linear: ``lr * min(1, t / k)``; warmup_cosine (``protocol.hyper.cosine_lr``):
+    ``lr t / k`` for ``t <= k``, ``m + (lr - m)(1 + cos(pi (t - k) / d)) / 2`` for ``k < t < k + d``,
+    ``m`` from ``t = k + d`` on.
     """
     kind = schedule["kind"]
     if kind == "constant":
         return tf.constant(lr, dtype)
+    if kind == "warmup_cosine":
+        k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
+        tt = tf.cast(t, dtype)
+        c = lambda v: tf.constant(v, dtype)  # noqa: E731
+        warm = c(lr) * tt / c(float(k))
+        frac = (tt - c(float(k))) / c(float(d))
+        cosine = c(m) + (c(lr) - c(m)) * (c(1.0) + tf.cos(c(math.pi) * frac)) / c(2.0)
+        return tf.where(t <= k, warm, tf.where(t >= k + d, c(m), cosine))
     if kind == "step":
         i = tf.reduce_sum(tf.cast(t > tf.constant(schedule["boundaries"], tf.int64), tf.int32))
         return tf.gather(tf.constant(schedule["values"], dtype), i)
@@ -203,12 +238,15 @@ class _Rule:
     slot_names: tuple[str, ...] = ()
 
     def __init__(self, lr: float, semantics: str, *, schedule: Mapping[str, Any] | None = None,
-                 weight_decay: float = 0.0, decoupled_torch: bool = False) -> None:
+                 weight_decay: float = 0.0, decoupled_torch: bool = False, names: Sequence[str] | None = None,
+                 exclude: frozenset[str] = frozenset()) -> None:
         if semantics not in ("torch", "tf"):
             raise ValueError(f"an exact rule needs semantics torch or tf, got {semantics!r}")
         self.lr, self.semantics = lr, semantics
         self.schedule = dict(schedule or {"kind": "constant"})
         self.wd, self.decoupled_torch = weight_decay, decoupled_torch
+        # optimizer.no_decay: the variables (by canonical name, in build order) that take no weight decay
+        self.names, self.exclude = names, exclude
 
     def _slot_init(self, name: str, v: tf.Variable) -> tf.Tensor:
         return tf.zeros_like(v)
@@ -223,6 +261,8 @@ class _Rule:
             self.slots[s] = lst
         with tf.device(variables[0].device):
             self.t = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        names = self.names if self.names is not None else [None] * len(variables)
+        self.decays = [n not in self.exclude for n in names]
 
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
         self.t.assign_add(1)
@@ -231,7 +271,7 @@ class _Rule:
         for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
             g = tf.cast(g, v.dtype)
             lr = schedule_lr(self.schedule, self.lr, self.t, v.dtype)
-            if self.wd:
+            if self.wd and self.decays[i]:
                 wd = self._c(self.wd, v)
                 if self.semantics == "torch" and self.decoupled_torch:
                     v.assign(v * (self._c(1.0, v) - lr * wd))
@@ -400,11 +440,21 @@ def _keras(spec: Mapping[str, Any]) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def make_optimizer(spec: Mapping[str, Any]) -> Optimizer:
-    """Build the optimizer a validated case's ``optimizer`` section asks for."""
+def make_optimizer(spec: Mapping[str, Any], names: Sequence[str] | None = None) -> Optimizer:
+    """Build the optimizer a validated case's ``optimizer`` section asks for.
+
+    ``names``: the canonical names of the variables :meth:`Optimizer.build` will get, in its order;
+    needed when the section has ``no_decay`` (those parameters take no weight decay: Keras'
+    ``exclude_from_weight_decay`` under ``native``, a mask in the exact rules).
+    """
     name, sem, lr = spec["name"], spec["semantics"], spec["lr"]
+    exclude = frozenset()
+    if spec.get("no_decay"):
+        if names is None:
+            raise ValueError("optimizer.no_decay needs the parameter names: make_optimizer(spec, names)")
+        exclude = no_decay_names(spec, names)
     if sem == "native":
-        return KerasOptimizer(_keras(spec))
+        return KerasOptimizer(_keras(spec), names, exclude)
     rounding = spec.get("keras_rounding", "none")
     if rounding != "none":
         # Keras' rule with Keras' own float32 roundings: Keras' own class, made under that floatx
@@ -412,11 +462,11 @@ def make_optimizer(spec: Mapping[str, Any]) -> Optimizer:
         floatx = keras.config.floatx()
         keras.config.set_floatx("float32" if rounding == "floatx_float32" else "float64")
         try:
-            return KerasOptimizer(_keras(spec))
+            return KerasOptimizer(_keras(spec), names, exclude)
         finally:
             keras.config.set_floatx(floatx)
     kw = {"schedule": spec.get("schedule"), "weight_decay": spec.get("weight_decay", 0.0),
-          "decoupled_torch": name == "adamw"}
+          "decoupled_torch": name == "adamw", "names": names, "exclude": exclude}
     if name == "sgd":
         return SGDRule(lr, sem, **kw)
     if name in ("momentum", "nesterov"):

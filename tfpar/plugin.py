@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.layouts import NamedLayouts
+from parity_tests.contract.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 
@@ -145,7 +145,8 @@ class KerasLayerHooks:
       output as numpy); a pass whose outputs are symbolic (a graph being traced) is dropped;
     * each pass is filed under the tower whose device holds the model's output (``tf.device``
       placement; ``MirroredStrategy`` replicas on their threads too); when every pass ran on one
-      device, the first N passes are the N towers in call order. The first pass per tower is kept.
+      device, the first N passes are the N towers in call order. A tower's first pass is kept, its
+      first k under ``parallel.accumulate: k`` (its micro-batches, rows merged: :meth:`by_tower`).
 
     Inside a ``tf.function`` a layer's outputs are symbolic, so while armed the hooks also set
     ``tf.config.run_functions_eagerly(True)``: the captured step's functions run op by op and the
@@ -231,21 +232,30 @@ class KerasLayerHooks:
                 "kept": shape is not None and tuple(shape) == tuple(out.shape), "fed": fed,
                 "in": None if x is None else _numpy(x), "out": _numpy(out)}
 
-    def by_tower(self, devices: list[str]) -> list[list[dict[str, Any]]] | None:
-        """The first pass of each of the N towers (``devices``), or ``None`` if a tower had none."""
+    def by_tower(self, devices: list[str], micro: int = 1) -> list[list[dict[str, Any]]] | None:
+        """The passes of each of the N towers (``devices``), or ``None`` if a tower had none.
+
+        ``micro``: the case's micro-batches per step (``parallel.accumulate``): a tower's first
+        ``micro`` passes are the rows it read, merged (rows concatenated in call order, as the towers
+        record them); without accumulation its first pass. Every pass on one device: the first N
+        passes are the towers in call order (with micro-batches there, which pass is which tower's
+        cannot be told: the first N, one micro-batch each).
+        """
+        from parity_tests.protocol.plugin_run import merge_passes
+
         n = max(len(devices), 1)
-        mine: list[list[dict[str, Any]] | None] = [None] * n
+        mine: list[list[list[dict[str, Any]]]] = [[] for _ in range(n)]
         if len({d for d, _ in self.passes}) == 1 and n > 1:  # one device for all: call order
             for r, (_, leaves) in enumerate(self.passes[:n]):
-                mine[r] = leaves
+                mine[r] = [leaves]
         else:
             keys = [_device_key(d) for d in devices] or [None]
             for dev, leaves in self.passes:
                 key = _device_key(dev)
                 r = keys.index(key) if key in keys else (0 if n == 1 else None)
-                if r is not None and mine[r] is None:
-                    mine[r] = leaves
-        return mine if all(m is not None for m in mine) else None
+                if r is not None and len(mine[r]) < max(micro, 1):
+                    mine[r].append(leaves)
+        return [merge_passes(m) for m in mine] if all(mine) else None
 
 
 #: the case's canonical slot names -> the Keras optimizer attribute holding them, by Keras class
@@ -376,7 +386,8 @@ class Run(NamedLayouts, RunBase):
                 "acts": None if activations is None else [self._named(a, "record(activations=[...])") for a in activations],
                 "losses": None if device_losses is None else [_numpy(v) for v in device_losses],
                 "inputs": None if device_inputs is None else [_numpy(v) for v in device_inputs],
-                "leaves": self._layers.by_tower(self.devices) if activations is None and self._layers.passes else None,
+                "leaves": self._layers.by_tower(self.devices, int(self.spec["parallel"].get("accumulate", 1)))
+                if activations is None and self._layers.passes else None,
             }
             self._layers.disarm()
         elif self.layer_hooks and self.capture_step == len(self._steps) + 1:
@@ -492,6 +503,9 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
             fn(run)
+    except LayoutError:  # run.to_torch / run.to_tf asked what cannot be told: bad input (tf_worker)
+        remove_files(run._store.close())
+        raise
     except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the tool's
         remove_files(run._store.close())  # nothing of a failed run stays on disk
         raise raised(e, run._begun is not None, len(run._steps), run.steps) from e

@@ -20,8 +20,7 @@ from parity_tests.protocol.vocabulary import LOCAL_COMBINES  # each device appli
 
 from .async_ import run_async
 from .devices import tower_devices
-from .engines import SPECS, by_name
-from .errors import Unsupported
+from .engines import SPECS
 from .local_sgd import run_param_mean
 from .lockstep import run_steps
 from .losses import model_loss
@@ -29,6 +28,7 @@ from .mirrored import run_mirrored
 from .models import build_variables, forward, forward_towers, is_state, needs_towers_fn
 from .optimizers import make_clip, make_optimizer
 from .pipeline import case_batches
+from .refusals import refuse_declared
 from .reuse import CACHE, Built, keyed_spec, structure_key
 from .towers import TowerTrainer
 from .v1 import run_v1
@@ -37,12 +37,6 @@ __all__ = ["IMPLS", "run_case"]
 
 #: the TensorFlow engines this process runs (``tf.multiworker`` is launched one process per worker)
 IMPLS = tuple(s.name for s in SPECS if s.in_process)
-
-
-def _runs_on(runs: Any) -> str:
-    """``"tf.towers and tf.single"``: the in-process engines whose declaration ``runs`` accepts."""
-    names = [s.name for s in SPECS if s.in_process and runs(s)]
-    return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 
@@ -96,24 +90,12 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     if impl not in IMPLS:
         raise ValueError(f"unknown TensorFlow implementation {impl!r}")
     check_payload(payload, impl)  # every key declared (parity_tests.protocol.payload)
-    declared = by_name(impl)  # what the engine declares it runs (tfpar.engines)
-    order = payload["spec"]["data"].get("order", "split")
-    if order not in declared.orders:
-        raise Unsupported("data.order", f"{' or '.join(declared.orders)} for {impl} (data.order {order} runs on"
-                                        f" {_runs_on(lambda s: order in s.orders)})")
-    combine = payload["spec"]["parallel"]["combine"]
-    if combine not in declared.combines:
-        raise Unsupported("parallel.combine", f"{' or '.join(declared.combines)} for {impl} ({combine} runs on"
-                                              f" {_runs_on(lambda s: combine in s.combines)})")
-    if payload["spec"]["parallel"].get("accumulate", 1) > 1 and not declared.accumulate:
-        raise Unsupported("parallel.accumulate", f"1 for {impl} (micro-batch accumulation runs on"
-                                                 f" {_runs_on(lambda s: s.accumulate)})")
-    if combine in LOCAL_COMBINES and impl != "tf.single":  # tf.single: one device, where every rule is the same
+    # what the engine declares it runs (tfpar.engines), refused before anything trains (tfpar.refusals)
+    if not refuse_declared(payload["spec"], impl):  # param_mean, async: each device applies its own updates
+        combine = payload["spec"]["parallel"]["combine"]
         return run_param_mean(payload, progress=progress) if combine == "param_mean" else run_async(payload, progress=progress)
     mixed = payload["spec"]["dtype"] == "mixed_bfloat16"
-    if payload["spec"]["dtype"] not in declared.dtypes:  # Keras' mixed_bfloat16 policy: tfpar.models
-        raise Unsupported("dtype", f"{' or '.join(declared.dtypes)} for {impl} ({payload['spec']['dtype']} runs on"
-                                   f" {_runs_on(lambda s: payload['spec']['dtype'] in s.dtypes)})")
+    order = payload["spec"]["data"].get("order", "split")
     if impl == "tf.v1":
         return run_v1(payload, progress=progress)
     if impl == "tf.mirrored":
@@ -168,7 +150,7 @@ def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, dev
         return losses
 
     trainer = TowerTrainer(
-        loss_fn, variables, make_optimizer(spec["optimizer"]), devices,
+        loss_fn, variables, make_optimizer(spec["optimizer"], list(variables)), devices,
         combine=par["combine"] if par["combine"] not in LOCAL_COMBINES else "grad_mean",
         shard=par["shard"], weighting=par["weighting"],
         clip=make_clip(spec),

@@ -74,17 +74,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.contract.model import nested_layers
 from parity_tests.protocol.recorder import Recorder
 
 from .combine import tower_weights
 from .devices import session_config, tower_devices
-from .engines import by_name
-from .errors import Unsupported, refuse_unimplemented
 from .losses import model_loss
 from .models import forward, is_state, recording_activations
 from .optimizers import make_clip
 from .pipeline import case_batches
+from .refusals import refuse_v1 as check_supported  # one place for every refusal (tfpar.refusals)
 from .sharding import shard_sizes, split_batch
 from .towers import _micro_mean as towers_micro_mean
 
@@ -453,26 +451,6 @@ def make_v1_optimizer(spec: Mapping[str, Any]) -> v1.train.Optimizer:
         raise ValueError(f"no tf.compat.v1 optimizer for {name!r}")
     return ExactRuleOptimizer(name, sem, spec)
 
-
-def check_supported(spec: Mapping[str, Any]) -> None:
-    """Refuse what the v1 runner does not implement, naming the case field.
-
-    Raises:
-        Unsupported: naming the field, for an optimizer other than sgd,
-            momentum or adam, a learning-rate schedule, weight decay, or
-            ``parallel.batch_norm: sync`` (the classic towers normalise each
-            tower with its own statistics).
-    """
-    refuse_unimplemented(spec, "tf.v1", optimizers=by_name("tf.v1").optimizers, schedules=False, weight_decay=False,
-                         clip=True, layers=True, loss_options=True)
-    has_bn = any(layer["type"] == "batch_norm" for _, layer in nested_layers(spec["model"]["layers"]))
-    if has_bn and spec["parallel"].get("accumulate", 1) > 1:
-        raise Unsupported("parallel.accumulate", "1 for tf.v1 with batch norm (the k moving-statistics updates of a"
-                          " step would need chaining by control dependencies; tf.towers and tf.mirrored accumulate"
-                          " with batch norm)")
-    if has_bn and spec["parallel"].get("batch_norm", "local") == "sync":
-        raise Unsupported("parallel.batch_norm", "local for tf.v1 (the classic towers normalise each tower with its"
-                          " own shard's statistics; tf.towers has sync)")
 
 
 def run_v1(payload: Mapping[str, Any], *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:

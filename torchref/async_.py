@@ -69,7 +69,7 @@ def train_rank_async(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.
     named = model.canonical()
     params = list(named.values())
     server = r == 0
-    opt = make_optimizer(spec["optimizer"], params) if server else None
+    opt = make_optimizer(spec["optimizer"], params, named) if server else None
     sched = make_scheduler(spec["optimizer"], opt) if server else None
     clip = par.get("clip")  # validated: per_device only
     batch = spec["data"]["global_batch"]

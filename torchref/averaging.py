@@ -84,7 +84,7 @@ def train_rank_param_mean(ctx: RankContext, payload: dict[str, Any]) -> dict[str
     dtype, x, y = _arrays(payload)
     masks = _masks(payload)
     model = CaseModel(model_spec["layers"], payload["init"], dtype)
-    opt = make_optimizer(spec["optimizer"], model.parameters())
+    opt = make_optimizer(spec["optimizer"], model.parameters(), model.canonical())
     sched = make_scheduler(spec["optimizer"], opt)
     clip = par.get("clip")  # validated: per_device only
     named = model.canonical()

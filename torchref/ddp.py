@@ -195,7 +195,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # are views of DDP's buckets (gradient_as_bucket_view): the same values in one copy of the model
     # instead of two (the buckets and .grad), what DDP's docs advise for memory
     ddp = DDP(model, process_group=ctx.group, gradient_as_bucket_view=True)
-    opt = make_optimizer(spec["optimizer"], model.parameters())
+    opt = make_optimizer(spec["optimizer"], model.parameters(), model.canonical())
     sched = make_scheduler(spec["optimizer"], opt)
     load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state
     clip, clip_sem = par.get("clip"), spec["optimizer"]["semantics"]
@@ -330,7 +330,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     weights = _weights(payload, dtype)
     model = CaseModel(model_spec["layers"], payload["init"], dtype, batch_norm=spec["parallel"].get("batch_norm", "local"),
                       compute=_compute(spec))
-    opt = make_optimizer(spec["optimizer"], model.parameters())
+    opt = make_optimizer(spec["optimizer"], model.parameters(), model.canonical())
     sched = make_scheduler(spec["optimizer"], opt)
     load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state
     clip = spec["parallel"].get("clip")

@@ -8,11 +8,16 @@ training program sets process-wide:
 
 * random state: torch's generator seeded with the case seed (as the tool always did),
   numpy's and Python's global generators seeded with it too;
-* ``torch.get_default_dtype()`` (float32), grad mode on, anomaly detection off;
+* ``torch.get_default_dtype()`` (float32), no default device, grad mode on, anomaly
+  detection off, subnormals kept (``set_flush_denormal(False)``), ``set_warn_always``,
+  autograd's multithreading and ``torch.utils.deterministic.fill_uninitialized_memory``;
 * the determinism settings of :func:`torchref.determinism.configure` (one intra-op
-  thread, ``use_deterministic_algorithms(True)``; off for a run whose plugin says
-  ``deterministic=False``), ``torch.backends.cudnn`` ``deterministic``/``benchmark`` and
-  the float32 matmul precision, as they were when the rank started;
+  thread: the tool's own setting, kept on purpose; ``use_deterministic_algorithms(True)``;
+  off for a run whose plugin says ``deterministic=False``);
+* every float32 precision setting of ``torch.backends`` as the rank started with it: the
+  float32 matmul precision, the per-backend ``fp32_precision`` (cuda, cudnn, mkldnn), TF32
+  (``cuda.matmul.allow_tf32``, ``cudnn.allow_tf32``), the reduced-precision reductions,
+  ``cudnn``/``mkldnn``/``opt_einsum`` on or off, ``cudnn.deterministic``/``benchmark``;
 * the process groups the run created (``dist.new_group``) are destroyed after it: the
   pool's own groups stay;
 * the user's modules the run imported (its plugin file, the sibling modules it imports:
@@ -27,6 +32,7 @@ their start, that none is left from the run before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import sys
 from collections.abc import Iterator
@@ -40,13 +46,44 @@ from .determinism import configure
 __all__ = ["fresh_run", "job_world", "PRISTINE"]
 
 
+#: torch.backends' float32 precision settings: the per-backend ``fp32_precision`` of torch 2.9+ and the
+#: older flags beside them (``allow_tf32``, reduced-precision reductions, which kernels are on). A
+#: program may set any of them (``torch.backends.cuda.matmul.allow_tf32 = True``,
+#: ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``: float32 matmuls in bfloat16 on a CPU
+#: with AMX); the ones this torch lacks are skipped
+_PRECISION = ("fp32_precision", "cuda.matmul.fp32_precision", "cudnn.fp32_precision", "cudnn.conv.fp32_precision",
+              "cudnn.rnn.fp32_precision", "mkldnn.fp32_precision", "mkldnn.matmul.fp32_precision",
+              "mkldnn.conv.fp32_precision", "mkldnn.rnn.fp32_precision")
+_FLAGS = ("cuda.matmul.allow_tf32", "cuda.matmul.allow_fp16_reduced_precision_reduction",
+          "cuda.matmul.allow_bf16_reduced_precision_reduction", "cudnn.enabled", "cudnn.deterministic",
+          "cudnn.benchmark", "cudnn.allow_tf32", "mkldnn.enabled", "opt_einsum.enabled")
+
+
+def _owner(path: str) -> tuple[Any, str]:
+    *parts, name = path.split(".")
+    return functools.reduce(getattr, parts, torch.backends), name
+
+
+def _present(path: str) -> bool:
+    try:
+        owner, name = _owner(path)
+        getattr(owner, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 def _settings() -> dict[str, Any]:
-    return {
-        "matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-    }
+    """Every process-wide torch setting :func:`fresh_run` puts back, as this process has it now."""
+    out: dict[str, Any] = {"matmul_precision": torch.get_float32_matmul_precision()}
+    for path in (*_PRECISION, *_FLAGS):
+        if _present(path):
+            owner, name = _owner(path)
+            out[path] = getattr(owner, name)
+    out["warn_always"] = torch.is_warn_always_enabled()
+    out["autograd_multithreading"] = torch.autograd.is_multithreading_enabled()
+    out["fill_uninitialized_memory"] = torch.utils.deterministic.fill_uninitialized_memory
+    return out
 
 
 #: the settings as this rank has them before any run (taken at import: the forkserver's, which every rank inherits)
@@ -55,15 +92,22 @@ PRISTINE = _settings()
 
 def _reset(seed: int, deterministic: bool) -> None:
     torch.set_default_dtype(torch.float32)
+    torch.set_default_device(None)  # a fresh process has none (tensors on the CPU)
     torch.set_grad_enabled(True)
     torch.autograd.set_detect_anomaly(False)
     configure()
     if not deterministic:
         torch.use_deterministic_algorithms(False)
+    # the older calls first (each sets per-backend precisions of its own), then every fp32_precision as it was
     torch.set_float32_matmul_precision(PRISTINE["matmul_precision"])
-    torch.backends.cudnn.deterministic = PRISTINE["cudnn_deterministic"]
-    torch.backends.cudnn.benchmark = PRISTINE["cudnn_benchmark"]
-    torch.backends.cudnn.allow_tf32 = PRISTINE["cudnn_tf32"]
+    for path in (*_FLAGS, *_PRECISION):
+        if path in PRISTINE:
+            owner, name = _owner(path)
+            setattr(owner, name, PRISTINE[path])
+    torch.set_flush_denormal(False)  # no getter: a fresh process keeps subnormals
+    torch.set_warn_always(PRISTINE["warn_always"])
+    torch.autograd.set_multithreading_enabled(PRISTINE["autograd_multithreading"])
+    torch.utils.deterministic.fill_uninitialized_memory = PRISTINE["fill_uninitialized_memory"]
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.contract.layouts import NamedLayouts
-from parity_tests.protocol.plugin_run import RunBase
+from parity_tests.contract.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.plugin_run import RunBase, merge_passes
 from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
 from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy
 from parity_tests.protocol.rows import remove_files, set_spill_threshold, spill_threshold
@@ -171,6 +171,13 @@ def _numpy(v: Any) -> np.ndarray:
     return np.array(v, copy=True)
 
 
+def _norm(v: Any) -> float:
+    """``||v||_2`` of a reported gradient (a tensor or an array), in float64."""
+    if isinstance(v, torch.Tensor):
+        return float(torch.linalg.vector_norm(v.detach().to(torch.float64)))
+    return float(np.linalg.norm(np.asarray(v, np.float64).ravel()))
+
+
 def _digest(a: np.ndarray) -> str:
     h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
     h.update(np.ascontiguousarray(a).tobytes())
@@ -201,7 +208,7 @@ def _channels_last(module: torch.nn.Module, x: torch.Tensor | None, out: torch.T
 
 
 class LayerHooks:
-    """Every leaf module's output in a step's first training forward pass, with nothing written by the user.
+    """Every leaf module's output in a step's training forward passes, with nothing written by the user.
 
     Two process-wide hooks (``torch.nn.modules.module.register_module_forward_pre_hook`` and
     ``register_module_forward_hook``) see every module call. Which calls are the model's:
@@ -219,8 +226,12 @@ class LayerHooks:
       tensor the previous leaf returned, unchanged (else some code ran between them:
       ``torch.relu`` in a ``forward``, or in place), and its input and output (detached copies,
       TensorFlow layout: :func:`_channels_last`);
-    * only the first pass is kept (:attr:`leaves`): the forward whose loss the step differentiates.
-      Gradient accumulation over micro-batches, or a second forward in the step, is not merged.
+    * the passes the step backpropagates through are its rows (:attr:`leaves`): a gradient hook on
+      each pass's output marks the passes whose output received a gradient, and theirs are merged,
+      rows concatenated in call order: k micro-batches of gradient accumulation are the k x n rows
+      the rank read, as the towers record them. A forward nothing differentiates (a logged
+      evaluation with autograd on, a second look at the same rows) is not a micro-batch and is not
+      merged; where no pass was backpropagated (a forward alone, in a test) the first pass stands.
 
     Matching the root by the parameters given to ``run.begin`` would need the tensors themselves,
     and plugins pass copies (``run.to_tf`` of a parameter, numpy arrays); the outermost call is
@@ -230,7 +241,8 @@ class LayerHooks:
 
     def __init__(self) -> None:
         self.armed = False
-        self.leaves: list[dict[str, Any]] | None = None
+        #: every pass made while armed, with a flag set when its output received a gradient
+        self.passes: list[tuple[list[dict[str, Any]], list[bool]]] = []
         self._depth = 0
         self._pass: list[dict[str, Any]] | None = None
         self._root: torch.nn.Module | None = None
@@ -253,8 +265,16 @@ class LayerHooks:
             h.remove()
         self._handles, self._pass, self._root, self._last, self._depth = [], None, None, None, 0
 
+    @property
+    def leaves(self) -> list[dict[str, Any]] | None:
+        """The step's leaves: the backpropagated passes merged (rows concatenated), or the first pass; ``None``: no pass."""
+        if not self.passes:
+            return None
+        used = [leaves for leaves, hit in self.passes if hit[0]]
+        return merge_passes(used) if used else self.passes[0][0]
+
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if (self._depth == 0 and self.armed and self.leaves is None and torch.is_grad_enabled()
+        if (self._depth == 0 and self.armed and torch.is_grad_enabled()
                 and next(module.parameters(), None) is not None):
             self._root, self._pass = module, []
             self._names = {id(m): n for n, m in module.named_modules()}
@@ -268,7 +288,11 @@ class LayerHooks:
             self._leaf(module, _first_tensor(args), _first_tensor(output))
         if self._depth == 0:  # the root returns: the pass is complete (an exception: nothing is kept)
             if module is self._root and output is not None:
-                self.leaves = self._pass
+                hit = [False]
+                out = _first_tensor(output)
+                if out is not None and out.requires_grad:  # set when the step's backward reaches this pass
+                    out.register_hook(lambda g, hit=hit: hit.__setitem__(0, True))
+                self.passes.append((self._pass, hit))
             self._pass, self._root, self._last = None, None, None
 
     def _leaf(self, module: torch.nn.Module, x: torch.Tensor | None, out: torch.Tensor | None) -> None:
@@ -317,6 +341,7 @@ class Run(NamedLayouts, RunBase):
         self.rank, self.world_size, self.group = rank, world_size, group
         self._beat: Callable[[], None] = lambda: None
         self._hooked: dict[str, np.ndarray] = {}
+        self._grad_norms: list[dict[str, float]] = []  # per step: {name: |g|} of the gradient this rank applied
         self._layers = LayerHooks()
 
     def hook_gradients(self, ddp: Any, params: Mapping[str, torch.nn.Parameter], scale: float = 1.0) -> None:
@@ -429,6 +454,9 @@ class Run(NamedLayouts, RunBase):
         this step, ``{"step": t, "slots": {slot: {name: value}}}`` (TF layouts).
         """
         self._record(loss, params, grads, state, optimizer_state)
+        # each parameter's |g| of the gradient this rank applied: where replicas part, the judge says which
+        # ranks applied what (issue 37; only rank 0's arrays come back, the others' digests and these norms)
+        self._grad_norms.append({} if grads is None else {str(k): _norm(v) for k, v in grads.items()})
         if self.capture_step == len(self._steps):
             device_grads = self._hooked or None if device_grads is None else device_grads
             self._device = {"grads": None if device_grads is None else self._named(device_grads, "record(device_grads=...)"),
@@ -441,7 +469,8 @@ class Run(NamedLayouts, RunBase):
 
     # ------------------------------------------------------------- optimizer state (lockstep)
     @torch.no_grad()
-    def use_optimizer(self, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> None:
+    def use_optimizer(self, optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
+                      scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
         """Hand your ``torch.optim`` optimizer to the tool (once, before the first step); ``params``: ``{name: parameter}``.
 
         Under ``tfpar compare --lockstep`` every step runs alone from the reference's state of the
@@ -451,15 +480,21 @@ class Run(NamedLayouts, RunBase):
         optimizer. The slots, by the case's optimizer: ``momentum`` (``momentum_buffer``), ``m``,
         ``v`` (``exp_avg``, ``exp_avg_sq``; AMSGrad also ``v_max``: ``max_exp_avg_sq``),
         ``square_avg``, ``grad_avg``, ``accumulator`` (Adagrad's ``sum``); any other optimizer (one
-        only plugins know) every tensor of its state but ``step``, by its key (``acc_delta``). A
-        learning-rate scheduler of your own: move it to ``run.optimizer_state["step"]``. A
-        hand-written rule: read :attr:`optimizer_state` yourself and pass
+        only plugins know) every tensor of its state but ``step``, by its key (``acc_delta``).
+        ``scheduler``: your learning-rate scheduler over ``optimizer``, made fresh (a ``LambdaLR``,
+        or ``SequentialLR(LinearLR, CosineAnnealingLR)``, whose recursive rates have no closed form
+        to jump with): it is stepped ``run.optimizer_state["step"]`` times, to where that many
+        updates leave it (``torchref.optimizers.advance``). A hand-written rule: read :attr:`optimizer_state` yourself and pass
         ``run.record(..., optimizer_state=...)`` after the last step.
         """
         self._optimizer = (optimizer, dict(params))
         state = self.optimizer_state
         if state is None or not state.get("step"):
             return
+        if scheduler is not None:
+            from .optimizers import advance
+
+            advance(scheduler, int(state["step"]))
         keys = _torch_slot_keys(optimizer, self.spec["optimizer"])
         for name, p in params.items():
             st = optimizer.state[p]
@@ -495,9 +530,11 @@ class Run(NamedLayouts, RunBase):
         spill = self._store.close()
         if full:
             return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device,
-                    "spill": spill, "opt_export": self._export() if self._export_optimizer else None}
+                    "spill": spill, "opt_export": self._export() if self._export_optimizer else None,
+                    "grad_norms": self._grad_norms}
         remove_files(spill)
-        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device}
+        return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device,
+                "grad_norms": self._grad_norms}
 
 
 #: the plugin modules this rank saw import TensorFlow: refused on every later run too, not only
@@ -580,6 +617,9 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
             run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
         try:
             fn(run)
+        except LayoutError as e:  # run.to_torch / run.to_tf asked what cannot be told: bad input, one line
+            remove_files(run._store.close())
+            raise PluginInputError(e.line()) from None
         except (Exception, SystemExit) as e:  # sys.exit() in a program is its end, not the rank's
             remove_files(run._store.close())  # nothing of a failed run stays on disk
             raise _raised(e, run) from None

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = [
     "layer_norm_epsilon", "gelu", "attention_mask", "attention_layout", "embedding_sparse_moments",
     "same_padding", "sync_batch_norm", "weight_decay", "bf16_residual", "loss_scale",
-    "attention_key_bias", "tiny_vit_drift", "token_cross_entropy",
+    "attention_key_bias", "tiny_vit_drift", "token_cross_entropy", "warmup_cosine",
 ]
 
 

@@ -31,7 +31,7 @@ from parity_tests.contract.model import (
     validate_external_model,
     validate_model,
 )
-from parity_tests.contract.optimizer import SEMANTICS, validate_optimizer
+from parity_tests.contract.optimizer import SEMANTICS, check_no_decay, validate_optimizer
 from parity_tests.contract.parallel import (
     COMBINES,
     SHARDS,
@@ -560,6 +560,7 @@ def case_from_dict(
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
     base = Path(base_dir) if base_dir is not None else None
     specs = param_specs(in_shape, model["layers"])
+    check_no_decay(optimizer, [sp.name for sp in specs if sp.trainable])
     n_params = sum(int(np.prod(sp.shape)) for sp in specs)
     if n_params > MAX_PARAMETERS:
         raise CaseError("model.layers", f"at most {MAX_PARAMETERS:,} parameter values in all (this model has {n_params:,})")
@@ -612,6 +613,7 @@ def _external_case(raw: dict, name: str, dtype: str, base_dir: Any, x: Any, y: A
     seed = integer(raw.get("seed", 0), "seed", 0, 2**32 - 1)
     base = Path(base_dir) if base_dir is not None else None
     init_spec, init_arrays = _external_init(obj(need(raw, "init", ""), "init"), base, init)
+    check_no_decay(optimizer, sorted(init_arrays))  # the plugins' own names (their non-trainable state too)
     data_spec, xs, ys, perms = _external_data(need(raw, "data", ""), base, steps, parallel["devices"],
                                               (x, y, perm) if x is not None else None)
     if data_spec.get("order") == "distributed_sampler":  # the padded list is dealt out like cards (strided)

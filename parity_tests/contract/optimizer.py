@@ -24,7 +24,19 @@ torch's under ``torch``, Keras' under ``tf`` and ``native`` (see
   steps ``1..b0`` use ``v0``, steps ``b0+1..b1`` use ``v1``, ..., steps after
   the last boundary the last value. ``lr`` may be left out (it is ``v0``);
   given, it must equal ``v0``;
-* ``{"kind": "warmup_linear", "warmup_steps": k}``: ``lr * min(1, t / k)``.
+* ``{"kind": "warmup_linear", "warmup_steps": k}``: ``lr * min(1, t / k)``;
+* ``{"kind": "warmup_cosine", "warmup_steps": k, "decay_steps": d, "min_lr": m}``: ``lr t / k`` for
+  ``t <= k``, then ``m + (lr - m) (1 + cos(pi (t - k) / d)) / 2`` up to step ``k + d`` (which is at
+  ``m``), ``m`` after (``protocol.hyper.cosine_lr``). ``k >= 1``, ``d >= 1``, ``0 <= m <= lr``
+  (a decay: the tool's limit, from ``torch.optim.lr_scheduler.ConstantLR``'s factor ``m / lr``
+  in [0, 1], which holds the rate at ``m`` after the decay under ``native``).
+
+``no_decay`` (an extension beyond the case contract; docs/optimizers.md "Parameter groups"): a list
+of patterns naming parameters that take no weight decay, each a parameter kind (``bias``,
+``gamma``: the last part of a canonical name) or a glob over the whole name (``3.*``),
+``protocol.optimizer_state.pattern_matches``: what a GPT trainer's decay / no-decay parameter
+groups say. Every pattern must name a trainable parameter of the model (the case checks it,
+``check_no_decay``). Kept in the spec only when given.
 
 Accepted ranges (:data:`CHECKS`, :func:`accepted_range`): a value is accepted
 exactly when both frameworks' own classes accept it (``torch.optim.*``'s and
@@ -39,7 +51,7 @@ semantics. Where neither framework checks, the tool's own limit is named
 * RMSprop with ``epsilon == 0`` and ``rho == 1`` (the square average stays 0),
   or ``centered`` with ``rho == 0`` (``s - a^2 = g^2 - g^2 = 0``): every update
   divides by zero, for every gradient;
-* ``lr == 0`` (or a first step value of 0) with a ``step`` or ``warmup_linear``
+* ``lr == 0`` (or a first step value of 0) with a ``step``, ``warmup_linear`` or ``warmup_cosine``
   schedule: the torch side's ``LambdaLR`` factor is ``lr_t / lr``
   (``torchref.optimizers.make_scheduler``).
 
@@ -63,17 +75,23 @@ from typing import Any
 
 from parity_tests.contract.fields import choice, integer, need, no_extra, obj
 from parity_tests.protocol.errors import CaseError
-from parity_tests.protocol.optimizer_state import HYPERPARAMETERS, OPTIMIZERS, plugins_only
+from parity_tests.protocol.optimizer_state import (
+    HYPERPARAMETERS,
+    OPTIMIZERS,
+    pattern_matches,
+    plugins_only,
+)
 
 __all__ = ["SEMANTICS", "SCHEDULES", "DEFAULTS", "Check", "CHECKS", "TORCH_CLASS", "KERAS_CLASS", "KERAS_ROUNDING",
-           "accepted_range", "validate_optimizer", "validate_schedule", "builtin_refusal"]
+           "accepted_range", "validate_optimizer", "validate_schedule", "builtin_refusal", "check_no_decay",
+           "case_fields_for"]
 
 SEMANTICS = ("native", "torch", "tf")
-SCHEDULES = ("constant", "step", "warmup_linear")
+SCHEDULES = ("constant", "step", "warmup_linear", "warmup_cosine")
 
 # the hyperparameters each optimizer takes besides lr, in the order they are listed
 _ALL_HP = ("momentum", "beta1", "beta2", "epsilon", "weight_decay", "rho", "centered", "initial_accumulator")
-_OPT_KEYS = {"name", "lr", "semantics", "schedule", "keras_rounding", *_ALL_HP}
+_OPT_KEYS = {"name", "lr", "semantics", "schedule", "keras_rounding", "no_decay", *_ALL_HP}
 #: ``keras_rounding`` (``semantics: tf`` only): which hyperparameters pass through float32 in a float64
 #: run, as a Keras optimizer made under that ``keras.config.floatx()`` rounds them (the judge's mapping
 #: of a Keras side: ``judging.theory.KERAS_ROUNDED``); ``none``: every hyperparameter exact
@@ -234,6 +252,12 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:  # noqa: C901
         no_extra(s, {"kind", "warmup_steps"}, "optimizer.schedule")
         k = integer(need(s, "warmup_steps", "optimizer.schedule"), "optimizer.schedule.warmup_steps", 1, 10_000_000)
         return {"kind": "warmup_linear", "warmup_steps": k}
+    if kind == "warmup_cosine":
+        no_extra(s, {"kind", "warmup_steps", "decay_steps", "min_lr"}, "optimizer.schedule")
+        k = integer(need(s, "warmup_steps", "optimizer.schedule"), "optimizer.schedule.warmup_steps", 1, 10_000_000)
+        d = integer(need(s, "decay_steps", "optimizer.schedule"), "optimizer.schedule.decay_steps", 1, 10_000_000)
+        m = _checked(need(s, "min_lr", "optimizer.schedule"), "optimizer.schedule.min_lr", _MIN_LR)
+        return {"kind": "warmup_cosine", "warmup_steps": k, "decay_steps": d, "min_lr": m}
     no_extra(s, {"kind", "boundaries", "values"}, "optimizer.schedule")
     bounds = need(s, "boundaries", "optimizer.schedule")
     if not isinstance(bounds, list) or not bounds:
@@ -252,6 +276,19 @@ def validate_schedule(s: Any, name: str = "sgd") -> dict:  # noqa: C901
     lr_checks = CHECKS[name]["lr"] if name in CHECKS else _PLUGIN_LR
     out_v = [_checked(v, f"optimizer.schedule.values[{i}]", lr_checks) for i, v in enumerate(values)]
     return {"kind": "step", "boundaries": out_b, "values": out_v}
+
+
+#: the checks on ``warmup_cosine``'s ``min_lr`` (its upper limit, ``lr``, is checked with the case's lr)
+_MIN_LR = (Check("tfpar", "min_lr", "<", 0.0, "a learning rate is a number >= 0"),)
+
+
+def _min_lr_at_most_lr(schedule: dict, lr: float) -> None:
+    """``warmup_cosine`` decays: ``min_lr <= lr`` (the module docstring says why)."""
+    if schedule["kind"] == "warmup_cosine" and schedule["min_lr"] > lr:
+        raise CaseError("optimizer.schedule.min_lr", f"a number <= lr {lr!r} (tfpar: warmup_cosine decays from lr to"
+                        " min_lr; under native the torch side holds min_lr with ConstantLR(factor=min_lr / lr), and"
+                        " torch.optim.lr_scheduler.ConstantLR refuses a factor > 1: 'Constant multiplicative factor"
+                        " expected to be between 0 and 1')", schedule["min_lr"])
 
 
 def validate_optimizer(o: Any) -> dict:
@@ -289,6 +326,7 @@ def _strict(o: dict) -> dict:
         raise CaseError(where, f"a number > 0 with a {schedule['kind']} schedule (tfpar refuses lr 0 there: the torch"
                         " side's LambdaLR factor is lr_t / lr, torchref.optimizers.make_scheduler; torch.optim and"
                         " Keras accept 0, and a constant schedule takes it)", lr)
+    _min_lr_at_most_lr(schedule, lr)
     out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
     defaults = DEFAULTS[name]["torch" if semantics == "torch" else "tf"]
     for key in allowed:
@@ -296,6 +334,8 @@ def _strict(o: dict) -> dict:
     if name == "rmsprop":
         _rmsprop_divides_by_zero(out)
     out["schedule"] = schedule
+    if "no_decay" in o:
+        out["no_decay"] = _no_decay(o["no_decay"])
     rounding = choice(o.get("keras_rounding", "none"), "optimizer.keras_rounding", KERAS_ROUNDING)
     if rounding != "none":  # carried only when it changes something, so other cases keep their spec
         if semantics != "tf":
@@ -323,8 +363,11 @@ def _as_data(o: dict) -> dict:
     lr_default = schedule["values"][0] if schedule["kind"] == "step" else None
     lr = _checked(o["lr"] if "lr" in o else (lr_default if lr_default is not None else need(o, "lr", "optimizer")),
                   "optimizer.lr", _PLUGIN_LR)
+    _min_lr_at_most_lr(schedule, lr)
     out: dict[str, Any] = {"name": name, "semantics": semantics, "lr": lr}
-    for key in sorted(set(o) - {"name", "semantics", "lr", "schedule"}):
+    if "no_decay" in o:
+        out["no_decay"] = _no_decay(o["no_decay"])
+    for key in sorted(set(o) - {"name", "semantics", "lr", "schedule", "no_decay"}):
         v, path = o[key], f"optimizer.{key}"
         if not isinstance(key, str) or not key.isidentifier():
             raise CaseError("optimizer", "hyperparameter names like identifiers", key)
@@ -335,6 +378,59 @@ def _as_data(o: dict) -> dict:
         else:
             raise CaseError(path, "a finite number, true/false or a short string (kept as data for the plugins)", v)
     out["schedule"] = schedule
+    return out
+
+
+def _no_decay(v: Any) -> list[str]:
+    """``optimizer.no_decay``: a non-empty list of distinct, non-empty patterns (module docstring)."""
+    if not isinstance(v, list) or not v or len(v) > 64:
+        raise CaseError("optimizer.no_decay", "a list of 1 to 64 parameter patterns (a kind such as \"bias\", or a"
+                        " glob over canonical names such as \"3.*\")", v)
+    for i, p in enumerate(v):
+        if not isinstance(p, str) or not p or len(p) > 200 or p != p.strip():
+            raise CaseError(f"optimizer.no_decay[{i}]", "a non-empty pattern without surrounding spaces", p)
+    if len(set(v)) != len(v):
+        raise CaseError("optimizer.no_decay", "distinct patterns", v)
+    return list(v)
+
+
+def check_no_decay(optimizer: dict, names: list[str]) -> None:
+    """Every ``optimizer.no_decay`` pattern names at least one of the model's trainable parameters ``names``.
+
+    A pattern that names none is a typo (``biases``), not a decision: one line naming it and the names there are.
+    """
+    for i, p in enumerate(optimizer.get("no_decay") or ()):
+        if not any(pattern_matches(p, n) for n in names):
+            shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+            raise CaseError(f"optimizer.no_decay[{i}]", f"a pattern naming a trainable parameter (the model's: {shown})",
+                            p)
+
+
+#: hyperparameter names of a plugins-only optimizer that say what a case field already says (GPT trainers'
+#: ``grad_clip``, ``gradient_accumulation_steps``, ``no_decay_params``, ``warmup_iters``): the field, and how
+_CASE_FIELDS = (
+    (("clip",), 'parallel.clip {"global_norm": c, "where": "after_combine"}'),
+    (("accum", "micro_batch", "microbatch"), "parallel.accumulate: k"),
+    (("decay_exclude", "exclude_from", "no_decay", "nodecay", "param_group"), 'optimizer.no_decay: ["bias", ...]'),
+    (("warmup", "cosine", "decay_steps", "decay_iters", "min_lr"),
+     'optimizer.schedule {"kind": "warmup_cosine", "warmup_steps": k, "decay_steps": d, "min_lr": m}'),
+)
+
+
+def case_fields_for(optimizer: dict) -> list[str]:
+    """For a plugins-only ``optimizer``, each key that a case field expresses, with that field (one text each).
+
+    ``{"name": "adamw", ..., "grad_clip": 1.0}`` gives ``['optimizer.grad_clip: parallel.clip {...}']``: said
+    there, the optimizer is one the tool knows and theory predicts what it does.
+    """
+    known = {"name", "lr", "semantics", "schedule", "keras_rounding", "no_decay"}
+    out = []
+    for key in sorted(set(optimizer) - known):
+        low = key.lower()
+        for words, field in _CASE_FIELDS:
+            if any(w in low for w in words):
+                out.append(f"optimizer.{key}: {field}")
+                break
     return out
 
 

@@ -175,6 +175,16 @@ class Comparison:
     atol: float = 0.0
     equal_nan: bool = False
 
+    def __repr__(self) -> str:
+        """One line (``Comparison(ok, 7 arrays, ...)``), never the per-step gaps: :meth:`message` has the details."""
+        first = "" if self.mismatch is None else (f"; first mismatch: {describe_step(self.mismatch.key, self.mismatch.step)},"
+                                                  f" {describe_key(self.mismatch.key)}")
+        missing = len(self.missing_in_a) + len(self.missing_in_b) + len(self.shape_mismatches)
+        return (f"Comparison({'ok' if self.ok else 'NOT ok'}, {len(self.compared)} arrays compared,"
+                f" greatest absolute difference {self.max_abs:.3g}, relative {self.max_rel:.3g}"
+                f" (rtol {self.rtol:g}, atol {self.atol:g}){f'; {missing} arrays missing or misshapen' if missing else ''}"
+                f"{first})")
+
     def message(self) -> str:
         """One line when the trajectories agree; otherwise every problem, the first mismatch last."""
         if self.ok:

@@ -45,7 +45,8 @@ from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.protocol.rows import RowArray, row_norms
 
-__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at", "with_layer"]
+__all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at", "with_layer",
+           "float32_sized", "FLOAT32_U"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
 _REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
@@ -97,6 +98,49 @@ def _loss_at(verdict: Any, a: Mapping[str, Any], b: Mapping[str, Any], step: int
     return float(gaps[step - 1]), float(bounds[step - 1])
 
 
+#: float32's unit roundoff, 2^-24: the relative size of one float32 rounding
+FLOAT32_U = 2.0 ** -24
+
+
+def float32_sized(gap: float | None, dtype: Any) -> str:
+    """A note for a gap of float32 rounding size in a float64 run, else ``""``.
+
+    A float64 run rounds by ``2^-53`` relative; its bound allows the accumulation of that over the run
+    (far below 1e-9: docs/tolerance.md). A gap between ``2^-30`` and ``2^-20`` (1/64 to 16 float32
+    roundings, 9.3e-10 to 9.5e-7) at the first stage that breaks is what one value computed in float32
+    in the middle of a float64 computation gives (``1 / num_tokens`` of a float32 count, a float32
+    constant, a framework op that casts): said so, with the gap in units of ``2^-24``, because no
+    float64 arithmetic makes it. A real bug that happens to move a value by that much is rare; the
+    note says what the size is, the stage and name say where.
+    """
+    if gap is None or not np.isfinite(gap) or np.dtype(dtype) != np.float64:
+        return ""
+    if not 2.0 ** -30 <= gap <= 2.0 ** -20:
+        return ""
+    return (f"; a gap of float32 rounding size ({gap / FLOAT32_U:.2g} x 2^-24 relative) in a float64 run:"
+            " something computes in float32 (a float32 constant or count, a cast, a framework op in float32)")
+
+
+def _run_dtype(traj: Mapping[str, Any], prefixes: tuple[str, ...] = ("param/", "grad/")) -> Any:
+    """The floating dtype a run computed in, read from its first parameter (or gradient) array."""
+    for key in traj:
+        if isinstance(key, str) and key.startswith(prefixes):
+            dt = getattr(traj[key], "dtype", None)
+            if dt is not None and np.dtype(dt).kind == "f":
+                return np.dtype(dt)
+    return np.dtype(np.float32)
+
+
+def _with_size_note(where: dict[str, Any], *trajs: Mapping[str, Any], prefixes: tuple[str, ...] = ("param/", "grad/")
+                    ) -> dict[str, Any]:
+    """``where`` with :func:`float32_sized`'s note when both runs are float64 (the widest of the two decides)."""
+    if where.get("stage") is None:
+        return where
+    dtypes = [_run_dtype(t, prefixes) for t in trajs]
+    note = float32_sized(where.get("gap"), np.float64 if all(d == np.float64 for d in dtypes) else np.float32)
+    return {**where, "explanation": where["explanation"] + note} if note else where
+
+
 def _result(step: int | None, stage: str | None, device: int | None, name: str | None, gap: float, bound: float,
             explanation: str) -> dict[str, Any]:
     finite = lambda v: float(v) if np.isfinite(v) else None  # noqa: E731  (JSON has no inf)
@@ -112,8 +156,14 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
         verdict: the pair's :class:`~parity_tests.judging.verdict.Verdict` (its bounds are used).
     Returns:
         ``{"first_bad_step", "stage", "device", "name", "gap", "bound", "explanation"}``;
-        ``first_bad_step`` and ``stage`` are ``None`` when no channel is over its bound.
+        ``first_bad_step`` and ``stage`` are ``None`` when no channel is over its bound. A gap of
+        float32 rounding size in float64 runs is named (:func:`float32_sized`).
     """
+    return _with_size_note(_localise(a, b, verdict), a, b)
+
+
+def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
+    """:func:`localise` before the note on gaps of float32 size."""
     for finding in [*getattr(a, "findings", ()), *getattr(b, "findings", ())]:
         m = _REPLICA.search(finding)
         if m:
@@ -218,14 +268,16 @@ def _gap(a: Any, b: Any) -> float:
     return 0.0 if np.isnan(g) else g
 
 
-def _ratio(a: np.ndarray, b: np.ndarray) -> float | None:
-    """``c`` when ``B = c A`` to 1e-6 (a scaling: a weight, a missing or extra factor), else ``None``."""
+def _ratio(a: np.ndarray, b: np.ndarray, tol: float | None = None) -> float | None:
+    """``c`` when ``B = c A`` to ``tol`` (:func:`_tolerance` of the two) relative (a scaling: a weight, a missing or
+    extra factor, a clip), else ``None``."""
+    tol = _tolerance(a, b) if tol is None else tol
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     aa = float(a @ a)
     if aa == 0.0:
         return None
     c = float(a @ b) / aa
-    return c if np.abs(b - c * a).max() <= 1e-6 * max(np.abs(b).max(), 1e-300) else None
+    return c if np.abs(b - c * a).max() <= tol * max(np.abs(b).max(), 1e-300) else None
 
 
 def _split(rows: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
@@ -271,10 +323,11 @@ def _rule_of(d: Mapping[str, np.ndarray], combined: Mapping[str, np.ndarray], na
     With ``scaled``, up to one common factor (a global-norm clip after the combination).
     """
     got = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+    tol = _tolerance(*(combined[p] for p in names))
     for rule, (text, _) in _RULES.items():
         mixed = np.concatenate([g.ravel() for g in _weighted(d, names, rule).values()])
-        c = _ratio(mixed, got) if scaled else 1.0
-        if c is not None and _gap(c * mixed, got) < 1e-6:
+        c = _ratio(mixed, got, tol) if scaled else 1.0
+        if c is not None and _gap(c * mixed, got) < tol:
             return text + (f" times {c:.3g}" if scaled and abs(c - 1.0) > 1e-9 else "")
     return None
 
@@ -288,6 +341,141 @@ def _combination(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], ca:
         uneven = " (the shards are uneven: " + "/".join(str(int(s)) for s in sizes) + " rows)" if len(set(sizes.tolist())) > 1 else ""
         return f": the reference combines by {ra}, the other by {rb}{uneven}"
     return ""
+
+
+def _tolerance(*arrays: Any) -> float:
+    """The relative gap under which two computations of one combination or clip count as the same.
+
+    float64: 1e-6, far above rounding and far below any real difference of weights or thresholds.
+    float32 (or narrower) values: 1e-4: a global norm sums n squares, each rounding by ``u = 6e-8``
+    relative, so it is off by up to ``sqrt(n) u`` in a typical run (6e-5 at a million elements), and
+    the factor ``c / norm`` with it; a wrong weighting or threshold moves the result by far more.
+    """
+    narrow = any(np.dtype(getattr(a, "dtype", np.float64)).itemsize < 8 for a in arrays)
+    return 1e-4 if narrow else 1e-6
+
+
+def _norm(g: Mapping[str, Any], names: Iterable[str]) -> float:
+    """The global L2 norm ``sqrt(sum_p ||g_p||^2)`` of the gradients ``g`` (a clip's norm)."""
+    return float(np.sqrt(sum(float(np.sum(np.square(np.asarray(g[p], np.float64)))) for p in names)))
+
+
+def _clip_acted(d: Mapping[str, Any], applied: Mapping[str, Any], names: list[str], spec: Mapping[str, Any] | None) -> str:
+    """Which clip acted on one side, read from its device gradients ``d["grad/<p>"]`` and its applied gradient.
+
+    ``applied = c * G`` with ``G = sum_r w_r g_r`` (the case's weighting, or another of :data:`_RULES`): one
+    global-norm clip after the combination with norm ``||G||`` and factor ``c``; when ``c ||G||`` is not the
+    case's threshold, the threshold it acted at (and how far from the case's: a clip of a loss-scaled
+    gradient acts at ``threshold / S``). ``applied = sum_r w_r f_r g_r`` with factors ``f_r`` fitted per
+    device: a clip of each device's gradient, with each device's norm and factor. Else says so.
+    """
+    names = [p for p in names if p in applied]
+    if not names:
+        return "nothing applied to compare"
+    threshold = ((spec or {}).get("parallel", {}).get("clip") or {}).get("global_norm")
+    got = np.concatenate([np.asarray(applied[p], np.float64).ravel() for p in names])
+    tol = _tolerance(*(applied[p] for p in names))
+    rules = list(_RULES)
+    own = (spec or {}).get("parallel", {}).get("weighting")
+    if own in rules:  # the case's weighting first: with even shards equal and by-size weights are the same
+        rules.remove(own)
+        rules.insert(0, own)
+    sizes = np.asarray(d["sizes"], np.float64)
+    for rule in rules:
+        combined = _weighted(d, names, rule)
+        mixed = np.concatenate([combined[p].ravel() for p in names])
+        c = _ratio(mixed, got, tol)
+        if c is None or _gap(c * mixed, got) > tol:
+            continue
+        norm = _norm(combined, names)
+        head = f"{_RULES[rule][0]} of the device gradients"
+        if abs(c - 1.0) <= tol:
+            over = f", over the case's {threshold:.3g}: no clip acted where one should" if threshold and norm > threshold * (1 + tol) else ""
+            return f"{head}, unscaled (global norm {norm:.3g}{over})"
+        acted = c * norm  # the threshold a global-norm clip with this factor acted at
+        text = f"{head} clipped once after the combination (global norm {norm:.3g}, factor {c:.3g}"
+        if threshold and abs(acted - threshold) <= 1e-4 * threshold + 2e-6:  # torch divides by norm + 1e-6
+            return text + f" = {threshold:.3g} / {norm:.3g})"
+        away = f", {threshold / acted:.3g}x below the case's {threshold:.3g}: the norm of a gradient scaled by that" \
+               " (a loss scale?)" if threshold and acted < threshold else (f", not the case's {threshold:.3g}" if threshold else "")
+        return text + f": a global-norm clip at {acted:.3g}{away})"
+    # one factor per device: least squares for f in applied = sum_r w_r f_r g_r, for each weighting
+    for rule in rules:
+        w = _RULES[rule][1](sizes)
+        cols = np.stack([np.concatenate([w[r] * np.asarray(d[f"grad/{p}"][r], np.float64).ravel() for p in names])
+                         for r in range(len(sizes))], axis=1)
+        f, *_ = np.linalg.lstsq(cols, got, rcond=None)
+        if _gap(cols @ f, got) > tol:
+            continue
+        norms = [_norm({p: d[f"grad/{p}"][r] for p in names}, names) for r in range(len(sizes))]
+        fac = "/".join(f"{x:.3g}" for x in f)
+        at = (f" = min(1, {threshold:.3g} / norm)" if threshold and all(
+            abs(x - min(1.0, threshold / n)) <= 1e-4 * x + 2e-6 for x, n in zip(f, norms, strict=True)) else "")
+        return (f"each device's gradient clipped before {_RULES[rule][0]} (device norms "
+                + "/".join(f"{x:.3g}" for x in norms) + f", factors {fac}{at})")
+    return "not one factor on a combination of the device gradients, nor one factor per device: no clip the chain recognises"
+
+
+def _factor(combined: Mapping[str, Any], applied: Mapping[str, Any], names: list[str],
+            spec: Mapping[str, Any] | None) -> str:
+    """What was applied of the combined gradient: one factor (a global-norm clip: its norm, factor and threshold)."""
+    names = [p for p in names if p in combined]
+    mixed = np.concatenate([np.asarray(combined[p], np.float64).ravel() for p in names])
+    got = np.concatenate([np.asarray(applied[p], np.float64).ravel() for p in names])
+    tol = _tolerance(*(applied[p] for p in names))
+    c = _ratio(mixed, got, tol)
+    if c is None or _gap(c * mixed, got) > tol:
+        return "not one factor times the combined gradient"
+    norm = _norm(combined, names)
+    threshold = ((spec or {}).get("parallel", {}).get("clip") or {}).get("global_norm")
+    if abs(c - 1.0) <= tol:
+        return f"the combined gradient unscaled (global norm {norm:.3g})"
+    said = f" (the case's {threshold:.3g})" if threshold else ""
+    return f"the combined gradient times {c:.3g} (global norm {norm:.3g}: a clip at {c * norm:.3g}{said})"
+
+
+def _row_key(d: Mapping[str, Any]) -> np.ndarray | None:
+    """The rows a side's devices received, concatenated in device order: ``x`` (built-ins, ``device_inputs=``), or
+    the rows its model's first layer received (``rows``, the layer hooks'), one row per example, flattened."""
+    for key in ("x", "rows"):
+        if key in d:
+            rows = np.asarray(d[key])
+            return rows.reshape(len(rows), -1) if rows.ndim else None
+    return None
+
+
+def _row_match(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """``perm`` with ``b[perm[i]]`` the same example as ``a[i]``, matched by content, or ``None``.
+
+    A row's values sorted are its signature, so a row flattened in another order (torch's NCHW
+    ``x.flatten(1)`` against Keras' NHWC ``Flatten``) is still the same row; the two sides read
+    the same data in the same dtype, so the values are equal, not close. ``None`` where the two
+    sets of rows differ (other rows in all: the global batch is not the same set).
+    """
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    sa, sb = np.sort(a.astype(np.float64), axis=1), np.sort(b.astype(np.float64), axis=1)
+    ia, ib = np.lexsort(sa.T[::-1]), np.lexsort(sb.T[::-1])
+    if not np.array_equal(sa[ia], sb[ib]):
+        return None
+    perm = np.empty(len(a), np.int64)
+    perm[ia] = ib
+    return perm
+
+
+def _dealt(devices_a: np.ndarray, devices_b: np.ndarray, sizes: np.ndarray) -> str:
+    """How the two sides dealt the global batch's rows, from each row's device on each side (in the reference's
+    row order, which is its devices' rows concatenated): contiguous against strided, either way, or another way."""
+    n, rows = len(sizes), len(devices_a)
+    g = np.arange(rows)
+    if np.array_equal(devices_b, g % n):
+        return "contiguous slices (the reference) vs rows r, r+N, ... (the other, as DistributedSampler deals them)"
+    if len(set(sizes.tolist())) == 1:  # the reference strided: global row g is its device g % N's row g // N
+        per = rows // n
+        order = (g % n) * per + g // n
+        if np.array_equal(devices_b[order], g // per):
+            return "rows r, r+N, ... (the reference, as DistributedSampler deals them) vs contiguous slices (the other)"
+    return "another split of the same rows"
 
 
 def _own_names(key: str, sides: tuple[Mapping[str, Any], ...]) -> str:
@@ -354,6 +542,68 @@ def _captured(traj: Mapping[str, Any]) -> _Lazy:
                  lambda key: np.asarray(traj[f"device/{key}"]))
 
 
+def _rows_as(b: Any, perm: np.ndarray | None) -> Any:
+    """``b``'s rows in the reference's row order (``perm``: :func:`_row_match`), or ``b`` as it is."""
+    return b if perm is None else np.asarray(b)[perm]
+
+
+def _dealt_otherwise(da: Mapping[str, Any], db: Mapping[str, Any], perm: np.ndarray, devices: np.ndarray,
+                     sizes: np.ndarray, step: int, bound: float, spec: Mapping[str, Any] | None,
+                     chain: list[dict[str, Any]], runs: tuple[Mapping[str, Any], Mapping[str, Any]]) -> dict[str, Any]:
+    """The localisation where both sides' devices received the same rows in all but not the same rows each.
+
+    The stage is ``inputs``: that is the first thing that differs. Per-device losses and gradients are
+    of other rows on each side and are not compared; the forward pass is, on matching rows (each
+    layer's output of a row against the same row's on the other side): agreeing, the layers compute
+    alike and only the dealing differs; differing, a layer computes from a device's rows together
+    (batch-norm statistics) or computes otherwise, and the explanation names it. The gradient
+    applied (``runs``: both trajectories) is compared too: equal shards combined by a mean do
+    not depend on which device holds a row, so a gradient that differs while the forward pass
+    agrees is said to be more than the dealing.
+    """
+    how = _dealt(devices, devices[perm], sizes)
+    moved = int(np.sum(devices != devices[perm]))
+    text = (f"step {step}: the devices received different rows: the same {len(perm)} rows in all, dealt {how}"
+            f" ({moved} of {len(perm)} rows on another device); per-device losses and gradients are of other rows"
+            " and are not compared")
+    chain.append({"stage": "inputs", "device": None, "name": None, "gap": float("inf"), "bound": bound})
+    layers = sorted((k[len("act/"):] for k in da if k.startswith("act/") and k in db), key=execution_key)
+    worst, last = 0.0, None
+    for layer in layers:
+        a, b = da[f"act/{layer}"], db[f"act/{layer}"]
+        if a.shape != b.shape:
+            break
+        g = _gap(a, _rows_as(b, perm))
+        if g > bound:
+            name = _layer_name(layer, spec, da, db)
+            chain.append({"stage": "forward", "device": None, "name": name, "gap": g, "bound": bound})
+            text += (f"; on matching rows the output of {_layer_text(layer, spec, 'layer ', da, db)} differs (gap"
+                     f" {g:.3g}): it computes from a device's rows together (batch-norm statistics) or otherwise")
+            break
+        worst, last = max(worst, g), layer
+    else:
+        if last is not None:
+            chain.append({"stage": "forward", "device": None, "name": _layer_name(last, spec, da, db), "gap": worst,
+                          "bound": bound})
+            text += (f"; on matching rows the forward pass agrees to {worst:.1g} through {_layer_text(last, spec)}:"
+                     " the layers compute alike, only the dealing of the rows differs")
+    a, b = runs
+    applied = [q[len("grad/"):] for q in a if isinstance(q, str) and q.startswith("grad/") and q in b
+               and len(a[q]) >= step and len(b[q]) >= step]
+    if applied:
+        worst_a, pa = max((_gap(np.asarray(a[f"grad/{p}"][step - 1]), np.asarray(b[f"grad/{p}"][step - 1])), p)
+                          for p in applied)
+        chain.append({"stage": "combined_grads", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+        text += (f"; the gradient applied agrees (gap {worst_a:.1g})" if worst_a <= bound else
+                 f"; the gradient applied differs in {pa} (gap {worst_a:.3g})"
+                 + (": more than the dealing, where the forward pass agrees on matching rows" if last is not None
+                    and not any(c["stage"] == "forward" and c["gap"] > bound for c in chain) else ""))
+    out = _with_size_note(_result(step, "inputs", None, None, float("inf"), bound, text), da, db,
+                          prefixes=("grad/", "act/", "x"))
+    out["chain"] = chain
+    return out
+
+
 def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: float,
                 spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The stages of one captured step, each judged against ``bound``, and the first one that breaks.
@@ -385,7 +635,8 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
 
     def broke(stage: str, device: int | None, name: str | None, gap: float, text: str) -> dict[str, Any]:
         prefix = f"step {step}: " + ("; ".join(agreed) + "; " if agreed else "")
-        out = _result(step, stage, device, name, gap, bound, prefix + text)
+        out = _with_size_note(_result(step, stage, device, name, gap, bound, prefix + text), da, db,
+                              prefixes=("grad/", "act/", "x"))
         out["chain"] = chain
         return out
 
@@ -402,7 +653,20 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         return broke("inputs", r, None, float("inf"),
                      f"device {r} received {int(db['sizes'][r])} rows, the reference's {int(da['sizes'][r])}"
                      " (sharding: contiguous vs strided, uneven split, or a sampler's padding)")
-    if "x" in da and "x" in db and rows_line_up:
+    # the same rows in all, dealt otherwise: matched by content, the forward pass compared on matching rows
+    total = int(np.sum(da["sizes"])) if "sizes" in da else None
+    perm = _row_match(_row_key(da), _row_key(db))
+    if perm is not None and total is not None and len(perm) != total:
+        perm = None
+    moved = perm is not None and not np.array_equal(perm, np.arange(len(perm)))
+    if moved and sizes is not None:
+        devices = np.repeat(np.arange(n), sizes)
+        if not np.array_equal(devices, devices[perm]):
+            return _dealt_otherwise(da, db, perm, devices, sizes, step, bound, spec, chain, (a, b))
+    if moved:
+        agreed.append("inputs: the same rows, in another order (matched by content)")
+        rows_line_up = True
+    elif "x" in da and "x" in db and rows_line_up:
         gaps = _per_device(da["x"], db["x"], sizes)
         dev, over = _which(gaps, bound)
         chain.append({"stage": "inputs", "device": dev, "name": None, "gap": max(gaps), "bound": bound})
@@ -419,7 +683,7 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
     for layer in layers:
         if da[f"act/{layer}"].shape != db[f"act/{layer}"].shape:
             break
-        gaps = _per_device(da[f"act/{layer}"], db[f"act/{layer}"], sizes)
+        gaps = _per_device(da[f"act/{layer}"], _rows_as(db[f"act/{layer}"], perm if moved else None), sizes)
         dev, over = _which(gaps, bound)
         if over:
             name = _layer_name(layer, spec, da, db)
@@ -429,7 +693,8 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
                         f" {_devices_text(over, n, 'device')}"
                         f" (gap {max(gaps):.3g})"
                         + (f" while layers up to {_layer_text(last, spec, '')} agree" if last is not None
-                           else " (the first layer)"))
+                           else " (the first layer" + ("" if layer == min((k[len("act/"):] for k in da if k.startswith(
+                               "act/")), key=execution_key) else " both sides recorded") + ")"))
             return out
         worst, last = max(worst, max(gaps)), layer
     if last is not None:
@@ -524,8 +789,10 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         if worst_a > bound:
             if ca and cb:  # the combination agrees: what is applied after it is the clip
                 chain.append({"stage": "clip", "device": None, "name": pa, "gap": worst_a, "bound": bound})
+                acted = [_factor(c, g, applied, spec) for c, g in ((ca, ga), (cb, gb))]
                 return broke("clip", None, pa, worst_a, f"the gradient applied differs in {pa} (gap {worst_a:.3g}):"
-                                                        " clipping after the combination (its threshold, norm or formula)")
+                                                        " clipping after the combination (its threshold, norm or formula)"
+                                                        f"; the reference applied {acted[0]}; the other applied {acted[1]}")
             ra = _rule_of(da, ga, names, scaled=True) if by_rule and set(names) <= set(applied) else None
             rb = _rule_of(db, gb, names, scaled=True) if by_rule and set(names) <= set(applied) else None
             if (ra and rb and ra.split(" times ")[0] != rb.split(" times ")[0]) or not has_clip:
@@ -535,8 +802,8 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
                 return broke("combined_grads", None, pa, worst_a,
                              f"the gradient applied differs in {pa} (gap {worst_a:.3g}){why} of the device gradients")
             chain.append({"stage": "clip", "device": None, "name": pa, "gap": worst_a, "bound": bound})
-            what = (f"; the reference's is {ra or 'no fixed weighting'} of the device gradients, the other's"
-                    f" {rb or 'no fixed weighting of them (each device scaled by its own factor: clipped per device?)'}")
+            what = (f"; the reference applied {_clip_acted(da, ga, names, spec)}; the other applied"
+                    f" {_clip_acted(db, gb, names, spec)}") if by_rule and set(names) <= set(applied) else ""
             return broke("clip", None, pa, worst_a, f"the gradient applied differs in {pa} (gap {worst_a:.3g}) while"
                                                     f" the per-device gradients agree: the clipping{what}")
         chain.append({"stage": "clip" if has_clip else "combined_grads", "device": None, "name": pa, "gap": worst_a,

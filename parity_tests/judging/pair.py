@@ -229,7 +229,9 @@ class Resolution:
     residual: Verdict | None = None  #: the pair judged with the predicted differences mapped away
     notes: tuple[str, ...] = ()  #: lines for the report (why a prediction was dropped, ...)
     explained: bool = False  #: a divergence fully explained by theory (the residual is parity)
-    from_residual: bool = False  #: ``verdict`` is the residual's (its figures judge the mapped runs)
+    #: the residual decided ``verdict``: its figures judge the mapped runs, except under ``unexpected_parity``,
+    #: where they are the pair's own as it ran (the residual's are in the detail)
+    from_residual: bool = False
 
 
 def _earliest(pred: Prediction) -> str | None:
@@ -295,9 +297,12 @@ def resolve(v: Verdict, pred: Prediction, *, residual: Verdict | None = None, st
                 f"predicted ({_named(pred)}) but below the bound at these values: the pair is at parity with and"
                 f" without the mapping{mapped}",))
         if v.status == "parity" and expected:
-            return Resolution(dataclasses.replace(residual, status="unexpected_parity", detail=(
-                f"a difference was predicted ({_named(pred)}) but none was found, and with it mapped{mapped} the"
-                f" pair parts: {_figures(residual)}")), residual, from_residual=True)
+            # the pair's own figures (its gap, bound, rule): the runs that part are the mapped ones (a
+            # built-in run with the other convention, or a stand-in), whose gap is in the detail and the
+            # residual, never in the pair's gap column
+            return Resolution(dataclasses.replace(v, status="unexpected_parity", detail=(
+                f"a difference was predicted ({_named(pred)}) but none was found (gap {v.gap:.3g} <= {v.bound:.3g}),"
+                f" and with it mapped{mapped} the pair parts: {_figures(residual)}")), residual, from_residual=True)
         why = (f"theory predicted {_named(pred)}" if expected else f"theory names {'; '.join(pred.known)}")
         return Resolution(dataclasses.replace(residual, status="divergence" if residual.status != "error" else "error",
                                               detail=f"{why}, but with it mapped{mapped} the pair still parts: "

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.model import nested_layers
-from parity_tests.contract.specs import nested_inputs, output_shape
+from parity_tests.contract.optimizer import case_fields_for
+from parity_tests.contract.specs import nested_inputs, output_shape, param_specs
 from parity_tests.judging import tokens
 from parity_tests.judging.attention_theory import (
     attention_scale_absent,
@@ -28,13 +29,13 @@ from parity_tests.judging.attention_theory import (
     native_attention_scales,
 )
 from parity_tests.protocol.engine import EngineSpec, declared
-from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.optimizer_state import no_decay_names, plugins_only
 from parity_tests.protocol.shards import shard_sizes
 
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus",
-           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS"]
+           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS", "decays_any"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -304,10 +305,13 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     fa, fb = _framework(a), _framework(b)
     known_opt = not plugins_only(opt)  # else kept as data for plugins: nothing known to predict from
     if not known_opt:
+        fields = case_fields_for(opt)
+        say = ("; the case says " + "; ".join(fields) + " (there the optimizer is one the tool knows)") if fields else ""
         absent.append(f"the optimizer {opt['name']!r} as the case gives it: not one the tool knows, so theory"
-                      " predicts nothing about it")
+                      f" predicts nothing about it{say}")
     if known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
+    found.extend(_schedule_differences(spec, a, b, moves, absent))
     if known_opt and opt["semantics"] == "native" and spec["dtype"] == "float64":
         ra, rb = (_keras_rounded(spec, _held(x, held)) for x in (a, b))
         if ra != rb and moves:
@@ -784,7 +788,9 @@ def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: lis
             absent.append(f"{label} epsilon placement: epsilon is 0")
     wd = opt.get("weight_decay", 0.0)
     plain = name == "sgd" or (name in ("momentum", "nesterov") and opt["momentum"] == 0) or name == "adamw"
-    if wd > 0 and not plain:
+    if wd > 0 and not decays_any(spec):
+        absent.append("weight decay decoupled vs L2: optimizer.no_decay excludes every trainable parameter")
+    elif wd > 0 and not plain:
         # plain SGD: p - lr(g + wd p) == p - lr wd p - lr g; AdamW is decoupled on both sides
         out.append(_diff(
             "weight decay: Keras decouples it (p -= p wd lr before the update), torch adds wd p to the gradient (L2)",
@@ -800,6 +806,60 @@ def _native_optimizer_differences(spec: dict[str, Any], moves: bool, absent: lis
             " so they differ once the schedule changes the rate", mapping="optimizer"))
     elif mu > 0:
         absent.append("momentum holding lr: the learning rate is the same at every step")
+    return out
+
+
+def decays_any(spec: dict[str, Any]) -> bool:
+    """Whether weight decay reaches any trainable parameter: ``optimizer.no_decay`` may exclude them all.
+
+    An external model's names are the plugins' (the case's ``init`` npz): theory does not read them and
+    assumes a parameter is decayed.
+    """
+    opt = spec["optimizer"]
+    if not opt.get("no_decay") or "external" in spec["model"]:
+        return True
+    names = [sp.name for sp in param_specs(spec["model"]["input_shape"], spec["model"]["layers"]) if sp.trainable]
+    return len(no_decay_names(opt, names)) < len(names)
+
+
+def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, absent: list[str]) -> list[Difference]:
+    """What the frameworks' own ``warmup_cosine`` classes do differently (docs/framework-differences.md, "Warm-up + cosine").
+
+    Under ``native`` the TensorFlow side runs Keras' ``CosineDecay`` and the torch side torch's
+    ``SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR)`` (``tfpar.optimizers.keras_schedule``,
+    ``torchref.optimizers.warmup_cosine_scheduler``):
+
+    * Keras one step late (expected, ``mapping="optimizer"``): ``CosineDecay`` evaluates the
+      curve at ``iterations = t - 1``, so step 1 runs at rate 0 and every later step at the rate of
+      the step before; present whenever a side of each framework runs and a step moves;
+    * torch's recursion (known, no mapping): ``LinearLR`` and ``CosineAnnealingLR`` compute each
+      rate from the last, within about 1e-14 relative of the closed form over 2,000 steps
+      (measured, ``torchref.optimizers``), far below the float64 bound: named in float64.
+
+    Neither under ``torch`` or ``tf`` semantics: both sides then compute the contract's curve
+    (``protocol.hyper.cosine_lr``) in closed form.
+    """
+    opt = spec["optimizer"]
+    if (opt.get("schedule") or {}).get("kind") != "warmup_cosine" or plugins_only(opt):
+        return []
+    fa, fb = _framework(a), _framework(b)
+    if opt["semantics"] != "native" or fa == fb:
+        if opt["semantics"] != "native" and fa != fb:
+            absent.append(f"warmup_cosine one step late in Keras' CosineDecay: semantics {opt['semantics']} computes"
+                          " the case's curve on both sides")
+        return []
+    if not moves:
+        absent.append("warmup_cosine one step late in Keras' CosineDecay: no step moves the parameters")
+        return []
+    k, d = opt["schedule"]["warmup_steps"], opt["schedule"]["decay_steps"]
+    out = [_diff(
+        "warmup_cosine one step late in Keras' CosineDecay: it reads iterations (0 at the first update), so"
+        f" step t runs at the case's rate of step t - 1 (step 1 at 0, lr first at step {k + 1}, min_lr from step"
+        f" {k + d + 1}); torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate", mapping="optimizer")]
+    if spec["dtype"] == "float64":
+        out.append(_diff(
+            "torch's LinearLR and CosineAnnealingLR are recursive (each rate from the last): within about 1e-14"
+            " relative of the closed-form curve over 2,000 steps, below the float64 bound", expected=False))
     return out
 
 
@@ -829,7 +889,8 @@ def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> st
         return ""
     opt = spec["optimizer"]
     moved = [k for k in KERAS_ROUNDED.get(opt["name"], ())
-             if k in opt and isinstance(opt[k], float) and opt[k] != 0 and not _f32_exact(opt[k])]
+             if k in opt and isinstance(opt[k], float) and opt[k] != 0 and not _f32_exact(opt[k])
+             and (k != "weight_decay" or decays_any(spec))]
     if rounding == "floatx_float32" and not all(_f32_exact(r) for r in _rates(spec)):
         moved.insert(0, "learning_rate")
     return ", ".join(moved)
@@ -860,6 +921,10 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         # Keras' rule, holding in float32 what the other side's Keras optimizer holds (a TensorFlow
         # side without one: Keras' rule with exact numbers, as the case's "native" says)
         rounding = keras_rounding or ("floatx_float32" if _builtin_keras(other) else "none")
+        if rounding != "none" and (spec["optimizer"].get("schedule") or {}).get("kind") == "warmup_cosine":
+            # Keras' CosineDecay computes cos in TensorFlow's float32 kernel, which is not correctly
+            # rounded (protocol.hyper.keras_cosine_lr): no other side reproduces its rates bit for bit
+            return None
         return {"optimizer.semantics": "tf", "optimizer.keras_rounding": rounding}
     if kind == "weighting" and parallel_side:
         return {"parallel.weighting": "by_size"}

@@ -28,6 +28,8 @@ __all__ = [
     "RULE_STRUCTURE",
     "RULE_CONDITIONING",
     "Verdict",
+    "EXIT_STATUS",
+    "exit_status",
 ]
 
 #: docs/tolerance.md, "The verdict". ``inconclusive``: nothing was really compared (``judging.pair.vacuity``)
@@ -43,6 +45,23 @@ RULE_NONFINITE = "non-finite values"
 RULE_STRUCTURE = "structure"
 #: a float64 divergence that a one-ulp move of the inputs reproduces: an ill-conditioned run (``session.comparison``)
 RULE_CONDITIONING = "float64 conditioning floor"
+
+#: ``tfpar compare``'s exit status for each status (docs/tolerance.md, "The verdict"): 0 the
+#: implementations agree as theory says; 1 something wrong was shown; 3 nothing could be judged
+#: (nothing compared, or an implementation failed): neither right nor wrong was shown
+EXIT_STATUS = {"parity": 0, "expected_difference": 0, "divergence": 1, "unexpected_parity": 1,
+               "inconclusive": 3, "error": 3}
+
+
+def exit_status(statuses: Iterable[str]) -> int:
+    """The exit status for the pairs' ``statuses``: the worst one's, where 1 is worse than 3.
+
+    A divergence beside an inconclusive pair is exit 1 (something wrong was shown); 3 only when
+    nothing wrong was shown and some pair could not be judged. A status outside :data:`EXIT_STATUS`
+    (``unsupported``: an implementation that does not run the case) is 1, as it was.
+    """
+    codes = {EXIT_STATUS.get(s, 1) for s in statuses}
+    return 1 if 1 in codes else 3 if 3 in codes else 0
 
 
 def _json(value: Any) -> Any:
@@ -117,6 +136,13 @@ class Verdict:
     per_step_loss_gap: np.ndarray | None = None
     per_step_loss_bound: np.ndarray | None = None
     unjudged: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        """One line a person reads (``Verdict(parity, float64 bound: gap 3.1e-16, bound 1e-10 at step 3,
+        param/0.kernel)``), never the per-step arrays: they are attributes."""
+        where = "" if self.step is None else f" at step {self.step}" + ("" if self.key is None else f", {self.key}")
+        first = "" if self.first_step is None else f"; first over the bound at step {self.first_step}"
+        return f"Verdict({self.status}, {self.rule}: gap {self.gap:.3g}, bound {self.bound:.3g}{where}{first})"
 
     @property
     def diverged(self) -> bool:

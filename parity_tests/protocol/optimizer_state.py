@@ -12,12 +12,14 @@ which ``--lockstep`` hands to the next one-step run as
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
 from typing import Any
 
 import numpy as np
 
-__all__ = ["OPTIMIZERS", "HYPERPARAMETERS", "plugins_only", "slot_names", "flat_state", "nested_state"]
+__all__ = ["OPTIMIZERS", "HYPERPARAMETERS", "plugins_only", "slot_names", "flat_state", "nested_state",
+           "no_decay_names", "pattern_matches"]
 
 #: the optimizers the built-in implementations run (a case may name others for plugins only)
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "rmsprop", "adagrad")
@@ -43,13 +45,36 @@ def _unknown_to_builtins(o: dict) -> bool:
         return False  # not even a name: the strict path says what is expected
     if name not in OPTIMIZERS:
         return True
-    allowed = {"name", "lr", "semantics", "schedule", "keras_rounding", *HYPERPARAMETERS[name]}
+    allowed = {"name", "lr", "semantics", "schedule", "keras_rounding", "no_decay", *HYPERPARAMETERS[name]}
     return any(k not in allowed for k in o)
 
 
 def plugins_only(optimizer: dict) -> bool:
     """Whether a validated ``optimizer`` section names an optimizer or hyperparameter the built-ins do not know."""
     return _unknown_to_builtins(optimizer)
+
+
+def pattern_matches(pattern: str, name: str) -> bool:
+    """Whether an ``optimizer.no_decay`` pattern names the parameter ``name`` (a canonical or plugin name).
+
+    A pattern is the parameter's kind, its last dotted part (``bias``, ``gamma``, ``beta``,
+    ``embeddings``: every such parameter, as Hugging Face's ``no_decay = ["bias", ...]`` and Keras'
+    ``exclude_from_weight_decay(var_names=["bias"])`` are used), or a shell-style glob over the
+    whole name (``3.*``, ``*.attention.*.bias``, ``0.kernel``; :func:`fnmatch.fnmatchcase`).
+    """
+    return name.rsplit(".", 1)[-1] == pattern or fnmatchcase(name, pattern)
+
+
+def no_decay_names(spec: Mapping[str, Any], names: Iterable[str]) -> frozenset[str]:
+    """The parameters of ``names`` that a validated ``optimizer`` section excludes from weight decay.
+
+    ``optimizer.no_decay`` (an extension beyond the contract, docs/optimizers.md "Parameter groups"):
+    a list of :func:`pattern_matches` patterns; the parameters they name get weight decay 0 (torch:
+    a parameter group with ``weight_decay=0``; Keras: ``exclude_from_weight_decay``), every other
+    parameter the case's ``weight_decay``. Empty when the section has none.
+    """
+    patterns = spec.get("no_decay") or ()
+    return frozenset(n for n in names if any(pattern_matches(p, n) for p in patterns))
 
 
 def slot_names(spec: Mapping[str, Any]) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ import numpy as np
 from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.rows import RowStore
 
-__all__ = ["RunBase", "to_torch", "to_tf"]
+__all__ = ["RunBase", "to_torch", "to_tf", "merge_passes"]
 
 
 def to_torch(a: Any) -> np.ndarray:
@@ -33,6 +33,31 @@ def to_tf(a: Any) -> np.ndarray:
     """torch layout -> TensorFlow layout (the inverse of :func:`to_torch`)."""
     a = np.asarray(a)
     return a.T.copy() if a.ndim == 2 else (a.transpose(2, 3, 1, 0).copy() if a.ndim == 4 else a)
+
+
+def merge_passes(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One pass of the rows of several (a step's micro-batches): each leaf's input and output concatenated
+    along rows, in call order (what the layer hooks of both sides saw: ``{"name", "kind", "in", "out", ...}``
+    per leaf). Passes through other leaves (another model) or without a row axis: the first alone."""
+    first = passes[0]
+    if len(passes) == 1 or any([(e["name"], e["kind"]) for e in p] != [(e["name"], e["kind"]) for e in first]
+                               for p in passes[1:]):
+        return first
+    out = []
+    for i, leaf in enumerate(first):
+        merged = dict(leaf)
+        for key in ("in", "out"):
+            parts = [p[i][key] for p in passes]
+            if all(v is None for v in parts):
+                continue
+            if not all(v is not None and np.ndim(v) >= 1 for v in parts):
+                return first
+            try:
+                merged[key] = np.concatenate(parts, axis=0)
+            except ValueError:  # not rows of one layer (shapes apart beyond the row axis)
+                return first
+        out.append(merged)
+    return out
 
 
 class RunBase:

@@ -118,6 +118,24 @@ def render() -> str:
     w("| `tf` | Keras' decoupled decay: `p <- p - p wd lr` (every Keras optimizer's `weight_decay`) | the same |")
     w("| `native` | each class with the same value: differs (except plain `sgd`, where `p - lr (g + wd p)` is the same update) | the same decay; epsilon differs |")
     w("")
+    w("### Parameter groups: `no_decay` (an extension beyond the contract)")
+    w("")
+    w("`optimizer.no_decay`: a list of patterns naming parameters that take no weight decay, what a GPT")
+    w("trainer's decay / no-decay parameter groups say. A pattern is a parameter kind, the last part of a")
+    w("canonical name (`\"bias\"`, `\"gamma\"`, `\"beta\"`, `\"embeddings\"`), or a glob over the whole name")
+    w("(`\"3.*\"`, `\"*.attention.*.bias\"`); each must name a trainable parameter of the model (of the init npz for")
+    w("an external model), else exit 2 naming it. The other parameters take `weight_decay` as the semantics says.")
+    w("")
+    w("| side | how |")
+    w("| --- | --- |")
+    w("| torch (`native`, `torch`) | two parameter groups: `[{\"params\": decay}, {\"params\": no_decay, \"weight_decay\": 0.0}]` |")
+    w("| Keras (`native`) | `optimizer.exclude_from_weight_decay(var_list=[...])` before `build` |")
+    w("| exact rules (`tf`, `torch`) | the decay step skipped for those variables |")
+    w("")
+    w("A plugin reads the same list from `run.spec[\"optimizer\"][\"no_decay\"]`; with it the optimizer stays one")
+    w("the tool knows (theory predicts its differences). If the patterns exclude every trainable parameter,")
+    w("no weight-decay difference is predicted.")
+    w("")
     w("## Schedules")
     w("")
     w("`optimizer.schedule` gives the learning rate of step `t` (`t = 1, 2, ...`):")
@@ -130,6 +148,15 @@ def render() -> str:
       "before the update, `t - 1`, and switches when it is `> b - 1`) | `LambdaLR`, factor `v_i / lr` |")
     w("| `{\"kind\": \"warmup_linear\", \"warmup_steps\": k}` | `lr * min(1, t / k)` (the first step uses `lr / k`) "
       "| `tfpar.optimizers.WarmupLinear` (a `LearningRateSchedule`, float32 like Keras' own) | `LambdaLR` |")
+    w("| `{\"kind\": \"warmup_cosine\", \"warmup_steps\": k, \"decay_steps\": d, \"min_lr\": m}` | `lr t / k` for "
+      "`t <= k`; `m + (lr - m)(1 + cos(pi (t - k) / d)) / 2` for `k < t <= k + d` (step `k + d` is at `m`); `m` after "
+      "| `CosineDecay(0.0, d, alpha=m / lr, warmup_target=lr, warmup_steps=k)`: the same curve at `t - 1` "
+      "(one step late: step 1 at 0), float32 | `SequentialLR` of `LinearLR(1/k, 1, k - 1)`, "
+      "`CosineAnnealingLR(d, m)`, `ConstantLR(m / lr)` at milestones `k - 1`, `k - 1 + d` (recursive: "
+      "within 1e-14 of the curve); `LambdaLR` under `torch`/`tf` |")
+    w("")
+    w("`warmup_cosine` needs `k >= 1`, `d >= 1` and `0 <= m <= lr`. Keras' `CosineDecay` one step late")
+    w("is a predicted difference under `native` (docs/framework-differences.md, \"Warm-up + cosine\").")
     w("")
     w("`lr` may be left out with a step schedule (it is `v0`); given, it must equal `v0`.")
     w("The exact rules (`torch`/`tf` semantics) compute the step's rate from their own step")

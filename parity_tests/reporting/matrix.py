@@ -290,12 +290,17 @@ def run_matrix(
     runner: Callable[[Case, str], Any] | None = None,
     stream=None,
     extra: list[str] | None = None,
+    progress: bool = True,
+    junit: Path | None = None,
 ) -> int:
     """Run the matrix, write the report to ``out``; returns the exit status (0: all as expected).
 
     ``extra``: more implementation names (plugins, installed names; resolved by the registry)
     judged against ``tf.towers`` in every row beside the built-ins; a row an implementation
     cannot run (a dtype it does not declare, a field it refuses) is reported as unsupported.
+    ``progress``: the bar on ``stream`` (``tfpar --quiet``: none). ``junit``: also a JUnit XML file, one
+    test case per pair of every row (``reporting.junit``). The summary line and each row not
+    as expected are printed on stdout: they are ``tfpar matrix``'s output.
     """
     from tqdm import tqdm
 
@@ -318,7 +323,7 @@ def run_matrix(
     tool = versions()
     results: list[CaseResult] = []
     reused = 0
-    with tqdm(cases, desc="tfpar matrix", unit="row", file=stream) as bar:
+    with tqdm(cases, desc="tfpar matrix", unit="row", file=stream, disable=not progress) as bar:
         for case in bar:
             bar.set_postfix_str(case.name)
             row = _row_file(out, case, impls)
@@ -335,9 +340,14 @@ def run_matrix(
     seconds = time.perf_counter() - t0
     path = write_report(results, out, title="tfpar scenario matrix",
                         meta={"seconds": round(seconds, 1), "rows": len(results)}, trajectories=False)
+    if junit is not None:
+        from parity_tests.reporting.junit import cases_of, write_junit
+
+        write_junit(junit, [c for r in results for c in cases_of(r)], name="tfpar matrix")
     total = sum(len(r.pairs) for r in results)
     again = f" ({reused} rows reused from an earlier run)" if reused else ""
-    print(f"{total - len(bad)} / {total} verdicts as expected over {len(results)} cases in {seconds:.0f} s{again}; report: {path}")
+    also = "" if junit is None else f"; junit: {junit}"
+    print(f"{total - len(bad)} / {total} verdicts as expected over {len(results)} cases in {seconds:.0f} s{again}; report: {path}{also}")
     for name, impl, status in bad:
         print(f"  NOT AS EXPECTED: {name}: tf.towers vs {impl}: {status}")
     return 0 if not bad else 1

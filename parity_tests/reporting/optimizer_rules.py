@@ -49,7 +49,8 @@ def np_lr(schedule: dict | None, lr: float, t: int, *, keras_float32: bool = Fal
     """The learning rate of step ``t`` (``t = 1, 2, ...``).
 
     constant: ``lr``; step: ``values[i]`` with ``i`` the number of boundaries
-    ``b < t`` (steps ``1..b0`` use ``values[0]``); warmup_linear: ``lr * min(1, t / k)``.
+    ``b < t`` (steps ``1..b0`` use ``values[0]``); warmup_linear: ``lr * min(1, t / k)``;
+    warmup_cosine: :func:`_np_cosine`.
 
     ``keras_float32=True``: what native Keras computes. A float ``learning_rate``
     lives in a float32 variable; ``PiecewiseConstantDecay`` converts its values
@@ -69,7 +70,31 @@ def np_lr(schedule: dict | None, lr: float, t: int, *, keras_float32: bool = Fal
             frac = np.minimum(np.float32(1.0), np.float32(t) / np.float32(k))
             return float(np.float32(lr) * frac)
         return lr * min(1.0, t / k)
+    if kind == "warmup_cosine":
+        return _np_cosine(schedule, lr, t, keras_float32)
     raise ValueError(kind)
+
+
+def _np_cosine(schedule: dict, lr: float, t: int, keras_float32: bool) -> float:
+    """``warmup_cosine``: linear to ``lr`` at step ``k``, a half cosine to ``min_lr`` at step ``k + d``, then flat.
+
+    ``keras_float32``: Keras' ``CosineDecay(0.0, d, alpha=min_lr/lr, warmup_target=lr, warmup_steps=k)``,
+    which evaluates the same curve at ``iterations = t - 1`` in float32 arithmetic (its cosine
+    within one float32 rounding of TensorFlow's kernel).
+    """
+    k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
+    if not keras_float32:
+        x = min(float(t), float(k + d))
+        if x <= k:
+            return lr * x / k
+        return m + 0.5 * (lr - m) * (1.0 + np.cos(np.pi * (x - k) / d))
+    f = np.float32
+    x = min(f(t - 1), f(k) + f(d))
+    if x < k:
+        return float(f(lr) * (x / f(k)))
+    c = f(np.cos(np.float64(f(np.pi) * ((x - f(k)) / f(d)))))
+    alpha = m / lr
+    return float(f(lr) * (f(1.0 - alpha) * (f(0.5) * (f(1.0) + c)) + f(alpha)))
 
 
 # ---------------------------------------------------------------- update rules

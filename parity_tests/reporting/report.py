@@ -25,11 +25,16 @@ from parity_tests.protocol.rows import nbytes
 from parity_tests.reporting.stages import drawable
 from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
+from parity_tests.running.gpu import gpu_facts
 
 if TYPE_CHECKING:
     from parity_tests.session.comparison import CaseResult
 
-__all__ = ["versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
+__all__ = ["REPORT_SCHEMA", "versions", "write_report", "render_markdown", "plot_scenario", "scenario_of", "jsonable"]
+
+
+#: ``report.json``'s ``schema``: its fields keep their meaning while it reads ``tfpar-report/1``
+REPORT_SCHEMA = "tfpar-report/1"
 
 
 def scenario_of(name: str) -> str:
@@ -212,16 +217,15 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     rule; dashed lines = the bound (float64: the constant bound; float32: each
     pair's noise-floor bound, in the pair's colour). Exact zeros sit at 1e-18.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a Figure of its own, drawn to PNG by Agg, never pyplot: the user's backend (a notebook's inline
+    # one) and pyplot's current figure stay as they were
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     dtypes = sorted({r.case.spec["dtype"] for r in results}, reverse=True)  # float64 first
     devs = sorted({r.case.devices for r in results})
-    fig, axes = plt.subplots(len(dtypes), len(devs), figsize=(3.6 * len(devs) + 2.2, 3.0 * len(dtypes)),
-                             squeeze=False, sharey=True, sharex=True)
+    fig = Figure(figsize=(3.6 * len(devs) + 2.2, 3.0 * len(dtypes)))
+    axes = fig.subplots(len(dtypes), len(devs), squeeze=False, sharey=True, sharex=True)
     impls, combines = set(), set()
     for r in results:
         ax = axes[dtypes.index(r.case.spec["dtype"])][devs.index(r.case.devices)]
@@ -258,7 +262,6 @@ def plot_scenario(results: Sequence[CaseResult], title: str) -> bytes:
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * len(devs) + 2.2), 0.95))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -299,6 +302,7 @@ def write_report(
     meta = dict(meta or {})
     meta.setdefault("versions", versions())
     meta.setdefault("cpu", cpu_facts())
+    meta.setdefault("gpu", gpu_facts())  # the driver and GPUs; each framework's CUDA/cuDNN build (running.gpu)
     if any(r.case.spec["dtype"] == "mixed_bfloat16" for r in results) and "kernels" not in meta:
         from parity_tests.running import kernels
 
@@ -334,7 +338,7 @@ def write_report(
             impl, _, variant = key.partition("@")
             if variant == r.case.spec["dtype"]:  # the case as given (other variants are derived runs)
                 write_manifest(manifest_path(path), build_manifest(replayable, impl, traj, path.name))
-    doc = {"title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
+    doc = {"schema": REPORT_SCHEMA, "title": title, **meta, "all_as_expected": all(r.as_expected for r in results),
            "rows": _rows(results), "cases": [r.to_dict() for r in results]}
     if lockstep is not None:  # tfpar compare --lockstep (parity_tests.session.lockstep): per-step one-step gaps
         doc["cases"][0]["lockstep"] = lockstep.to_dict()["lockstep"]

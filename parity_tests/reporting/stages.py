@@ -32,10 +32,8 @@ def drawable(values: Any) -> np.ndarray:
 
 def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
     """PNG bytes: ``gap / bound`` of each stage of ``chain`` (bars; red from the first stage over its bound)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # never pyplot: the user's backend (a notebook's inline one) and figures stay theirs
+    from matplotlib.figure import Figure
 
     labels, ratios, over = [], [], False
     colors = []
@@ -48,7 +46,8 @@ def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
         labels.append(name)
         ratios.append(ratio)
         colors.append("tab:red" if over else "tab:green")
-    fig, ax = plt.subplots(figsize=(1.3 * max(len(chain), 3) + 1.5, 3.2))
+    fig = Figure(figsize=(1.3 * max(len(chain), 3) + 1.5, 3.2))
+    ax = fig.subplots()
     ax.bar(range(len(ratios)), ratios, color=colors)
     ax.set_yscale("log")
     ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
@@ -59,7 +58,6 @@ def plot_stage_chain(chain: Sequence[Mapping[str, Any]], title: str) -> bytes:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
     return buf.getvalue()
 
 

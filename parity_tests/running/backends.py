@@ -11,6 +11,7 @@ trajectories out. :mod:`.harness` runs an implementation by name on top of this.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from parity_tests.protocol.relay import BENIGN
 
 __all__ = ["RunError", "set_pool_timeout", "tf_module", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks", "tf_device_count", "check_tf_devices", "run_torch_job", "by_file", "RANK_MIB", "BY_FILE_BYTES", "pool_timeout"]
 
+_log = logging.getLogger("tfpar.running")  # the library's messages; the tfpar command shows them on stderr
 _POOL_TIMEOUT: float | None = None
 _TF_DEVICES = 0  # the largest tower count asked for before TensorFlow started (reserve_tf_devices)
 #: memory of one torch pool rank: 212-215 MiB unique (psutil USS) when idle at 8, 16, 32 and 64 ranks
@@ -65,7 +67,9 @@ def quiet_stderr() -> Iterator[None]:
             tmp.seek(0)
             for line in tmp.read().decode(errors="replace").splitlines():
                 if line.strip() and not any(b.decode() in line for b in BENIGN):
-                    print(line, file=sys.stderr)
+                    # TensorFlow's own line, as a warning of this library's: with no logging
+                    # configured, Python's last-resort handler still shows it on stderr
+                    _log.warning("%s", line)
 
 
 def tf_module() -> Any:

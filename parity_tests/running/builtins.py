@@ -101,11 +101,40 @@ def _torch(impl: str) -> Callable:
     return run
 
 
+def _refusal(spec: EngineSpec) -> Callable[[Case], None]:
+    """What the engine ``spec`` refuses of a case, decided from the case alone (``Implementation.refuse``):
+    an external model; for a TensorFlow engine everything its ``run_case`` refuses before it trains
+    (``tfpar.refusals``, framework-free: no TensorFlow is imported for it); for ``torch.ddp`` more ranks
+    than the pool holds; ``tf.multiworker`` is never run by a comparison (launched once per worker)."""
+    impl = spec.name
+
+    def refuse(case: Case) -> None:
+        _refuse_external(case, impl)
+        if not spec.in_process:
+            _multiworker(case, None)
+        if spec.framework == "tf":
+            from tfpar.errors import Unsupported
+            from tfpar.refusals import refuse as tf_refuse
+
+            try:
+                tf_refuse(case.spec, impl)
+            except Unsupported as e:
+                raise CaseError(e.field, e.expected) from None
+        elif impl == "torch.ddp":
+            from torchref.pool import MAX_SIZE  # torch-free
+
+            if case.devices > MAX_SIZE:
+                raise CaseError("parallel.devices", f"at most {MAX_SIZE} ranks", case.devices)
+
+    return refuse
+
+
 def _implementation(spec: EngineSpec) -> Implementation:
     tf = spec.framework == "tf"
     run = (_tensorflow if tf else _torch)(spec.name) if spec.in_process else _multiworker
     return Implementation(spec.name, "builtin", spec.framework, parallel=spec.parallel, dtypes=spec.dtypes, run=run,
-                          description=spec.description, keras=spec.keras, captures=spec.captures, declared=spec)
+                          description=spec.description, keras=spec.keras, captures=spec.captures, declared=spec,
+                          refuse=_refusal(spec))
 
 
 #: launched one process per worker (``python -m parity_tests.launch.tf``, TF_CONFIG); not in the built-in list the

@@ -22,7 +22,7 @@ from parity_tests.running.builtins import BUILTINS
 from parity_tests.running.builtins import SPECS as BUILTIN_SPECS
 from parity_tests.running.frameworks import installed
 
-__all__ = ["IMPLS", "run_impl", "parse_impls", "check_dtypes", "prestart_torch"]
+__all__ = ["IMPLS", "run_impl", "parse_impls", "check_dtypes", "check_refusals", "refusal", "prestart_torch"]
 
 #: the built-in implementations (the registry lists every name: :func:`registry.names`)
 IMPLS = tuple(BUILTINS)
@@ -70,6 +70,33 @@ def check_dtypes(case: Case, impls: list[str], field: str = "--impls") -> None:
                                 layer["type"])
 
 
+def refusal(case: Case, name: str, field: str = "--impls") -> CaseError | None:
+    """What ``name`` refuses of ``case``, decided before anything runs, or ``None``: the dtypes, layers and
+    optimizers it declares (:func:`check_dtypes`), then the implementation's own refusals
+    (``Implementation.refuse``: a built-in TensorFlow engine's ``tfpar.refusals``, an external model on a
+    built-in, more ranks than the pool holds). An unknown name raises (bad input of its own)."""
+    found = registry.resolve(name, field)
+    try:
+        check_dtypes(case, [name], field)
+        if found.refuse is not None:
+            found.refuse(case)
+    except CaseError as e:
+        return e
+    return None
+
+
+def check_refusals(case: Case, impls: list[str], field: str = "--impls") -> None:
+    """Ask every implementation in ``impls`` what it refuses of ``case`` before any of them runs.
+
+    Raises:
+        CaseError: the first refusal, in the order of ``impls`` (one line naming the field).
+    """
+    for name in impls:
+        refused = refusal(case, name, field)
+        if refused is not None:
+            raise refused
+
+
 def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
     """Run ``case`` on the implementation named ``impl`` and return its trajectory.
 
@@ -78,7 +105,7 @@ def run_impl(case: Case, impl: str, *, progress: Callable[[int], None] | None = 
             the implementation does not declare, or a case it cannot run here.
         RunError: the implementation failed (the message names the rank, or the step a plugin was on).
     """
-    check_dtypes(case, [impl], "--impl")
+    check_refusals(case, [impl], "--impl")
     found = registry.resolve(impl, "--impl")
     try:
         return found.run(case, progress)

@@ -37,6 +37,9 @@ class Implementation:
         declared: a built-in's :class:`EngineSpec` (``tfpar.engines``, ``torchref.engines``).
         captures: whether a run of a case with ``capture = k`` may record step k's per-device
             values (``device/...``: inputs, activations, losses, gradients; docs/localisation.md stages).
+        refuse: ``refuse(case)`` raises ``CaseError`` for what it will not run of ``case``, decided from
+            the case alone, without running anything (``harness.check_refusals`` asks every named
+            implementation before the first runs); ``None``: nothing beyond its declared dtypes.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Implementation:
     rerunnable: bool = True
     captures: bool = False
     declared: EngineSpec | None = field(default=None, repr=False, compare=False)
+    refuse: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def spec(self) -> EngineSpec:

@@ -8,7 +8,9 @@ numerics or device placement, and a SHA-256 of every trajectory array. ``cpu``
 records the CPU and what changes bfloat16 numerics on it (``parity_tests.running.cpu``:
 model, AVX512_BF16 / AMX / AVX512-FP16 flags, oneDNN's ISA, whether TensorFlow hands
 bfloat16 to oneDNN); a ``mixed_bfloat16`` run also records ``kernels``: how each op of its
-framework sums bfloat16 here (``parity_tests.running.kernels``, the probe).
+framework sums bfloat16 here (``parity_tests.running.kernels``, the probe). ``gpu`` records the
+driver, the GPU names and each framework's CUDA and cuDNN (``parity_tests.running.gpu``: all
+``null`` or empty on a machine without a GPU).
 
 The ``implementation`` object says what ran: ``name``, ``kind`` (``builtin``,
 ``plugin``, ``recorded``), ``framework``, ``parallel``, ``dtypes`` and ``keras``,
@@ -20,7 +22,9 @@ read as before (built-in names say it themselves).
 
 ``tfpar replay MANIFEST`` rebuilds the case (from its generator seeds, or from
 the npz files, which must still hash the same), runs the implementation again
-and says whether every array is bit-identical, naming the first that is not.
+and says whether every array is bit-identical, naming the first that is not; before that line,
+one line names every recorded version (packages, Python, platform, driver, GPUs, CUDA, cuDNN)
+that differs from this machine's (``provenance.version_drift``).
 A plugin is re-run from its recorded absolute path (or module) and function,
 and only if its source file still hashes as it did at the run.
 """

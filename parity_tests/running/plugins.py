@@ -40,7 +40,7 @@ from parity_tests.running.frameworks import missing_module, require
 from parity_tests.running.plugin_marks import KINDS, MARK, describe
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
-           "plugin_failure", "layer_outputs", "hooks_line_up", "MARK", "KINDS", "PluginFailed", "run_isolated",
+           "plugin_failure", "layer_outputs", "hooks_line_up", "case_numbering", "MARK", "KINDS", "PluginFailed", "run_isolated",
            "raised_line"]
 
 _DECORATORS = "@tfpar.plugin.tensorflow(...), @torchref.plugin.distributed(...) or @torchref.plugin.single(...)"
@@ -310,8 +310,25 @@ def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
                 if rec["digests"][row].get(n) != names[n]:
                     when = "at run.begin()" if row == 0 else f"at step {row}"
                     return (f"replicas diverged {when}: rank {r}, parameter {n} (not bitwise equal to rank 0's;"
-                            " DDP keeps every replica identical, so some update bypassed it)")
+                            " DDP keeps every replica identical, so some update bypassed it)" + _applied(ranks, row, n))
     return None
+
+
+def _applied(ranks: list[Mapping[str, Any]], row: int, name: str) -> str:
+    """Which ranks applied which gradient at step ``row``: each rank's ``|g|`` of ``name`` (``run.record(grads=...)``),
+    the ranks that differ from rank 0's, and by how much; ``""`` where the ranks recorded no gradient."""
+    norms = [rec.get("grad_norms") or [] for rec in ranks]
+    if row < 1 or any(len(x) < row or name not in x[row - 1] for x in norms):
+        return ""
+    g = [x[row - 1][name] for x in norms]
+    if g[0] == 0.0:
+        return ""
+    apart = [r for r in range(1, len(g)) if g[r] != g[0]]
+    if not apart:
+        return f"; every rank applied a gradient of the same norm in {name} at step {row} ({g[0]:.4g})"
+    shown = ", ".join(f"rank {r} {g[r]:.4g} ({g[r] / g[0]:.3g}x)" for r in apart[:8])
+    return (f"; the gradient applied at step {row} differs between the ranks: |g| of {name} rank 0 {g[0]:.4g}, "
+            f"{shown}" + (f" and {len(apart) - 8} more" if len(apart) > 8 else ""))
 
 
 _RAISED = re.compile(r"PluginRaised: ((?:at|before|after) step \d+): (.*)$")
@@ -338,7 +355,8 @@ def plugin_failure(impl: str, detail: str, rank: int | None = None) -> tuple[str
 # ------------------------------------------------------------------ running a plugin
 
 
-def layer_outputs(leaves: list[Mapping[str, Any]], names: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+def layer_outputs(leaves: list[Mapping[str, Any]], names: dict[str, str] | None = None,
+                  weighted: dict[str, bool] | None = None) -> dict[str, np.ndarray]:
     """Leaf layers' outputs in call order, grouped into layers named ``"0"``, ``"1"``, ... (the forward stage's names).
 
     Args:
@@ -359,7 +377,8 @@ def layer_outputs(leaves: list[Mapping[str, Any]], names: dict[str, str] | None 
     ``activation``) that the built-ins record. Framework names (``dense_1``, ``module.2``)
     cannot line up and are not used to match; ``names``, when given, receives each layer's own
     name for a person reading (the Keras layer path or the torch module's qualified name of
-    the leaf that starts it, and its class: ``blocks.2.body.1 LayerNorm``).
+    the leaf that starts it, and its class: ``blocks.2.body.1 LayerNorm``); ``weighted`` whether
+    that leaf holds weights (:func:`case_numbering` lines the layers up with the case's by it).
     """
     out: dict[str, np.ndarray] = {}
     i = -1
@@ -370,11 +389,56 @@ def layer_outputs(leaves: list[Mapping[str, Any]], names: dict[str, str] | None 
             i += 1
             if names is not None:  # the plugin's own name of the leaf that starts the layer, and its class
                 names[str(i)] = f"{leaf['name']} {leaf.get('kind', '')}".strip()
+            if weighted is not None:
+                weighted[str(i)] = bool(leaf["weights"])
         out[str(i)] = np.asarray(leaf["out"])
     return out
 
 
 _UNNUMBERED = ("dropout", "activation", "residual", "repeat")
+
+
+def case_numbering(spec: Mapping[str, Any], outputs: Mapping[str, Any], weighted: Mapping[str, bool]) -> dict[str, str] | None:
+    """The case's layer index of each hook layer (``{"0": "1", "1": "2"}``), or ``None`` where they cannot be lined up.
+
+    The hooks number the layers they see, ``0``, ``1``, ...; a layer the plugin computes in code
+    (``x.flatten(1)`` or ``F.max_pool2d`` in a ``forward``) is no module, so from there the hooks'
+    numbers run short of the case's (its canonical paths, docs/localisation.md): a plugin that flattens in code
+    calls its first ``Linear`` layer 0, where the case's layer 0 is the ``flatten``. Lined up in
+    order by what each layer is: a hook layer that starts at a leaf holding weights is the case's
+    next layer with parameters (weightless case layers before it ran in code); a weightless one
+    (``Flatten``, pooling) the case's next weightless layer; either, when its output (per example,
+    TensorFlow layout) is not that layer's, a weightless case layer right after it whose output it
+    is (code after the module belongs to the layer before: a ``Conv2d`` whose output is pooled in
+    code is the pooling layer's output). A case layer with parameters is never skipped.
+
+    Args:
+        spec: the case (a flat layer list: :func:`hooks_line_up`).
+        outputs: ``{hook layer: [rows, ...]}`` (:func:`layer_outputs`); weighted: whether each starts
+            at a leaf with weights.
+    """
+    from parity_tests.contract.specs import layer_shapes
+
+    model = spec["model"]
+    layers = model.get("layers", ())
+    shapes = layer_shapes(model["input_shape"], list(layers))[1:]
+    with_params = {p.name.split(".", 1)[0] for p in param_specs(model["input_shape"], list(layers))}
+    params = [str(j) in with_params for j in range(len(layers))]
+    out: dict[str, str] = {}
+    j = 0
+    for key in sorted(outputs, key=int):
+        shape = tuple(np.shape(outputs[key])[1:])
+        while j < len(layers) and params[j] != weighted.get(key, False):
+            if params[j]:  # a layer with parameters the hooks did not see: not this numbering
+                return None
+            j += 1
+        k = j
+        while k < len(layers) and tuple(shapes[k]) != shape and k + 1 < len(layers) and not params[k + 1]:
+            k += 1
+        if k >= len(layers) or tuple(shapes[k]) != shape:
+            return None
+        out[key], j = str(k), k + 1
+    return out
 
 
 def hooks_line_up(spec: Mapping[str, Any]) -> bool:
@@ -395,7 +459,8 @@ def hooks_line_up(spec: Mapping[str, Any]) -> bool:
 
 
 def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, impl: str,
-                  initial: Mapping[str, np.ndarray], *, hooks: bool = True) -> dict[str, np.ndarray]:
+                  initial: Mapping[str, np.ndarray], *, hooks: bool = True,
+                  spec: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
     """The ``device/...`` arrays (docs/localisation.md stages) of what a plugin reported per device at ``step``.
 
     Args:
@@ -406,6 +471,9 @@ def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, 
         step: the captured step; initial: the initial weights (gradient names and shapes are checked).
         hooks: the ``"leaves"`` are numbered as the case's layers (:func:`hooks_line_up`); else their
             layers are ``hooks.0``, ``hooks.1``, ... (another plugin's hook layers are numbered alike).
+        spec: the case: with ``hooks``, each hook layer takes the index of the case's layer it is
+            (:func:`case_numbering`; ``hooks.<i>`` where they cannot be lined up). Without it, the
+            hooks' own order stands for the case's.
     Returns:
         ``device/step``, and what every device reported: ``device/x`` ``[B, ...]`` and ``device/sizes``
         ``[N]``, ``device/loss`` ``[N]``, ``device/grad/<name>`` ``[N, ...]``, ``device/act/<layer>``
@@ -439,16 +507,30 @@ def device_arrays(per_device: list[Mapping[str, Any] | None], step: int | None, 
     # else "hooks.<i>": compared only with another plugin's hook layers, never set beside a built-in's
     prefix = "" if hooks else "hooks."
     names: dict[str, str] = {}
+    weighted: dict[str, bool] = {}
+    hooked = [layer_outputs(d["leaves"], names if r == 0 else None, weighted if r == 0 else None)
+              if d["acts"] is None and d.get("leaves") else None for r, d in enumerate(per_device)]
+    number = {k: f"{prefix}{k}" for k in (hooked[0] or {})}
+    if hooks and spec is not None and "external" not in spec["model"] and hooked[0]:
+        case = case_numbering(spec, hooked[0], weighted)
+        number = ({k: case[k] for k in hooked[0]} if case is not None else {k: f"hooks.{k}" for k in hooked[0]})
+    names = {number[k]: v for k, v in names.items() if k in number}
+    prefix = ""  # the names are numbered now
     acts = [d["acts"] if d["acts"] is not None else
-            ({f"{prefix}{k}": v for k, v in layer_outputs(d["leaves"], names if r == 0 else None).items()}
-             if d.get("leaves") else None)
-            for r, d in enumerate(per_device)]
+            ({number.get(k, f"hooks.{k}"): v for k, v in h.items()} if h is not None else None)
+            for d, h in zip(per_device, hooked, strict=True)]
+    if all(h is not None for h in hooked) and per_device and per_device[0].get("leaves"):
+        # the rows each device's model received (its first leaf's input): matched by content across the
+        # sides where the devices hold other rows (localise.stage_chain), never compared as values
+        firsts = [d["leaves"][0].get("in") for d in per_device]
+        if all(f is not None and np.ndim(f) >= 1 for f in firsts):
+            out["device/rows"] = np.concatenate([np.asarray(f).reshape(len(f), -1) for f in firsts], axis=0)
     if all(a is not None for a in acts):
         for layer in acts[0]:
             if all(layer in a for a in acts):
                 out[f"device/act/{layer}"] = np.concatenate([np.asarray(a[layer]) for a in acts], axis=0)
-                if layer[len(prefix):] in names and per_device[0]["acts"] is None:
-                    out[f"device/name/{layer}"] = np.asarray(names[layer[len(prefix):]])  # for a person reading
+                if layer in names and per_device[0]["acts"] is None:
+                    out[f"device/name/{layer}"] = np.asarray(names[layer])  # for a person reading
         if "device/sizes" not in out and all(d["acts"] is None for d in per_device):
             # the hooks saw each device's rows: their count names a device without device_inputs=
             rows = [{len(v) for v in a.values() if np.ndim(v)} for a in acts]
@@ -541,7 +623,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         finally:
             remove_files(records.get("spill", ()))  # assembled (or refused): the run's own files go
         traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
-                                  hooks=hooks_line_up(case.spec)))
+                                  hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
         traj.update(optimizer_arrays(records, case, impl))
         if progress:
@@ -575,7 +657,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         finally:
             remove_files(ranks[0].get("spill", ()))  # assembled (or refused): rank 0's files go
         traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init,
-                                  hooks=hooks_line_up(case.spec)))
+                                  hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.update(optimizer_arrays(ranks[0], case, impl))
         finding = replica_divergence(ranks, impl)
         if finding:

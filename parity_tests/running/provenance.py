@@ -21,6 +21,7 @@ from parity_tests.protocol import settings
 from parity_tests.protocol.trajectory import key_order
 from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
+from parity_tests.running.gpu import flatten, gpu_facts
 from parity_tests.running.manifest import (
     MANIFEST_SCHEMA,
     _file_digest,
@@ -31,7 +32,8 @@ from parity_tests.running.manifest import (
     replay_name,
 )
 
-__all__ = ["ENV_VARS", "DETERMINISM", "implementation_record", "build_manifest", "replay"]
+__all__ = ["ENV_VARS", "DETERMINISM", "implementation_record", "build_manifest", "replay", "run_gpu_facts",
+           "version_drift"]
 
 # environment that changes numerics, threads or device placement
 ENV_VARS = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
@@ -77,6 +79,18 @@ def _kernels(impl: str) -> dict[str, Any] | None:
 
 
 
+def run_gpu_facts(impl: str) -> dict[str, Any]:
+    """The manifest's ``"gpu"`` (``running.gpu``): the driver, and the CUDA/cuDNN/GPUs that ``impl``'s framework
+    itself reports (torch from a pool rank, TensorFlow where it runs), the other framework's from its build."""
+    from parity_tests.running.registry import resolve
+
+    try:
+        framework = resolve(impl, "--impl").framework
+    except Exception:  # written after the run: an implementation that no longer resolves still gets its driver facts
+        framework = None
+    return gpu_facts(live=framework)
+
+
 def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajectory_file: str | None = None) -> dict[str, Any]:
     """The manifest of one run (plain JSON data)."""
     return {
@@ -88,6 +102,7 @@ def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajector
         "inputs": _inputs(case),
         "npz_files": _npz_files(case),
         "versions": versions(),
+        "gpu": run_gpu_facts(impl),
         "determinism": DETERMINISM,
         "env": {k: os.environ.get(k) for k in ENV_VARS},
         "cpu": cpu_facts(),
@@ -97,6 +112,34 @@ def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajector
         "findings": list(getattr(traj, "findings", [])),  # divergences within the run (DDP replicas out of sync)
     }
 
+
+
+def version_drift(manifest: dict[str, Any], now_versions: dict[str, str] | None = None,
+                  now_gpu: dict[str, Any] | None = None) -> str | None:
+    """One line naming every recorded version that differs now, or ``None`` when none does.
+
+    Compares the manifest's ``versions`` (tool, TensorFlow, Keras, torch, numpy, Python, platform)
+    and ``gpu`` (driver, GPU names, each framework's CUDA and cuDNN: ``running.gpu.flatten``) with
+    this process's (``now_*``: computed here when not given; ``now_gpu`` after the replay's run, so
+    that the replayed framework reports its own). A version recorded and absent now is named; one
+    not recorded (an older manifest) is not compared.
+    """
+    now_versions = versions() if now_versions is None else now_versions
+    then_gpu, now_gpu = flatten(manifest.get("gpu")), flatten(gpu_facts() if now_gpu is None else now_gpu)
+    changed = []
+    for group, then, now, label in (("versions", manifest.get("versions") or {}, now_versions, "{}"),
+                                    ("gpu", then_gpu, now_gpu, "gpu {}")):
+        for key in then if isinstance(then, dict) else ():
+            if group == "gpu" and key not in now:
+                continue  # a cuDNN only a live framework reports: not known now, not compared
+            was, is_ = str(then[key]), now.get(key)
+            if is_ is None:
+                changed.append(f"{label.format(key)} absent (recorded {was})")
+            elif str(is_) != was:
+                changed.append(f"{label.format(key)} {is_} (recorded {was})")
+    if not changed:
+        return None
+    return "versions differ from the recorded run: " + "; ".join(changed)
 
 
 def replay(manifest: dict[str, Any], run: Any = None) -> tuple[bool, str]:

@@ -17,8 +17,10 @@ How, and what it costs (``benchmarks/bench_plugin_isolation.py``, docs/plugins.m
 "Every run starts clean"): a *server* process (``python -m
 parity_tests.running.tf_worker``) imports TensorFlow, Keras and ``tfpar`` once,
 without starting TensorFlow's runtime (no op has run: no device, no thread pool,
-no eager context). Each run is an ``os.fork()`` of it: the child configures the
-case's devices and op determinism, imports the plugin's module afresh, runs it,
+no eager context). Each run is an ``os.fork()`` of it: the child puts Keras' settings
+and global state back as ``import keras`` left them (``tfpar.fresh``: no global dtype
+policy made, so a program's ``set_floatx`` alone works as in a fresh ``python``),
+configures the case's devices and op determinism, imports the plugin's module afresh, runs it,
 and sends its records back (large arrays as spill files, ``parity_tests.protocol.rows``).
 Forking is safe there: the server has one thread of its own (plus OpenBLAS's
 idle pool, which registers fork handlers) and no TensorFlow runtime. The child
@@ -224,8 +226,14 @@ def run_case_job(case: Any, impl: str, devices: int, **job: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------- the server
 
+#: Keras' settings and global state right after the server imported it (``tfpar.fresh.snapshot``): what a
+#: program that imports Keras starts with; each run's child puts them back before it imports the plugin
+_FRESH: dict[str, Any] | None = None
+
+
 
 def _serve(fd: int) -> None:
+    global _FRESH
     conn = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -235,6 +243,9 @@ def _serve(fd: int) -> None:
 
             with contextlib.suppress(ImportError):
                 import keras  # noqa: F401
+            from tfpar.fresh import snapshot
+
+            _FRESH = snapshot()  # Keras as `import keras` leaves it: each run starts from it (tfpar.fresh)
             import tfpar.plugin  # noqa: F401
             import tfpar.run  # noqa: F401  (every engine module, as `import tfpar` did before it was lazy)
             from parity_tests.running import plugin_marks  # noqa: F401
@@ -377,7 +388,9 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     whether op determinism is on (``@tfpar.plugin.tensorflow(deterministic=...)``).
 
     Python's and numpy's global generators are seeded with the case seed (a rerun draws
-    the same numbers); TensorFlow's global seed is left unset, as in a fresh program.
+    the same numbers); TensorFlow's global seed is left unset, as in a fresh program. Keras'
+    process-wide settings and global state are put back as ``import keras`` left them in the
+    server (``tfpar.fresh``: floatx, the global dtype policy, name counters, the global seed).
 
     With ``"builtin": impl`` instead of ``"location"``, the built-in engine ``impl`` runs the payload
     (:func:`_run_builtin`). With ``"inspect": True`` (and no payload) the module is only imported and the name looked
@@ -393,7 +406,9 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     from parity_tests.protocol.rows import set_spill_threshold
+    from tfpar.fresh import restore
 
+    restore(_FRESH)  # Keras' floatx, global dtype policy, name counters, seed: as `import keras` left them
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["environ"])
@@ -431,10 +446,14 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
         from parity_tests.running.plugin_marks import describe
 
         return {"described": describe(fn)}
+    from parity_tests.contract.layouts import LayoutError
+
     try:
         return {"records": run_plugin(fn, job["payload"])}
     except PluginRaised as e:
         return {"raised": {"step": e.step, "when": e.when, "line": e.line, "frames": e.frames}}
+    except LayoutError as e:  # run.to_torch / run.to_tf asked what cannot be told: bad input, one line
+        return {"input": e.line()}
 
 
 def _run_builtin(impl: str, payload: Mapping[str, Any]) -> dict[str, Any]:

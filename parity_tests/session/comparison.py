@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,9 @@ from parity_tests.judging.bfloat16 import (
 from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.compare import first_nonfinite
+from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import bound_at, localise, refinable, stage_chain, with_layer
+from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import OK_STATUSES, Side, judge_sides, resolve
 from parity_tests.judging.perturbation import (
     bfloat16_signature,
@@ -72,18 +74,21 @@ from parity_tests.judging.verdict import (
     RULE_FLOAT64,
     Verdict,
     _json,
+    exit_status,
 )
 from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
-from parity_tests.running.harness import run_impl
+from parity_tests.running.harness import refusal, run_impl
 from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, torch_bytes
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "MAPPED", "inside_step"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
+#: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
+_log = logging.getLogger("tfpar.session")
 Runner = Callable[[Case, str], dict[str, np.ndarray]]
 #: how a float32 case's noise floor is measured: ``auto`` (float64 runs where both sides of a pair
 #: declare float64, else the perturbation), or one of the two for every pair (the benchmark compares them)
@@ -123,6 +128,21 @@ class PairResult:
     #: the runs ``verdict`` judged, ``(name, key suffix)`` per side: ``None`` for the pair as it ran; a
     #: built-in's mapped runs (suffix ``SideMapping.key``) where the verdict is the residual's
     judged: tuple[tuple[str, str], tuple[str, str]] | None = None
+
+    def __repr__(self) -> str:
+        v = self.verdict
+        return f"PairResult({self.reference} vs {self.impl}: {v.status}, {v.rule}, gap {v.gap:.3g}, bound {v.bound:.3g})"
+
+    def where(self) -> str:
+        """The line that says where the pair parted: ``impl: where: STAGE at step K, layer L (explanation)``,
+        or the verdict's first line where there is no localisation (``""`` for parity)."""
+        loc = self.localisation or {}
+        if loc.get("stage"):
+            layer = f", layer {loc['layer']}" if loc.get("layer") else ""
+            return f"{self.impl}: where: {loc['stage']} at step {loc['first_bad_step']}{layer} ({loc['explanation']})"
+        if self.verdict.status == "parity":
+            return ""
+        return f"{self.impl}: {self.verdict.detail.splitlines()[0] if self.verdict.detail else self.verdict.status}"
 
     @property
     def as_expected(self) -> bool:
@@ -186,21 +206,43 @@ class CaseResult:
     def as_expected(self) -> bool:
         return all(p.as_expected for p in self.pairs)
 
-    def summary(self) -> str:
-        """A table a person reads in a terminal, then one line per finding."""
+    @property
+    def exit_status(self) -> int:
+        """``tfpar compare``'s exit status: 0 every pair parity or an expected difference, 1 a divergence or
+        an unexpected parity, else 3 a pair inconclusive or an error (``judging.verdict.exit_status``)."""
+        return exit_status(p.verdict.status for p in self.pairs)
+
+    def _table(self) -> list[str]:
+        """The case's line, then one row per pair: pair, verdict, rule, gap, bound."""
         c = self.case
         head = (f"case {c.name}: {c.spec['dtype']}, {c.devices} device(s), {c.spec['parallel']['combine']}, "
                 f"{c.spec['optimizer']['name']} ({c.spec['optimizer']['semantics']}), {c.spec['steps']} steps")
         w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])  # plugin paths are long
         rows = [head, f"{'pair':<{w}} {'verdict':<20} {'rule':<26} {'gap':>10} {'bound':>10}"]
-        notes = []
         for p in self.pairs:
             v = p.verdict
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {v.status:<20} {v.rule:<26} {v.gap:>10.3g} {v.bound:>10.3g}")
+        return rows
+
+    def _headline(self) -> str:
+        statuses = {p.verdict.status for p in self.pairs}
+        verdict = next((text for status, text in _HEADLINES if status in statuses), "PARITY")
+        return f"verdict: {verdict} ({self.seconds:.1f} s)"
+
+    def __repr__(self) -> str:
+        """The summary's table and verdict line, without the notes (:meth:`summary` has them) or any array."""
+        return "\n".join(["CaseResult: " + self._table()[0], *self._table()[1:], self._headline()])
+
+    def summary(self) -> str:
+        """A table a person reads in a terminal, then one line per finding."""
+        rows = self._table()
+        notes = []
+        for p in self.pairs:
+            v = p.verdict
             if p.localisation and p.localisation.get("stage"):
-                layer = f", layer {p.localisation['layer']}" if p.localisation.get("layer") else ""
-                notes.append(f"  {p.impl}: where: {p.localisation['stage']} at step {p.localisation['first_bad_step']}"
-                             f"{layer} ({p.localisation['explanation']})")
+                notes.append("  " + p.where())
+                if p.verdict.status == "divergence" and p.localisation.get("loss_only"):  # judging.loss_only (issue 37)
+                    notes.append(f"  {p.impl}: loss alone: {p.localisation['loss_only']['text']}")
             for e in p.prediction.expected:
                 notes.append(f"  {p.impl}: expected difference: {e}")
             for k in p.prediction.known:
@@ -220,9 +262,7 @@ class CaseResult:
             bad = first_nonfinite(traj, key)
             if bad:
                 notes.append(f"  non-finite: {bad}")
-        statuses = {p.verdict.status for p in self.pairs}
-        verdict = next((text for status, text in _HEADLINES if status in statuses), "PARITY")
-        return "\n".join([*rows, *notes, f"verdict: {verdict} ({self.seconds:.1f} s)"])
+        return "\n".join([*rows, *notes, self._headline()])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -523,6 +563,11 @@ def _floor_rules(case: Case, impls: list[str], floor: str) -> dict[str, str]:
     return {impl: "float64" if _runs_float64(ref) and _runs_float64(impl) else "perturbation" for impl in impls[1:]}
 
 
+def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``impls`` and ``rules`` without the implementations that refused the case (none of their runs is planned)."""
+    return [i for i in impls if i not in refused], {i: r for i, r in rules.items() if i not in refused}
+
+
 def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, str]]:
     """The runs to make, ``(impl, variant)``; variant ``float32``, ``float64``, ``mixed_bfloat16`` or :data:`PERTURBED`."""
     ref, dtype = impls[0], case.spec["dtype"]
@@ -748,7 +793,7 @@ def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str,
     if chain["stage"] is None:  # every captured stage agrees: keep what the recorded channels said
         return {**where, "chain": chain["chain"],
                 "explanation": where["explanation"] + " (" + chain["explanation"].split(": ", 1)[-1] + ")"}
-    return chain
+    return attach_factor(chain, trajs[0], trajs[1], sides[0][1].spec, (trajs[0], trajs[1]))  # issue 37: the factor
 
 
 def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
@@ -852,6 +897,13 @@ def compare_case(
     """
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
+    refused: dict[str, str] = {}
+    for name in impls:  # every implementation's refusal before any of them runs (harness.refusal)
+        no = refusal(case, name)
+        if no is not None and (not skip_unsupported or name == impls[0]):
+            raise no
+        if no is not None:
+            refused[name] = str(no)
     default_runner = runner is None
     # the default runner's TensorFlow and torch runs go beside each other where both fit in memory
     # (parity_tests.running.room); a large model's go one after another, with the same results
@@ -867,18 +919,16 @@ def compare_case(
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
     tf_kernels = _tf_kernels(theory_spec)
     preds = {impl: predict(theory_spec, ref, impl, kernels=tf_kernels) for impl in impls[1:]}
+    if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
+        need = (tf_bytes(case) + torch_bytes(case)) / 1e9
+        _log.info("%s: TensorFlow and torch runs one after another, not beside each other: together about %.1f GB"
+                  " in float64, %.1f GB available (docs/memory.md)", case.name, need, available_bytes() / 1e9)
     bar = None
     if progress is True:  # a bar on a terminal, one line per run in a log
         from parity_tests.session.progress import run_bar
 
-        if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
-            need = (tf_bytes(case) + torch_bytes(case)) / 1e9
-            print(f"{case.name}: TensorFlow and torch runs one after another, not beside each other: together"
-                  f" about {need:.1f} GB in float64, {available_bytes() / 1e9:.1f} GB available"
-                  " (docs/memory.md)", file=sys.stderr, flush=True)
-        bar = run_bar(len(_plan(case, impls, rules)), case.name)
+        bar = run_bar(len(_plan(case, *_unrefused(impls, rules, refused))), case.name)
     trajs: dict[str, dict[str, np.ndarray]] = {}
-    refused: dict[str, str] = {}
     mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
     unmappable: dict[tuple[str, str], str] = {}  # (runs_as, key) of a mapping whose runs could not be made -> why
 
@@ -906,7 +956,10 @@ def compare_case(
             try:
                 try:
                     c = case_for(impl, d, mapping)
+                    started = time.perf_counter()
+                    _log.debug("%s: run %s started", case.name, key)
                     trajs[key] = runner(c, impl)
+                    _log.debug("%s: run %s finished in %.2f s", case.name, key, time.perf_counter() - started)
                     if mapping is not None:
                         mapped_cases[key] = c
                 except CaseError as e:
@@ -934,7 +987,7 @@ def compare_case(
         else:
             work(plan)
 
-    run_all([_Run(impl, d) for impl, d in _plan(case, impls, rules)])
+    run_all([_Run(impl, d) for impl, d in _plan(case, *_unrefused(impls, rules, refused))])
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = {impl: keras_rounding_of(impl, trajs.get(f"{impl}@{dtype}", {})) for impl in impls}
@@ -1064,6 +1117,12 @@ class _Judged:
             cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
             where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured,
                                 beside=self.beside, stop=True)
+        if "factor" not in where:  # issue 37: a constant scale at the first bad stage (judging.factor)
+            where = attach_factor(where, runs[0], runs[1], self.case.spec)
+        # issue 37: would the logged loss alone (rtol 1e-3) have shown it, in the case dtype as a user logs it
+        d0 = self.case.spec["dtype"]
+        logged = [self.trajs.get(f"{n}@{d0}{s}", r) for (n, s), r in zip((a, b), runs, strict=True)]
+        where = attach_loss_only(where, logged[0], logged[1], self.case.spec)
         return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
 
     def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:

@@ -70,13 +70,14 @@ from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
-from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
+from parity_tests.protocol.trajectory import Trajectory
 from parity_tests.running import registry
 from parity_tests.running.builtins import SPECS
-from parity_tests.running.harness import check_dtypes, run_impl
+from parity_tests.running.harness import check_refusals, run_impl
 from parity_tests.session.comparison import (
     CaseResult,
     SideMapping,
@@ -87,7 +88,7 @@ from parity_tests.session.comparison import (
 )
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
-           "one_step_runs", "captured_step"]
+           "one_step_runs", "captured_step", "free_findings"]
 
 #: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`): as the engines declare
 STEPWISE = tuple(s.name for s in SPECS if s.stepwise)
@@ -270,6 +271,20 @@ class LockstepPair:
     #: the localisation (docs/localisation.md) of the first bad step (its stage chain where both sides capture), or ``None``
     localisation: dict[str, Any] | None = None
 
+    def __repr__(self) -> str:
+        first = "" if self.first_bad_step is None else f", first bad step {self.first_bad_step}"
+        return f"LockstepPair({self.reference} vs {self.impl}: {self.status}, {self.rule}{first})"
+
+    def where_line(self) -> str:
+        """``impl: where: STAGE, device D (NAME), layer L`` from the first bad step's localisation, or ``""``."""
+        where = self.localisation or {}
+        if not where.get("stage"):
+            return ""
+        device = "" if where.get("device") is None else f", device {where['device']}"
+        return (f"{self.impl}: where: {where['stage']}{device}" + (f" ({where['name']})" if where.get("name") else "")
+                + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ")
+                   else ""))
+
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "impl": self.impl, "status": self.status, "rule": self.rule,
                 "one_step_gap": self.one_step_gap, "bound": self.bound, "step_status": self.step_status,
@@ -296,14 +311,37 @@ class LockstepResult:
         return all(p.status in ("parity", "expected_difference") for p in self.pairs)
 
     @property
-    def ok(self) -> bool:
-        """Every lockstep verdict parity or an expected difference (``tfpar compare --lockstep``'s exit status 0)."""
-        return self.as_expected
+    def free_stands(self) -> list[Any]:
+        """The free comparison's pairs whose verdict says something is wrong (``divergence``, ``error``,
+        ``unexpected_parity``) where lockstep's verdict on the same pair does not.
 
-    def summary(self) -> str:
-        """The free comparison's table, then one lockstep line per pair."""
+        Lockstep's one-step runs can miss what a free run shows: a program that counts its own steps
+        (``enumerate(run.batches(), 1)`` instead of ``run.first_step``) runs its step-2 code only in the
+        free run. A free ``inconclusive`` (a chaotic run, the conditioning floor) is what lockstep
+        resolves; a free verdict that names a wrong result is never overruled by it.
+        """
+        mine = {p.impl: p.status for p in self.pairs}
+        return [fp for fp in self.free.pairs if fp.verdict.status in (*BAD, "unexpected_parity")
+                and mine.get(fp.impl) in (None, "parity", "expected_difference", "inconclusive")]
+
+    @property
+    def ok(self) -> bool:
+        """``tfpar compare --lockstep``'s exit status 0: every lockstep verdict parity or an expected difference,
+        and no free verdict that says something is wrong (:attr:`free_stands`): the exit status follows the
+        worst verdict printed, the free comparison's ``inconclusive`` excepted (lockstep is what resolves it)."""
+        return self.as_expected and not self.free_stands
+
+    @property
+    def exit_status(self) -> int:
+        """``tfpar compare --lockstep``'s exit status from the worst verdict printed, as
+        :attr:`CaseResult.exit_status`: lockstep's verdicts and the free comparison's that stand
+        (:attr:`free_stands`: a free ``inconclusive`` is lockstep's to resolve). 0 exactly when :attr:`ok`."""
+        return exit_status([*(p.status for p in self.pairs), *(fp.verdict.status for fp in self.free_stands)])
+
+    def _rows(self, *, notes: bool) -> list[str]:
+        """Lockstep's header and one row per pair (with ``notes``: each first bad step's line and where)."""
         w = max([30, *(len(f"{p.reference} vs {p.impl}") for p in self.pairs)])
-        rows = [self.free.summary(), f"lockstep (every step from {self.pairs[0].reference}'s state of the step before):"
+        rows = [f"lockstep (every step from {self.pairs[0].reference}'s state of the step before):"
                 if self.pairs else "lockstep: no pairs",
                 f"{'pair':<{w}} {'verdict':<20} {'first bad step':>14} {'worst gap/bound':>16} {'free gap/bound':>15}"]
         for p in self.pairs:
@@ -312,30 +350,38 @@ class LockstepResult:
                 free = float(np.nanmax(p.free_gap / p.free_bound)) if p.free_bound.size else 0.0
             first = "-" if p.first_bad_step is None else str(p.first_bad_step)
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {p.status:<20} {first:>14} {worst:>16.3g} {free:>15.3g}")
+            if not notes:
+                continue
             if p.first_bad_step is not None:
                 rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
-            where = p.localisation or {}
-            if where.get("stage"):  # docs/localisation.md, from the stage chain of the first bad step where both sides capture
-                device = "" if where.get("device") is None else f", device {where['device']}"
-                rows.append(f"  {p.impl}: where: {where['stage']}{device}"
-                            + (f" ({where['name']})" if where.get("name") else "")
-                            + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ") else ""))
+            if p.where_line():
+                rows.append("  " + p.where_line())
         statuses = {p.status for p in self.pairs}
         verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
                    "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
+        for fp in self.free_stands:
+            rows.append(f"  {fp.impl}: the free comparison's {fp.verdict.status} stands (lockstep's one-step runs do not"
+                        " show it: a program whose steps depend on its own count, not run.first_step?)")
         rows.append(f"lockstep verdict: {verdict} (free {self.seconds_free:.1f} s, lockstep {self.seconds_lockstep:.1f} s)")
-        return "\n".join(rows)
+        return rows
+
+    def summary(self) -> str:
+        """The free comparison's table, then one lockstep line per pair."""
+        return "\n".join([self.free.summary(), *self._rows(notes=True)])
+
+    def __repr__(self) -> str:
+        """The free comparison's table and lockstep's, without notes or arrays."""
+        return "\n".join(["LockstepResult: " + repr(self.free).removeprefix("CaseResult: "), *self._rows(notes=False)])
 
     def plot(self) -> bytes:
         """PNG: one panel per pair, the one-step gap and its bound beside the free run's gap and bound, per step."""
         import io
 
-        import matplotlib
+        # never pyplot: the user's backend (a notebook's inline one) and figures stay theirs
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, max(len(self.pairs), 1), figsize=(5.0 * max(len(self.pairs), 1), 3.4), squeeze=False)
+        fig = Figure(figsize=(5.0 * max(len(self.pairs), 1), 3.4))
+        axes = fig.subplots(1, max(len(self.pairs), 1), squeeze=False)
         for ax, p in zip(axes[0], self.pairs, strict=False):
             steps = np.arange(1, len(p.step_status) + 1)
             tiny = 1e-18  # an exact zero on the log scale
@@ -355,7 +401,6 @@ class LockstepResult:
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
         return buf.getvalue()
 
     def markdown(self) -> str:
@@ -423,6 +468,40 @@ def _renumber(text: str, step: int) -> str:
     return re.sub(r"\bstep 1\b", f"step {step}", text)
 
 
+#: where a finding (``running.plugins.replica_divergence``) says it happened: row 0 is ``run.begin()``
+_FOUND_AT = re.compile(r"\bat (?:run\.begin\(\)|step (\d+))")
+
+
+def free_findings(free: CaseResult, impl: str) -> dict[int, list[str]]:
+    """What ``impl``'s runs of the free comparison found of themselves (DDP replicas out of sync), by step (from 1).
+
+    A replica divergence is a property of the program, not of a start state: where the free run of
+    a DDP job had a rank drop or double its update at step k, lockstep's step k is a divergence too,
+    also when its one-step run does not repeat it (a program that counts its own steps). A finding
+    at ``run.begin()`` belongs to step 1.
+    """
+    out: dict[int, list[str]] = {}
+    for key, traj in free.trajectories.items():
+        if not key.startswith(f"{impl}@"):
+            continue
+        for found in getattr(traj, "findings", ()):
+            m = _FOUND_AT.search(found)
+            step = int(m.group(1)) if m and m.group(1) else 1
+            line = f"in the free run ({key}): {found}"
+            if found not in " ".join(out.get(step, [])):  # each run of it (float32, float64) finds the same
+                out.setdefault(step, []).append(line)
+    return out
+
+
+def _with_found(traj: Mapping[str, Any], found: list[str]) -> Mapping[str, Any]:
+    """``traj`` (judged arrays) carrying ``found`` as findings, unless the one-step run found something itself."""
+    if not found or getattr(traj, "findings", None):
+        return traj
+    out = Trajectory(traj)
+    out.findings.extend(found)
+    return out
+
+
 #: a pair's per-step statuses, worst first: the status of the whole pair is the first one found
 _WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
 
@@ -438,10 +517,13 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     steps = len(runs["b"])
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
     rule = "float64"
+    # each side's replicas as its free runs found them, at their step: the free compare's "replicas in sync" rule
+    found = {"a": free_findings(free, ref), "b": free_findings(free, impl)}
 
     def side(name: str, k: int) -> Side:
         run, f64 = runs.get(name), runs.get(name + "64")
-        return Side(_judged(run[k]), None if f64 is None else _judged(f64[k]))
+        extra = found.get(name, {}).get(k + 1, [])
+        return Side(_with_found(_judged(run[k]), extra), None if f64 is None else _with_found(_judged(f64[k]), extra))
 
     for k in range(steps):
         a, b = side("a", k), side("b", k)
@@ -483,7 +565,9 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     """
     first = pair.first_runs
     if first is None:
-        if free_pair is not None and free_pair.localisation is not None and pair.status == "parity":
+        # a free divergence is not rounding (its bound says so): lockstep missing it does not explain it away
+        if free_pair is not None and free_pair.localisation is not None and pair.status == "parity" \
+                and free_pair.verdict.status not in (*BAD, "unexpected_parity"):
             free_pair.localisation = {**free_pair.localisation, "explanation": (
                 f"{free_pair.localisation.get('explanation', '')}; lockstep: every one-step gap within its bound, so"
                 " the free-run gap is rounding carried and amplified from step to step, not a semantic difference"
@@ -525,7 +609,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     """
     if len(impls) < 2:
         raise CaseError("--impls", "at least two implementations to compare", ",".join(impls))
-    check_dtypes(case, impls)
+    check_refusals(case, impls)  # every implementation's refusal before any of them runs
     if case.spec["dtype"] == "mixed_bfloat16":  # its steps are judged against float64 runs: no bfloat16 floor
         raise CaseError("dtype", "float32 or float64 with --lockstep (mixed_bfloat16 is judged without it:"
                                  " docs/mixed-precision.md)", case.spec["dtype"])

@@ -98,27 +98,29 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_sessionfinish(session, exitstatus):
     """After the suite: the shared pool is shut down and no worker process is left (counted)."""
-    import psutil
-
+    from parity_tests.tests.processes import (
+        EXIT_DEADLINE,
+        children,
+        cmdline,
+        is_resource_tracker,
+        wait_until,
+    )
     from torchref.pool import shutdown_pool, stop_forkserver
 
     shutdown_pool()
     stop_forkserver()  # the server the ranks fork from is a child too
     if "parity_tests.running.tf_worker" in sys.modules:  # the server TensorFlow plugins run from
         sys.modules["parity_tests.running.tf_worker"].shutdown_worker()
-    me = psutil.Process()
-    left = []
-    for _ in range(50):  # workers get a moment to exit after the stop message
-        left = [p for p in me.children(recursive=True)
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                and "resource_tracker" not in " ".join(p.cmdline())]
-        if not left:
-            break
-        import time
+    left: list = []
 
-        time.sleep(0.1)
+    def none_left() -> bool:  # workers exit once they read the stop message: a poll, not a fixed wait
+        nonlocal left
+        left = [p for p in children(os.getpid()) if not is_resource_tracker(p)]
+        return not left
+
+    wait_until(none_left, EXIT_DEADLINE)
     if left:
-        print(f"\nworker processes left behind after the test session: {[(p.pid, p.name()) for p in left]}")
+        print(f"\nworker processes left behind after the test session: {[(p.pid, cmdline(p)[:80]) for p in left]}")
         session.exitstatus = 1
     else:
         print("\nno worker process left behind after the test session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import psutil
 import pytest
 
 from parity_tests.protocol.errors import CaseError
@@ -17,6 +16,7 @@ from parity_tests.running import builtins
 from parity_tests.running.harness import run_impl
 from parity_tests.running.tf_worker import get_worker
 from parity_tests.tests.helpers import CNN, MLP, make
+from parity_tests.tests.processes import children
 
 
 def _same(a, b) -> None:
@@ -35,7 +35,7 @@ def test_an_isolated_run_is_the_in_process_run_bit_for_bit(monkeypatch, impl, mo
     server = get_worker().pid
     there = run_impl(case, impl)
     _same(here, there)
-    assert psutil.Process(server).children() == []  # the run's process exited once it reported
+    assert children(server) == []  # the run's process exited once it reported (the server waited for it)
 
 
 def test_the_threshold_counts_parameters(monkeypatch):
@@ -48,12 +48,15 @@ def test_the_threshold_counts_parameters(monkeypatch):
 
 
 def test_an_isolated_engine_refuses_in_one_line(monkeypatch):
-    # tf.v1 refuses accumulation with batch norm inside the run (tfpar.v1.check_supported), in the child here
+    # tf.v1 refuses accumulation with batch norm (tfpar.refusals.refuse_v1): run_impl asks before any run
+    # (harness.check_refusals), and the run itself, in the child here, refuses the same in one line
     layers = [{"type": "dense", "units": 4}, {"type": "batch_norm"}, {"type": "dense", "units": 1}]
     case = make(MLP, steps=1, parallel__devices=2, parallel__accumulate=2, model__layers=layers)
     monkeypatch.setattr(builtins, "ISOLATE_PARAMETERS", 1)
     with pytest.raises(CaseError, match="parallel.accumulate"):
         run_impl(case, "tf.v1")
+    with pytest.raises(CaseError, match="parallel.accumulate"):
+        builtins._run_in_child(case, "tf.v1", None)
 
 
 def test_an_isolated_capture_run_records_what_the_in_process_one_does(monkeypatch):

@@ -47,8 +47,8 @@ def test_compare_parity_exit_0_and_divergence_exit_1(tmp_path, capsys):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "verdict: PARITY" in res.stdout
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "case" / "case.json").is_file()
-    # status 1 through main(): the console script exits with what main returns, which the
-    # subprocess above (0) and test_timeout_flag_bounds_a_job_and_names_the_rank (1) prove
+    # statuses through main(): the console script exits with what main returns, which the
+    # subprocess above (0) and test_timeout_flag_bounds_a_job_and_names_the_rank (3) prove
     # an expected difference (the residual is parity) exits 0 as well (CONTRACT section 8); a divergence 1
     summed = set_path(set_path(MLP, "parallel.devices", 2), "model.reduction", "sum")
     capsys.readouterr()
@@ -105,7 +105,8 @@ def test_too_many_devices_is_bad_input(tmp_path, capsys, monkeypatch):
 
 
 def test_timeout_flag_bounds_a_job_and_names_the_rank(tmp_path):
-    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 1, nothing left.
+    """A 0.001 s budget cannot hold a DDP job: the run fails fast, naming a rank, status 3 (an implementation
+    failed: nothing to judge), nothing left.
 
     The job is 2000 steps at 8 ranks (about a minute on the 2-core machine), so it cannot
     finish inside the budget whether a collective hits the 1 ms gloo timeout or the
@@ -114,8 +115,74 @@ def test_timeout_flag_bounds_a_job_and_names_the_rank(tmp_path):
     """
     case = _write(tmp_path, set_path(set_path(MLP, "parallel.devices", 8), "steps", 2000))
     res = _cli("--timeout", "0.001", "run", str(case), "--impl", "torch.ddp", "--out", str(tmp_path / "t.npz"))
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 3, res.stdout + res.stderr
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tfpar: run failed: torch.ddp failed: rank "), err
     assert "timed out" in err[0].lower()
     assert not (tmp_path / "t.npz").exists()
+
+
+def test_version_prints_the_installed_version_and_the_source_tree_agrees(capsys):
+    import tomllib
+    from importlib import metadata
+
+    import parity_tests
+
+    assert main(["--version"]) == 0
+    try:
+        installed = metadata.version("tfpar")
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH: the package's own
+        installed = parity_tests.__version__
+    assert capsys.readouterr().out == f"tfpar {installed}\n"
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert parity_tests.__version__ == pyproject["project"]["version"]
+
+
+@pytest.mark.parametrize(("argv", "shown"), [
+    (["replay", "m.json"], ["a note"]),
+    (["-q", "replay", "m.json"], []),
+    (["replay", "m.json", "--quiet"], []),
+    (["--verbose", "replay", "m.json"], ["a detail", "a note"]),
+    (["replay", "-v", "m.json"], ["a detail", "a note"]),
+], ids=["default", "quiet-before", "quiet-after", "verbose-before", "verbose-after"])
+def test_the_library_logs_and_the_command_shows_it_as_asked(monkeypatch, capsys, argv, shown):
+    """The library's messages go to the ``tfpar`` logger; the command shows INFO on stderr, ``-q`` none,
+    ``-v`` DEBUG too, and leaves logging as it found it: no handler left, the root logger untouched."""
+    import logging
+
+    from parity_tests import cli
+
+    def command(args):
+        logging.getLogger("tfpar.session").debug("a detail")
+        logging.getLogger("tfpar.session").info("a note")
+        return 0
+
+    monkeypatch.setattr(cli, "_cmd_replay", command)
+    root = (logging.getLogger().level, list(logging.getLogger().handlers))
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == shown
+    assert logging.getLogger("tfpar").handlers == [] and logging.getLogger("tfpar").level == logging.NOTSET
+    assert (logging.getLogger().level, logging.getLogger().handlers) == root
+
+
+def test_quiet_and_verbose_are_refused_together(capsys):
+    assert main(["-q", "-v", "replay", "m.json"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_quiet_compare_prints_the_verdicts_and_nothing_on_stderr(tmp_path, capsys):
+    case = _write(tmp_path, set_path(set_path(MLP, "parallel.devices", 1), "steps", 2))
+    assert main(["compare", str(case), "--impls", "torch.single,tf.single", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "verdict: PARITY" in out and not [line for line in err.splitlines() if ": run " in line], err
+
+
+def test_matrix_takes_junit_and_quiet_from_the_command_line(monkeypatch, tmp_path):
+    from parity_tests.reporting import matrix
+
+    seen = {}
+    monkeypatch.setattr(matrix, "run_matrix", lambda out, **kw: seen.update(out=out, **kw) or 0)
+    assert main(["matrix", "--out", str(tmp_path / "r"), "--junit", str(tmp_path / "j.xml"), "-q"]) == 0
+    assert (seen["out"], seen["junit"], seen["progress"]) == (tmp_path / "r", tmp_path / "j.xml", False)
+    assert main(["matrix", "--out", str(tmp_path / "r")]) == 0
+    assert (seen["junit"], seen["progress"]) == (None, True)

@@ -360,3 +360,13 @@ def test_reported_place_is_the_perturbed_one(rows, shape, group, seed, data) -> 
     assert m.index == index
     assert m.max_abs == abs(a[m.key][(row, *index)] - b[m.key][(row, *index)])
     assert (m.mismatched, m.total) == (1, int(np.prod(shape, dtype=int)))
+
+
+def test_a_comparison_reads_as_one_line() -> None:
+    a = {"loss": np.ones(3), "param/w": np.ones((4, 2))}
+    b = {"loss": np.array([1.0, 1.5, 1.0]), "param/w": np.ones((4, 2))}
+    assert repr(compare_trajectories(a, b, rtol=1e-10, atol=0)) == (
+        "Comparison(NOT ok, 2 arrays compared, greatest absolute difference 0.5, relative 0.333 (rtol 1e-10, atol 0);"
+        " first mismatch: step 2, loss)")
+    assert repr(compare_trajectories(a, a, rtol=1e-10, atol=0)) == (
+        "Comparison(ok, 2 arrays compared, greatest absolute difference 0, relative 0 (rtol 1e-10, atol 0))")

@@ -113,3 +113,35 @@ def test_a_variant_asked_for_from_two_threads_at_once_is_made_once():
         t.join()
     assert len(made) == 1 and got == [made[0], made[0]]
     assert "float32+perturbed" in variants and "float64" not in variants
+
+
+def test_a_result_reads_as_a_small_table_not_as_arrays():
+    """``repr`` of what ``compare_case`` returns (a notebook shows it): the case, one row per pair and the
+    verdict line, never the per-step gaps or the trajectories (a dataclass repr printed both)."""
+    import re
+
+    import numpy as np
+
+    from parity_tests.judging.theory import Prediction
+    from parity_tests.judging.verdict import Verdict
+    from parity_tests.session.comparison import CaseResult, PairResult
+
+    gaps = np.linspace(0.0, 1e-16, 1001)  # long enough that numpy would elide it with "..."
+    same = Verdict("parity", "float64 bound", 3e-16, 1e-10, None, None, gaps, None, "within", step=3, key="param/0.kernel")
+    apart = Verdict("divergence", "float64 bound", 0.5, 1e-10, None, None, gaps, None, "step 1, loss: Mismatched elements",
+                    step=1, key="loss", first_step=1)
+    pairs = [PairResult("tf.towers", "torch.ddp", same, Prediction((), ())),
+             PairResult("tf.towers", "tf.single", apart, Prediction((), ()),
+                        localisation={"stage": "loss", "first_bad_step": 1, "explanation": "the losses differ"})]
+    result = CaseResult(make(MLP, parallel__devices=2), ["tf.towers", "torch.ddp", "tf.single"], pairs,
+                        {"tf.towers@float64": {"param/0.kernel": np.zeros((1001, 50))}}, 1.5)
+    lines = repr(result).splitlines()
+    assert "array" not in repr(result) and "..." not in repr(result)
+    assert lines[0] == "CaseResult: case mlp: float64, 2 device(s), grad_mean, sgd (native), 4 steps"
+    assert re.fullmatch(r"tf\.towers vs torch\.ddp +parity +float64 bound +3e-16 +1e-10", lines[2]), lines
+    assert re.fullmatch(r"tf\.towers vs tf\.single +divergence +float64 bound +0\.5 +1e-10", lines[3]), lines
+    assert lines[4:] == ["verdict: DIVERGENCE (1.5 s)"]
+    assert repr(pairs[0]) == "PairResult(tf.towers vs torch.ddp: parity, float64 bound, gap 3e-16, bound 1e-10)"
+    assert repr(same) == "Verdict(parity, float64 bound: gap 3e-16, bound 1e-10 at step 3, param/0.kernel)"
+    assert repr(apart).endswith("at step 1, loss; first over the bound at step 1)")
+    assert pairs[1].where() == "tf.single: where: loss at step 1 (the losses differ)" and pairs[0].where() == ""

@@ -39,6 +39,7 @@ from parity_tests.tests.hunt.corpus import (
     judgement,
     mutated_runner,
     pairs,
+    program,
     register_mutants,
     tf,
     torch,
@@ -92,6 +93,31 @@ def test_a_bug_at_parity_or_behind_a_predicted_difference_is_a_miss():
     assert not judgement(pair, "parity")[0]
     assert not judgement(pair, "expected_difference")[0]
     assert judgement(pair, "divergence")[0]
+    assert judgement(pair, "unexpected_parity")[0]
+    # "could not judge" says nothing about the code: a miss, since this bug leaves the run far from vacuous
+    assert not judgement(pair, "inconclusive")[0] and not judgement(pair, "error")[0]
+
+
+def test_keras_made_under_floatx_float64_rounds_momentum_and_betas_but_not_the_rate():
+    """docs/plugins.md's recipe: ``learning_rate`` a float64 variable, momentum and Adam's betas through float32."""
+    fit, towers, ddp = BY_NAME[program("keras_fit")], BY_NAME["tf.towers"], BY_NAME[torch("ddp")]
+    sgd = {"name": "sgd", "lr": 1e-3, "semantics": "native"}
+    assert truth(spec(optimizer=sgd, parallel__weighting="equal", data__global_batch=16), fit, ddp)[0] == ("parity",)
+    assert truth(spec(optimizer=sgd, data__global_batch=16), fit, towers)[0] == OK  # tf.towers rounds the rate
+    momentum = {**sgd, "name": "momentum", "momentum": 0.9}
+    assert truth(spec(optimizer=momentum, data__global_batch=16), fit, ddp)[0] == OK
+    both = {**momentum, "lr": 0.5}  # a float32 rate: only momentum is rounded, by both
+    assert truth(spec(optimizer=both, data__global_batch=16), fit, towers)[0] == ("parity",)
+
+
+def test_programs_are_drawn_only_where_they_honour_the_case():
+    fit, v1 = BY_NAME[program("keras_fit")], BY_NAME[program("v1_losses")]
+    native = {"name": "sgd", "lr": 0.05, "semantics": "native"}
+    even = spec(optimizer=native, data__global_batch=16)
+    assert fit.runs(even) and not fit.runs(spec(optimizer=native))  # 14 rows on 4 devices: uneven slices
+    assert not fit.runs(spec(optimizer={**native, "semantics": "torch"}, data__global_batch=16))
+    assert not v1.runs(even) and v1.runs(spec(optimizer=native, dtype="float32", data__global_batch=16))
+    assert BY_NAME[program("keras_fit_l2")].group == BY_NAME[torch("ddp_l2")].group == "l2"
 
 
 def test_torch_side_does_not_import_tensorflow():
@@ -138,6 +164,35 @@ def test_one_device_and_keras_rewrites_are_at_parity():
     assert single.status == "parity", single.detail
     keras = _judge(make(MLP, **BASE, optimizer=sgd), ["tf.towers", tf("keras_model")]).pairs[0].verdict
     assert keras.status == "parity", keras.detail
+
+
+# 4 devices, 16 rows: even contiguous slices, as model.fit under MirroredStrategy cuts them
+EVEN = {**BASE, "data__global_batch": 16, "parallel__weighting": "equal"}
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize(("a", "b"), [
+    (program("keras_fit"), torch("ddp")),
+    (program("keras_fit_floatx"), program("keras_fit")),  # set_floatx alone: what a fresh Python runs
+    (program("keras_fit_l2"), torch("ddp_l2")),  # a loss term the case cannot express, ported
+], ids=["fit-ddp", "floatx-alone", "l2"])
+def test_programs_compute_what_their_counterparts_do_in_float64(a, b):
+    """The programs' premise, simply run (no judge): the same float64 numbers to the float64 bound. SGD at an
+    exact float64 rate 0.05 (not a float32 number: a rounded rate would show at 1e-9)."""
+    case = make(MLP, **EVEN, optimizer={"name": "sgd", "lr": 0.05, "semantics": "native"})
+    for name in (a, b):
+        resolve(name)
+    assert _gap(run_impl(case, a), run_impl(case, b)) <= 1e-10
+
+
+@pytest.mark.usefixtures("pool")
+def test_v1_losses_reduce_in_float32_inside_a_float64_run():
+    """The premise of the TF1 family: its float64 run is not float64 throughout (``tf.compat.v1.losses`` casts
+    to float32), so it parts from a float64 run by float32 rounding: more than the float64 bound, well under 1e-5."""
+    case = make(MLP, **EVEN, optimizer={"name": "sgd", "lr": 0.05, "semantics": "tf"})
+    resolve(program("v1_losses"))
+    gap = _gap(run_impl(case, program("v1_losses")), run_impl(case, "tf.towers"))
+    assert 1e-10 < gap < 1e-5, gap
 
 
 # ---------------------------------------------------------------- one seeded bug of each family

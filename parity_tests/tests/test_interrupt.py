@@ -11,12 +11,14 @@ import time
 import psutil
 import pytest
 
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
+from parity_tests.tests.processes import (
+    EXIT_DEADLINE,
+    children,
+    cmdline,
+    is_resource_tracker,
+    wait_gone,
+    wait_until,
+)
 
 
 @pytest.mark.parametrize(("sig", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
@@ -29,20 +31,21 @@ def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path, sig, s
     proc = subprocess.Popen([sys.executable, "-m", "parity_tests.cli", "matrix", "--quick", "--out", str(tmp_path / "rep")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        # wait until the DDP pool's ranks exist and the first rows are done
-        deadline = time.monotonic() + 240
+        # wait until the DDP pool's ranks exist and the first rows are done: TensorFlow's import, the
+        # pool's start and the first cases take about 40 s on a quiet machine; the deadline allows
+        # for a machine loaded several times over (the poll ends as soon as they are there)
         seen: list[psutil.Process] = []
         spilled = False
-        while time.monotonic() < deadline:
-            seen = _tree(proc.pid)
+
+        def going() -> bool:
+            nonlocal seen, spilled
+            seen = children(proc.pid)  # every process of the tree, gone ones left out (issue 34)
             rows = list((tmp_path / "rep" / "rows").glob("*.json")) if (tmp_path / "rep" / "rows").exists() else []
             spilled = spilled or bool(list(tmp.glob("tfpar-spill-*/*.rows")))  # the runs spill their rows
-            if len([p for p in seen if "resource_tracker" not in " ".join(p.cmdline())]) >= 2 and rows and spilled:
-                break
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.5)
-        else:
-            raise AssertionError("the matrix did not get going in 240 s")
+            return len([p for p in seen if not is_resource_tracker(p)]) >= 2 and bool(rows) and spilled
+
+        assert wait_until(going, 600, interval=0.5), "the matrix did not get going in 600 s"
         t0 = time.monotonic()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
@@ -53,9 +56,10 @@ def test_ctrl_c_during_matrix_stops_promptly_and_leaves_nothing(tmp_path, sig, s
     assert proc.returncode == status, (proc.returncode, err[-2000:])
     assert said in err
     assert stopped < 30
-    time.sleep(1.0)
-    alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    # the command has exited; its ranks and servers exit on their own once they see it (a closed
+    # pipe, the parent-death signal): wait for that event, not a fixed second
+    alive = wait_gone(seen, EXIT_DEADLINE)
+    assert not alive, [(p.pid, cmdline(p)) for p in alive]
     assert not list((tmp_path / "rep").rglob("*.tmp"))  # atomic writes only
     assert not list(tmp.glob("tfpar-spill-*")), list(tmp.rglob("*"))  # the spill folder went with the run
     assert not list(tmp.glob("pymp-*")), list(tmp.rglob("*"))  # and the forkserver's socket folder
@@ -116,7 +120,8 @@ def test_a_signal_that_lands_in_a_finaliser_still_stops_the_command(monkeypatch,
         return 0
 
     monkeypatch.setattr(cli, "_cmd_run", command)
-    t0 = time.monotonic()
+    # a lost signal lets the command run its ten seconds and return 0: the status alone tells the two
+    # apart, so no bound on the elapsed time (which a loaded machine could stretch) is needed
     code = cli.main(["run", "case.json", "--impl", "tf.towers", "--out", "run.npz"])
-    assert (code, time.monotonic() - t0 < 5) == (status, True)
+    assert code == status
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"tfpar: {said}"

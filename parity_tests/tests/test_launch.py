@@ -27,6 +27,7 @@ from parity_tests.cli import main as tfpar_main
 from parity_tests.contract.case import case_from_dict, load_case
 from parity_tests.running.harness import run_impl
 from parity_tests.tests.helpers import MLP, set_path
+from parity_tests.tests.processes import GONE, HANG_DEADLINE, children, cmdline, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "parity_tests" / "tests" / "plugins" / "launch_faults.py"
@@ -88,27 +89,22 @@ class Launch:
         for p in self.procs:
             try:
                 root = psutil.Process(p.pid)
-                tree = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
+            except GONE:
                 continue
-            for q in tree:
+            for q in [root, *children(root)]:
                 self.seen.setdefault(q.pid, q)
                 try:
                     self.parent.setdefault(q.pid, q.ppid())
                     self.listening += [(q.pid, c.laddr.ip, c.laddr.port) for c in q.net_connections("inet")
                                        if c.status == psutil.CONN_LISTEN]
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                except GONE:
                     pass
 
     def left_behind(self) -> list[str]:
         """The processes of either call still running a moment after both calls ended."""
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            alive = [q for q in self.seen.values() if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
-            if not alive:
-                return []
-            time.sleep(0.2)
-        return [f"{q.pid} {' '.join(q.cmdline())[:120]}" for q in alive]
+        # the ranks and torchrun's agents exit once the calls' own processes have: wait for that, with
+        # the suite's deadline for exits under load (processes.EXIT_DEADLINE), not a quiet-machine 5 s
+        return [f"{q.pid} {cmdline(q)[:120]}" for q in wait_gone(self.seen.values())]
 
     def lines(self, node: int) -> list[str]:
         """Node ``node``'s own lines (parity_tests.launch.torch's), without torchrun's log and summary."""
@@ -272,6 +268,6 @@ def test_param_digests_see_row_0_and_every_step():
 
 def test_importing_the_launcher_does_not_load_tensorflow():
     code = "import sys, parity_tests.launch.torch; print(','.join(m for m in ('tensorflow', 'keras') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == ""

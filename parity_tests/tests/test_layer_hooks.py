@@ -221,3 +221,82 @@ def test_a_plugin_with_its_activation_in_forward_lines_up_with_the_builtins(pool
     chain = {c["stage"]: c for c in where["chain"]}
     assert chain["forward"]["name"] == "layer 1 dense (module.l1 Linear)" and chain["forward"]["gap"] < 1e-12
     assert where["stage"] == "device_grads" and "forward agrees" in where["explanation"]
+
+
+def test_torch_hooks_count_every_micro_batch_the_step_backpropagates():
+    """Gradient accumulation: the step's k backpropagated passes are the rows the rank read, merged in call order
+    (issue 35: the hooks kept the first micro-batch, and the rank was said to read 8 rows of 16); a forward that
+    nothing differentiates (a logged evaluation with autograd on) is no micro-batch."""
+    import torch
+
+    from torchref.plugin import LayerHooks
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)).double()
+    x = torch.randn(8, 5, dtype=torch.float64)
+    hooks = LayerHooks()
+    hooks.install()
+    hooks.armed = True
+    try:
+        for xj in (x[:4], x[4:]):  # two micro-batches, each backpropagated
+            (net(xj).sum() / 2).backward()
+        net(x[:2])  # looked at, never differentiated
+    finally:
+        hooks.remove()
+    assert len(hooks.passes) == 3
+    assert [leaf["name"] for leaf in hooks.leaves] == ["0", "1", "2"]
+    assert np.array_equal(hooks.leaves[0]["in"], x.numpy())  # the 8 rows read, in order
+    assert np.array_equal(hooks.leaves[2]["out"], net(x).detach().numpy())
+    assert sum(len(v) for v in [layer_outputs(hooks.leaves)["0"]]) == 8
+
+
+def test_hook_layers_take_the_case_layer_they_are():
+    """A plugin that flattens (or pools) in code has no module there: its first ``Linear`` is the case's layer 1
+    (after ``flatten``), not layer 0 (issue 35: a where-line named ``layer 0 flatten`` for the hooks' first
+    dense). Keras' ``Flatten`` layer is the case's 0; a layer with parameters the hooks never saw: no numbering."""
+    from parity_tests.contract.model import validate_model
+    from parity_tests.running.plugins import case_numbering
+
+    def model(shape, layers):
+        return {"model": validate_model({"input_shape": shape, "layers": layers, "loss": "mse"})[0]}
+
+    spec = model([2, 3], [{"type": "flatten"}, {"type": "dense", "units": 4, "activation": "relu"},
+                          {"type": "dense", "units": 1}])
+    torch_side = {"0": np.zeros((5, 4)), "1": np.zeros((5, 1))}
+    assert case_numbering(spec, torch_side, {"0": True, "1": True}) == {"0": "1", "1": "2"}
+    keras_side = {"0": np.zeros((5, 6)), "1": np.zeros((5, 4)), "2": np.zeros((5, 1))}
+    assert case_numbering(spec, keras_side, {"0": False, "1": True, "2": True}) == {"0": "0", "1": "1", "2": "2"}
+    assert case_numbering(spec, {"0": np.zeros((5, 1))}, {"0": True}) is None  # dense 4 unseen
+    cnn = model([4, 4, 1], [{"type": "conv2d", "filters": 2, "kernel_size": 3, "padding": "same"},
+                            {"type": "max_pool2d", "pool_size": 2}, {"type": "flatten"}, {"type": "dense", "units": 1}])
+    # Conv2d, pooled and flattened in code, then Linear: the conv's layer is what Linear received (flatten's output)
+    assert case_numbering(cnn, {"0": np.zeros((5, 8)), "1": np.zeros((5, 1))}, {"0": True, "1": True}) == \
+        {"0": "2", "1": "3"}
+    leaves = [{"name": "module.0", "kind": "Linear", "weights": True, "kept": False, "fed": True, "in": np.ones((4, 6)),
+               "out": np.ones((4, 4))},
+              {"name": "module.1", "kind": "Linear", "weights": True, "kept": False, "fed": True, "in": np.ones((4, 4)),
+               "out": np.ones((4, 1))}]
+    device = [{"grads": None, "acts": None, "losses": None, "inputs": None, "leaves": leaves}]
+    got = device_arrays(device, 1, "p", {}, spec=spec)
+    assert sorted(k for k in got if k.startswith("device/act/")) == ["device/act/1", "device/act/2"]
+    assert str(got["device/name/1"]) == "module.0 Linear" and got["device/rows"].shape == (4, 6)
+
+
+def test_keras_hooks_merge_a_towers_micro_batches():
+    """Under ``parallel.accumulate: k`` a tower's first k passes are its micro-batches: their rows merged in call
+    order (rows read, as ``tf.towers`` records them); without accumulation a tower's first pass alone."""
+    from tfpar.plugin import KerasLayerHooks
+
+    def pass_(rows):
+        return [{"name": "sequential/dense", "kind": "Dense", "weights": True, "kept": False, "fed": False,
+                 "in": rows, "out": rows * 2.0}]
+
+    rows = [np.full((4, 5), float(i)) for i in range(4)]
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    hooks = KerasLayerHooks()
+    hooks.passes = [(devices[0], pass_(rows[0])), (devices[1], pass_(rows[1])),
+                    (devices[0], pass_(rows[2])), (devices[1], pass_(rows[3]))]
+    merged = hooks.by_tower(devices, micro=2)
+    assert [m[0]["in"].shape for m in merged] == [(8, 5), (8, 5)]
+    assert np.array_equal(merged[1][0]["out"], 2.0 * np.concatenate([rows[1], rows[3]]))
+    assert [m[0]["in"].shape for m in hooks.by_tower(devices)] == [(4, 5), (4, 5)]  # one micro-batch: the first

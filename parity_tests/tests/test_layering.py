@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from parity_tests.tests.processes import HANG_DEADLINE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,7 +41,7 @@ def test_no_source_file_imports_the_other_framework(package, forbidden):
 )
 def test_importing_does_not_load_the_other_framework(module, forbidden):
     code = f"import sys, {module}; print(','.join(m for m in {forbidden!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"importing {module} loaded {out.stdout.strip()}"
 
@@ -61,7 +63,7 @@ if __name__ == "__main__":
 def test_running_torch_implementations_does_not_import_torch_in_the_parent():
     """The ranks import the job (torchref.jobs.JobRef) where the forkserver imported torch: a cold
     ``tfpar compare`` does not pay torch's import (~2.4 s) in the process that imports TensorFlow."""
-    out = subprocess.run([sys.executable, "-c", TORCH_FROM_THE_POOL], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", TORCH_FROM_THE_POOL], capture_output=True, text=True, timeout=HANG_DEADLINE,
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "False"

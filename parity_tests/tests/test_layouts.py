@@ -102,3 +102,40 @@ def test_to_tf_inverts_to_torch_for_numpy_and_tensors():
         tensor = to_tf_named(to_torch_named(torch.as_tensor(v), conversion, shape), conversion, shape)
         np.testing.assert_array_equal(tensor.numpy(), v, err_msg=name)
     assert run.to_torch(np.ones((2, 3))) == "by rank" and run.to_tf(np.ones((2, 3))) == "by rank"
+
+
+def test_an_external_models_arrays_take_a_layout_and_refuse_a_guess_by_rank():
+    """An external model (no layers to read a name's layer from) is told each array's layout; without one, an
+    array of 2 or more dimensions is refused in one line (a 2-D array is a dense kernel or a table alike); a
+    case model keeps CONTRACT section 5's ``run.to_torch(a)`` by rank."""
+    from parity_tests.contract.layouts import LayoutError
+
+    class Run(NamedLayouts):
+        def __init__(self, spec):
+            self.spec = spec
+
+        _rank_to_torch = staticmethod(lambda a: a.T)
+        _rank_to_tf = staticmethod(lambda a: a.T)
+
+    ext = Run({"model": {"external": "a GPT", "loss": "softmax_ce"}})
+    k, conv, b = np.arange(6.0).reshape(2, 3), np.arange(24.0).reshape(1, 2, 3, 4), np.arange(3.0)
+    assert ext.to_torch(k, layout="dense").shape == (3, 2) and np.array_equal(ext.to_tf(ext.to_torch(k, layout="dense"),
+                                                                                          layout="dense"), k)
+    assert ext.to_torch(k, layout="none") is k and ext.to_torch(conv, layout="conv").shape == (4, 3, 1, 2)
+    assert np.array_equal(ext.to_tf(ext.to_torch(conv, layout="conv"), layout="conv"), conv)
+    assert np.array_equal(ext.to_torch(b), b)  # 1-D: nothing to guess
+    with pytest.raises(LayoutError, match=r"^layout: expected run\.to_torch\(a, layout=\.\.\.\) for an external model's"
+                                          r" 2-D array: 'dense' .* got 'shape \[2, 3\]'$"):
+        ext.to_torch(k)
+    with pytest.raises(LayoutError, match=r"^layout: expected run\.to_tf\(a, layout=\.\.\.\) for an external model's 4-D"):
+        ext.to_tf(conv)
+    with pytest.raises(LayoutError, match=r"^layout: expected a 2-D array for layout 'dense', got 'shape \[3\]'$"):
+        ext.to_torch(b, layout="dense")
+    with pytest.raises(LayoutError, match=r"^layout: expected one of 'dense', 'conv', 'none', got 'table'$"):
+        ext.to_torch(k, layout="table")
+    with pytest.raises(LayoutError, match=r"^name: expected a case model's parameter name; an external model's"):
+        ext.to_torch(k, name="0.kernel")
+    case = Run(_spec())
+    assert case.to_torch(k).shape == (3, 2)  # a case model: by rank, as CONTRACT section 5 says
+    with pytest.raises(LayoutError, match="not both"):
+        case.to_torch(k, name="0.embeddings", layout="none")

@@ -204,3 +204,119 @@ def test_the_stage_chain_holds_a_few_arrays_not_both_sides_gradients(tmp_path):
         tracemalloc.stop()
     assert [c["stage"] for c in where["chain"]][-1] == "combined_grads" and where["stage"] is None
     assert peak < model_bytes, f"the chain held {peak / model_bytes:.2f} copies of the model at once"
+
+
+# ---------------------------------------------------------------- which clip acted (issue 35)
+
+
+def _clip_side(how: str, *, threshold: float = 1.0, scale: float = 1.0, dtype=np.float64) -> dict:
+    """A captured step of 2 devices whose device gradients agree and whose applied gradient is clipped ``how``:
+    ``after`` (one global-norm clip of the mean, computed on the gradient times ``scale``, then divided by it, as
+    a loss-scaled program does), ``per_device`` (each device's gradient clipped, then the mean) or ``none``."""
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=(2, 3, 2)).astype(dtype) * dtype(2.0)  # norms about 3.5: every clip at 1 acts
+    if how == "after":
+        s = (g.mean(axis=0) * dtype(scale)).astype(dtype)
+        applied = s * dtype(min(1.0, threshold / float(np.linalg.norm(s)))) / dtype(scale)
+    elif how == "per_device":
+        applied = np.mean([gr * dtype(min(1.0, threshold / float(np.linalg.norm(gr)))) for gr in g], axis=0)
+    else:
+        applied = g.mean(axis=0)
+    x = np.arange(12, dtype=dtype).reshape(6, 2)
+    return {"device/step": np.asarray(1), "device/x": x, "device/sizes": np.asarray([3, 3]),
+            "device/act/0": x[:, :1], "device/loss": np.ones(2, dtype), "device/grad/0.kernel": g,
+            "grad/0.kernel": applied.astype(dtype)[None]}
+
+
+_CLIP_SPEC = {"parallel": {"clip": {"global_norm": 1.0, "where": "after_combine"}, "weighting": "equal",
+                           "shard": "contiguous"}, "data": {}, "model": {"layers": []}}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_the_clip_explanation_names_the_clip_that_acted(dtype):
+    """A clip applied once to a loss-scaled gradient (S = 128) is one factor on the combined gradient, at
+    threshold 1/128 of the case's: named as such, never "clipped per device?" (issue 35); a per-device clip is
+    named with each device's norm and factor. In float32 too: one factor holds to float32 rounding there."""
+    from parity_tests.judging.localise import stage_chain
+
+    ref = _clip_side("after", dtype=dtype)
+    scaled = stage_chain(ref, _clip_side("after", scale=128.0, dtype=dtype), 1, 1e-6, _CLIP_SPEC)
+    text = scaled["explanation"]
+    assert scaled["stage"] == "clip", text
+    assert "per device" not in text and "each device" not in text, text
+    assert text.count("clipped once after the combination") == 2, text
+    assert "= 1 / " in text and "128x below the case's 1" in text and "loss scale" in text, text
+    per = stage_chain(ref, _clip_side("per_device", dtype=dtype), 1, 1e-6, _CLIP_SPEC)["explanation"]
+    assert "the other applied each device's gradient clipped before the equal mean (1/N each) (device norms" in per, per
+    assert "= min(1, 1 / norm)" in per, per
+    assert "clipped once after the combination" in per  # the reference's, named as what it is
+    none = stage_chain(ref, _clip_side("none", dtype=dtype), 1, 1e-6, _CLIP_SPEC)["explanation"]
+    assert "unscaled" in none and "no clip acted where one should" in none, none
+
+
+def test_a_gap_of_float32_size_in_a_float64_run_is_named():
+    """``1 / num_tokens`` computed in float32 in a float64 run (an int64 count made a float32 tensor) scales the
+    gradient by ``fl32(1/3) * 3``, 1 + 3e-8: a gap of float32 rounding size no float64 arithmetic makes. The
+    where-line says so; a gap far above it (a real factor) or a float32 run's own rounding does not."""
+    from parity_tests.judging.localise import float32_sized
+
+    third = float(np.float32(1 / 3)) * 3  # 1 - 2.98e-8: 0.5 x 2^-24
+    where = _where(_run(grad_scale=lambda k: third))
+    assert where["stage"] == "combined_grads" and where["gap"] < 1e-7, where
+    assert "a gap of float32 rounding size (0.5 x 2^-24 relative) in a float64 run: something computes in float32" \
+        in where["explanation"], where["explanation"]
+    assert "float32" not in _where(_run(grad_scale=lambda k: 2.0 if k >= 3 else 1.0))["explanation"]
+    assert float32_sized(6e-8, np.float32) == "" and float32_sized(1e-3, np.float64) == ""
+    assert float32_sized(6e-8, np.float64) != "" and float32_sized(1e-11, np.float64) == ""
+
+
+# ---------------------------------------------------------------- rows dealt otherwise (issue 35)
+
+
+def _dealt_side(order: np.ndarray, *, hooks: bool, act_shift: float = 0.0) -> dict:
+    """A captured step of 2 devices over the same 8 rows, device r holding ``order``'s rows 4r..4r+3 (a linear model,
+    loss and gradient per device of its own rows); ``hooks``: the rows as a plugin's layer hooks saw them
+    (``rows``: what its first layer received, flattened), else ``x`` as the built-ins record them."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(8, 2, 3))[order]
+    w = rng.normal(size=(6, 2))
+    act = x.reshape(8, -1) @ w
+    act[4:] += act_shift  # device 1's layer output moved (batch-norm statistics of its own rows, say)
+    parts = [slice(0, 4), slice(4, 8)]
+    out = {"device/step": np.asarray(1), "device/sizes": np.asarray([4, 4]), "device/act/0": act,
+           "device/loss": np.array([act[p].mean() for p in parts]),
+           "device/grad/0.kernel": np.stack([np.tile(x[p].reshape(4, -1).mean(0)[:, None], (1, 2)) for p in parts])}
+    out["device/rows" if hooks else "device/x"] = x.reshape(8, -1) if hooks else x
+    out["grad/0.kernel"] = out["device/grad/0.kernel"].mean(axis=0)[None]  # equal shards' mean: the same either way
+    return out
+
+
+def test_rows_dealt_otherwise_are_an_inputs_difference_and_the_forward_pass_is_compared_on_matching_rows():
+    """Contiguous slices (the reference, ``x``) against rows r::N (a plugin's hooks, ``rows``): the same 8 rows in all,
+    on other devices. Named at ``inputs`` as the dealing it is, never "forward ... differs on every device" (the
+    forward pass is the same on each row, issue 35); a layer that does compute otherwise on matching rows is
+    named; the same dealing (rows in the same order) is not a finding."""
+    from parity_tests.judging.localise import stage_chain
+
+    contiguous, strided = np.arange(8), np.array([0, 2, 4, 6, 1, 3, 5, 7])
+    ref = _dealt_side(contiguous, hooks=False)
+    where = stage_chain(ref, _dealt_side(strided, hooks=True), 1, 1e-10)
+    text = where["explanation"]
+    assert (where["stage"], where["device"]) == ("inputs", None), text
+    assert "the devices received different rows: the same 8 rows in all, dealt contiguous slices (the reference) vs" \
+           " rows r, r+N, ... (the other, as DistributedSampler deals them)" in text, text
+    assert "on matching rows the forward pass agrees" in text and "differs on every device" not in text, text
+    assert "the gradient applied agrees" in text, text
+    doubled = _dealt_side(strided, hooks=True)
+    doubled["grad/0.kernel"] = 2 * doubled["grad/0.kernel"]
+    assert "the gradient applied differs in 0.kernel (gap 0.5): more than the dealing" in \
+        stage_chain(ref, doubled, 1, 1e-10)["explanation"]
+    back = stage_chain(_dealt_side(strided, hooks=False), _dealt_side(contiguous, hooks=True), 1, 1e-10)
+    assert "dealt rows r, r+N, ... (the reference, as DistributedSampler deals them) vs contiguous" in back["explanation"]
+    bn = stage_chain(ref, _dealt_side(strided, hooks=True, act_shift=0.5), 1, 1e-10)
+    assert bn["stage"] == "inputs" and "on matching rows the output of layer 0 differs" in bn["explanation"]
+    same = stage_chain(ref, _dealt_side(contiguous, hooks=True), 1, 1e-10)
+    assert same["stage"] is None and "different rows" not in same["explanation"], same["explanation"]
+    other = _dealt_side(contiguous, hooks=True)
+    other["device/rows"] = other["device/rows"] + 1.0  # other rows altogether: no matching, compared as before
+    assert "different rows" not in stage_chain(ref, other, 1, 1e-10)["explanation"]

@@ -39,6 +39,9 @@ STATEFUL_CASES = {
     "rmsprop-torch": (SOFTMAX, {"optimizer": {"name": "rmsprop", "lr": 0.01, "semantics": "torch", "centered": True,
                                               "momentum": 0.5}}),
     "adagrad-native": (SOFTMAX, {"optimizer": {"name": "adagrad", "lr": 0.05}}),
+    # Keras' CosineDecay reads iterations; torch's SequentialLR is recursive and is replayed to step t
+    "momentum-native-cosine": (SOFTMAX, {"optimizer__schedule": {"kind": "warmup_cosine", "warmup_steps": 1,
+                                                                 "decay_steps": 2, "min_lr": 0.005}}),
 }
 
 
@@ -165,6 +168,7 @@ def test_chaotic_free_run_diverges_but_lockstep_says_parity(pool):
     assert pair.status == "parity" and pair.first_bad_step is None
     assert np.all(pair.one_step_gap <= pair.bound)
     assert result.parity
+    assert result.ok and not result.free_stands  # a free inconclusive is what lockstep resolves: exit status 0
 
 
 def test_seeded_bug_at_step_40_is_named_by_lockstep(pool):
@@ -213,8 +217,14 @@ def test_cli_lockstep_report_and_exit_status(pool, tmp_path, capsys, monkeypatch
 
     path = write_case(make(SOFTMAX, parallel__devices=2, steps=3, optimizer__semantics="torch"), tmp_path / "c")
     out = tmp_path / "r"
-    assert main(["compare", str(path), "--impls", "tf.towers,torch.ddp", "--lockstep", "--report", str(out)]) == 0
+    assert main(["compare", str(path), "--impls", "tf.towers,torch.ddp", "--lockstep", "--report", str(out),
+                 "--junit", str(tmp_path / "junit.xml")]) == 0
     assert "lockstep verdict: PARITY" in capsys.readouterr().out
+    import xml.etree.ElementTree as ET
+
+    junit = ET.parse(tmp_path / "junit.xml").getroot()  # lockstep's verdicts, which the exit status comes from
+    assert [(s.get("name"), s.get("tests"), s.get("failures"), s.get("errors")) for s in junit] == [
+        ("softmax (lockstep)", "1", "0", "0")]
     doc = json.loads((out / "report.json").read_text())
     lock = doc["cases"][0]["lockstep"]["pairs"][0]
     assert lock["status"] == "parity" and len(lock["one_step_gap"]) == 3 and lock["first_bad_step"] is None
@@ -223,3 +233,26 @@ def test_cli_lockstep_report_and_exit_status(pool, tmp_path, capsys, monkeypatch
     bad = write_case(make(MLP, parallel__devices=2, parallel__combine="param_mean"), tmp_path / "p")
     assert main(["compare", str(bad), "--impls", "tf.towers,torch.ddp", "--lockstep"]) == 2
     assert "parallel.combine" in capsys.readouterr().err
+
+
+def test_a_lockstep_result_reads_as_two_small_tables():
+    """``repr``: the free comparison's table and lockstep's one row per pair, no per-step arrays."""
+    from parity_tests.judging.theory import Prediction
+    from parity_tests.judging.verdict import Verdict
+    from parity_tests.session.comparison import CaseResult, PairResult
+
+    steps = np.arange(1.0, 401.0)
+    free = CaseResult(make(MLP, parallel__devices=2), ["tf.towers", "torch.ddp"],
+                      [PairResult("tf.towers", "torch.ddp", Verdict("parity", "float64 bound", 0.0, 1e-10, None, None,
+                                                                   0 * steps, None, "within"), Prediction((), ()))], {}, 2.0)
+    pair = ls.LockstepPair("tf.towers", "torch.ddp", "divergence", "float64 bound", 1e-9 * steps, 1e-10 + 0 * steps,
+                           ["divergence"] * 400, 1e-11 * steps, 1e-10 + 0 * steps, first_bad_step=2,
+                           localisation={"stage": "update", "device": None, "name": "0.kernel"})
+    text = repr(ls.LockstepResult(free, [pair], 2.0, 3.0))
+    assert "array" not in text and "..." not in text
+    lines = text.splitlines()
+    assert lines[0].startswith("LockstepResult: case mlp: float64, 2 device(s)") and lines[-4].startswith("lockstep (")
+    assert lines[-2].split() == ["tf.towers", "vs", "torch.ddp", "divergence", "2", "4e+03", "40"], lines
+    assert lines[-1] == "lockstep verdict: DIVERGENCE (free 2.0 s, lockstep 3.0 s)"
+    assert repr(pair) == "LockstepPair(tf.towers vs torch.ddp: divergence, float64 bound, first bad step 2)"
+    assert pair.where_line() == "torch.ddp: where: update (0.kernel)"

@@ -30,6 +30,9 @@ OPTIMIZERS = {
     "rmsprop-centered-momentum": {"name": "rmsprop", "lr": 0.01, "centered": True, "momentum": 0.5, "semantics": "torch"},
     "adagrad": {"name": "adagrad", "lr": 0.05},
     "adadelta (plugins only)": {"name": "adadelta", "lr": 1.0, "rho": 0.9, "epsilon": 1e-6},
+    # Keras' CosineDecay follows iterations; the torch plugin's SequentialLR goes through use_optimizer(scheduler=)
+    "adam-warmup-cosine": {"name": "adam", "lr": 0.05, "schedule": {"kind": "warmup_cosine", "warmup_steps": 2,
+                                                                   "decay_steps": 1, "min_lr": 0.01}},
 }
 
 
@@ -50,6 +53,8 @@ def test_a_plugin_repeats_each_chains_steps_from_the_state_it_is_handed(name, im
     (["tf.towers", TF], {"name": "adam", "lr": 0.05}),
     (["torch.ddp", TORCH], {"name": "adam", "lr": 0.05}),
     (["torch.ddp", TORCH], {"name": "adagrad", "lr": 0.05}),
+    (["tf.towers", TF], OPTIMIZERS["adam-warmup-cosine"]),
+    (["torch.ddp", TORCH], OPTIMIZERS["adam-warmup-cosine"]),
 ])
 def test_lockstep_parity_with_the_builtin_of_the_same_framework(impls, optimizer):
     case = make(MLP, parallel__devices=2, steps=3, optimizer=optimizer)

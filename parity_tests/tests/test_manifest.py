@@ -10,10 +10,17 @@ import pytest
 from parity_tests.cli import main
 from parity_tests.contract.case import load_case, write_case
 from parity_tests.protocol.errors import CaseError
+from parity_tests.running.environment import versions
+from parity_tests.running.gpu import driver_facts, gpu_facts
 from parity_tests.running.harness import run_impl
 from parity_tests.running.manifest import array_digest, load_manifest
 from parity_tests.running.provenance import build_manifest, replay
 from parity_tests.tests.helpers import MLP, make
+
+
+def _driver_now() -> str:
+    """This machine's driver as a replay names it (``none`` without one)."""
+    return driver_facts()["driver"] or "none"
 
 pytestmark = pytest.mark.usefixtures("pool")
 
@@ -38,9 +45,25 @@ def test_run_writes_manifest_and_replay_is_bit_identical(tmp_path, capsys):
     assert "TF_ENABLE_ONEDNN_OPTS" in m["env"] and "CUDA_VISIBLE_DEVICES" in m["env"]
     assert set(m["npz_files"]) == {"weights.npz", "data.npz"}
     assert m["trajectory"]["param/0.kernel"] == array_digest(np.load(out)["param/0.kernel"])
+    # the GPU facts (none on a CPU machine, and nothing fails): the torch run's from its rank
+    assert m["gpu"]["source"] in (None, "nvidia-smi", "/proc/driver/nvidia") and m["gpu"]["torch"]["live"] is True
     capsys.readouterr()
     assert main(["replay", str(tmp_path / "t.manifest.json")]) == 0
-    assert "bit-identical" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bit-identical" in out and "versions differ" not in out  # the same machine: nothing to say
+    # the same run recorded elsewhere: an older numpy, a newer driver, another CUDA build of torch
+    m["versions"]["numpy"] = "1.26.4"
+    m["gpu"]["driver"], m["gpu"]["source"] = "999.1", "nvidia-smi"
+    m["gpu"]["torch"]["cuda"] = "12.8"
+    doctored = tmp_path / "elsewhere.manifest.json"
+    doctored.write_text(json.dumps(m))
+    assert main(["replay", str(doctored)]) == 0  # still bit-identical: the versions are said, not judged
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("bit-identical"), lines
+    now = versions()
+    assert lines[0] == (f"versions differ from the recorded run: numpy {now['numpy']} (recorded 1.26.4); gpu driver"
+                        f" {_driver_now()} (recorded 999.1); gpu torch.cuda {gpu_facts()['torch']['cuda'] or 'none'}"
+                        " (recorded 12.8)"), lines[0]
 
 
 def test_replay_names_the_first_array_that_differs(tmp_path):

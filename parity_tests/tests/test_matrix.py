@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -31,9 +32,13 @@ def _small():
 
 
 def test_matrix_report_and_exit_0(tmp_path, capsys):
-    assert run_matrix(tmp_path, cases=_small()) == 0
+    assert run_matrix(tmp_path, cases=_small(), junit=tmp_path / "junit.xml") == 0
     doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["schema"] == "tfpar-report/1"
     assert doc["all_as_expected"] is True and "torch" in doc["versions"]
+    junit = ET.parse(tmp_path / "junit.xml").getroot()  # one suite per row, one test case per pair
+    assert (junit.get("tests"), junit.get("failures"), junit.get("errors")) == ("10", "0", "0")
+    assert sorted(s.get("name") for s in junit.findall("testsuite")) == sorted(c.name for c in _small())
     statuses = {(r["case"], r["pair"]): r["status"] for r in doc["rows"]}
     assert statuses[("mlp-sum-reduction:n2:grad_mean:float64", "tf.towers vs tf.single")] == "expected_difference"
     assert statuses[("mlp-sum-reduction:n2:grad_mean:float64", "tf.towers vs torch.ddp")] == "parity"
@@ -50,8 +55,12 @@ def test_matrix_exit_1_when_a_verdict_is_not_the_expected_one(tmp_path, capsys):
             case = case.replace(**{"optimizer.lr": case.spec["optimizer"]["lr"] * n})
         return run_impl(case, impl)
 
-    assert run_matrix(tmp_path, cases=_small(), runner=buggy) == 1
+    assert run_matrix(tmp_path, cases=_small(), runner=buggy, junit=tmp_path / "junit.xml") == 1
     out = capsys.readouterr().out
+    failed = ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite/testcase[failure]")
+    named = [(tc.get("classname"), tc.get("name")) for tc in failed]
+    assert ("mlp-sgd:n2:grad_mean:float64", "tf.towers vs torch.ddp") in named, named
+    assert len(named) == out.count("NOT AS EXPECTED") - out.count("inconclusive") - out.count("error"), out
     assert "NOT AS EXPECTED: mlp-sgd:n2:grad_mean:float64: tf.towers vs torch.ddp: divergence" in out
     assert "**NO**" in (tmp_path / "report.md").read_text()
 

@@ -25,6 +25,7 @@ from parity_tests.cli import main as tfpar_main
 from parity_tests.contract.case import load_case
 from parity_tests.judging.compare import assert_trajectories_close, compare_trajectories
 from parity_tests.running.harness import run_impl
+from parity_tests.tests.processes import EXIT_DEADLINE, argv, children, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,16 +81,17 @@ def _start(ports: list[int], index: int, case: Path, out: Path, *extra: str) -> 
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _group_gone(pgid: int, wait: float = 10.0) -> bool:
-    """Whether no process of the group is left (waiting up to ``wait`` s for the guard to see EOF)."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
+def _group_gone(pgid: int, wait: float = EXIT_DEADLINE) -> bool:
+    """Whether no process of the group is left, waiting for the guard to see EOF and exit (up to the
+    suite's deadline for exits under load, processes.EXIT_DEADLINE: a poll, done as soon as it is)."""
+    def gone() -> bool:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
-        time.sleep(0.1)
-    return False
+        return False
+
+    return wait_until(gone, wait)
 
 
 def _reap(procs: list[subprocess.Popen]) -> None:
@@ -123,6 +125,7 @@ def test_two_workers_equal_mirrored_and_ddp_at_world_size_two(tmp_path):
     # the chief wrote the trajectory and the manifest tfpar run writes, naming the cluster
     manifest = json.loads((tmp_path / "run.manifest.json").read_text())
     assert manifest["impl"] == "tf.multiworker" and manifest["implementation"]["framework"] == "tf"
+    assert manifest["gpu"]["tensorflow"]["live"] is True  # the chief's own TensorFlow said its CUDA build and GPUs
     assert manifest["cluster"] == {"tasks": [f"worker:{i} 127.0.0.1:{p}" for i, p in enumerate(ports)],
                                    "local_devices": 1, "replicas": 2}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["case.json", "run.manifest.json", "run.npz"]
@@ -153,6 +156,17 @@ def test_two_workers_accumulate_micro_batches_as_mirrored_and_ddp(tmp_path):
     assert not result.ok and result.mismatch.step == 1
 
 
+def test_two_workers_run_keras_cosine_decay_as_mirrored(tmp_path):
+    """warmup_cosine under native: Keras' CosineDecay on the workers follows their iterations as on tf.mirrored
+    (a worker restarting the schedule, or reading another counter, would move every update after step 1)."""
+    opt = {"name": "momentum", "lr": 0.05, "momentum": 0.9, "semantics": "native",
+           "schedule": {"kind": "warmup_cosine", "warmup_steps": 1, "decay_steps": 2, "min_lr": 0.01}}
+    case_path = _write_case(tmp_path, optimizer=opt, steps=4)
+    _, _, refs = _two_workers_beside(tmp_path, case_path, "tf.mirrored")
+    recorded = run_impl(load_case(case_path), f"recorded:{tmp_path / 'run.npz'}")
+    assert_trajectories_close(recorded, refs["tf.mirrored"], rtol=RTOL, atol=ATOL)
+
+
 def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
     case_path = _write_case(tmp_path, steps=3000)  # long enough to be killed mid-run (about 30 ms a step)
     ports = _free_ports(2)
@@ -179,16 +193,11 @@ def test_a_worker_that_dies_is_named_and_nothing_is_left(tmp_path):
     assert _group_gone(procs[0].pid) and _group_gone(procs[1].pid)
 
 
-def _has_guard(worker) -> bool:
-    """Whether ``worker`` (a ``psutil.Process``) has started its guard (``parity_tests.launch.tf._GUARD``)."""
-    import psutil
-
-    for child in worker.children():
-        try:
-            argv = child.cmdline()
-        except psutil.Error:  # a short-lived child already gone
-            continue
-        if argv[1:3] == ["-S", "-c"] and str(worker.pid) in argv[3:]:
+def _has_guard(worker_pid: int) -> bool:
+    """Whether the worker ``worker_pid`` has started its guard (``parity_tests.launch.tf._GUARD``)."""
+    for child in children(worker_pid, recursive=False):
+        line = argv(child)  # [] for a short-lived child already gone
+        if line[1:3] == ["-S", "-c"] and str(worker_pid) in line[3:]:
             return True
     return False
 
@@ -196,8 +205,6 @@ def _has_guard(worker) -> bool:
 def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(tmp_path):
     """Two lone workers (their peers never start), side by side to share TensorFlow's start-up time:
     one hits its --timeout, the other gets Ctrl-C (SIGINT to its process group) while it waits."""
-    import psutil
-
     case_path = _write_case(tmp_path)
     lone, interrupted = _free_ports(2), _free_ports(2)
     procs = [_start(lone, 0, case_path, tmp_path / "a.npz", "--timeout", "3"),
@@ -208,9 +215,7 @@ def test_a_missing_worker_is_named_within_the_timeout_and_ctrl_c_ends_a_worker(t
         # starts short-lived children of its own, and a SIGINT sent on seeing one of those found
         # the worker still importing (a fresh-clone run of 2026-11-23: KeyboardInterrupt in
         # tensorflow/__init__, exit -2)
-        deadline = time.monotonic() + 90
-        while not _has_guard(psutil.Process(procs[1].pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        assert wait_until(lambda: _has_guard(procs[1].pid), 600, interval=0.2), "worker 1's guard never started"
         time.sleep(1.0)
         os.killpg(procs[1].pid, signal.SIGINT)
         errs = [p.communicate(timeout=90)[1] for p in procs]

@@ -11,6 +11,7 @@ comparison fails.
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,18 @@ def test_resolve_needs_the_residual_to_be_parity():
     assert hidden.status == "divergence" and "with it mapped" in hidden.detail and "cause 0" in hidden.detail
     assert resolve(same, _pred("update"), residual=same).verdict.status == "parity"  # below the bound here
     assert resolve(same, _pred("update"), residual=apart).verdict.status == "unexpected_parity"
+
+
+def test_unexpected_parity_shows_the_pairs_own_gap_not_the_mapped_runs():
+    """The gap column of every status is the pair's own: an ``unexpected_parity`` found through a mapped run
+    (a stand-in that parts by 1e-3 once mapped) shows the pair's gap as it ran (0 here), the mapped runs'
+    gap in its detail (issue 35: the stand-in's 0.00146 stood in the column instead of the pair's 6e-16)."""
+    same, apart = _verdicts()
+    r = resolve(same, _pred("update"), residual=apart, mapping="mapped on a stand-in")
+    assert r.verdict.status == "unexpected_parity"
+    assert (r.verdict.gap, r.verdict.bound, r.verdict.rule) == (same.gap, same.bound, same.rule)
+    assert r.verdict.gap != apart.gap and f"gap {apart.gap:.3g}" in r.verdict.detail
+    assert (r.residual.status, r.residual.gap) == (apart.status, apart.gap)  # the mapped runs' verdict stays beside it (report.json "residual")
 
 
 def test_resolve_without_a_residual_checks_the_stage():
@@ -223,10 +236,19 @@ def test_cli_exit_status_follows_contract_section_8(tmp_path, capsys):
     pair = json.loads((tmp_path / "r1" / "report.json").read_text())["cases"][0]["pairs"][0]
     assert pair["status"] == "expected_difference" and pair["residual"]["status"] == "parity"
     frozen = case_file("frozen", optimizer={"name": "sgd", "lr": 0.0})
-    assert main(["compare", frozen, "--impls", "tf.towers,torch.ddp", "--report", str(tmp_path / "r2")]) == 1
-    pair = json.loads((tmp_path / "r2" / "report.json").read_text())["cases"][0]["pairs"][0]
+    junit = tmp_path / "junit.xml"
+    assert main(["compare", frozen, "--impls", "tf.towers,torch.ddp", "--report", str(tmp_path / "r2"),
+                 "--junit", str(junit)]) == 3  # nothing could be judged: neither parity nor a divergence
+    doc = json.loads((tmp_path / "r2" / "report.json").read_text())
+    pair = doc["cases"][0]["pairs"][0]
+    assert doc["schema"] == "tfpar-report/1"
     assert pair["status"] == "inconclusive" and "no parameter moves" in pair["verdict"]["detail"]
-    assert "INCONCLUSIVE" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "INCONCLUSIVE" in out and f"junit: {junit}" in out
+    root = ET.parse(junit).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("1", "0", "1")
+    error = root.find("testsuite/testcase/error")
+    assert error.get("type") == "inconclusive" and "no parameter moves" in error.text
 
 
 @pytest.mark.usefixtures("pool")
@@ -244,6 +266,42 @@ def test_keras_float32_hyperparameters_are_mapped_for_every_optimizer_and_schedu
     assert not p.prediction.expected, p.prediction
     assert p.verdict.status == "parity", p.verdict.detail
     assert p.unmapped_gap > 1e-10 and p.residual.gap < 1e-14
+
+
+@pytest.mark.usefixtures("pool")
+def test_warmup_cosine_one_step_late_in_keras_is_an_expected_difference_and_absent_under_exact_semantics():
+    """Plain SGD, so the schedule is the only native difference: Keras' CosineDecay runs the curve one step late
+    (step 1 at rate 0), mapped by running tf.towers with torch's rule (never torch onto Keras' float32 cos);
+    under semantics torch or tf both sides compute the case's curve: parity."""
+    opt = {"name": "sgd", "lr": 0.05, "schedule": {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 3,
+                                                   "min_lr": 0.005}}
+    native = make(MLP, parallel__devices=2, optimizer=opt, model__layers__0__activation="tanh")
+    p = compare_case(native, ["tf.towers", "torch.ddp"]).pairs[0]
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert any("one step late" in e for e in p.prediction.expected), p.prediction
+    assert p.unmapped_gap > 1e-3 and p.residual.gap < 1e-13, (p.unmapped_gap, p.residual.gap)
+    assert "tf.towers run with optimizer.semantics torch" in p.verdict.detail
+    assert p.localisation["first_bad_step"] == 1 and p.localisation["stage"] == "update"
+    for sem in ("torch", "tf"):
+        exact = make(MLP, parallel__devices=2, optimizer=dict(opt, semantics=sem), model__layers__0__activation="tanh")
+        q = compare_case(exact, ["tf.towers", "torch.ddp"]).pairs[0]
+        assert q.verdict.status == "parity" and not q.prediction.expected, (sem, q.verdict.detail)
+
+
+@pytest.mark.usefixtures("pool")
+def test_warmup_cosine_between_plugins_written_with_each_frameworks_own_schedulers():
+    """A Keras plugin with CosineDecay and a DDP plugin with SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR):
+    the lateness is predicted and its residual judged through tf.towers run with torch's rule (the Keras plugin's
+    stand-in runs Keras' CosineDecay as the plugin does). Float64: the residual is the recursion's rounding."""
+    plugins = Path(__file__).resolve().parent / "plugins"
+    opt = {"name": "adam", "lr": 0.05, "schedule": {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 2,
+                                                    "min_lr": 0.01}}
+    case = make(MLP, parallel__devices=2, steps=5, optimizer=opt)
+    p = compare_case(case, [f"{plugins / 'optim_tf.py'}:towers", f"{plugins / 'optim_torch.py'}:ddp"]).pairs[0]
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert any("one step late" in e for e in p.prediction.expected), p.prediction
+    assert "tf.towers (standing in for" in p.verdict.detail and "optimizer.semantics torch" in p.verdict.detail
+    assert p.residual.gap < 1e-13 and p.unmapped_gap > 1e-3, (p.residual.gap, p.unmapped_gap)
 
 
 @pytest.mark.usefixtures("pool")

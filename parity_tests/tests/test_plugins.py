@@ -124,10 +124,10 @@ def _failure(err: str) -> tuple[str, list[str]]:
     (f"{TF}:raises_before_begin,torch.ddp", f"{TF}:raises_before_begin raised before step 1: KeyError: 'lr_schedule'",
      "return run.spec[\"optimizer\"][\"lr_schedule\"]"),
 ])
-def test_a_plugin_that_raises_is_exit_1_one_line_then_the_users_frames(tmp_path, capsys, impls, says, frame):
+def test_a_plugin_that_raises_is_exit_3_one_line_then_the_users_frames(tmp_path, capsys, impls, says, frame):
     status = main(["compare", _case_file(tmp_path), "--impls", impls])
     line, rest = _failure(capsys.readouterr().err)
-    assert status == 1 and line == f"tfpar: run failed: {says}"
+    assert status == 3 and line == f"tfpar: run failed: {says}"  # an error: nothing could be judged
     assert rest[0] == "Traceback (most recent call last; the tool's frames left out):", rest
     files = [r.split('"')[1] for r in rest if r.startswith('  File "')]
     assert files and all(f.startswith(str(HERE)) for f in files), rest  # the user's file only: no tool frame
@@ -251,6 +251,20 @@ def test_an_external_model_runs_on_plugins_under_their_own_names(tmp_path, capsy
     traj = run_impl(load_case(tmp_path / "case.json"), torch_ext)
     assert sorted(traj) == ["grad/lin.b", "grad/lin.w", "loss", "param/lin.b", "param/lin.w"]
     assert traj["param/lin.w"].shape == (5, 3, 2)
+
+
+def test_an_external_models_array_is_told_its_layout_not_guessed_by_rank(tmp_path, capsys):
+    """``run.to_torch(a)`` of an external model's 2-D array cannot know whether it is a kernel (transposed) or a
+    table (as it is): bad input in one line naming ``layout=``, exit 2, nothing written (issue 35); with
+    ``layout="dense"`` (torch_external.py:ddp) the same model runs (the test above)."""
+    out = tmp_path / "t.npz"
+    status = main(["run", _external_case(tmp_path, 2), "--impl", f"{HERE / 'torch_external.py'}:ddp_guessing",
+                   "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert "run.to_torch(a, layout=...) for an external model's 2-D array: 'dense'" in err[0], err
+    assert err[0].endswith("its rank alone does not say which, got 'shape [3, 2]'"), err
+    assert not out.exists()
 
 
 def test_an_external_model_keeps_its_own_distributed_sampler(tmp_path, capsys):

@@ -16,6 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from parity_tests.tests.processes import (
+    HANG_DEADLINE,
+    children,
+    is_resource_tracker,
+    living,
+    wait_gone,
+)
 from torchref import _pool_testfns as fns
 from torchref import pool as pool_mod
 from torchref.pool import MAX_SIZE, DDPPool, RankFailed, get_pool, shutdown_pool
@@ -24,7 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 POOL_TIMEOUT = 5.0
 
-pytestmark = pytest.mark.timeout(180)  # a pool bug must fail here, not hang the run
+# a pool bug must fail here, not hang the run: past every wait of the module (their longest is a
+# subprocess hang guard, processes.HANG_DEADLINE), with room for the test around it
+pytestmark = pytest.mark.timeout(HANG_DEADLINE + 120)
 
 
 @pytest.fixture(scope="module")
@@ -32,25 +41,6 @@ def pool4():
     """A pool of 4 ranks for this module (the session's shared 8-rank pool is left alone)."""
     with DDPPool(4, timeout=POOL_TIMEOUT) as p:
         yield p
-
-
-def _gone(pids: list[int]) -> list[int]:
-    """The pids of `pids` that still run (zombies count as gone: they hold nothing)."""
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
-def _is_resource_tracker(proc: psutil.Process) -> bool:
-    try:
-        return "resource_tracker" in " ".join(proc.cmdline())
-    except psutil.Error:
-        return True
 
 
 def _assert_restarts(pool: DDPPool) -> None:
@@ -114,7 +104,7 @@ def test_killed_rank_is_named_and_pool_restarts(pool4):
         pool4.run(fns.sigkill_rank2, None, 4)
     assert info.value.rank == 2 and info.value.how == f"died (signal {int(signal.SIGKILL)})"
     assert "rank 2 died" in str(info.value)
-    assert _gone(old) == []
+    assert living(old) == []
     _assert_restarts(pool4)
 
 
@@ -145,7 +135,7 @@ def test_silent_rank_times_out_in_parent():
             p.run(fns.sleep_then_allreduce, {"seconds": 60}, 1, timeout=0.5)
         assert time.monotonic() - start < 10
         assert info.value.rank == 0 and info.value.how.startswith("timed out after")
-        assert not p.alive and _gone(pids) == []
+        assert not p.alive and living(pids) == []
     finally:
         p.close()
 
@@ -163,22 +153,22 @@ def test_a_job_that_beats_is_not_taken_for_a_hang():
 
 def test_close_and_restart_leave_nothing_behind():
     me = psutil.Process()
-    before = {c.pid for c in me.children(recursive=True)}
+    before = {c.pid for c in children(me)}
     p = DDPPool(2, timeout=POOL_TIMEOUT)
     p.start()
     first, folder = p.pids, p.store_dir
-    assert set(first) <= {c.pid for c in me.children(recursive=True)}
+    assert set(first) <= {c.pid for c in children(me)}
     p.restart()
-    assert _gone(first) == [] and set(p.pids).isdisjoint(first)
+    assert living(first) == [] and set(p.pids).isdisjoint(first)
     second = p.pids
     assert [r["sum"] for r in p.run(fns.allreduce_rank, None, 2)] == [3.0, 3.0]
     p.close()
     p.close()  # idempotent
     assert not p.alive and p.pids == [] and p.store_dir is None
-    assert _gone(first + second) == []
+    assert living(first + second) == []
     assert not os.path.exists(folder)
-    extra = [c for c in me.children(recursive=True) if c.pid not in before]
-    assert [c.pid for c in extra if not _is_resource_tracker(c)] == []
+    extra = [c for c in children(me) if c.pid not in before]
+    assert [c.pid for c in extra if not is_resource_tracker(c)] == []
 
 
 def test_sockets_on_loopback_and_private_store(pool4):
@@ -260,21 +250,18 @@ def test_ctrl_c_tears_the_pool_down():
     child = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ready, _, _ = select.select([child.stdout], [], [], 120)
+        ready, _, _ = select.select([child.stdout], [], [], HANG_DEADLINE)
         assert ready
         word, folder = child.stdout.readline().split()
         assert word == "READY" and os.path.isdir(folder)
         time.sleep(1.0)  # let it enter run()
-        tree = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
+        tree = [c.pid for c in children(child.pid)]
         assert len(tree) >= 2
         start = time.monotonic()
         child.send_signal(signal.SIGINT)
         child.wait(timeout=20)
         assert time.monotonic() - start < 20
-        deadline = time.monotonic() + 5
-        while _gone(tree) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(tree) == []
+        assert wait_gone(tree) == []  # the ranks exit once they see the parent go (issue 34: no fixed wait)
         assert not os.path.exists(folder)
         assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr.read()
     finally:
@@ -301,21 +288,18 @@ def test_workers_exit_when_parent_dies():
     child = subprocess.Popen([sys.executable, "-c", ORPHAN], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, text=True)
     try:
-        ready, _, _ = select.select([child.stdout], [], [], 120)
+        ready, _, _ = select.select([child.stdout], [], [], HANG_DEADLINE)
         assert ready
         socket_folder, folder, *words = child.stdout.readline().split()
         pids = [int(word) for word in words]
         assert len(pids) == 2 and os.path.isdir(folder) and os.path.isdir(socket_folder)
         # the forkserver the ranks fork from (and the resource tracker) must go as well
-        tree = [c.pid for c in psutil.Process(child.pid).children(recursive=True)]
+        tree = [c.pid for c in children(child.pid)]
         assert set(pids) < set(tree)
         pids = tree
         child.kill()  # no atexit, no clean-up: the workers must notice on their own
         child.wait()
-        deadline = time.monotonic() + 10
-        while _gone(pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(pids) == []
+        assert wait_gone(pids) == []
         assert not os.path.exists(folder)  # rank 0 removed the orphaned store folder
         assert not os.path.exists(socket_folder)  # and the forkserver's socket folder
     finally:
@@ -351,7 +335,7 @@ def test_the_pool_starts_under_a_long_tmpdir(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
     env.pop("TFPAR_SPILL_ROOT", None)
     res = subprocess.run([sys.executable, "-c", LONG_TMPDIR], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=HANG_DEADLINE)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == [str(tmp)] * 2
 
@@ -374,7 +358,7 @@ def test_stopping_the_forkserver_closes_a_pool_nobody_closed():
     ``stop_forkserver`` waits for it: with a pool left open it waited forever (a test session's
     end hung so in a rehearsal). It closes every pool still open first."""
     res = subprocess.run([sys.executable, "-c", UNCLOSED], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert res.returncode == 0, res.stderr[-2000:]
     ranks = [int(pid) for pid in res.stdout.split()]
-    assert len(ranks) == 2 and not any(psutil.pid_exists(pid) for pid in ranks)
+    assert len(ranks) == 2 and living(ranks) == []  # a zombie is gone too: it holds nothing

@@ -13,6 +13,8 @@ from importlib import metadata
 
 import pytest
 
+from parity_tests.tests.processes import HANG_DEADLINE
+
 pytest_plugins = ["pytester"]
 
 # a torch DDP port of any dense case the strategies draw with these restrictions (mse, sgd, torch semantics)
@@ -106,7 +108,7 @@ def test_the_plugin_is_an_installed_entry_point_and_imports_no_framework():
     code = ("import sys, parity_tests.testing.pytest_plugin as p, parity_tests.testing.assertions; "
             "assert hasattr(p, 'tfpar_pool'); "
             "print(sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE, check=True)
     assert out.stdout.strip() == "[]"
 
 

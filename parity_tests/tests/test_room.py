@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -55,12 +57,17 @@ def test_runs_that_do_not_fit_go_one_after_another_with_the_same_verdict(monkeyp
 
 
 @pytest.mark.usefixtures("pool")
-def test_the_command_line_is_told_when_runs_go_one_after_another(monkeypatch, capsys):
+def test_the_user_is_told_when_runs_go_one_after_another(monkeypatch, caplog):
+    """Through the ``tfpar`` logger (the command shows its INFO lines on stderr)."""
     case = make(MLP, parallel__devices=2)
-    compare_case(case, ["tf.towers", "torch.ddp"], progress=True)
-    assert "one after another" not in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="tfpar"):
+        compare_case(case, ["tf.towers", "torch.ddp"])
+    assert "one after another" not in caplog.text
     monkeypatch.setattr(comparison, "fits_beside", lambda c: False)
-    compare_case(case, ["tf.towers", "torch.ddp"], progress=True)
-    line = next(x for x in capsys.readouterr().err.splitlines() if "one after another" in x)
+    with caplog.at_level(logging.INFO, logger="tfpar"):
+        compare_case(case, ["tf.towers", "torch.ddp"])
+    said = [r for r in caplog.records if "one after another" in r.getMessage()]
+    assert [r.name for r in said] == ["tfpar.session"]
+    line = said[0].getMessage()
     assert line.startswith("mlp: TensorFlow and torch runs one after another, not beside each other: together about")
     assert line.endswith("GB available (docs/memory.md)")

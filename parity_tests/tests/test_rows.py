@@ -21,6 +21,7 @@ from parity_tests.protocol.trajectory import load_trajectory, save_trajectory
 from parity_tests.running.harness import run_impl
 from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
+from parity_tests.tests.processes import HANG_DEADLINE
 
 
 @pytest.fixture
@@ -372,7 +373,7 @@ def test_a_bad_spill_threshold_in_the_environment_is_one_line_and_status_2(tmp_p
     env = {**os.environ, "TFPAR_SPILL_BYTES": "64MB"}
     env.pop("TFPAR_SPILL_ROOT", None)
     out = subprocess.run([sys.executable, "-m", "parity_tests.cli", "compare", str(case)], env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip() == ("tfpar: error: TFPAR_SPILL_BYTES: expected a whole number of bytes >= 0"
                                   " (the environment variable), got '64MB'")
@@ -407,12 +408,12 @@ def test_a_worker_never_brings_back_a_spill_folder_its_owner_removed(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "TFPAR_SPILL_ROOT"}
     env["TMPDIR"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0", "False"]
     mine = tmp_path / "my-spill"
     env["TFPAR_SPILL_ROOT"] = str(mine)
     code = "from parity_tests.protocol import rows\nprint(rows.spill_root())\n"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == str(mine) and mine.is_dir()

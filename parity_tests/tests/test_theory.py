@@ -14,8 +14,11 @@ import pytest
 
 from parity_tests.judging.theory import mapping_changes, predict
 from parity_tests.tests.helpers import CNN, MLP, POLY, make
+from parity_tests.tests.processes import HANG_DEADLINE
 
 ADAM = {"name": "adam", "lr": 0.01, "epsilon": 1e-3}
+COSINE = {"name": "sgd", "lr": 0.05, "schedule": {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 3,
+                                                  "min_lr": 0.005}}
 ROWS = [
     # id, base, changes where it holds, changes where it vanishes, pair, words of the prediction
     ("adam-epsilon", MLP, {"optimizer": ADAM}, {"optimizer": dict(ADAM, epsilon=0.0)},
@@ -51,6 +54,13 @@ ROWS = [
     ("param-mean-adam", POLY, {"parallel.combine": "param_mean"},
      {"parallel.combine": "param_mean", "optimizer": {"name": "adam", "lr": 0.0}}, ("tf.towers", "tf.single"),
      "param_mean with adam"),
+    ("cosine-keras-one-step-late", MLP, {"optimizer": dict(COSINE, semantics="native")},
+     {"optimizer": dict(COSINE, semantics="torch")}, ("tf.towers", "torch.ddp"), "one step late"),
+    ("cosine-keras-one-step-late-tf", MLP, {"optimizer": dict(COSINE, semantics="native")},
+     {"optimizer": dict(COSINE, semantics="tf")}, ("tf.towers", "torch.ddp"), "one step late"),
+    ("cosine-recursion-float64", MLP, {"optimizer": dict(COSINE, semantics="native")},
+     {"optimizer": dict(COSINE, semantics="native"), "dtype": "float32"}, ("tf.towers", "torch.ddp"),
+     "CosineAnnealingLR are recursive"),
     ("v1-adam", POLY, {"optimizer": {"name": "adam", "lr": 0.05}},
      {"optimizer": {"name": "adam", "lr": 0.05, "beta1": 0.5, "beta2": 0.75, "epsilon": 0.25}},
      ("tf.v1", "tf.towers"), "tf.compat.v1 AdamOptimizer"),
@@ -105,6 +115,23 @@ def test_a_tf_plugin_that_held_no_keras_optimizer_is_mapped_to_exact_numbers():
         "optimizer.keras_rounding"] == "floatx_float64"
 
 
+def test_warmup_cosine_lateness_is_predicted_across_frameworks_only_and_never_mapped_onto_keras():
+    spec = make(MLP, optimizer=dict(COSINE, semantics="native")).spec
+    across = predict(spec, "tf.towers", "torch.ddp")
+    late = [d for d in across.differences if "one step late" in d.text]
+    assert len(late) == 1 and late[0].expected and late[0].mapping == "optimizer" and late[0].stage == "update"
+    assert "lr first at step 3, min_lr from step 6" in late[0].text
+    for a, b in (("tf.towers", "tf.single"), ("tf.mirrored", "tf.towers"), ("torch.ddp", "torch.single")):
+        assert not any("one step late" in d.text or "recursive" in d.text for d in predict(spec, a, b).differences)
+    # Keras' float32 cos kernel is not reproducible elsewhere: the torch side is never mapped onto it,
+    # the Keras side is mapped onto torch's rule instead (and a Keras rule with exact numbers stays possible)
+    assert mapping_changes("optimizer", spec, "torch.ddp", "tf.towers") is None
+    assert mapping_changes("optimizer", spec, "tf.towers", "torch.ddp") == {"optimizer.semantics": "torch"}
+    assert mapping_changes("optimizer", spec, "torch.ddp", "tf.towers", "none") == {
+        "optimizer.semantics": "tf", "optimizer.keras_rounding": "none"}
+    assert mapping_changes("optimizer", make(MLP).spec, "torch.ddp", "tf.towers") is not None  # other schedules still map
+
+
 def test_theory_refuses_to_guess_what_an_undeclared_builtin_is():
     """Theory reads what engines declare (protocol.engine); a built-in's name that nothing declared in
     the process is a LookupError, never a silent guess (a non-parallel, non-Keras engine)."""
@@ -115,7 +142,7 @@ def test_theory_refuses_to_guess_what_an_undeclared_builtin_is():
             "try:\n    is_parallel('tf.towers')\nexcept LookupError as e:\n    print('refused:', e)\n"
             "from parity_tests.running import registry\nregistry.builtin_names()\n"
             "print(is_parallel('tf.towers'), is_parallel('tf.single'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_DEADLINE)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.strip().splitlines()
     assert first.startswith("refused: tf.towers: no declaration") and second == "True False"

@@ -86,9 +86,11 @@ def ema_one_minus_decay(t: int) -> float:
 def ddp(run):
     net = Net(run.initial, run.torch_dtype)
     modules = {name: getattr(net, name) for name in LAYERS}
+    # an external model's arrays are told their layout (docs/plugins.md, "Layouts")
+    layout = {name: "conv" if isinstance(m, nn.Conv2d) else "dense" for name, m in modules.items()}
     with torch.no_grad():
         for name, m in modules.items():
-            m.weight.copy_(torch.as_tensor(run.to_torch(run.initial[f"{name}.weights"])))
+            m.weight.copy_(torch.as_tensor(run.to_torch(run.initial[f"{name}.weights"], layout=layout[name])))
             m.bias.copy_(torch.as_tensor(run.initial[f"{name}.biases"]))
     model = DDP(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
@@ -96,7 +98,7 @@ def ddp(run):
     def params():
         out = {}
         for name, m in modules.items():
-            out[f"{name}.weights"], out[f"{name}.biases"] = run.to_tf(m.weight.detach()), m.bias.detach()
+            out[f"{name}.weights"], out[f"{name}.biases"] = run.to_tf(m.weight.detach(), layout=layout[name]), m.bias.detach()
         return out
 
     shadows = {f"ema.{k}": torch.as_tensor(run.initial[f"ema.{k}"]).clone() for k in params()}
@@ -115,5 +117,5 @@ def ddp(run):
         dist.all_reduce(logged)
         grads = {}
         for name, m in modules.items():
-            grads[f"{name}.weights"], grads[f"{name}.biases"] = run.to_tf(m.weight.grad), m.bias.grad
+            grads[f"{name}.weights"], grads[f"{name}.biases"] = run.to_tf(m.weight.grad, layout=layout[name]), m.bias.grad
         run.record(logged / run.world_size, params(), grads=grads, state=shadows)

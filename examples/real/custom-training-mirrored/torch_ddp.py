@@ -63,9 +63,11 @@ def _train(run, *, keras_float64: bool) -> None:
     named = dict(net.named_parameters())
     names = {f"{layer}.{kind}": f"{layer}.{'weight' if kind == 'kernel' else 'bias'}"
              for layer in KERNELS for kind in ("kernel", "bias")}
+    # an external model's arrays are told their layout (docs/plugins.md, "Layouts"): kernels as their torch class holds them
+    layouts = {k: ("none" if k.endswith("bias") else "conv" if k.startswith("conv") else "dense") for k in names}
     with torch.no_grad():
         for k, v in names.items():
-            named[v].copy_(torch.as_tensor(run.to_torch(init[k])))
+            named[v].copy_(torch.as_tensor(run.to_torch(init[k], layout=layouts[k])))
     model = DDP(net)
     opt = run.spec["optimizer"]
     if keras_float64:
@@ -76,7 +78,7 @@ def _train(run, *, keras_float64: bool) -> None:
                                      eps=opt["epsilon"])
 
     def params():
-        return {k: run.to_tf(named[v].detach()) for k, v in names.items()}
+        return {k: run.to_tf(named[v].detach(), layout=layouts[k]) for k, v in names.items()}
 
     run.begin(params())
     for t, (x, y) in enumerate(run.batches(), start=run.first_step):

@@ -72,12 +72,12 @@ def load_train_objs(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.optim.Op
 def multigpu(run):
     model, optimizer = load_train_objs(run.torch_dtype)
     with torch.no_grad():
-        model.weight.copy_(torch.as_tensor(run.to_torch(run.initial["weight"])))
+        model.weight.copy_(torch.as_tensor(run.to_torch(run.initial["weight"], layout="dense")))
         model.bias.copy_(torch.as_tensor(run.initial["bias"]))
     trainer = Trainer(model, optimizer)
 
     def params():
-        return {"weight": run.to_tf(model.weight.detach()), "bias": model.bias.detach()}
+        return {"weight": run.to_tf(model.weight.detach(), layout="dense"), "bias": model.bias.detach()}
 
     run.begin(params())
     for source, targets in run.batches():
@@ -85,4 +85,4 @@ def multigpu(run):
         logged = loss.detach().clone()
         dist.all_reduce(logged)
         run.record(logged / run.world_size, params(),
-                   grads={"weight": run.to_tf(model.weight.grad), "bias": model.bias.grad})
+                   grads={"weight": run.to_tf(model.weight.grad, layout="dense"), "bias": model.bias.grad})

@@ -101,8 +101,17 @@ def _case_resnet18(run) -> ResNet:
         for key, value in model.state_dict().items():
             name = case_name(key, _is_bn(model, key))
             if name is not None:
-                value.copy_(torch.as_tensor(run.to_torch(run.initial[name])))
+                value.copy_(torch.as_tensor(run.to_torch(run.initial[name], layout=_layout(model, key))))
     return model
+
+
+def _layout(model: nn.Module, key: str) -> str:
+    """How torch holds the array ``key`` against the case's TensorFlow layout (an external model's arrays are told
+    theirs: docs/plugins.md, "Layouts"): a conv or linear weight, else the same array."""
+    module = model.get_submodule(key.rsplit(".", 1)[0])
+    if key.endswith(".weight") and isinstance(module, nn.Conv2d):
+        return "conv"
+    return "dense" if key.endswith(".weight") and isinstance(module, nn.Linear) else "none"
 
 
 def _is_bn(model: nn.Module, key: str) -> bool:
@@ -115,13 +124,13 @@ def _snapshot(run, net: nn.Module) -> tuple[dict, dict]:
         name = case_name(key, _is_bn(net, key))
         if name is None:
             continue
-        (state if key.endswith(("running_mean", "running_var")) else params)[name] = run.to_tf(value.detach())
+        (state if key.endswith(("running_mean", "running_var")) else params)[name] = run.to_tf(value.detach(), layout=_layout(net, key))
     return params, state
 
 
 def _grads(run, net: nn.Module) -> dict:
     """The gradient each parameter holds after ``backward`` (DDP's average; weight decay is the optimizer's)."""
-    return {case_name(key, _is_bn(net, key)): run.to_tf(p.grad) for key, p in net.named_parameters()}
+    return {case_name(key, _is_bn(net, key)): run.to_tf(p.grad, layout=_layout(net, key)) for key, p in net.named_parameters()}
 
 
 def _main_worker(run, *, use_ddp: bool, mean_loss: bool) -> None:

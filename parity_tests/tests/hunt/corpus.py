@@ -23,8 +23,10 @@ from the judge's theory (``docs/error-rates.md``, "The ground truth"):
   (theory named a difference that does not exist, and a real one hides behind
   it). Where both runs overflow the right verdict is ``error`` or ``inconclusive``;
   where every recorded gradient is exactly zero (a dead ReLU network), ``inconclusive``;
-* a bug pair is missed when its verdict is ``parity`` or ``expected_difference``
-  (a bug hidden behind a predicted difference is a miss). Each bug is drawn only
+* a bug pair is caught only by a verdict that says the code is wrong (``divergence``, or
+  ``unexpected_parity``: :meth:`Bug.caught_by`); ``parity`` and ``expected_difference`` (a bug
+  hidden behind a predicted difference) are misses, and so are ``inconclusive`` and ``error``
+  unless the bug itself makes the run vacuous (issue 35, item 8). Each bug is drawn only
   on cases where it changes what is computed, by an amount the float64 bound
   resolves (:attr:`Bug.applies`).
 """
@@ -49,7 +51,7 @@ from parity_tests.testing.strategies import (
     input_shapes,
 )
 
-__all__ = ["HERE", "TF", "TORCH", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
+__all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
            "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
            "mutated_runner", "specs", "pairs", "bug_weights", "behind", "shard_sizes", "update_scale", "differences",
            "truth", "judgement"]
@@ -57,6 +59,7 @@ __all__ = ["HERE", "TF", "TORCH", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS
 HERE = Path(__file__).resolve().parent
 TF = HERE / "tf_side.py"
 TORCH = HERE / "torch_side.py"
+PROGRAMS = HERE / "programs.py"
 OK = ("parity", "expected_difference")
 
 # ---------------------------------------------------------------- drawn values (edges included)
@@ -138,8 +141,30 @@ def torch(fn: str) -> str:
     return f"{TORCH}:{fn}"
 
 
+def program(fn: str) -> str:
+    return f"{PROGRAMS}:{fn}"
+
+
 def _plain(spec: dict) -> bool:
     return spec["dtype"] != MIXED_BFLOAT16
+
+
+def _fits_keras_fit(spec: dict) -> bool:
+    """What ``programs.keras_fit`` honours: ``model.fit`` splits a global batch into equal contiguous slices,
+    reduces a mean, clips nothing, and uses Keras' own optimizer classes (``semantics: native``)."""
+    par, b, n = spec["parallel"], spec["data"]["global_batch"], spec["parallel"]["devices"]
+    return (_plain(spec) and spec["optimizer"]["semantics"] == "native" and spec["model"]["reduction"] == "mean"
+            and par.get("clip") is None and par["shard"] == "contiguous" and b % n == 0)
+
+
+def _fits_v1_losses(spec: dict) -> bool:
+    """What ``programs.v1_losses`` honours, in float32 cases: ``np.array_split`` clones, each clone's mean loss
+    times 1/N (equal weighting, or even shards), no clip, TensorFlow's Adam rule (``tf``/``native``)."""
+    par, o = spec["parallel"], spec["optimizer"]
+    even = len(set(shard_sizes(spec))) == 1
+    return (spec["dtype"] == "float32" and spec["model"]["reduction"] == "mean" and par.get("clip") is None
+            and par["shard"] == "contiguous" and (par["weighting"] == "equal" or even)
+            and (o["name"] != "adam" or o["semantics"] in ("tf", "native")))
 
 
 @dataclass(frozen=True)
@@ -151,8 +176,12 @@ class Impl:
         label: short, for tables (``tf:add_n``).
         framework: ``tf`` or ``torch``.
         parallel: splits the global batch over devices.
-        keras: rounds lr, momentum and Adam's bias-correction betas to float32 in a float64 ``native`` run.
+        keras: rounds momentum and Adam's bias-correction betas (and ``lr``, unless ``exact_lr``) to float32
+            in a float64 ``native`` run.
         runs: ``runs(spec)``: whether it honours every field of that (validated) case.
+        group: what it computes beyond the case: ``"case"`` nothing; ``"l2"`` the case's loss plus the
+            programs' own L2 term (``programs.L2``), which no built-in computes. Pairs are drawn within a group.
+        exact_lr: Keras made under floatx float64 (docs/plugins.md's recipe): ``learning_rate`` a float64 variable.
     """
 
     name: str
@@ -161,10 +190,18 @@ class Impl:
     parallel: bool
     keras: bool
     runs: Callable[[dict], bool]
+    group: str = "case"
+    exact_lr: bool = False
 
     def rounds(self, spec: dict) -> bool:
         """Whether this run keeps hyperparameters in float32 although the case is float64."""
         return self.keras and spec["dtype"] == "float64" and spec["optimizer"]["semantics"] == "native"
+
+    def rounded(self, spec: dict) -> set[str]:
+        """The hyperparameters this run holds in float32 on ``spec`` (empty where it rounds none)."""
+        if not self.rounds(spec):
+            return set()
+        return {"momentum", "beta1", "beta2"} | (set() if self.exact_lr else {"lr"})
 
 
 def _any(spec: dict) -> bool:
@@ -189,6 +226,12 @@ IMPLS: list[Impl] = [
     Impl(torch("hand_allreduce"), "torch:hand_allreduce", "torch", True, False, _plain),
     Impl(torch("single"), "torch:single", "torch", False, False, _plain),
     Impl(torch("ddp_f32"), "torch:ddp_f32", "torch", True, False, lambda s: s["dtype"] == "float32"),
+    # programs as users write them (issue 35, item 8)
+    Impl(program("keras_fit"), "prog:keras_fit", "tf", True, True, _fits_keras_fit, exact_lr=True),
+    Impl(program("keras_fit_floatx"), "prog:keras_fit_floatx", "tf", True, True, _fits_keras_fit, exact_lr=True),
+    Impl(program("v1_losses"), "prog:v1_losses", "tf", True, False, _fits_v1_losses),
+    Impl(program("keras_fit_l2"), "prog:keras_fit_l2", "tf", True, True, _fits_keras_fit, group="l2", exact_lr=True),
+    Impl(torch("ddp_l2"), "torch:ddp_l2", "torch", True, False, _fits_keras_fit, group="l2"),
 ]
 BY_NAME = {i.name: i for i in IMPLS}
 
@@ -253,6 +296,7 @@ class Bug:
         mutate: for a case-level bug, ``mutate(case) -> case`` (what the built-in ``base`` is run on, as
             the implementation ``impl``: :func:`register_mutants`).
         logs: the bug is in the logged loss only.
+        vacuous: the bug itself leaves nothing to compare (no parameter moves): ``inconclusive`` catches it.
     """
 
     name: str
@@ -262,6 +306,13 @@ class Bug:
     why: str
     mutate: Callable[[Case], Case] | None = None
     logs: bool = False
+    vacuous: bool = False
+
+    def caught_by(self) -> tuple[str, ...]:
+        """The verdicts that say something is wrong with this bug's code (issue 35, item 8): a divergence, or
+        unexpected parity (a predicted difference gone: something changed what is computed). ``inconclusive``
+        and ``error`` say nothing of the code unless the bug makes the run vacuous; none of these bugs crashes."""
+        return ("divergence", "unexpected_parity") + (("inconclusive",) if self.vacuous else ())
 
     @property
     def label(self) -> str:
@@ -482,11 +533,10 @@ def differences(spec: dict, a: Impl, b: Impl) -> tuple[list[str], list[str]]:
         c = _clip(spec)
         if c is not None and c["global_norm"] != NEVER:
             possible.append("clip_grad_norm_'s 1e-6")
-    if a.rounds(spec) != b.rounds(spec):
-        hp = [o["lr"]] + ([o["momentum"]] if o["name"] == "momentum" else []) + (
-            [o["beta1"], o["beta2"]] if o["name"] == "adam" else [])
-        if not all(_f32_exact(v) for v in hp):
-            certain.append("Keras' float32 hyperparameters in a float64 run")
+    held = {"lr": o["lr"], **({"momentum": o["momentum"]} if o["name"] == "momentum" else {}),
+            **({"beta1": o["beta1"], "beta2": o["beta2"]} if o["name"] == "adam" else {})}
+    if any(not _f32_exact(held[k]) for k in a.rounded(spec) ^ b.rounded(spec) if k in held):
+        certain.append("Keras' float32 hyperparameters in a float64 run")
     if spec["dtype"] == MIXED_BFLOAT16 and a.framework != b.framework:
         possible.append("bfloat16 rounding of different ops")
     return certain, possible
@@ -555,8 +605,8 @@ class Pair:
 def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: dict | None = None) -> tuple[bool, str]:
     """``(right, why)`` for ``status``, the verdict of ``pair`` (the trajectories: for the overflow rule)."""
     if pair.bug is not None:
-        if status in OK:
-            return False, f"missed: {pair.bug.why}"
+        if status not in pair.bug.caught_by():
+            return False, f"missed ({status}): {pair.bug.why}"
         return True, pair.bug.why
     a, b = BY_NAME[pair.reference], BY_NAME[pair.impl]
     allowed, why = truth(pair.raw, a, b)
@@ -602,8 +652,12 @@ def pairs(draw, kind: str, weights: dict[str, float] | None = None,
     rnd = draw(st.randoms(use_true_random=True))
     if kind == "equivalent":
         ref = rnd.choice(able)
-        other = rnd.choice([i for i in able if i is not ref])
-        return Pair(raw, ref.name, other.name)
+        partners = [i for i in able if i is not ref and i.group == ref.group]  # the same computation only
+        if not partners:
+            from hypothesis import reject
+
+            reject()
+        return Pair(raw, ref.name, rnd.choice(partners).name)
     bugs = [bg for bg in BUGS if bg.applies(spec) and BY_NAME[bg.base].runs(spec)]
     if not bugs:
         from hypothesis import reject
@@ -615,7 +669,8 @@ def pairs(draw, kind: str, weights: dict[str, float] | None = None,
     bug = rnd.choices(bugs, [weights.get(bg.name, 1.0) for bg in bugs])[0] if weights else rnd.choice(bugs)
     # a built-in's perturbed rerun (against a float32-only reference) may compute the full batch on one
     # device, where a case-level mutation means something else: such references are left out
-    refs = [i for i in able if i.name != bug.impl and not (bug.mutate is not None and i.label.endswith("_f32"))]
+    refs = [i for i in able if i.name != bug.impl and i.group == "case"
+            and not (bug.mutate is not None and i.label.endswith("_f32"))]
     if not refs:
         from hypothesis import reject
 

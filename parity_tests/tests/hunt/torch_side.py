@@ -126,7 +126,7 @@ def _shard_rows(batch: int, n: int, rank: int, how: str):
     return np.array_split(np.arange(batch), n)[rank]
 
 
-def _train(run, how: str = "ddp", bug: str | None = None) -> None:  # noqa: C901 (one loop, every mutation marked)
+def _train(run, how: str = "ddp", bug: str | None = None, l2: float = 0.0) -> None:  # noqa: C901 (one loop, every mutation marked)
     spec = run.spec
     model, par, opt = spec["model"], spec["parallel"], spec["optimizer"]
     n, rank, batch = run.world_size, run.rank, spec["data"]["global_batch"]
@@ -138,6 +138,12 @@ def _train(run, how: str = "ddp", bug: str | None = None) -> None:  # noqa: C901
     wrapped = DDP(net, process_group=run.group) if how == "ddp" else net
     optimizer = _optimizer(params, opt)
     named = dict(net.named_parameters())
+
+    kernels = [named[v] for k, v in names.items() if k.endswith(".kernel")]
+
+    def penalised(loss: torch.Tensor) -> torch.Tensor:
+        """``loss + l2 sum ||W||^2`` over the kernels (Keras' ``regularizers.L2``): a term the case cannot express."""
+        return loss + l2 * sum((k * k).sum() for k in kernels) if l2 else loss
 
     def current() -> dict:
         return {k: run.to_tf(named[v].detach()) for k, v in names.items()}
@@ -151,10 +157,10 @@ def _train(run, how: str = "ddp", bug: str | None = None) -> None:  # noqa: C901
         optimizer.zero_grad()
         if per_device and how == "ddp":
             with wrapped.no_sync():  # DDP skips its all-reduce: the rank's own gradient, clipped, then combined by hand
-                loss = _loss(wrapped(torch.as_tensor(x)), y, model["loss"], model["reduction"])
+                loss = penalised(_loss(wrapped(torch.as_tensor(x)), y, model["loss"], model["reduction"]))
                 loss.backward()
         else:
-            loss = _loss(wrapped(torch.as_tensor(x)), y, model["loss"], model["reduction"])
+            loss = penalised(_loss(wrapped(torch.as_tensor(x)), y, model["loss"], model["reduction"]))
             objective = loss * (n * share) if how == "ddp" else loss
             if bug == "loss_times_world_size":  # "DDP averages, I want the sum"
                 objective = objective * n
@@ -218,6 +224,13 @@ def hand_allreduce(run):
 def single(run):
     """One process, the whole global batch."""
     _train(run, "single")
+
+
+@torchref.plugin.distributed(dtypes=DTYPES)
+def ddp_l2(run):
+    """:func:`ddp` with ``2^-10 sum ||W||^2`` over the kernels added to each rank's loss: the port of
+    ``programs.keras_fit_l2`` (Keras' ``kernel_regularizer=L2(2**-10)``), a term the case cannot express."""
+    _train(run, "ddp", l2=2.0**-10)
 
 
 @torchref.plugin.distributed(dtypes=("float32",))

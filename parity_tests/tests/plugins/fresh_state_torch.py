@@ -38,8 +38,32 @@ def stale_state(seed: int) -> list[str]:
         stale.append(f"{torch.get_num_threads()} intra-op threads")
     if not torch.is_grad_enabled():
         stale.append("grad mode off")
-    if torch.get_float32_matmul_precision() != "highest":
-        stale.append(f"float32 matmul precision {torch.get_float32_matmul_precision()}")
+    b = torch.backends
+    try:  # torch raises here once a per-backend fp32_precision was set beside the older setting
+        if torch.get_float32_matmul_precision() != "highest":
+            stale.append(f"float32 matmul precision {torch.get_float32_matmul_precision()}")
+    except RuntimeError:
+        stale.append("float32 matmul precision unreadable (the per-backend settings were changed)")
+    if b.cuda.matmul.allow_tf32:
+        stale.append("TF32 matmuls on")
+    if not b.cudnn.allow_tf32:
+        stale.append("cuDNN TF32 off")
+    if b.mkldnn.matmul.fp32_precision != "none":
+        stale.append(f"mkldnn matmuls in {b.mkldnn.matmul.fp32_precision}")
+    if not b.mkldnn.enabled:
+        stale.append("mkldnn off")
+    if not b.cuda.matmul.allow_fp16_reduced_precision_reduction:
+        stale.append("fp16 reduced-precision reductions off")
+    if (torch.tensor([1e-39], dtype=torch.float32) * 1.0).item() == 0.0:  # a float32 subnormal
+        stale.append("subnormals flushed to zero")
+    if torch.is_warn_always_enabled():
+        stale.append("warn_always on")
+    if not torch.autograd.is_multithreading_enabled():
+        stale.append("autograd multithreading off")
+    if not torch.utils.deterministic.fill_uninitialized_memory:
+        stale.append("fill_uninitialized_memory off")
+    if not b.opt_einsum.enabled:
+        stale.append("opt_einsum off")
     if torch.rand(1).item() != torch.rand(1, generator=torch.Generator().manual_seed(seed)).item():
         stale.append("torch's generator")
     if np.random.random() != np.random.RandomState(seed % 2**32).random_sample():
@@ -57,6 +81,17 @@ def leave_state(run) -> None:
     torch.use_deterministic_algorithms(False)
     torch.set_num_threads(2)
     torch.set_float32_matmul_precision("medium")
+    b = torch.backends
+    b.cuda.matmul.allow_tf32 = True
+    b.cudnn.allow_tf32 = False
+    b.mkldnn.matmul.fp32_precision = "bf16"  # float32 matmuls in bfloat16 where the CPU has AMX
+    b.mkldnn.enabled = False
+    b.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.set_flush_denormal(True)
+    torch.set_warn_always(True)
+    torch.autograd.set_multithreading_enabled(False)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    b.opt_einsum.enabled = False
     torch.rand(3)
     np.random.random(3)
     random.random()

@@ -17,6 +17,7 @@ import torchref
 
 BOTH = ("float32", "float64")
 CLAMP = 5.0
+BUG_STEP = 2  # the step at which the seeded rank and learning-rate bugs fire
 _ACT = {"tanh": torch.tanh, "relu": torch.relu, "none": lambda h: h}
 
 
@@ -37,7 +38,7 @@ class Net(torch.nn.Module):
 NAMES = {"0.kernel": "l0.weight", "0.bias": "l0.bias", "1.kernel": "l1.weight", "1.bias": "l1.bias"}
 
 
-def _train(run, *, clamp: bool) -> None:
+def _train(run, *, clamp: bool, rank_bug: str | None = None, own_count: bool = False, lr_bug: bool = False) -> None:
     net = Net(run.spec).to(run.torch_dtype)
     net.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
     model = DDP(net, process_group=run.group)
@@ -48,14 +49,22 @@ def _train(run, *, clamp: bool) -> None:
         return {k: run.to_tf(named[v]) for k, v in NAMES.items()}
 
     run.begin(params())
-    for x, y in run.batches():
+    # the case's step number, or the program's own count (from 1 in every run: a one-step lockstep run is "step 1")
+    for step, (x, y) in enumerate(run.batches(), start=1 if own_count else run.first_step):
         x = torch.as_tensor(x)
         if clamp:
             x = x.clamp(-CLAMP, CLAMP)  # the seeded bug: only an outlier beyond CLAMP notices it
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), torch.as_tensor(y))
         loss.backward()
-        opt.step()
+        fires = step == BUG_STEP
+        if lr_bug and fires:  # every rank: the replicas stay in sync, the update is wrong
+            for group in opt.param_groups:
+                group["lr"] = 2 * run.spec["optimizer"]["lr"]
+        if not (rank_bug == "drop" and run.rank == 1 and fires):
+            opt.step()
+        if rank_bug == "double" and run.rank == 1 and fires:
+            opt.step()  # the same gradient applied twice on rank 1 alone
         logged = loss.detach().clone()
         dist.all_reduce(logged, group=run.group)
         run.record(logged / run.world_size, params())
@@ -74,3 +83,37 @@ def clamp_inputs(run):
 @torchref.plugin.distributed  # float32 only (the default): lockstep cannot bound its float32 steps
 def ddp_float32(run):
     _train(run, clamp=False)
+
+
+# Seeded replica bugs (tests/test_lockstep_replicas.py): rank 1 drops or doubles its step-2 update.
+# ``*_own``: the program counts its own steps, so a one-step lockstep run never reaches its step 2.
+@torchref.plugin.distributed(dtypes=BOTH)
+def rank1_drops(run):
+    _train(run, clamp=False, rank_bug="drop")
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def rank1_doubles(run):
+    _train(run, clamp=False, rank_bug="double")
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def rank1_drops_own(run):
+    _train(run, clamp=False, rank_bug="drop", own_count=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def rank1_doubles_own(run):
+    _train(run, clamp=False, rank_bug="double", own_count=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def ddp_own(run):
+    """Correct, counting its own steps (what most programs do)."""
+    _train(run, clamp=False, own_count=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def lr_doubled_own(run):
+    """Every rank doubles its learning rate from its own step 2: in sync, wrong, and invisible to one-step runs."""
+    _train(run, clamp=False, own_count=True, lr_bug=True)

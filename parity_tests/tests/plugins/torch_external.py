@@ -13,20 +13,20 @@ import torchref
 def ddp(run):
     n_in, n_out = run.initial["lin.w"].shape
     lin = torch.nn.Linear(n_in, n_out).to(run.torch_dtype)
-    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"])),
+    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"], layout="dense")),
                          "bias": torch.as_tensor(run.initial["lin.b"])})
     model = DDP(lin, process_group=run.group)
     opt = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
 
     def params():
-        return {"lin.w": run.to_tf(lin.weight), "lin.b": lin.bias}
+        return {"lin.w": run.to_tf(lin.weight, layout="dense"), "lin.b": lin.bias}
 
     run.begin(params())
     for x, y in run.batches():
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(torch.as_tensor(x)), torch.as_tensor(y))
         loss.backward()
-        grads = {"lin.w": run.to_tf(lin.weight.grad).clone(), "lin.b": lin.bias.grad.clone()}
+        grads = {"lin.w": run.to_tf(lin.weight.grad, layout="dense").clone(), "lin.b": lin.bias.grad.clone()}
         opt.step()
         logged = loss.detach().clone()
         dist.all_reduce(logged, group=run.group)
@@ -40,7 +40,7 @@ def ddp_sampler(run):
 
     n_in, n_out = run.initial["lin.w"].shape
     lin = torch.nn.Linear(n_in, n_out).to(run.torch_dtype)
-    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"])),
+    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"], layout="dense")),
                          "bias": torch.as_tensor(run.initial["lin.b"])})
     model = DDP(lin, process_group=run.group)
     opt = torch.optim.SGD(model.parameters(), lr=run.spec["optimizer"]["lr"])
@@ -48,7 +48,7 @@ def ddp_sampler(run):
     data = TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
     sampler = DistributedSampler(data, num_replicas=run.world_size, rank=run.rank, shuffle=False)
     loader = DataLoader(data, batch_size=run.spec["data"]["global_batch"] // run.world_size, sampler=sampler)
-    run.begin({"lin.w": run.to_tf(lin.weight), "lin.b": lin.bias})
+    run.begin({"lin.w": run.to_tf(lin.weight, layout="dense"), "lin.b": lin.bias})
     step, epoch = 0, 0
     while step < run.steps:
         sampler.set_epoch(epoch)
@@ -59,8 +59,18 @@ def ddp_sampler(run):
             opt.step()
             logged = loss.detach().clone()
             dist.all_reduce(logged, group=run.group)
-            run.record(logged / run.world_size, {"lin.w": run.to_tf(lin.weight), "lin.b": lin.bias})
+            run.record(logged / run.world_size, {"lin.w": run.to_tf(lin.weight, layout="dense"), "lin.b": lin.bias})
             step += 1
             if step == run.steps:
                 break
         epoch += 1
+
+
+@torchref.plugin.distributed(dtypes=("float32", "float64"))
+def ddp_guessing(run):
+    """``ddp`` as a plugin for a case model writes it: ``run.to_torch(a)`` by rank, which an external model's 2-D
+    array cannot be told by (a kernel or a table?): bad input, one line naming ``layout=``."""
+    n_in, n_out = run.initial["lin.w"].shape
+    lin = torch.nn.Linear(n_in, n_out).to(run.torch_dtype)
+    lin.load_state_dict({"weight": torch.as_tensor(run.to_torch(run.initial["lin.w"])),
+                         "bias": torch.as_tensor(run.initial["lin.b"])})
