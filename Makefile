@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: test report lint bench clean
 
-$(STAMP): pyproject.toml
+# the exact environment of constraints.txt (pyproject.toml holds the ranges users get; docs/install.md)
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[tf-cpu,torch,tensorboard,dev]'
 	@touch $(STAMP)
 
 # three workers on two cores: a third of the suite's test time is subprocesses (torchrun nodes,

@@ -20,6 +20,7 @@ from parity_tests.running import registry
 from parity_tests.running.backends import check_torch_ranks, pool_timeout
 from parity_tests.running.builtins import BUILTINS
 from parity_tests.running.builtins import SPECS as BUILTIN_SPECS
+from parity_tests.running.frameworks import installed
 
 __all__ = ["IMPLS", "run_impl", "parse_impls", "check_dtypes", "check_refusals", "refusal", "prestart_torch"]
 
@@ -120,8 +121,8 @@ def prestart_torch(case: Case, impls: list[str]) -> None:
     start-up to finish (``DDPPool.spawn``). Names that are surely TensorFlow (``tf.*``) or recorded
     runs need no pool; a plugin might be torch, so it counts.
     """
-    if all(name.startswith(("tf.", "recorded:")) for name in impls):
-        return
+    if all(name.startswith(("tf.", "recorded:")) for name in impls) or not installed("torch"):
+        return  # (no torch here: every torch name was refused already; a TensorFlow plugin needs no pool)
     from torchref.pool import MAX_SIZE, get_pool
 
     shared = {} if pool_timeout() is None else {"timeout": pool_timeout()}

@@ -36,6 +36,7 @@ from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.protocol.rows import RowList, remove_files, spill_threshold
 from parity_tests.protocol.trajectory import Trajectory
 from parity_tests.running.backends import RunError
+from parity_tests.running.frameworks import missing_module, require
 from parity_tests.running.plugin_marks import KINDS, MARK, describe
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
@@ -108,6 +109,9 @@ def _import_path(path: Path, field: str, name: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[mod]
+        absent = missing_module(e, name, field)
+        if absent is not None:  # a torch plugin where torch is not installed: name the extra
+            raise absent from None
         raise CaseError(field, f"{path.name} to import cleanly ({name}); it raised {_last_line(e)}") from None
     return module
 
@@ -152,6 +156,7 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
             raise CaseError(field, f"an existing Python file; {where} does not exist", name)
         location = {"path": str(path), "module_name": _module_name(path), "attr": attr}
         if _imports_tensorflow(path):
+            require("tf", name, field)  # imported in the TensorFlow server, which needs TensorFlow
             info = _inspect_isolated(location, field, name)
         else:
             fn = getattr(_import_path(path, field, name), attr, None)
@@ -166,11 +171,15 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
         location = {"module": where, "attr": attr}
         path = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
         if _imports_tensorflow(path):
+            require("tf", name, field)  # imported in the TensorFlow server, which needs TensorFlow
             info = _inspect_isolated(location, field, name)
         else:
             try:
                 module = importlib.import_module(where)
             except Exception as e:
+                absent = missing_module(e, name, field)
+                if absent is not None:
+                    raise absent from None
                 raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
             fn = getattr(module, attr, None)
             info = describe(fn)

@@ -24,6 +24,7 @@ from importlib import metadata
 from parity_tests.protocol.engine import declare
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running.builtins import IMPLEMENTATIONS
+from parity_tests.running.frameworks import require
 from parity_tests.running.implementation import Implementation
 from parity_tests.running.plugins import is_plugin_name, plugin_implementation, resolve_plugin
 from parity_tests.running.recorded import recorded_implementation
@@ -89,13 +90,18 @@ def resolve(name: str, field: str = "--impls") -> Implementation:
     Raises:
         CaseError: (naming ``field``) an unknown name, or a plugin or recorded run that
             cannot be loaded; the message says what was expected.
+        FrameworkMissing: (a ``CaseError``) a built-in or plugin whose framework is not installed
+            here; the message names the extra to install (:mod:`.frameworks`).
     """
     _ensure_builtins()
     if not isinstance(name, str) or not name.strip():
         raise CaseError(field, "an implementation name (" + describe_names() + ")", name)
     with _lock:
-        if name in _registry and _registry[name].kind != "recorded":  # a recorded file may change: re-read it
-            return _registry[name]
+        found = _registry.get(name)
+    if found is not None and found.kind != "recorded":  # a recorded file may change: re-read it
+        if found.kind == "builtin":  # a plugin checked its framework when it was resolved
+            require(found.framework, name, field)
+        return found
     if name.startswith("recorded:"):
         return register(recorded_implementation(name, field))
     if is_plugin_name(name):

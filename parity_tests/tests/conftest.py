@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -9,8 +10,19 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# A CUDA build of torch brings triton; triton 3.8 (torch 2.14.1's) loaded into a process that already
+# holds TensorFlow 2.21 segfaults in its extension module, while the other order works (docs/versions.md,
+# the newest cell). The tool never has both in one process (its main process never imports torch); the
+# tests that run torch's optimizers in process (test_optimizers) do, so triton, where it is, comes first.
+if importlib.util.find_spec("triton") is not None:
+    import triton  # noqa: E402,F401
+
 from parity_tests.running import registry  # noqa: E402
-from parity_tests.testing import profiles  # noqa: E402,F401  (registers hypothesis profiles)
+from parity_tests.testing import profiles  # noqa: E402
+
+# this repository's choice (the installed plugin loads no profile): HYPOTHESIS_PROFILE=ci (make test)
+# or =tfpar-ci, default tfpar-dev; Hypothesis' own --hypothesis-profile, applied after this, wins
+profiles.load()
 
 # the built-ins declare themselves (parity_tests.protocol.engine) on the registry's first use: tests that
 # ask theory directly, without running anything, need their declarations too

@@ -129,3 +129,25 @@ def test_a_dangling_reference_is_found(text: str, what: str) -> None:
     assert any(what in d for d in found), found
     assert not dangling_references(page, "see docs/tolerance.md, [plugins](plugins.md), tfpar/towers.py, "
                                          "tests/test_rules.py and /shared/cases/case.json on a cluster")
+
+
+def test_the_docs_index_lists_every_page() -> None:
+    index = (ROOT / "docs" / "README.md").read_text()
+    listed = set(_MD_LINK.findall(index))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    assert pages - listed == set(), f"docs/README.md does not list {sorted(pages - listed)}"
+    assert {name for name in listed if "/" not in name} <= pages  # and lists no page that is not there
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_runs(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Quickstart in Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "quickstart.py").write_text(block)
+    out = subprocess.run([sys.executable, str(tmp_path / "quickstart.py")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tf.towers vs torch.ddp" in out.stdout and "verdict: PARITY" in out.stdout, out.stdout

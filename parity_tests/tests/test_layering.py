@@ -79,7 +79,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity_tests.running",),
     ("parity_tests.session",),
     ("parity_tests.reporting", "parity_tests.testing", "parity_tests.launch"),
-    ("parity_tests.cli", "parity_tests"),
+    ("parity_tests.cli", "parity_tests", "tfpar.__main__"),  # python -m tfpar is the command line
 )
 #: packages of one layer that must not import each other (the engines are independent of each other
 #: and of the judge: only protocol data crosses)

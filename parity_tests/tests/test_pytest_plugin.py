@@ -86,8 +86,8 @@ MLP = {
 
 
 def test_the_plugin_registered_the_profiles():
-    assert settings.get_profile("ci").max_examples == 12
-    assert settings.get_profile("thorough").max_examples == 200
+    assert settings.get_profile("tfpar-ci").max_examples == 12
+    assert settings.get_profile("tfpar-thorough").max_examples == 200
 
 
 @settings(max_examples=2, deadline=None, database=None)
@@ -127,6 +127,78 @@ def test_a_users_suite_with_the_plugin(pytester, monkeypatch):
     assert "Greatest absolute difference" in out and "allowed" in out
     assert "def assert_parity" not in out  # its own frame is hidden from the traceback
     assert "verdict: DIVERGENCE" in out
+
+
+# A user's own suite, unrelated to tfpar: Hypothesis' defaults must hold with the plugin installed
+# (100 examples, a 200 ms deadline, every health check), whatever HYPOTHESIS_PROFILE says, since it
+# is the user's variable, read only by their own conftest if they have one.
+FOREIGN_TESTS = '''
+from datetime import timedelta
+
+from hypothesis import given, settings, strategies as st
+
+CALLS = []
+
+
+def test_the_plugin_is_loaded(request):
+    assert request.config.pluginmanager.get_plugin("tfpar") is not None
+
+
+@given(st.integers())
+def test_a_property(x):
+    CALLS.append(x)
+
+
+def test_their_settings_are_their_own():
+    s = settings()
+    print(f"SEEN examples={len(CALLS)} max_examples={s.max_examples} deadline={s.deadline}"
+          f" suppressed={list(s.suppress_health_check)}")
+'''
+
+# Hypothesis' documented pattern: a conftest registers profiles and loads the one HYPOTHESIS_PROFILE names
+NIGHTLY_CONFTEST = '''
+import os
+
+from hypothesis import settings
+
+settings.register_profile("nightly", max_examples=7)
+settings.load_profile(os.getenv("HYPOTHESIS_PROFILE", "default"))
+'''
+
+
+def _seen(result) -> str:
+    found = [ln[ln.index("SEEN "):] for ln in result.stdout.lines if "SEEN " in ln]  # after -q's dots
+    assert len(found) == 1, result.stdout.str()[-3000:]
+    return found[0]
+
+
+def test_a_foreign_given_test_keeps_hypothesis_defaults(pytester, monkeypatch):
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")  # loaded tfpar's 12-example profile when the plugin did
+    pytester.makepyfile(test_foreign=FOREIGN_TESTS)
+    result = pytester.runpytest_subprocess("-q", "-s", "-p", "no:cacheprovider", "test_foreign.py", timeout=300)
+    result.assert_outcomes(passed=3)
+    assert _seen(result) == "SEEN examples=100 max_examples=100 deadline=0:00:00.200000 suppressed=[]"
+
+
+def test_the_tfpar_profiles_are_chosen_with_hypothesis_own_option(pytester, monkeypatch):
+    # the other direction: asked for, a tfpar profile does apply (12 examples, no deadline)
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    pytester.makepyfile(test_foreign=FOREIGN_TESTS)
+    result = pytester.runpytest_subprocess("-q", "-s", "-p", "no:cacheprovider", "--hypothesis-profile",
+                                           "tfpar-ci", "test_foreign.py", timeout=300)
+    result.assert_outcomes(passed=3)
+    assert _seen(result).startswith("SEEN examples=12 max_examples=12 deadline=None suppressed=[")
+
+
+def test_a_users_nightly_profile_is_their_own(pytester, monkeypatch):
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "nightly")  # "Profile 'nightly' is not registered" when the plugin loaded it
+    pytester.makeconftest(NIGHTLY_CONFTEST)
+    pytester.makepyfile(test_foreign=FOREIGN_TESTS)
+    result = pytester.runpytest_subprocess("-q", "-s", "-p", "no:cacheprovider", "test_foreign.py", timeout=300)
+    result.assert_outcomes(passed=3)
+    assert _seen(result) == "SEEN examples=7 max_examples=7 deadline=0:00:00.200000 suppressed=[]"
 
 
 def test_the_plugin_is_loaded_beside_this_repos_conftest(request, pool, tfpar_pool):
