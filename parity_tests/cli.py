@@ -151,6 +151,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from parity_tests.running.harness import check_refusals, prestart_torch
 
     check_refusals(case, impls)  # every implementation's refusal before any of them runs (or the pool starts)
+    if args.tensorboard:  # TensorFlow without tensorboard fails only at its first tf.summary, after every run
+        from parity_tests.running.frameworks import require
+
+        require("tensorboard", "--tensorboard", "--tensorboard")
     prestart_torch(case, impls)  # the torch ranks start while TensorFlow imports
     try:
         if args.lockstep:

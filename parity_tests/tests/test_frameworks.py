@@ -8,13 +8,14 @@ import pytest
 
 from parity_tests.running.frameworks import FrameworkMissing, installed, missing_module, require
 from parity_tests.tests.absent import PYTHON, ROOT, absent_env
+from parity_tests.tests.processes import HANG_DEADLINE
 
 MLP = ROOT / "examples" / "byo" / "mlp"
 
 
 def _tfpar(tmp_path, absent: tuple[str, ...], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "parity_tests.cli", *args], env=absent_env(tmp_path, *absent),
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=HANG_DEADLINE, cwd=tmp_path)
 
 
 @pytest.mark.parametrize(("absent", "impls", "extra"), [
@@ -57,7 +58,7 @@ def test_the_pool_fixture_without_torch_names_the_extra(tmp_path):
     env = absent_env(tmp_path, "torch")
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     out = subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=HANG_DEADLINE, cwd=tmp_path)
     assert out.returncode == 1, out.stdout[-2000:]
     assert "1 error" in out.stdout and "expected torch for the tfpar_pool fixture" in out.stdout, out.stdout[-2000:]
     assert "pip install 'tfpar[torch]'" in out.stdout and "ModuleNotFoundError" not in out.stdout
@@ -69,7 +70,19 @@ def test_tensorboard_is_asked_for_by_name(tmp_path):
             "try:\n    require('tensorboard', '--tensorboard', '--tensorboard')\n"
             "except ValueError as e:\n    print(e)\n")
     out = subprocess.run([PYTHON, "-c", code], env=absent_env(tmp_path, "tensorboard"), capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path)
+                         text=True, timeout=HANG_DEADLINE, cwd=tmp_path)
     assert out.stdout.strip() == ("--tensorboard: expected TensorBoard for --tensorboard; no module named"
                                   " 'tensorboard' here: pip install 'tfpar[tensorboard]' (or your own build;"
                                   " docs/install.md)"), out.stdout + out.stderr[-2000:]
+
+
+def test_compare_with_tensorboard_missing_stops_before_any_run(tmp_path):
+    """TensorFlow without tensorboard fails only at its first ``tf.summary``, after every run of the comparison:
+    ``tfpar compare --tensorboard`` asks for it first (one line, exit 2, nothing run, no folder written)."""
+    out = _tfpar(tmp_path, ("tensorboard",), "compare", str(MLP / "case.json"), "--impls", "tf.towers,torch.ddp",
+                 "--tensorboard", str(tmp_path / "tb"))
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfpar: error: --tensorboard: expected TensorBoard"), lines
+    assert "pip install 'tfpar[tensorboard]'" in lines[0]
+    assert out.stdout == "" and not (tmp_path / "tb").exists()  # no verdict table: nothing ran
