@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from parity_tests.tests.absent import ROOT
+from parity_tests.tests.processes import HANG_DEADLINE
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 FRAMEWORKS = {"tensorflow", "tensorflow-cpu", "keras", "torch", "tensorboard"}
@@ -65,11 +66,11 @@ def test_the_lock_is_the_environment_the_readme_names():
 
 @pytest.mark.parametrize("module", ["tfpar", "parity_tests"])
 def test_python_dash_m_runs_the_command(module):
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=HANG_DEADLINE,
                          cwd=ROOT)
     assert out.returncode == 0 and out.stdout.startswith("usage: tfpar "), out.stderr[-2000:]
     bad = subprocess.run([sys.executable, "-m", module, "compare", "no-such-case.json"], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT)
+                         text=True, timeout=HANG_DEADLINE, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("tfpar: error: CASE: expected"), bad.stderr[-2000:]
 
 
