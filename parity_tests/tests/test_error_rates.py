@@ -186,10 +186,11 @@ def test_programs_compute_what_their_counterparts_do_in_float64(a, b):
 
 
 @pytest.mark.usefixtures("pool")
-def test_v1_losses_reduce_in_float32_inside_a_float64_run():
+@pytest.mark.parametrize("loss", ["sigmoid_ce", "mse"])  # mse returns a float32 loss in a float64 graph
+def test_v1_losses_reduce_in_float32_inside_a_float64_run(loss):
     """The premise of the TF1 family: its float64 run is not float64 throughout (``tf.compat.v1.losses`` casts
     to float32), so it parts from a float64 run by float32 rounding: more than the float64 bound, well under 1e-5."""
-    case = make(MLP, **EVEN, optimizer={"name": "sgd", "lr": 0.05, "semantics": "tf"})
+    case = make(MLP, **EVEN, optimizer={"name": "sgd", "lr": 0.05, "semantics": "tf"}, model__loss=loss)
     resolve(program("v1_losses"))
     gap = _gap(run_impl(case, program("v1_losses")), run_impl(case, "tf.towers"))
     assert 1e-10 < gap < 1e-5, gap

@@ -162,7 +162,10 @@ def _fits_v1_losses(spec: dict) -> bool:
     times 1/N (equal weighting, or even shards), no clip, TensorFlow's Adam rule (``tf``/``native``)."""
     par, o = spec["parallel"], spec["optimizer"]
     even = len(set(shard_sizes(spec))) == 1
+    # softmax_ce: the program raised InvalidArgumentError in its float64 rerun in the first hunt (2026-11-28),
+    # not yet triaged; left out rather than counted as the judge's error
     return (spec["dtype"] == "float32" and spec["model"]["reduction"] == "mean" and par.get("clip") is None
+            and spec["model"]["loss"] != "softmax_ce"
             and par["shard"] == "contiguous" and (par["weighting"] == "equal" or even)
             and (o["name"] != "adam" or o["semantics"] in ("tf", "native")))
 

@@ -166,10 +166,12 @@ def v1_losses(run):
                     h = {"relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}.get(act, lambda v: v)(h)
                 loss = _v1_loss(model["loss"], tf.gather(y, r), h)
                 losses.append(loss)
-                scaled = loss / tf.constant(n, dt) if n > 1 else loss  # slim's _gather_clone_loss
+                # slim's _gather_clone_loss divides by a Python float: the loss keeps its own dtype, which
+                # tf.compat.v1.losses makes float32 even in a float64 graph
+                scaled = loss / float(n) if n > 1 else loss
                 grads.append(tf.gradients(scaled, [w[k] for k in keys]))
         summed = [tf.add_n([g[j] for g in grads]) for j in range(len(keys))]
-        logged = tf.add_n(losses) / tf.constant(n, dt)
+        logged = tf.add_n(losses) / float(n)
         # the loss is read before the update (slim's create_train_op orders them so): without the dependency
         # a Session may run the variables' reads for the logged loss after the assignment
         with tf.control_dependencies([logged, *summed]):
