@@ -88,7 +88,7 @@ def judge_pair(pair) -> dict:
                               stages=False, skip_unsupported=True)
     except Exception as e:  # an implementation failed outright: no verdict
         row.update(status="error", rule="raised", gap=float("nan"), bound=float("nan"),
-                   detail=f"{type(e).__name__}: {e}".splitlines()[0], right=pair.bug is not None,
+                   detail=f"{type(e).__name__}: {e}".splitlines()[0], right=False,  # nothing judged: a bug not caught either
                    why="an implementation raised", seconds=time.perf_counter() - t0)
         return row
     p = result.pairs[0]
