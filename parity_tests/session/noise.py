@@ -33,12 +33,17 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case
+from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR
 from parity_tests.judging.localise import row_gaps
 from parity_tests.running import registry
 
-__all__ = ["U32", "NoiseSide", "NoiseResult", "stand_in", "noise_or_bug", "recorded_pair"]
+__all__ = ["float32_bound", "NoiseSide", "NoiseResult", "stand_in", "noise_or_bug", "recorded_pair"]
 
-U32 = 2.0 ** -24  # float32's unit roundoff: the bound's additive term, as in rule 2 (docs/tolerance.md)
+
+def float32_bound(floor: np.ndarray | float) -> np.ndarray | float:
+    """The float32 rule's bound on a floor (``judging.bounds``: ``FLOAT32_FACTOR x floor + FLOAT32_ABS_FLOOR``,
+    2 x floor + 4 x 2^-24; derivation in docs/tolerance.md), the one every float32 verdict uses."""
+    return FLOAT32_FACTOR * floor + FLOAT32_ABS_FLOOR
 
 
 def stand_in(name: str) -> str:
@@ -83,7 +88,7 @@ class NoiseSide:
     @property
     def off(self) -> int | None:
         """The first step where this run is farther from float64 than twice its stand-in's floor, or None."""
-        over = np.flatnonzero(self.to_float64 > 2 * self.floor + 4 * U32)
+        over = np.flatnonzero(self.to_float64 > float32_bound(self.floor))
         return int(over[0]) if len(over) else None
 
 
@@ -114,7 +119,7 @@ class NoiseResult:
         for s in self.sides:
             off = s.off
             lines.append(f"  {s.name}: against {s.stand_in}'s float64 run: " + (
-                f"off from step {off} (gap {s.to_float64[off]:.3g} > {2 * s.floor[off] + 4 * U32:.3g})" if off is not None
+                f"off from step {off} (gap {s.to_float64[off]:.3g} > {float32_bound(s.floor[off]):.3g})" if off is not None
                 else f"within rounding at every step (at most {float(np.max(s.to_float64)):.3g})"))
         return "\n".join(lines)
 
@@ -140,7 +145,7 @@ def noise_or_bug(case: Case, names: tuple[str, str], runner: Callable[[Case, str
         floor = np.maximum.accumulate(_gaps(cache[(s, "float32")], cache[(s, "float64")])[0])
         sides.append(NoiseSide(name, s, floor, _gaps(run, cache[(s, "float64")])[0]))
     gap, chan = _gaps(runs[0], runs[1])
-    bound = 2 * np.maximum(sides[0].floor, sides[1].floor) + 4 * U32
+    bound = float32_bound(np.maximum(sides[0].floor, sides[1].floor))
     over = np.flatnonzero(gap > bound)
     k = int(over[0]) if len(over) else int(np.argmax(gap / bound))
     return NoiseResult("divergence" if len(over) else "parity", float(gap[k]), float(bound[k]),
