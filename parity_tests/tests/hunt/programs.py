@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfpar
+from parity_tests.tests.hunt.tf_side import keras_load, keras_optimizer
 
 __all__ = ["L2", "keras_fit", "keras_fit_floatx", "keras_fit_l2", "v1_losses"]
 
@@ -55,15 +56,6 @@ def _keras_loss(name: str):
     return keras.losses.MeanSquaredError()
 
 
-def _keras_optimizer(opt: dict):
-    import keras
-
-    if opt["name"] == "adam":
-        return keras.optimizers.Adam(learning_rate=opt["lr"], beta_1=opt["beta1"], beta_2=opt["beta2"],
-                                     epsilon=opt["epsilon"])
-    return keras.optimizers.SGD(learning_rate=opt["lr"], momentum=opt.get("momentum", 0.0))
-
-
 def _fit(run, policy: bool, l2: float | None) -> None:
     """The keras-io distributed-training guide's program: compile under the strategy's scope, then ``fit``."""
     import keras
@@ -81,15 +73,9 @@ def _fit(run, policy: bool, l2: float | None) -> None:
                                activation=None if layer.get("activation", "none") == "none" else layer["activation"],
                                kernel_regularizer=regularizer())
             for layer in model["layers"]])
-        optimizer = _keras_optimizer(opt)
+        optimizer = keras_optimizer(opt)
         net.compile(optimizer=optimizer, loss=_keras_loss(model["loss"]))
-    named = {}
-    for i, layer in enumerate(net.layers):
-        layer.kernel.assign(run.initial[f"{i}.kernel"])
-        named[f"{i}.kernel"] = layer.kernel
-        if layer.use_bias:
-            layer.bias.assign(run.initial[f"{i}.bias"])
-            named[f"{i}.bias"] = layer.bias
+    named = keras_load(net, run.initial)
     batches = list(run.batches())
     x = np.concatenate([b[0] for b in batches])
     y = np.concatenate([b[1] for b in batches])

@@ -46,7 +46,7 @@ import tensorflow as tf
 
 import tfpar
 
-__all__ = ["shards"]
+__all__ = ["keras_load", "keras_optimizer", "shards"]
 
 DTYPES = ("float32", "float64")
 _ACT = {"relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}
@@ -289,6 +289,28 @@ def add_n_f32(run):
     _train(run, "add_n")
 
 
+def keras_load(net, initial: dict) -> dict:
+    """Load a ``Sequential`` of ``Dense`` layers from canonical weights; ``{canonical name: variable}``."""
+    named = {}
+    for i, layer in enumerate(net.layers):
+        layer.kernel.assign(initial[f"{i}.kernel"])
+        named[f"{i}.kernel"] = layer.kernel
+        if layer.use_bias:
+            layer.bias.assign(initial[f"{i}.bias"])
+            named[f"{i}.bias"] = layer.bias
+    return named
+
+
+def keras_optimizer(opt: dict):
+    """The case's optimizer as Keras' own class (``semantics: native``): Adam, or SGD with its momentum."""
+    import keras
+
+    if opt["name"] == "adam":
+        return keras.optimizers.Adam(learning_rate=opt["lr"], beta_1=opt["beta1"], beta_2=opt["beta2"],
+                                     epsilon=opt["epsilon"])
+    return keras.optimizers.SGD(learning_rate=opt["lr"], momentum=opt.get("momentum", 0.0))
+
+
 @tfpar.plugin.tensorflow(dtypes=DTYPES, keras=True)
 def keras_model(run):
     """A Keras ``Sequential`` of ``Dense`` layers and a Keras optimizer (``semantics: native``), towers by hand.
@@ -306,18 +328,8 @@ def keras_model(run):
         keras.layers.Dense(layer["units"], activation=None if layer.get("activation", "none") == "none"
                            else layer["activation"], use_bias=layer.get("use_bias", True), dtype=dt)
         for layer in model["layers"]])
-    named = {}
-    for i, layer in enumerate(net.layers):
-        layer.kernel.assign(run.initial[f"{i}.kernel"])
-        named[f"{i}.kernel"] = layer.kernel
-        if layer.use_bias:
-            layer.bias.assign(run.initial[f"{i}.bias"])
-            named[f"{i}.bias"] = layer.bias
-    if opt["name"] == "adam":
-        optimizer = keras.optimizers.Adam(learning_rate=opt["lr"], beta_1=opt["beta1"], beta_2=opt["beta2"],
-                                          epsilon=opt["epsilon"])
-    else:
-        optimizer = keras.optimizers.SGD(learning_rate=opt["lr"], momentum=opt.get("momentum", 0.0))
+    named = keras_load(net, run.initial)
+    optimizer = keras_optimizer(opt)
     keys = list(named)
     variables = [named[k] for k in keys]
     clip = par.get("clip")
