@@ -6,6 +6,17 @@ code that calls ``keras.config.set_floatx("float64")`` first keeps its rate exac
 does not rounds it to float32. The judge maps the other side onto what the code held, so it
 asks the code itself rather than a flag: every optimizer made while :func:`keras_optimizers_seen`
 is active is reported with its class and its learning rate's dtype.
+
+Keras also scales a loss for a ``tf.distribute`` strategy in a precision of its own:
+``keras/src/losses/loss.py`` ``scale_loss_for_distribution`` (Keras 3.15.1; every loss
+``compute_loss``/``fit`` reduces, and the regularization losses through the TensorFlow trainer's
+``_aggregate_additional_loss``) multiplies the loss by ``ops.cast(1.0 / num_replicas, loss.dtype)``,
+and ``keras.ops.cast`` of a Python float goes through a float32 tensor:
+``keras.ops.cast(1.0 / 3, "float64")`` is ``0.3333333432674408``, float32(1/3). A float64
+``model.fit`` on N replicas, N not a power of two, so trains on the loss and every gradient times
+``float32(1/N) N`` (``1 + 2^-25`` at N = 3), and logs that loss too (the loss tracker undoes the
+scale with an exact ``N``). :func:`keras_loss_scales_seen` reads which factor a run applied, and
+can make it the exact one for the judge's mapped rerun of the same program.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["keras_optimizers_seen"]
+__all__ = ["keras_optimizers_seen", "keras_loss_scales_seen"]
 
 
 def _lr_dtype(opt: Any) -> str | None:
@@ -67,3 +78,54 @@ def keras_optimizers_seen() -> Iterator[list[dict[str, Any]]]:
     finally:
         cls.__init__ = original
         v1.__init__ = v1_original
+
+
+@contextlib.contextmanager
+def keras_loss_scales_seen(*, exact: bool = False) -> Iterator[list[dict[str, Any]]]:
+    """Record the factor of every distributed loss scale Keras applies inside the block.
+
+    Yields ``[{"replicas": 3, "dtype": "float64", "factor": 0.3333333432674408, "exact": False}, ...]``:
+    one entry per replica count and loss dtype, ``factor`` the number Keras' own
+    ``ops.cast(1.0 / replicas, dtype)`` makes (evaluated eagerly, as Keras computes it in the traced
+    step), ``exact`` whether this block replaced it. Nothing is recorded where Keras scales nothing
+    (one replica, or no strategy).
+
+    Args:
+        exact: multiply a float64 loss by ``1/replicas`` rounded once to float64 (what a port that
+            divides by N in float64 computes) in place of Keras' float32-rounded factor: the judge's
+            mapped rerun of the same program (``session.comparison``, "Keras' distribution loss scale").
+            Other dtypes keep Keras' own (float32(1/N) is what float32 arithmetic computes anyway).
+
+    ``keras.src.losses.loss.scale_loss_for_distribution`` is replaced for the block and restored
+    after it, also when the block raises; its callers look it up in the module at call time
+    (``reduce_values`` as a module global, the TensorFlow trainer as ``loss_module.``).
+    """
+    import tensorflow as tf
+    from keras import ops
+    from keras.src import backend
+    from keras.src.losses import loss as loss_module
+
+    seen: list[dict[str, Any]] = []
+    original = loss_module.scale_loss_for_distribution
+
+    def scale_loss_for_distribution(value: Any) -> Any:
+        if backend.backend() != "tensorflow":
+            return original(value)
+        n = tf.distribute.get_strategy().num_replicas_in_sync
+        if n <= 1:
+            return original(value)
+        dtype = str(getattr(value.dtype, "name", value.dtype))
+        swap = exact and dtype == "float64"
+        if not any(e["replicas"] == n and e["dtype"] == dtype for e in seen):
+            with tf.init_scope():  # Keras' own factor, as a number (the step being traced holds a symbolic one)
+                factor = float(ops.convert_to_numpy(ops.cast(1.0 / n, dtype)))
+            seen.append({"replicas": int(n), "dtype": dtype, "factor": factor, "exact": swap})
+        if swap:
+            return ops.multiply(value, tf.constant(1.0 / n, dtype=tf.float64))
+        return original(value)
+
+    loss_module.scale_loss_for_distribution = scale_loss_for_distribution
+    try:
+        yield seen
+    finally:
+        loss_module.scale_loss_for_distribution = original

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.payload import EXACT_LOSS_SCALE
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 
@@ -497,11 +498,14 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the function raised (when, its line, the user's frames).
     """
     from .devices import tower_devices
-    from .keras_seen import keras_optimizers_seen
+    from .keras_seen import keras_loss_scales_seen, keras_optimizers_seen
 
     run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
+    # the judge's mapped rerun of a Keras program on N replicas (N not a power of two): Keras' float32 1/N made exact
+    exact = bool(payload.get(EXACT_LOSS_SCALE))
     try:
-        with keras_optimizers_seen() as seen:  # what its Keras optimizers hold in float32 (the judge's mapping)
+        # what its Keras optimizers hold in float32, and the factor Keras scaled its distributed loss by
+        with keras_optimizers_seen() as seen, keras_loss_scales_seen(exact=exact) as scales:
             fn(run)
     except LayoutError:  # run.to_torch / run.to_tf asked what cannot be told: bad input (tf_worker)
         remove_files(run._store.close())
@@ -514,4 +518,4 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         raise
     finally:
         run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
-    return {**run.records(), "keras_optimizers": seen}
+    return {**run.records(), "keras_optimizers": seen, "keras_loss_scales": scales}

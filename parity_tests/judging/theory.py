@@ -35,7 +35,8 @@ from parity_tests.protocol.shards import shard_sizes
 __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards", "sampler_padding",
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus",
-           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS", "decays_any"]
+           "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS", "decays_any",
+           "LOSS_SCALE", "loss_scale_difference"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -54,6 +55,7 @@ _STAGE_OF = (
     ("class weights", "loss"),
     ("label smoothing", "loss"),
     ("sum reduction", "combined_grads"),
+    ("distribution loss scale", "loss"),  # the loss itself carries the factor, and every gradient from it
     ("uneven shards with equal weighting", "combined_grads"),
     ("per-device labelled counts", "combined_grads"),
     ("per-device gradients under synchronized batch norm", "clip"),
@@ -267,8 +269,40 @@ def _rates(spec: dict[str, Any]) -> list[float]:
     return [lr_at(opt["schedule"], opt["lr"], t) for t in range(1, spec["steps"] + 1)]
 
 
+#: the mapping of Keras' distribution loss scale: the program itself rerun with the factor exact
+#: (``session.comparison``; no case field expresses it, so ``mapping_changes`` has none)
+LOSS_SCALE = "keras_loss_scale"
+
+
+def loss_scale_difference(spec: dict[str, Any], a: str, b: str,
+                          scales: Mapping[str, float | None]) -> Difference | None:
+    """Keras' distribution loss scale in float32, where one side's float64 run carried it and the other's did not.
+
+    ``scales``: per TensorFlow plugin, ``float32(1/N) N`` as its float64 run applied it
+    (``protocol.hyper.keras_scale_factor`` of what ``tfpar.keras_seen.keras_loss_scales_seen`` read;
+    ``None``: exact, as every built-in and torch side is). Keras 3.15.1's
+    ``keras/src/losses/loss.py`` ``scale_loss_for_distribution`` multiplies the loss of a
+    ``tf.distribute`` replica by ``ops.cast(1.0 / N, dtype)``, which passes float32: the loss, the
+    logged loss and every gradient are that factor times the exact ones (``1 + 2^-25`` at N = 3,
+    ``1 + 2^-26`` at 6, ...; nothing at N a power of two, where float32 holds 1/N exactly). Not
+    ``certain``: in a float32 case the float32 rule may not resolve it. Mapped on the program
+    itself (:data:`LOSS_SCALE`).
+    """
+    sa, sb = scales.get(a), scales.get(b)
+    if sa == sb:
+        return None
+    who = ", ".join(f"{x}: x {f!r} = 1 + {f - 1:.3g}" for x, f in ((a, sa), (b, sb)) if f is not None)
+    n = spec["parallel"]["devices"]
+    return _diff(
+        f"Keras' distribution loss scale in float32: keras/src/losses/loss.py scale_loss_for_distribution multiplies"
+        f" a replica's loss by ops.cast(1.0 / N, dtype), which passes float32 (float32(1/{n}) in a float64 run),"
+        f" so the loss, the logged loss and every gradient of model.fit/compute_loss under a tf.distribute"
+        f" strategy are float32(1/N) N times the exact ones ({who})", mapping=LOSS_SCALE)
+
+
 def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None,
-            kernels: Mapping[str, Mapping[str, Any]] | None = None, own: Collection[str] = ()) -> Prediction:
+            kernels: Mapping[str, Mapping[str, Any]] | None = None, own: Collection[str] = (),
+            scales: Mapping[str, float | None] | None = None) -> Prediction:
     """Predicted differences between implementations ``a`` and ``b`` on a validated case.
 
     Each prediction holds at the case's values: a difference whose size these values
@@ -292,6 +326,9 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     one their code writes out (torch's AdamW by hand, say), which the case's ``native`` does not
     name, so no difference between the frameworks' optimizer classes is predicted for them
     (predicting one would explain a real difference away).
+
+    ``scales``: for TensorFlow plugins that have run, the factor Keras' distribution loss scale
+    put on their float64 losses and gradients (:func:`loss_scale_difference`), read from the run.
     """
     held = held or {}
     found: list[Difference] = []
@@ -380,6 +417,9 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                 " about 1e-6/norm relative on clipped steps", expected=False, mapping="optimizer"))
     if one_parallel:
         found.extend(_combine_differences(spec, moves, absent))
+    scaled = loss_scale_difference(spec, a, b, scales or {})
+    if scaled is not None:
+        found.append(scaled)
     found.extend(_model_differences(spec, a, b, one_parallel, absent))
     found.extend(_token_differences(spec, a, b, one_parallel, moves, absent))
     mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)

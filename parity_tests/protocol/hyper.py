@@ -12,7 +12,21 @@ import math
 
 import numpy as np
 
-__all__ = ["keras_float32", "keras_lr", "lr_at", "cosine_lr", "keras_cosine_lr"]
+__all__ = ["keras_float32", "keras_lr", "lr_at", "cosine_lr", "keras_cosine_lr", "keras_scale_factor"]
+
+
+def keras_scale_factor(seen: list[dict] | None) -> float | None:
+    """``float32(1/N) N``: the factor a run's float64 losses and gradients carry from Keras' distributed loss scale.
+
+    ``seen``: what the run's Keras scaled (``tfpar.keras_seen.keras_loss_scales_seen``). ``None`` where
+    it scaled no float64 loss, or scaled it by ``1/N`` exactly in float64 (N a power of two, or the
+    mapped rerun): nothing differs from a port that divides by N in float64. Several replica counts in
+    one run (the largest departure wins) do not occur in one program as the hunt writes them.
+    """
+    factors = [float(np.float64(e["factor"]) * np.float64(e["replicas"])) for e in seen or ()
+               if e.get("dtype") == "float64" and not e.get("exact")
+               and np.float64(e["factor"]) != np.float64(1.0) / np.float64(e["replicas"])]
+    return max(factors, key=lambda f: abs(f - 1.0)) if factors else None
 
 
 def keras_float32(opt: dict, use: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["Payload", "CASE_KEYS", "OPTION_KEYS", "check_payload"]
+__all__ = ["Payload", "CASE_KEYS", "OPTION_KEYS", "EXACT_LOSS_SCALE", "check_payload"]
 
 
 class Payload(TypedDict, total=False):
@@ -34,6 +34,9 @@ class Payload(TypedDict, total=False):
         export_opt_state: record the final optimizer state as ``opt/step`` and ``opt/<slot>/<name>``.
         first_step: the number of the run's first step (a plugin's ``run.first_step``; lockstep's step k).
         spill_bytes: the parent's spill threshold (``protocol.rows``), for workers started before it was set.
+        keras_exact_loss_scale: a TensorFlow plugin's rerun in which Keras' distributed loss scale
+            multiplies a float64 loss by ``1/N`` in float64, not by its float32(1/N)
+            (``tfpar.keras_seen.keras_loss_scales_seen``; the judge's mapping, ``session.loss_scale``).
     """
 
     spec: dict[str, Any]
@@ -49,10 +52,15 @@ class Payload(TypedDict, total=False):
     export_opt_state: bool
     first_step: int
     spill_bytes: int
+    keras_exact_loss_scale: bool
 
+
+#: the payload key of a TensorFlow plugin's mapped rerun in which Keras' distributed loss scale is exact: the one
+#: mapping made on the program itself, since no field of the case expresses a precision Keras picks inside ``fit``
+EXACT_LOSS_SCALE = "keras_exact_loss_scale"
 
 CASE_KEYS = frozenset({"spec", "x", "y", "init", "masks", "perm", "w", "capture"})
-OPTION_KEYS = frozenset({"lockstep", "opt_state", "export_opt_state", "first_step", "spill_bytes"})
+OPTION_KEYS = frozenset({"lockstep", "opt_state", "export_opt_state", "first_step", "spill_bytes", EXACT_LOSS_SCALE})
 
 
 def check_payload(payload: Mapping[str, Any], engine: str) -> Mapping[str, Any]:

@@ -625,6 +625,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         traj.update(device_arrays(_tf_devices(records.get("device")), case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
+        traj.meta["keras_loss_scales"] = records.get("keras_loss_scales", [])
         traj.update(optimizer_arrays(records, case, impl))
         if progress:
             progress(case.spec["steps"])

@@ -61,6 +61,7 @@ from parity_tests.judging.perturbation import (
 )
 from parity_tests.judging.precision_leak import leak_text, loss_in_float32
 from parity_tests.judging.theory import (
+    LOSS_SCALE,
     Prediction,
     keras_bias_add_layers,
     mapping_changes,
@@ -83,6 +84,7 @@ from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
 from parity_tests.running.harness import refusal, run_impl
 from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, torch_bytes
+from parity_tests.session.loss_scale import ExactScale, loss_scales
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
@@ -756,6 +758,8 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
         changes: dict[str, Any] = {}
         fits = True
         for d in pred.differences:
+            if d.mapping == LOSS_SCALE:  # mapped on the program itself (loss_scale.ExactScale), beside this mapping
+                continue
             held = rounding.get(other)
             c = (None if d.mapping is None or held == "ambiguous"
                  else mapping_changes(d.mapping, spec, runs_as, other, held))
@@ -1039,19 +1043,25 @@ def compare_case(
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = held_roundings(impls, trajs, dtype)
     own = own_rules(impls, trajs, dtype)
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own) for impl in impls[1:]}
+    scales = loss_scales(impls, trajs, dtype)  # Keras' distribution loss scale, read from each float64 run
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own, scales=scales)
+             for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
+    exact: dict[str, tuple[ExactScale, ...]] = {}  # per pair, its programs rerun with the loss scale exact
     second: list[_Run] = []
     for impl in impls[1:]:
         if impl in refused:
             continue
         m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding)
-        if m is None:
-            continue
         needed = ["float64"] if dtype == "float64" else (
             [dtype, "float64"] if rules[impl] == "float64" else
             [dtype, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS] if dtype == MIXED_BFLOAT16
             else [dtype, PERTURBED])
+        if any(d.mapping == LOSS_SCALE for d in preds[impl].differences) and rules[impl] == "float64":
+            exact[impl] = tuple(ExactScale(x, f) for x in (ref, impl) if (f := scales.get(x)) is not None)
+            second.extend(_Run(e.side, d, e, serves=e) for e in exact[impl] for d in needed)
+        if m is None:
+            continue
         second.extend(_Run(m.runs_as, d, m, serves=m) for d in needed)
         if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
             second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
@@ -1067,6 +1077,9 @@ def compare_case(
     grads = [trajs[f"{grads_from}@float64"]] if grads_from is not None and f"{grads_from}@float64" in trajs else []
 
     judged = _Judged(case, variants, rules, trajs, mapped_cases, grads, runner, stages, beside=beside)
+    for impl, ex in exact.items():  # a rerun that could not be made: that pair's loss scale is not mapped
+        if any(e.ident in unmappable or f"{e.side}@{dtype}{e.key}" not in trajs for e in ex):
+            exact[impl] = ()
     pairs = []
     for impl in impls[1:]:
         if impl in refused:
@@ -1080,7 +1093,7 @@ def compare_case(
         if m is not None and (m.ident in unmappable or f"{m.runs_as}@{dtype}{m.key}" not in trajs):
             note = (f"could not map the predicted difference ({unmappable.get(m.ident, m.text)})",)
             m = None
-        pair = judged.pair(ref, impl, preds[impl], m)
+        pair = judged.pair(ref, impl, preds[impl], m, exact.get(impl, ()))
         pairs.append(dataclasses.replace(pair, notes=pair.notes + note))
     return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)
 
@@ -1135,8 +1148,8 @@ class _Judged:
             v = _bf16_guard(v, ref, impl, self.trajs)
         return v
 
-    def residual(self, ref: str, impl: str,
-                 m: SideMapping) -> tuple[Verdict | None, tuple[tuple[str, str], tuple[str, str]], str | None]:
+    def residual(self, ref: str, impl: str, m: SideMapping | None, exact: tuple[ExactScale, ...] = ()
+                 ) -> tuple[Verdict | None, tuple[tuple[str, str], tuple[str, str]], str | None]:
         """The pair judged with ``m``'s differences mapped away, the runs that decided it, and why it was not.
 
         A built-in side: the pair with that side's mapped runs. A plugin side, through its stand-in
@@ -1156,11 +1169,23 @@ class _Judged:
           which the report gives as "residual not judged: no equivalent run"): the pair is then
           resolved as one without a mapping (``pair.resolve``: the stage where it parts against
           theory's). A stand-in that computes another program never makes a divergence of its own.
+
+        ``exact``: the programs of the pair rerun with Keras' distribution loss scale exact
+        (``session.loss_scale``): such a side is its exact rerun wherever it takes part, beside
+        ``m`` (which may be ``None``: the loss scale is then the only mapping).
         """
+        keys = {e.side: e.key for e in exact}
+
+        def own_run(name: str) -> tuple[str, str]:
+            return name, keys.get(name, "")
+
+        if m is None:
+            a, b = own_run(ref), own_run(impl)
+            return self.verdict(ref, impl, a, b), (a, b), None
         mapped = (m.runs_as, m.key)
-        a, b = ((ref, ""), mapped) if m.side == impl else (mapped, (impl, ""))
+        a, b = (own_run(ref), mapped) if m.side == impl else (mapped, own_run(impl))
         if m.stand_in:
-            own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
+            own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
             plain = self.verdict(ref, impl, stand, own)
             if plain.status not in ("parity", "inconclusive") and self.localised(plain, stand, own).get("stage") == "update":
                 # the same gradient, another update: the plugin's optimizer step is not the rule of its kind that
@@ -1196,13 +1221,17 @@ class _Judged:
         where = attach_loss_only(where, logged[0], logged[1], self.case.spec)
         return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
 
-    def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None) -> PairResult:
-        """The pair judged as it ran and, with ``m``, with the predicted differences mapped away (``pair.resolve``)."""
+    def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None,
+             exact: tuple[ExactScale, ...] = ()) -> PairResult:
+        """The pair judged as it ran and, with ``m`` (and ``exact``: programs rerun with Keras' distribution loss
+        scale exact), with the predicted differences mapped away (``pair.resolve``)."""
         as_ran = ((ref, ""), (impl, ""))
         v = self.verdict(ref, impl)
-        residual, decided, not_judged = self.residual(ref, impl, m) if m is not None else (None, as_ran, None)
+        mapped_any = m is not None or bool(exact)
+        residual, decided, not_judged = self.residual(ref, impl, m, exact) if mapped_any else (None, as_ran, None)
+        text = "; ".join(([m.text] if m is not None else []) + [e.text for e in exact]) or None
         where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
-        res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=m.text if m else None)
+        res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=text)
         final = res.verdict
         if not_judged and final.status not in ("parity", "inconclusive", "error"):
             # said once, with why (pair.resolve's line for a pair without a mapping says "no side can map it")
@@ -1226,7 +1255,7 @@ class _Judged:
         if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
             first, _, rest = final.detail.partition("\n")
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
-        return PairResult(ref, impl, final, pred, m.text if m else None, v.gap if m else None, where, residual,
+        return PairResult(ref, impl, final, pred, text, v.gap if mapped_any else None, where, residual,
                           notes + leaks, decided if res.from_residual else None, not_judged)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
