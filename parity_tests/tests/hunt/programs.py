@@ -35,7 +35,8 @@ import tensorflow as tf
 import tfpar
 from parity_tests.tests.hunt.tf_side import keras_load, keras_optimizer
 
-__all__ = ["L2", "keras_fit", "keras_fit_floatx", "keras_fit_l2", "v1_losses"]
+__all__ = ["L2", "keras_fit", "keras_fit_floatx", "keras_fit_l2", "keras_fit_lr_high", "keras_fit_loss_over_n",
+           "v1_losses"]
 
 DTYPES = ("float32", "float64")
 
@@ -56,8 +57,13 @@ def _keras_loss(name: str):
     return keras.losses.MeanSquaredError()
 
 
-def _fit(run, policy: bool, l2: float | None) -> None:
-    """The keras-io distributed-training guide's program: compile under the strategy's scope, then ``fit``."""
+def _fit(run, policy: bool, l2: float | None, bug: str | None = None) -> None:
+    """The keras-io distributed-training guide's program: compile under the strategy's scope, then ``fit``.
+
+    ``bug``: a seeded bug (the hunt's :data:`corpus.BUG_PLUGINS`): ``lr_high``, the learning rate 1.001 times
+    the case's; ``loss_over_n``, the loss divided by the replica count once more (Keras' ``fit`` already
+    scales each replica's loss by 1/N: a user who also follows the custom-loop recipe divides twice).
+    """
     import keras
 
     spec = run.spec
@@ -73,8 +79,12 @@ def _fit(run, policy: bool, l2: float | None) -> None:
                                activation=None if layer.get("activation", "none") == "none" else layer["activation"],
                                kernel_regularizer=regularizer())
             for layer in model["layers"]])
-        optimizer = keras_optimizer(opt)
-        net.compile(optimizer=optimizer, loss=_keras_loss(model["loss"]))
+        optimizer = keras_optimizer({**opt, "lr": opt["lr"] * 1.001} if bug == "lr_high" else opt)
+        loss = _keras_loss(model["loss"])
+        if bug == "loss_over_n":
+            inner, n = loss, strategy.num_replicas_in_sync
+            loss = lambda y, p: inner(y, p) / n  # noqa: E731 (the seeded bug)
+        net.compile(optimizer=optimizer, loss=loss)
     named = keras_load(net, run.initial)
     batches = list(run.batches())
     x = np.concatenate([b[0] for b in batches])
@@ -105,6 +115,18 @@ def keras_fit_floatx(run):
 def keras_fit_l2(run):
     """:func:`keras_fit` with an L2 kernel regularizer (factor :data:`L2`) on every layer."""
     _fit(run, policy=True, l2=L2)
+
+
+@tfpar.plugin.tensorflow(dtypes=DTYPES)
+def keras_fit_lr_high(run):
+    """Seeded bug: :func:`keras_fit` with the learning rate 1.001 times the case's."""
+    _fit(run, policy=True, l2=None, bug="lr_high")
+
+
+@tfpar.plugin.tensorflow(dtypes=DTYPES)
+def keras_fit_loss_over_n(run):
+    """Seeded bug: :func:`keras_fit` with the loss divided by the replica count, which ``fit`` already does."""
+    _fit(run, policy=True, l2=None, bug="loss_over_n")
 
 
 def _v1_loss(name: str, labels, logits):
@@ -158,10 +180,15 @@ def v1_losses(run):
                 grads.append(tf.gradients(scaled, [w[k] for k in keys]))
         summed = [tf.add_n([g[j] for g in grads]) for j in range(len(keys))]
         logged = tf.add_n(losses) / float(n)
+        # made before the dependency below (slim makes its optimizer first): Adam's slot and beta-power variables
+        # made inside it get initializers that wait on the logged loss, so global_variables_initializer() asked
+        # for the input placeholder (InvalidArgumentError "You must feed a value for placeholder", the first
+        # hunt's softmax_ce errors: all Adam cases)
+        optimizer = _v1_optimizer(opt, dt)
         # the loss is read before the update (slim's create_train_op orders them so): without the dependency
         # a Session may run the variables' reads for the logged loss after the assignment
         with tf.control_dependencies([logged, *summed]):
-            train_op = _v1_optimizer(opt, dt).apply_gradients(list(zip(summed, [w[k] for k in keys], strict=True)))
+            train_op = optimizer.apply_gradients(list(zip(summed, [w[k] for k in keys], strict=True)))
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             run.begin(sess.run(w))
