@@ -110,6 +110,18 @@ def test_keras_made_under_floatx_float64_rounds_momentum_and_betas_but_not_the_r
     assert truth(spec(optimizer=both, data__global_batch=16), fit, towers)[0] == ("parity",)
 
 
+def test_truth_knows_keras_float32_distribution_loss_scale_at_n_not_a_power_of_two():
+    """model.fit scales each replica's loss by float32(1/N): 1 + 2^-25 at N = 3, nothing at N = 2 or 4."""
+    fit, ddp = BY_NAME[program("keras_fit")], BY_NAME[torch("ddp")]
+    sgd = {"name": "sgd", "lr": 0.05, "semantics": "native"}
+    even = {"optimizer": sgd, "parallel__weighting": "equal"}
+    assert truth(spec(**even, data__global_batch=12, parallel__devices=3), fit, ddp)[0] == OK
+    assert truth(spec(**even, data__global_batch=12, parallel__devices=4), fit, ddp)[0] == ("parity",)
+    assert truth(spec(**even, data__global_batch=12, parallel__devices=2), fit, ddp)[0] == ("parity",)
+    assert truth(spec(**even, data__global_batch=12, parallel__devices=3), fit, BY_NAME[program("keras_fit_floatx")]
+                 )[0] == ("parity",)  # both scale alike
+
+
 def test_programs_are_drawn_only_where_they_honour_the_case():
     fit, v1 = BY_NAME[program("keras_fit")], BY_NAME[program("v1_losses")]
     native = {"name": "sgd", "lr": 0.05, "semantics": "native"}
@@ -194,6 +206,18 @@ def test_v1_losses_reduce_in_float32_inside_a_float64_run(loss):
     resolve(program("v1_losses"))
     gap = _gap(run_impl(case, program("v1_losses")), run_impl(case, "tf.towers"))
     assert 1e-10 < gap < 1e-5, gap
+
+
+@pytest.mark.usefixtures("pool")
+def test_v1_losses_runs_adam_in_float64():
+    """The first hunt's softmax_ce errors: Adam made inside the control dependency on the logged loss, its slot
+    variables' initializers waited on the input placeholder (InvalidArgumentError before step 1)."""
+    adam = {"name": "adam", "lr": 0.01, "semantics": "tf", "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+    case = make(MLP, **{**EVEN, "steps": 2}, optimizer=adam, model__loss="softmax_ce", data__generator="gaussian",
+                model__layers=[{"type": "dense", "units": 3}])
+    resolve(program("v1_losses"))
+    loss = run_impl(case, program("v1_losses"))["loss"]
+    assert loss.shape == (2,) and np.all(np.isfinite(loss))
 
 
 # ---------------------------------------------------------------- one seeded bug of each family
