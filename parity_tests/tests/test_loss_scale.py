@@ -109,3 +109,15 @@ def test_a_bug_in_the_fit_program_is_still_a_divergence_at_3_replicas(bug):
     assert p.verdict.status == "divergence", p.verdict.detail
     # the residual (the program rerun with the factor exact) is what parts: the bug is no float32 rounding
     assert p.residual is not None and p.residual.status == "divergence"
+
+
+def test_keras_is_as_it_was_after_the_block_also_when_it_raises():
+    from keras.src.losses import loss as loss_module
+
+    from tfpar.keras_seen import keras_loss_scales_seen
+
+    original = loss_module.scale_loss_for_distribution
+    with pytest.raises(RuntimeError), keras_loss_scales_seen(exact=True) as seen:
+        assert loss_module.scale_loss_for_distribution is not original
+        raise RuntimeError("the program raised")
+    assert loss_module.scale_loss_for_distribution is original and seen == []
