@@ -1043,9 +1043,11 @@ def compare_case(
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = held_roundings(impls, trajs, dtype)
     own = own_rules(impls, trajs, dtype)
-    scales = loss_scales(impls, trajs, dtype)  # Keras' distribution loss scale, read from each float64 run
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own, scales=scales)
-             for impl in impls[1:]}
+    # Keras' distribution loss scale, read from each float64 run: a pair judged without float64 runs (the
+    # perturbation rule) sees only float32 runs, whose float32(1/N) is float32 arithmetic's own
+    scales = loss_scales(impls, trajs)
+    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own,
+                           scales=scales if rules.get(impl) == "float64" else None) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     exact: dict[str, tuple[ExactScale, ...]] = {}  # per pair, its programs rerun with the loss scale exact
     second: list[_Run] = []

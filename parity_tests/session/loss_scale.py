@@ -35,13 +35,12 @@ def loss_scale_of(traj: Any) -> float | None:
     return keras_scale_factor(getattr(traj, "meta", {}).get("keras_loss_scales"))
 
 
-def loss_scales(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, float | None]:
+def loss_scales(impls: list[str], trajs: dict[str, Any]) -> dict[str, float | None]:
     """:func:`loss_scale_of` each implementation's float64 run (the run whose numbers decide a float32 case too).
 
-    A run without a float64 run (a float32-only plugin) carries nothing a float32 rule could tell
-    from float32 arithmetic: ``None``.
+    An implementation without a float64 run (a float32-only plugin) carries nothing a float32 rule
+    could tell from float32 arithmetic, whose float32(1/N) it is: ``None``.
     """
-    del dtype  # the factor matters in float64 only; a float32 run's float32(1/N) is float32 arithmetic
     return {impl: loss_scale_of(trajs.get(f"{impl}@float64", {})) for impl in impls}
 
 
