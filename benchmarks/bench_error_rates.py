@@ -146,7 +146,7 @@ def breakdown(rows: list[dict]) -> str:
     for r in bugs:
         impl = r["bug_impl"]
         label = impl.removeprefix("mutant:") if impl.startswith("mutant:") else (
-            ("tf:" if "tf_side" in impl else "torch:") + r["bug"])
+            ("tf:" if "tf_side" in impl else "prog:" if "programs.py" in impl else "torch:") + r["bug"])
         per[label][1] += 1
         per[label][0] += not r["right"]
     out.append("misses by bug: " + ", ".join(f"{k} {m}/{t}" for k, (m, t) in sorted(per.items())))
