@@ -776,8 +776,14 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
             if own and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
                            for k, v in own.items()):
                 own = None  # the stand-in as the case is given already computes so (else the same run twice)
-            return SideMapping(side, other, {**(own or {}), **changes}, runs_as,
-                               SideMapping(side, side, own, runs_as) if own else None)
+            merged = {**(own or {}), **changes}
+            if merged.get("optimizer.semantics", spec["optimizer"]["semantics"]) != "tf" \
+                    and merged.get("optimizer.keras_rounding", "none") != "none":
+                # the plugin's own Keras roundings belong to Keras' rule: mapped onto the other framework's rule
+                # (``semantics: torch``, exact numbers) they go with it (else the mapped case is invalid and the
+                # pair loses its mapping: a model.fit program against a torch port under native Adam)
+                merged["optimizer.keras_rounding"] = "none"
+            return SideMapping(side, other, merged, runs_as, SideMapping(side, side, own, runs_as) if own else None)
     return None
 
 
