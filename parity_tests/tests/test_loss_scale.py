@@ -121,3 +121,27 @@ def test_keras_is_as_it_was_after_the_block_also_when_it_raises():
         assert loss_module.scale_loss_for_distribution is not original
         raise RuntimeError("the program raised")
     assert loss_module.scale_loss_for_distribution is original and seen == []
+
+
+# native Adam: Keras rounds beta1 through float32 in its bias correction (1 - float32(0.9) is 2.4e-7 relative off
+# 1 - 0.9), a known difference mapped through the program's stand-in (tf.towers, torch's rule) beside the loss scale
+ADAM = {"name": "adam", "lr": 0.01, "semantics": "native", "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+
+
+@pytest.mark.usefixtures("pool")
+def test_under_native_adam_both_mappings_are_made_and_the_residual_is_float64():
+    p = _pair(make(MLP, data__global_batch=6, steps=2, parallel__devices=3, parallel__weighting="equal",
+                   optimizer=ADAM), program("keras_fit"), torch("ddp"))
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert p.residual is not None and p.residual.status == "parity", p.residual.detail
+    assert "standing in for" in p.mapping and "distribution loss scale exact" in p.mapping, p.mapping
+
+
+@pytest.mark.usefixtures("pool")
+def test_under_native_adam_a_learning_rate_bug_is_a_divergence_at_4_replicas():
+    """No loss scale at 4: the Keras roundings' mapping alone, through the stand-in onto torch's rule, must be made
+    (it once made an invalid case, keras_rounding under semantics torch, and the bug passed as expected)."""
+    p = _pair(make(MLP, data__global_batch=8, steps=2, parallel__devices=4, parallel__weighting="equal",
+                   optimizer=ADAM), torch("ddp"), program("keras_fit_lr_high"))
+    assert p.verdict.status == "divergence", p.verdict.detail
+    assert not any(d.mapping == LOSS_SCALE for d in p.prediction.differences)
