@@ -145,3 +145,4 @@ def test_under_native_adam_a_learning_rate_bug_is_a_divergence_at_4_replicas():
                    optimizer=ADAM), torch("ddp"), program("keras_fit_lr_high"))
     assert p.verdict.status == "divergence", p.verdict.detail
     assert not any(d.mapping == LOSS_SCALE for d in p.prediction.differences)
+

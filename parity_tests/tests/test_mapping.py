@@ -158,3 +158,33 @@ def test_loss_in_float32_reads_the_low_bits():
     assert not loss_in_float32({"loss": towers.mean(axis=1),
                                 "param/0.kernel": params["param/0.kernel"].astype(np.float32).astype(np.float64)})
     assert not loss_in_float32({"loss": np.zeros(5), **params})  # no bits to read
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_stand_in_that_lacks_a_loss_term_is_no_equivalent_run_even_where_nothing_moves():
+    """The L2 program's stand-in (tf.towers, no L2 term) parts from it on the loss at step 1 by the L2 term; at
+    lr 1e-7 the vacuity rule calls that check inconclusive, which was taken for equivalence: the stand-in's
+    mapped leg then made a divergence of its own (the hunt, pair 54: 5.5e-4 on the loss). No residual is
+    judged; the pair is resolved as one without a mapping."""
+    from parity_tests.contract.case import case_from_dict
+
+    case = case_from_dict({  # the hunt's pair 54, as drawn
+        "schema": "parity-case/1", "name": "hunt", "dtype": "float64", "seed": 527,
+        "model": {"input_shape": [3], "loss": "mse", "reduction": "mean", "layers": [
+            {"type": "dense", "units": 5, "activation": "relu", "use_bias": False},
+            {"type": "dense", "units": 4, "activation": "relu", "use_bias": False},
+            {"type": "dense", "units": 2, "activation": "none", "use_bias": False}]},
+        "init": {"seed": 12, "kind": "normal", "stddev": 0.1}, "data": {"generator": "gaussian", "seed": 275,
+                                                                       "global_batch": 5},
+        "optimizer": {"name": "adam", "semantics": "native", "lr": 1e-07, "beta1": 0.999999, "beta2": 0.999999,
+                      "epsilon": 1.0},
+        "parallel": {"devices": 1, "combine": "grad_mean", "shard": "contiguous", "weighting": "equal"}, "steps": 4})
+    from parity_tests.running.registry import resolve
+    from parity_tests.tests.hunt.corpus import program, torch
+
+    impls = [torch("ddp_l2"), program("keras_fit_l2")]
+    for name in impls:
+        resolve(name)
+    p = compare_case(case, impls, stages=False).pairs[0]
+    assert p.verdict.status != "divergence", p.verdict.detail
+    assert any(NOT_EQUIVALENT in u for u in p.verdict.unjudged), p.verdict.unjudged
