@@ -26,6 +26,7 @@ parity tool's, after the run.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -477,7 +478,33 @@ def explain(e: BaseException) -> str:
         return ("an unseeded random op: tfpar runs TensorFlow with op determinism on, so that a run repeats"
                 " bit for bit; seed it (tf.random.set_seed(run.seed), inside `with graph.as_default():` for a"
                 " tf.compat.v1 graph) or declare @tfpar.plugin.tensorflow(deterministic=False)")
-    return last_line(e)
+    return _op_error_line(e) or last_line(e)
+
+
+#: a root error of a TensorFlow graph or op error: "  (0) INVALID_ARGUMENT: You must feed a value for ..."
+_ROOT_ERROR = re.compile(r"^\s*(?:\(\d+\)\s*)?[A-Z][A-Z_]+: (\S.*)$")
+#: the lines of an OpError's message that frame its cause: where the node was made, never what went wrong
+_FRAMING = re.compile(r"^(Graph execution error:|Detected at node|\s+File \"|Node: |\s*\[\[|\d+ root error|"
+                      r"\d+ successful operations|\d+ derived errors|Original stack trace|\s+\S.*\.py\", line)")
+
+
+def _op_error_line(e: BaseException) -> str | None:
+    """The cause of a TensorFlow ``OpError`` in one line (``None`` for any other exception).
+
+    Its message ends with the "Original stack trace" of the node (``File ".../ops.py", line 1221, in
+    from_node_def``), which is what the last line of the message would say: the first root error
+    (``(0) INVALID_ARGUMENT: You must feed a value for placeholder tensor 'Placeholder' ...``), or the
+    message's first line, says what went wrong.
+    """
+    from tensorflow.python.framework import errors_impl
+
+    if not isinstance(e, errors_impl.OpError):
+        return None
+    lines = [line for line in str(getattr(e, "message", "") or "").splitlines() if line.strip()]
+    root = next((m.group(1).strip() for line in lines if (m := _ROOT_ERROR.match(line))), None)
+    # one root error: "Graph execution error:", "Detected at node ...", its frames, "Node: 'x'", then the cause
+    text = root or next((line.strip() for line in lines if not _FRAMING.match(line)), "")
+    return f"{type(e).__name__}: {text}" if text else None
 
 
 def raised(e: BaseException, begun: bool, recorded: int, steps: int) -> PluginRaised:

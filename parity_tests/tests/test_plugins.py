@@ -282,3 +282,21 @@ def test_an_external_model_keeps_its_own_distributed_sampler(tmp_path, capsys):
     status = main(["compare", str(tmp_path / "case.json"), "--impls", impls])
     out = capsys.readouterr().out
     assert status == 0 and "verdict: PARITY" in out, out
+
+
+def test_a_tensorflow_graph_error_is_told_by_its_cause_not_by_a_frame_of_its_stack():
+    """A tf.compat.v1 graph that runs a node needing an unfed placeholder (the hunt's v1_losses once made its
+    optimizer's variables wait on the loss): the message ends with the node's "Original stack trace", whose
+    last line is a TensorFlow frame (``File ".../ops.py", line 1221, in from_node_def``)."""
+    import tensorflow as tf
+
+    from tfpar.plugin import explain
+
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float64, [2])
+        with tf.compat.v1.Session() as sess, pytest.raises(tf.errors.InvalidArgumentError) as info:
+            sess.run(x * 2.0)
+    line = explain(info.value)
+    assert line.startswith("InvalidArgumentError: You must feed a value for placeholder tensor"), line
+    assert "File " not in line and "\n" not in line
+    assert explain(KeyError("lr")) == "KeyError: 'lr'"  # any other exception: its last line, as before
