@@ -596,6 +596,7 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the plugin raised (its :attr:`~PluginRaised.report` is what the parent reads).
     """
     from .fresh import fresh_run, job_world
+    from .torch_seen import mark_handed, torch_optimizers_seen
 
     payload = job["payload"]
     group = ctx.group if job["kind"] != "single" else None
@@ -616,7 +617,8 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
         if ctx is not None:
             run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
         try:
-            fn(run)
+            with torch_optimizers_seen() as (seen, made):  # which torch.optim rule it runs (the judge's predictions)
+                fn(run)
         except LayoutError as e:  # run.to_torch / run.to_tf asked what cannot be told: bad input, one line
             remove_files(run._store.close())
             raise PluginInputError(e.line()) from None
@@ -628,4 +630,6 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
             raise
         finally:
             run._layers.remove()
-        return run.records(full=ctx.rank == 0)
+        handed = run._optimizer[0] if run._optimizer is not None else None
+        return {**run.records(full=ctx.rank == 0),
+                "torch_optimizers": mark_handed(seen, made, handed, payload["spec"]["optimizer"])}

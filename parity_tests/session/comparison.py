@@ -30,7 +30,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +86,8 @@ from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, to
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
-           "NOT_EQUIVALENT", "writes_own_rule", "own_rules"]
+           "NOT_EQUIVALENT", "writes_own_rule", "torch_rule_of", "torch_rule_from",
+           "own_rules"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 #: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
@@ -715,7 +716,7 @@ def writes_own_rule(impl: str, traj: Any) -> bool:
 
     Neither a Keras optimizer nor a ``tf.compat.v1`` one (``tfpar.keras_seen``): its update rule is
     what its code writes out (``theory.predict``'s ``own``). ``False`` for a built-in, a torch side
-    or a run that does not report it.
+    or a run that does not report it (:func:`torch_rule_of` says it for a torch plugin).
     """
     found = _declared(impl)
     if found is None or found.kind == "builtin" or found.framework != "tf":
@@ -724,14 +725,58 @@ def writes_own_rule(impl: str, traj: Any) -> bool:
     return seen is not None and not seen
 
 
-def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> frozenset[str]:
-    """The implementations of ``impls`` that write their update rule out (:func:`writes_own_rule`)."""
-    return frozenset(impl for impl in impls
-                     if writes_own_rule(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))))
+def torch_rule_of(impl: str, traj: Any) -> str | None:
+    """Why the torch plugin ``impl``'s update rule is not torch's class for the case, from its run; ``None`` if it is.
+
+    Read from what the run made (``torchref.torch_seen``): the optimizer handed to
+    ``run.use_optimizer`` where there is one, else every ``torch.optim`` optimizer it made. No
+    ``torch.optim`` class at all: its rule is its own code's (Keras' Adam written out, a
+    ``torch.optim.Optimizer`` subclass with its own ``step``); one whose class or values are not
+    what the case's optimizer makes (``torch.optim.Adam`` where the case says ``adamw``, another
+    ``eps``): its rule is another. ``None`` also for a built-in, a TensorFlow side, and a run that
+    does not report it (a recorded run).
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "torch":
+        return None
+    seen = getattr(traj, "meta", {}).get("torch_optimizers")
+    return None if seen is None else torch_rule_from(seen)
+
+
+def torch_rule_from(seen: list[dict[str, Any]]) -> str | None:
+    """:func:`torch_rule_of` from a run's records (``torchref.torch_seen``): ``None`` where it runs torch's class
+    for the case at the case's values (the handed optimizer where there is one, else every ``torch.optim`` one)."""
+    handed = [o for o in seen if o.get("handed")]
+    steps = handed or [o for o in seen if o.get("family") == "torch.optim"]
+    if not steps:
+        made = ", ".join(sorted({o["rule"] for o in seen}))
+        return ("made no torch.optim optimizer" + (f" (only {made}, with a step of its own)" if made else "")
+                + ", so its update rule is its own code's")
+    other = next((o for o in steps if not o.get("case_rule")), None)
+    if other is not None:
+        return f"made {other['differs']}: its update rule is not torch's for the case's optimizer"
+    return None
+
+
+def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, str]:
+    """The implementations of ``impls`` whose update rule is not their framework's class for the case, and why.
+
+    A TensorFlow plugin that made no Keras or ``tf.compat.v1`` optimizer (:func:`writes_own_rule`);
+    a torch plugin that made no ``torch.optim`` optimizer, or one that is not the case's
+    (:func:`torch_rule_of`). Read from the run whose numbers decide (its float64 run where it made one).
+    """
+    out: dict[str, str] = {}
+    for impl in impls:
+        traj = trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))
+        if writes_own_rule(impl, traj):
+            out[impl] = "made no Keras or tf.compat.v1 optimizer, so its update rule is its own code's"
+        elif (why := torch_rule_of(impl, traj)) is not None:
+            out[impl] = why
+    return out
 
 
 def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
-                   rounding: dict[str, str | None]) -> SideMapping | None:
+                   rounding: dict[str, str | None], own: Collection[str] = ()) -> SideMapping | None:
     """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
 
     A side can be mapped when every *expected* difference has a mapping onto it
@@ -739,7 +784,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
     side runs mapped itself; a plugin side through its stand-in (:class:`SideMapping`), unless
     the model is external (no built-in runs it). The judged implementation is tried first, then
     the reference, built-ins before stand-ins. ``rounding``: per TensorFlow plugin, what its Keras
-    optimizer held (:func:`keras_rounding_of`).
+    optimizer held (:func:`keras_rounding_of`); ``own``: the plugins whose rule is their code's (:func:`own_rules`).
     """
     if not any(d.mapping for d in pred.differences):
         return None
@@ -758,7 +803,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
         for d in pred.differences:
             held = rounding.get(other)
             c = (None if d.mapping is None or held == "ambiguous"
-                 else mapping_changes(d.mapping, spec, runs_as, other, held))
+                 else mapping_changes(d.mapping, spec, runs_as, other, held, own))
             if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
                 if d.expected:
                     fits = False
@@ -767,13 +812,13 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
             changes.update(c)
         if fits and changes:
             # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
-            own = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side))
-                   if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
-            if own and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
-                           for k, v in own.items()):
-                own = None  # the stand-in as the case is given already computes so (else the same run twice)
-            return SideMapping(side, other, {**(own or {}), **changes}, runs_as,
-                               SideMapping(side, side, own, runs_as) if own else None)
+            plain = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side), own)
+                     if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
+            if plain and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
+                             for k, v in plain.items()):
+                plain = None  # the stand-in as the case is given already computes so (else the same run twice)
+            return SideMapping(side, other, {**(plain or {}), **changes}, runs_as,
+                               SideMapping(side, side, plain, runs_as) if plain else None)
     return None
 
 
@@ -1045,7 +1090,7 @@ def compare_case(
     for impl in impls[1:]:
         if impl in refused:
             continue
-        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding)
+        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding, own)
         if m is None:
             continue
         needed = ["float64"] if dtype == "float64" else (

@@ -658,7 +658,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, ref, impl, held=held, own=own)
-        mapping = choose_mapping(f64.spec, ref, impl, pred, held)
+        mapping = choose_mapping(f64.spec, ref, impl, pred, held, own)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":
             runs["a"], runs["b"] = runs["a64"], runs["b64"]

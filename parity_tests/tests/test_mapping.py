@@ -99,6 +99,30 @@ def test_a_rule_written_out_is_not_predicted_and_replicas_that_differ_are_a_dive
     assert bad.verdict.status == "divergence" and bad.verdict.rule == "replicas in sync", summary
 
 
+@pytest.mark.usefixtures("pool")
+def test_a_torch_plugin_is_predicted_by_the_optimizer_its_run_made():
+    """``torchref.torch_seen``: a DDP port that writes Keras' Adam out (no torch.optim class) against Keras' Adam
+    (tf.towers) under ``native`` is at parity: no epsilon placement is predicted for it, only Keras' float32
+    roundings, mapped onto tf.towers as Keras' rule with exact numbers (was: predicted as torch's Adam, mapped to
+    torch's rule: a divergence). The port with ``torch.optim.Adam`` still gets the predicted difference, mapped,
+    at parity; the one made without the case's epsilon is not taken for the case's rule: a divergence."""
+    case = make(MLP, dtype="float64", parallel__devices=2, optimizer=ADAM)
+    pairs, summary = _pairs(case, ["tf.towers", f"{TORCH}:keras_adam_by_hand", f"{TORCH}:adam",
+                                   f"{TORCH}:adam_default_eps"])
+    by_hand = pairs["keras_adam_by_hand"]
+    assert by_hand.verdict.status == "parity", summary
+    assert not by_hand.prediction.expected, summary
+    assert any("made no torch.optim optimizer" in a for a in by_hand.prediction.absent), summary
+    assert by_hand.mapping and "optimizer.keras_rounding none" in by_hand.mapping, summary
+    torch_adam = pairs["adam"]
+    assert torch_adam.verdict.status == "expected_difference", summary
+    assert any("epsilon" in d.lower() for d in torch_adam.prediction.expected), summary
+    assert torch_adam.residual.status == "parity", summary
+    wrong = pairs["adam_default_eps"]
+    assert wrong.verdict.status == "divergence", summary
+    assert any("eps=1e-08" in a for a in wrong.prediction.absent), summary
+
+
 # ------------------------------------------------------------------ mapping only through equivalent runs
 
 
@@ -111,7 +135,8 @@ def test_a_stand_in_that_is_another_program_judges_no_residual(dtype):
     not judged: no equivalent run" in the line and in report.json; the port with the L2 factor doubled parts
     at the loss of step 1, before any optimizer difference can: a divergence."""
     case = make(MLP, dtype=dtype, parallel__devices=2, optimizer=ADAM)
-    r = compare_case(case, [f"{TF}:keras_l2", f"{TORCH}:adam_l2", f"{TORCH}:adam_l2_doubled"])
+    r = compare_case(case, [f"{TF}:keras_l2", f"{TORCH}:adam_l2", f"{TORCH}:adam_l2_doubled",
+                            f"{TORCH}:adam_l2_default_eps"])
     pairs, summary = {p.impl.rsplit(":", 1)[-1]: p for p in r.pairs}, r.summary()
     faithful, doubled = pairs["adam_l2"], pairs["adam_l2_doubled"]
     assert faithful.verdict.status == "expected_difference", summary
@@ -120,6 +145,13 @@ def test_a_stand_in_that_is_another_program_judges_no_residual(dtype):
     assert faithful.to_dict()["residual_not_judged"].startswith(NOT_EQUIVALENT)
     assert doubled.verdict.status == "divergence", summary
     assert doubled.localisation["first_bad_step"] == 1 and doubled.localisation["stage"] in ("loss", "record"), summary
+    # the same port making torch.optim.Adam without the case's epsilon (torchref.torch_seen): its rule is not torch's
+    # for the case, so no epsilon placement is predicted to explain its update (was: expected_difference, as the
+    # equivalent run that would have shown it is missing)
+    eps = pairs["adam_l2_default_eps"]
+    assert eps.verdict.status == "divergence", summary
+    assert not eps.prediction.expected, summary
+    assert any("eps=1e-08" in a and "not torch's for the case's optimizer" in a for a in eps.prediction.absent), summary
 
 
 # ------------------------------------------------------------------ precision leaks: a float64 run's float32 loss
