@@ -87,7 +87,7 @@ from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, to
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
            "NOT_EQUIVALENT", "writes_own_rule", "torch_rule_of", "torch_rule_from",
-           "own_rules"]
+           "own_rules", "stand_in_leg", "residual_unjudged"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 #: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
@@ -822,6 +822,48 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
     return None
 
 
+def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
+                 m: SideMapping) -> tuple[Verdict | None, str | None]:
+    """What the stand-in's leg says of a residual judged through it: ``(decides, not_judged)``.
+
+    ``plain``: the plugin ``m.side`` judged against its stand-in ``m.runs_as`` as it runs (the
+    plugin's own roundings, :attr:`SideMapping.plain`), by the pair's rule; ``stage()``: where
+    they part (``localise``'s stage), asked only when they do. The free compare
+    (:meth:`_Judged.residual`) and ``--lockstep`` (each step's one-step runs) both decide by it:
+
+    * ``(None, None)``: at parity (or nothing to compare): the stand-in computes what the plugin
+      computes, and the mapped leg is the pair's residual;
+    * ``(verdict, None)``: they part at the update, from the same gradient: the plugin's optimizer
+      step is not the rule of its kind that theory predicted from (a torch port that decays every
+      parameter), so no predicted optimizer difference explains its gap: that leg is the
+      residual, a divergence naming the plugin;
+    * ``(None, reason)``: they part before it (the loss, the gradients: a loss term no case field
+      expresses): the stand-in computes another program, its mapped leg says nothing about the
+      pair, and no residual is judged (``reason`` starts with :data:`NOT_EQUIVALENT`).
+    """
+    if plain.status in ("parity", "inconclusive"):
+        return None, None
+    if stage() == "update":
+        return dataclasses.replace(plain, detail=(
+            f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
+            f" is not the optimizer rule theory predicts for it: {plain.detail}")), None
+    first = plain.detail.splitlines()[0] if plain.detail else ""
+    return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
+                  f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}: {first})")
+
+
+def residual_unjudged(final: Verdict, not_judged: str | None) -> Verdict:
+    """``final`` (``pair.resolve``'s verdict) saying, once and with why, that no residual was judged (:func:`stand_in_leg`).
+
+    Only on a verdict that is not ``parity``, ``inconclusive`` or ``error``; it replaces
+    ``pair.resolve``'s own line for a pair without a mapping ("no side ... can map it away").
+    """
+    if not not_judged or final.status in ("parity", "inconclusive", "error"):
+        return final
+    kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+    return dataclasses.replace(final, unjudged=(*kept, f"whether the predicted difference explains the whole gap: {not_judged}"))
+
+
 def _capture_key(name: str, case: Case) -> str:
     return f"{name}|{case.spec['dtype']}|{sorted((k, str(v)) for k, v in case.spec['optimizer'].items())}" \
            f"|{sorted((k, str(v)) for k, v in case.spec['parallel'].items())}|{case.spec['model'].get('loss_semantics')}"
@@ -1207,19 +1249,11 @@ class _Judged:
         if m.stand_in:
             own, stand = (m.side, ""), (m.runs_as, m.plain.key if m.plain else "")
             plain = self.verdict(ref, impl, stand, own)
-            if plain.status not in ("parity", "inconclusive") and self.localised(plain, stand, own).get("stage") == "update":
-                # the same gradient, another update: the plugin's optimizer step is not the rule of its kind that
-                # theory predicted from (a torch port that decays every parameter), so the prediction explains
-                # nothing of the pair's optimizer difference: a finding about the plugin, not about the stand-in
-                return dataclasses.replace(plain, detail=(
-                    f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
-                    f" is not the optimizer rule theory predicts for it: {plain.detail}")), (stand, own), None
-            if plain.status not in ("parity", "inconclusive"):
-                first = plain.detail.splitlines()[0] if plain.detail else ""
-                return None, ((ref, ""), (impl, "")), (
-                    f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
-                    f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}:"
-                    f" {first})")
+            decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m)
+            if decides is not None:
+                return decides, (stand, own), None
+            if not_judged is not None:
+                return None, ((ref, ""), (impl, "")), not_judged
         return self.verdict(ref, impl, a, b), (a, b), None
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
@@ -1248,12 +1282,7 @@ class _Judged:
         residual, decided, not_judged = self.residual(ref, impl, m) if m is not None else (None, as_ran, None)
         where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
         res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=m.text if m else None)
-        final = res.verdict
-        if not_judged and final.status not in ("parity", "inconclusive", "error"):
-            # said once, with why (pair.resolve's line for a pair without a mapping says "no side can map it")
-            kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
-            final = dataclasses.replace(final, unjudged=(*kept, "whether the predicted difference explains the whole"
-                                                                f" gap: {not_judged}"))
+        final = residual_unjudged(res.verdict, not_judged)
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":

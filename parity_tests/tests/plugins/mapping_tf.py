@@ -47,10 +47,16 @@ def _tower_loss(w: dict, x, y, *, l2: float = 0.0, v1: bool = False):
     return loss
 
 
-def _towers(run, apply, *, l2: float = 0.0, v1: bool = False) -> None:
-    """Each tower's loss and gradient on its contiguous slice, the gradients averaged, ``apply(g, w)``."""
+def _towers(run, apply, *, l2: float = 0.0, v1: bool = False, opt=None) -> None:
+    """Each tower's loss and gradient on its contiguous slice, the gradients averaged, ``apply(g, w)``.
+
+    ``opt``: the Keras optimizer ``apply`` uses, handed to ``run.use_optimizer`` (``--lockstep`` loads
+    the reference's state into it; otherwise nothing happens).
+    """
     w = {k: tf.Variable(v) for k, v in run.initial.items()}
     n = len(run.devices)
+    if opt is not None:
+        run.use_optimizer(opt, w)
     run.begin(w)
     for x, y in run.batches():
         grads, losses = [], []
@@ -72,14 +78,21 @@ def keras_recipe(run):
     keras.config.set_floatx(run.dtype)
     keras.config.set_dtype_policy(run.dtype)
     opt = _keras_adam(run.spec)
-    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]))
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), opt=opt)
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
 def keras_l2(run):
     """Keras' Adam (floatx float32, its default) and an L2 term on every kernel in the loss."""
     opt = _keras_adam(run.spec)
-    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), l2=L2)
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), l2=L2, opt=opt)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_adam(run):
+    """Keras' Adam (floatx float32, its default), nothing else: ``keras_l2`` without the L2 term."""
+    opt = _keras_adam(run.spec)
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), opt=opt)
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
