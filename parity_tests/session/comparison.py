@@ -748,8 +748,8 @@ def torch_rule_from(seen: list[dict[str, Any]]) -> str | None:
     for the case at the case's values (the handed optimizer where there is one, else every ``torch.optim`` one)."""
     handed = [o for o in seen if o.get("handed")]
     steps = handed or [o for o in seen if o.get("family") == "torch.optim"]
-    if not steps:
-        made = ", ".join(sorted({o["rule"] for o in seen}))
+    if all(o.get("family") != "torch.optim" for o in steps):  # none, or a handed one with a step of its own
+        made = ", ".join(sorted({o["rule"] for o in (steps or seen)}))
         return ("made no torch.optim optimizer" + (f" (only {made}, with a step of its own)" if made else "")
                 + ", so its update rule is its own code's")
     other = next((o for o in steps if not o.get("case_rule")), None)

@@ -104,4 +104,11 @@ def test_the_handed_optimizer_decides_and_the_judge_reads_the_record():
     with torch_optimizers_seen() as (own, own_made):
         KerasRule(_params(), {**spec, "semantics": "tf", "keras_rounding": "none"})
     assert "made no torch.optim optimizer (only" in torch_rule_from(mark_handed(own, own_made, None, spec))
+    # handed over beside a torch.optim probe, the rule with a step of its own is what steps
+    with torch_optimizers_seen() as (both, both_made):
+        torch.optim.AdamW(_params(), lr=0.01, eps=1e-3, weight_decay=0.05)
+        keras = KerasRule(_params(), {**spec, "semantics": "tf", "keras_rounding": "none"})
+    said = torch_rule_from(mark_handed(both, both_made, keras, spec))
+    assert said.startswith("made no torch.optim optimizer (only torchref.optimizers.KerasRule"), said
+    assert torch_rule_from(mark_handed(both, both_made, None, spec)) is None  # unhanded: the torch.optim one steps
     assert describe(real)["rule"] == "torch.optim.Adam"
