@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parity_tests.contract.model import nested_layers
+from parity_tests.protocol.specs import nested_layers
 
 __all__ = ["Unsupported", "refuse_loss_options", "refuse_unimplemented"]
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.contract.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.plugin_run import RunBase, merge_passes
 from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
 from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy

@@ -9,6 +9,9 @@ numpy and the standard library only, no import-time effects, nothing above it im
 * ``trajectory``: the trajectory's keys, files and :class:`Trajectory` (arrays + findings);
 * ``payload``: what an engine is handed (the case as plain data, the run options);
 * ``engine``: :class:`EngineSpec`, what each engine declares it runs;
+* ``specs``: parameter names and shapes of a layer list, the walks over nested layers
+  (``param_specs``, ``nested_inputs``, ``nested_layers``);
+* ``layouts``: canonical parameters in torch's layouts, by name (``NamedLayouts``, ``LayoutError``);
 * ``shards``: shard sizes and rows, weights (numpy);
 * ``optimizer_state``: the optimizers the built-ins know and the ``opt/<slot>/<name>`` layout;
 * ``hyper``: hyperparameters as Keras holds them, the learning rate of a step;
