@@ -16,10 +16,12 @@ stage               when (at the first step k where any channel breaks)
 ``loss``            the loss of step k differs and so does what follows from it
                     (the gradient, or the parameters when no gradient was recorded)
 ``combined_grads``  the parameters agree before step k, the loss agrees, the
-                    gradient applied at step k differs
+                    gradient applied at step k differs; also DDP ranks that
+                    applied different gradients at step k (``device``: the rank)
 ``update``          the gradient applied agrees (or was not recorded and the loss
                     agrees), the parameters after step k differ: the optimizer's
-                    step; also DDP replicas that stopped being identical
+                    step; also DDP replicas that stopped being identical while
+                    every rank applied a gradient of the same norm
 ``state``           only the non-trainable state differs (moving statistics)
 ``record``          only the reported loss differs, while the gradients and the
                     parameters agree at every step: what was logged, not what
@@ -28,8 +30,8 @@ stage               when (at the first step k where any channel breaks)
 
 The per-device stages (``forward``, ``device_grads``, ``clip``) need values the
 implementations do not report today; until they do, ``device`` is set only for
-a replica finding (the rank) and the explanation says which channels were
-compared.
+a replica finding (the rank; ``ranks``: each rank's applied gradient norm) and
+the explanation says which channels were compared.
 """
 
 from __future__ import annotations
@@ -148,6 +150,49 @@ def _result(step: int | None, stage: str | None, device: int | None, name: str |
             "gap": finite(gap), "bound": finite(bound), "explanation": explanation}
 
 
+#: what ``running.plugins.replica_divergence`` says of each rank's applied gradient (``run.record(grads=...)``)
+_APPLIED = re.compile(r"the gradient applied at step (\d+) differs between the ranks: \|g\| of (\S+) rank 0 (\S+), (.*)$")
+_RANK_NORM = re.compile(r"rank (\d+) (\S+) \(")
+
+
+def _replicas(finding: str, step: int, rank: int, name: str, a: Mapping[str, Any], b: Mapping[str, Any]
+              ) -> dict[str, Any]:
+    """The localisation of DDP replicas out of sync (``finding``: the replica check's line, first at ``step``).
+
+    Only rank 0's trajectory comes back from a DDP plugin; the other ranks send digests of their
+    parameters and the norm of each gradient they applied. Where those norms differ between the ranks,
+    the ranks applied different gradients: what should be one combined gradient on every rank (DDP's
+    all-reduce) is not, so the stage is ``combined_grads`` at that step, ``device`` the first rank apart,
+    and ``ranks`` says which ranks applied what (``{"name", "norms": [[rank, |g|], ...]}``: rank 0 and every
+    rank whose norm differs from rank 0's; ``gap`` the greatest relative difference of a rank's norm to rank
+    0's, against the bitwise rule's bound 0). Rank 0's gradient is also held against the reference's. Where
+    every rank applied the same norm (one rank skipped or doubled its optimizer step), or no gradient was
+    recorded, the stage is ``update`` (``ranks`` without norms). The stage chain never refines this
+    (:func:`refinable`): it compares one side's devices with the other's, not one rank's applied gradient
+    with another's, and a DDP communication hook captures a rank's gradients only on a synchronising backward.
+    """
+    applied = _APPLIED.search(finding)
+    if applied is None or step < 1:
+        out = _result(step, "update", rank, name, float("nan"), 0.0, f"step {step}: {finding}")
+        out["ranks"] = {"name": name, "norms": None}
+        return out
+    g0 = float(applied.group(3))
+    norms = [(0, g0)] + [(int(r), float(v)) for r, v in _RANK_NORM.findall(applied.group(4))]
+    gap = max(abs(g - g0) / max(abs(g), abs(g0)) for _, g in norms[1:])
+    apart = ", ".join(f"rank {r} {g:.4g} ({g / g0:.3g}x rank 0's)" for r, g in norms[1:])
+    key = f"grad/{name}"
+    against = ""
+    if key in a and key in b and min(len(a[key]), len(b[key])) >= step:
+        ref = _gap(np.asarray(a[key][step - 1]), np.asarray(b[key][step - 1]))
+        against = f"; rank 0's gradient against the reference's: gap {ref:.3g} in {name}"
+    out = _result(step, "combined_grads", rank, name, gap, 0.0,
+                  f"step {step}: the ranks applied different gradients where DDP's all-reduce gives every rank the"
+                  f" same one (an all-reduce skipped, or made on another micro-batch than the last): |g| of {name}"
+                  f" rank 0 {g0:.4g}, {apart}{against}; {finding.split('; the gradient applied')[0]}")
+    out["ranks"] = {"name": name, "norms": [[r, g] for r, g in norms]}
+    return out
+
+
 def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
     """The ``localisation`` (docs/localisation.md) of ``verdict`` between trajectories ``a`` (reference) and ``b``.
 
@@ -167,9 +212,7 @@ def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[
     for finding in [*getattr(a, "findings", ()), *getattr(b, "findings", ())]:
         m = _REPLICA.search(finding)
         if m:
-            step = int(m.group(1) or 0)
-            return _result(step, "update", int(m.group(2)), m.group(3), float("nan"), 0.0,
-                           f"step {step}: {finding}")
+            return _replicas(finding, int(m.group(1) or 0), int(m.group(2)), m.group(3), a, b)
     steps = len(a.get("loss", ())) if "loss" in a else 0
     params, grads, states = (_channel(a, b, prefix) for prefix in ("param/", "grad/", "state/"))
     has_grads = bool(grads)
@@ -253,9 +296,13 @@ def refinable(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, An
 
     Stages inside the step (:data:`REFINABLE`), and ``update`` when a side recorded no gradient:
     then "the loss agrees, the parameters after the step differ" cannot tell the gradient from
-    the optimizer's step, and per-device gradients can.
+    the optimizer's step, and per-device gradients can. Never DDP replicas out of sync (``ranks``,
+    :func:`_replicas`): the chain compares the reference's devices with the other side's, not one rank's
+    applied gradient with another's, and would replace the rank that parted with what it sees: a DDP
+    communication hook captures a rank's gradients only on a synchronising backward (FunASR #3472's
+    loop synchronises its first micro-batch, so the hook sees that one only, on every rank).
     """
-    if not where.get("first_bad_step"):
+    if not where.get("first_bad_step") or where.get("ranks") is not None:  # replicas: :func:`_replicas`
         return False
     grads = all(any(k.startswith("grad/") for k in t) for t in (a, b))
     return where.get("stage") in REFINABLE or (where.get("stage") == "update" and not grads)

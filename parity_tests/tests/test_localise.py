@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.judging.localise import STAGES, localise
+from parity_tests.judging.localise import STAGES, localise, refinable
 from parity_tests.judging.rules import judge_float64
 from parity_tests.protocol.trajectory import Trajectory
 
@@ -71,6 +71,29 @@ def test_replicas_out_of_sync_name_the_rank():
     b.findings.append("replicas diverged at step 3: rank 2, parameter 1.bias (not bitwise equal to rank 0's)")
     where = _where(b)
     assert (where["first_bad_step"], where["stage"], where["device"], where["name"]) == (3, "update", 2, "1.bias")
+
+
+def test_ranks_that_applied_different_gradients_are_the_combined_gradient_of_a_rank():
+    # the replica check's line (running.plugins.replica_divergence) where the ranks' applied norms differ:
+    # the bug is each rank's gradient (FunASR #3472), not the optimizer's step; the chain may not replace it
+    b = _run()
+    b.findings.append("replicas diverged at step 2: rank 1, parameter 0.kernel (not bitwise equal to rank 0's; DDP"
+                      " keeps every replica identical, so some update bypassed it); the gradient applied at step 2"
+                      " differs between the ranks: |g| of 0.kernel rank 0 4, rank 1 7 (1.75x), rank 3 2 (0.5x)")
+    where = _where(b)
+    assert (where["first_bad_step"], where["stage"], where["device"], where["name"]) == (2, "combined_grads", 1,
+                                                                                         "0.kernel"), where
+    assert where["ranks"] == {"name": "0.kernel", "norms": [[0, 4.0], [1, 7.0], [3, 2.0]]}
+    assert where["gap"] == pytest.approx(0.5) and where["bound"] == 0.0   # rank 3: |2 - 4| / 4
+    assert "rank 1 7 (1.75x rank 0's), rank 3 2 (0.5x rank 0's)" in where["explanation"], where
+    assert "rank 0's gradient against the reference's: gap 0 in 0.kernel" in where["explanation"], where
+    assert not refinable(where, _run(), b)
+    # the same norms on every rank (a rank skipped its step): the optimizer's step, as before
+    c = _run()
+    c.findings.append("replicas diverged at step 2: rank 1, parameter 0.kernel (not bitwise equal to rank 0's);"
+                      " every rank applied a gradient of the same norm in 0.kernel at step 2 (4)")
+    same = _where(c)
+    assert (same["stage"], same["device"]) == ("update", 1) and not refinable(same, _run(), c)
 
 
 def test_parity_localises_nothing():
