@@ -159,15 +159,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     try:
         if args.lockstep:
             return _lockstep(case, impls, args)
-        from parity_tests.session.noise import noise_or_bug, recorded_pair
+        from parity_tests.session.noise import noise_or_bug_all, recorded_runs, summary_of
 
-        if recorded_pair(case, impls):  # two recorded float32 runs: noise or bug, against the stand-ins' floors
+        if recorded_runs(case, impls):  # recorded float32 runs only: noise or bug, against the stand-ins' floors
             from parity_tests.judging.verdict import exit_status
             from parity_tests.running.harness import run_impl
 
-            noise = noise_or_bug(case, (impls[0], impls[1]), lambda c, n: run_impl(c, n))
-            print(noise.summary())
-            return exit_status([noise.status])
+            noise = noise_or_bug_all(case, impls, lambda c, n: run_impl(c, n))
+            print(summary_of(noise))
+            return exit_status([r.status for r in noise])
         result = compare_case(case, impls, progress=not args.quiet)
     except RunError as e:  # no verdict: in CI every pair reads as an error, with the line the command prints
         if args.junit:
