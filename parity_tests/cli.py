@@ -151,6 +151,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from parity_tests.running.harness import check_refusals, prestart_torch
 
     check_refusals(case, impls)  # every implementation's refusal before any of them runs (or the pool starts)
+    from parity_tests.session.noise import check_recorded_mix
+
+    check_recorded_mix(case, impls)  # two recorded float32 runs beside runnable ones: no rule to judge their pair
     if args.tensorboard:  # TensorFlow without tensorboard fails only at its first tf.summary, after every run
         from parity_tests.running.frameworks import require
 

@@ -36,10 +36,11 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR
 from parity_tests.judging.localise import row_gaps
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 
 __all__ = ["float32_bound", "NoiseSide", "NoiseResult", "stand_in", "noise_or_bug", "noise_or_bug_all", "recorded_runs",
-           "summary_of"]
+           "summary_of", "check_recorded_mix"]
 
 
 def float32_bound(floor: np.ndarray | float) -> np.ndarray | float:
@@ -190,3 +191,17 @@ def recorded_runs(case: Case, impls: Sequence[str]) -> bool:
     ``judge_perturbation``.)
     """
     return len(impls) >= 2 and case.spec["dtype"] == "float32" and all(i.startswith("recorded:") for i in impls)
+
+
+def check_recorded_mix(case: Case, impls: Sequence[str]) -> None:
+    """Refuse (``CaseError`` on ``--impls``, before anything runs) a float32 comparison that pairs two recorded runs
+    beside runnable implementations: the ordinary comparison pairs the first with each other one, and a pair of
+    two recorded runs has neither side's float64 run nor perturbed rerun to be judged by (it stopped with a
+    traceback from ``judge_perturbation``). Recorded runs alone go to :func:`noise_or_bug_all`."""
+    if case.spec["dtype"] != "float32" or recorded_runs(case, impls) or not impls[0].startswith("recorded:"):
+        return
+    also = [i for i in impls[1:] if i.startswith("recorded:")]
+    if also:
+        raise CaseError("--impls", "recorded float32 runs either alone (noise or bug: each judged against the first)"
+                                   " or after a runnable implementation named first (a pair of two recorded runs has no"
+                                   " float64 or perturbed run to be judged by)", ",".join([impls[0], *also]))

@@ -14,7 +14,13 @@ import pytest
 from parity_tests.cli import main
 from parity_tests.contract.case import load_case
 from parity_tests.running.harness import run_impl
-from parity_tests.session.noise import noise_or_bug, noise_or_bug_all, recorded_runs, stand_in
+from parity_tests.session.noise import (
+    check_recorded_mix,
+    noise_or_bug,
+    noise_or_bug_all,
+    recorded_runs,
+    stand_in,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "examples" / "wild" / "noise-or-bug" / "case.json"
@@ -93,3 +99,15 @@ def test_every_recorded_run_and_stand_in_run_is_made_once(recorded):
     # 3 recorded runs; the stand-ins torch.ddp (ddp's and buggy's) and torch.single, each in float32 and float64
     assert sorted(calls) == sorted([(n, "float32") for n in names] + [(s, d) for s in ("torch.ddp", "torch.single")
                                                                      for d in ("float32", "float64")]), calls
+
+
+def test_two_recorded_runs_beside_a_runnable_one_are_refused_before_anything_runs(recorded, capsys):
+    # the pair of the two recorded runs would have no rule to be judged by (the same traceback); a recorded run
+    # after a runnable reference named first is judged as ever, so that order is not refused
+    ddp, buggy = (f"recorded:{recorded / n}.npz" for n in ("ddp", "buggy"))
+    assert main(["compare", str(recorded / "case.json"), "--impls", f"{ddp},{buggy},torch.single"]) == 2
+    err = capsys.readouterr().err
+    assert "--impls: expected recorded float32 runs either alone" in err and "Traceback" not in err, err
+    case = load_case(recorded / "case.json")
+    check_recorded_mix(case, ["torch.single", ddp, buggy])                   # runnable first: judged as ever
+    check_recorded_mix(case.replace(dtype="float64"), [ddp, buggy, "torch.single"])  # float64: rule 1 judges them
