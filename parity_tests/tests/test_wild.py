@@ -158,3 +158,41 @@ def test_a_replica_finding_says_which_ranks_applied_what():
     assert replica_divergence(_ranks([4.0, 7.0], digest_1="b"), "x") is None   # in sync: no finding
     assert "|g|" not in replica_divergence([{k: v for k, v in r.items() if k != "grad_norms"}
                                             for r in _ranks([4.0, 7.0])], "x")   # no norms recorded: none said
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize(("stages", "stage", "of"), [(True, "device_grads", "per-device gradients"),
+                                                     (False, "combined_grads", "combined gradients")])
+def test_lockstep_names_the_factor_and_whether_the_loss_alone_shows_it(stages, stage, of):
+    # torchtitan #2972 (SGD, one rank): the summed loss backpropagated, every gradient B = 16 times the mean's;
+    # with the stage chain the factor is read from its capture, without it from the one-step runs' gradients
+    from parity_tests.session.lockstep import lockstep_compare
+
+    example = "torchtitan-pp-sum-loss"
+    result = lockstep_compare(load_case(WILD / example / "case.json"), ["torch.ddp", _impl(example, "buggy")],
+                              stages=stages)
+    pair = result.pairs[0]
+    where = pair.localisation
+    assert (pair.status, pair.first_bad_step, where["stage"]) == ("divergence", 1, stage), result.summary()
+    assert where["factor"]["as"] == "B" and where["factor"]["exact"] == "16" and where["factor"]["of"] == of, where
+    assert pair.where_line().endswith(f"; {where['factor']['text']}"), pair.where_line()
+    # the free runs' logged losses: SGD is not scale invariant, so the loss shows it at step 2
+    assert (where["loss_only"]["detectable"], where["loss_only"]["first_step"]) == (True, 2), where
+    rows = result.summary().splitlines()
+    assert f"  {pair.impl}: loss alone: {where['loss_only']['text']}" in rows, result.summary()
+
+
+@pytest.mark.usefixtures("pool")
+def test_lockstep_claims_no_factor_where_the_ranks_apply_different_gradients():
+    # FunASR #3472 in lockstep: the one-step run's replicas part at its step 1; no factor from rank 0's trajectory
+    from parity_tests.session.lockstep import lockstep_compare
+
+    example = "funasr-no-sync-first-microbatch"
+    result = lockstep_compare(load_case(WILD / example / "case.json"), ["torch.ddp", _impl(example, "fixed"),
+                                                                       _impl(example, "buggy")])
+    fixed, buggy = result.pairs
+    assert fixed.status == "parity" and fixed.localisation is None, result.summary()
+    where = buggy.localisation
+    assert (buggy.first_bad_step, where["stage"], where["device"]) == (1, "combined_grads", 1), result.summary()
+    assert "factor" not in where and ";" not in buggy.where_line(), where
+    assert where["loss_only"]["detectable"] and where["loss_only"]["first_step"] == 3, where
