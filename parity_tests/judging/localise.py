@@ -589,6 +589,58 @@ def _captured(traj: Mapping[str, Any]) -> _Lazy:
                  lambda key: np.asarray(traj[f"device/{key}"]))
 
 
+def _later_micro_batch(a: Any, b: Any, sizes: np.ndarray | None, spec: Mapping[str, Any] | None,
+                       bound: float) -> tuple[int, int, float, float | None] | None:
+    """``(j, k, gap, c)`` where a layer's outputs (``[B, ...]``, devices' rows concatenated) agree on every device's
+    first micro-batch and differ first on micro-batch ``j`` (1-based) of ``k``; else ``None``.
+
+    With ``parallel.accumulate = k`` a device cuts its rows into k equal contiguous micro-batches and runs them
+    in order (``tfpar.towers``; the captured rows are each device's, micro-batches in call order), each forward
+    pass reading the parameters as they are then. The same rows through the same layers agree on micro-batch 1
+    and not on a later one only when what that later pass read changed between them: the parameters moved
+    inside the step (keras #19990: weight decay applied at every micro-step). ``None`` without accumulation,
+    with unknown or uneven device sizes, or where the first micro-batch differs too. ``c``: micro-batch ``j``'s
+    outputs as a constant times the reference's, where they are one (:func:`_ratio`), else ``None``.
+    """
+    k = int(((spec or {}).get("parallel") or {}).get("accumulate", 1) or 1)
+    if k < 2 or sizes is None or any(int(n) % k for n in sizes):
+        return None
+    a, b = np.asarray(a), np.asarray(b)
+    blocks: list[list[float]] = [[] for _ in range(k)]
+    rows: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(k)]
+    for xa, xb in zip(_split(a, sizes), _split(b, sizes), strict=True):
+        for j, (ma, mb) in enumerate(zip(np.split(xa, k), np.split(xb, k), strict=True)):
+            blocks[j].append(_gap(ma, mb))
+            rows[j].append((ma, mb))
+    worst = [max(g) for g in blocks]
+    if worst[0] > bound:
+        return None
+    j = next((j for j in range(1, k) if worst[j] > bound), None)
+    if j is None:
+        return None
+    c = _ratio(np.concatenate([x for x, _ in rows[j]]), np.concatenate([y for _, y in rows[j]]))
+    return j + 1, k, worst[j], c
+
+
+def _decayed(c: float | None, spec: Mapping[str, Any] | None) -> str:
+    """``; 0.9999x the reference's: 1 - lr x weight_decay, the weights decayed once ...`` where a later micro-batch's
+    layer output is a constant ``c`` times the reference's (a ReLU network's output scales with its weights), else
+    the ratio alone or ``""``. Said as a decay where ``1 - c`` is ``lr x weight_decay`` to 1e-3 relative (float32
+    runs give ``c`` to ~1e-7, so ``1 - c = 1e-4`` to ~1e-3; float64 runs far closer)."""
+    if c is None or abs(c - 1.0) <= 1e-12:
+        return ""
+    opt = (spec or {}).get("optimizer") or {}
+    lr, wd = opt.get("lr"), opt.get("weight_decay")
+    if isinstance(lr, (int, float)) and isinstance(wd, (int, float)) and wd > 0:
+        for m in (1, 2, 3):
+            want = 1.0 - (1.0 - lr * wd) ** m
+            if abs((1.0 - c) - want) <= 1e-3 * want:
+                return (f"; {c:.6g}x the reference's: (1 - lr x weight_decay)^{m}, the weights decayed {m} times"
+                        " more than the reference's") if m > 1 else \
+                    f"; {c:.6g}x the reference's: 1 - lr x weight_decay, the weights decayed once more than the reference's"
+    return f"; {c:.6g}x the reference's"
+
+
 def _rows_as(b: Any, perm: np.ndarray | None) -> Any:
     """``b``'s rows in the reference's row order (``perm``: :func:`_row_match`), or ``b`` as it is."""
     return b if perm is None else np.asarray(b)[perm]
@@ -735,6 +787,17 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         if over:
             name = _layer_name(layer, spec, da, db)
             chain.append({"stage": "forward", "device": dev, "name": name, "gap": max(gaps), "bound": bound})
+            later = None if moved else _later_micro_batch(da[f"act/{layer}"], db[f"act/{layer}"], sizes, spec, bound)
+            if later is not None:  # micro-batch 1 agrees, a later one not: the parameters moved inside the step
+                j, k_micro, g, c = later
+                chain.append({"stage": "update", "device": None, "name": name, "gap": g, "bound": bound})
+                return broke("update", None, name, g,
+                             f"the first of {k_micro} micro-batches agrees through the forward pass on every device;"
+                             f" micro-batch {j}'s output of {_layer_text(layer, spec, 'layer ', da, db)}, from the same"
+                             f" rows, differs (gap {g:.3g}{_decayed(c, spec)}): the parameters it read had changed inside the step, before"
+                             " the step's update: an optimizer acting at every micro-step (weight decay or clipping"
+                             " applied per micro-batch, a step counter advanced per micro-batch), or a weight written"
+                             " during the accumulation")
             out = broke("forward", dev, name, max(gaps),
                         f"the output of {_layer_text(layer, spec, 'layer ', da, db)} differs on"
                         f" {_devices_text(over, n, 'device')}"

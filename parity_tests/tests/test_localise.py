@@ -156,6 +156,37 @@ def test_the_stage_chain_says_by_how_much_and_which_combination():
     assert "4/2 rows" in where["explanation"]
 
 
+def _accumulating(k: int, lr: float = 0.01, wd: float = 0.01) -> dict:
+    return {"parallel": {"accumulate": k}, "optimizer": {"name": "adamw", "lr": lr, "weight_decay": wd},
+            "model": {"layers": [{"type": "dense", "units": 1}]}, "data": {}}
+
+
+@pytest.mark.parametrize("sizes", [(4,), (4, 4)])
+def test_a_later_micro_batch_that_reads_moved_weights_is_an_update_inside_the_step(sizes):
+    # keras #19990: weight decay applied after micro-batch 1 scales what micro-batch 2's first layer outputs by
+    # 1 - lr x wd (a linear layer's output scales with its weights); micro-batch 1's rows agree on every device
+    from parity_tests.judging.localise import stage_chain
+
+    a, b = _captured(sizes), _captured(sizes)
+    act = b["device/act/0"].copy()
+    for start in np.cumsum((0, *sizes[:-1])):        # each device's second micro-batch: the last half of its rows
+        n = sizes[0]
+        act[start + n // 2:start + n] *= 1 - 0.01 * 0.01
+    b["device/act/0"] = act
+    where = stage_chain(a, b, 1, 1e-10, _accumulating(2))
+    assert (where["stage"], where["device"]) == ("update", None), where["explanation"]
+    assert where["gap"] == pytest.approx(1e-4, rel=1e-9)
+    assert "micro-batch 2's output of layer 0" in where["explanation"]
+    assert "0.9999x the reference's: 1 - lr x weight_decay" in where["explanation"], where["explanation"]
+    # a ratio that is not the case's decay is said as a ratio only
+    other = stage_chain(a, b, 1, 1e-10, _accumulating(2, wd=0.05))
+    assert other["stage"] == "update" and "weight_decay" not in other["explanation"], other["explanation"]
+    # must not fire: without accumulation it is the forward pass; nor where micro-batch 1 differs too
+    assert stage_chain(a, b, 1, 1e-10, _accumulating(1))["stage"] == "forward"
+    b["device/act/0"] = a["device/act/0"] * 1.001
+    assert stage_chain(a, b, 1, 1e-10, _accumulating(2))["stage"] == "forward"
+
+
 def test_shards_of_other_sizes_are_an_inputs_difference_and_nothing_captured_is_none():
     from parity_tests.judging.localise import stage_chain
 

@@ -81,8 +81,11 @@ ROWS = [
     # torchtitan #2972: the summed loss backpropagated: B times at one rank, B/N per rank under DDP
     Row("torchtitan-pp-sum-loss", 1, "float64", "torch.ddp", "divergence", 1, "device_grads", "B"),
     Row("torchtitan-pp-sum-loss", 2, "float64", "torch.ddp", "divergence", 1, "device_grads", "B/N"),
-    # keras #19990: decay at micro-step 1 moves the weights the second micro-batch reads: its loss, step 1
-    Row("keras-accumulation-weight-decay", 1, "float64", "tf.towers", "divergence", 1, "loss"),
+    # keras #19990: decay at micro-step 1 moves the weights the second micro-batch reads: the step's logged loss
+    # differs first among the recorded channels; the chain sees micro-batch 1's forward agree and micro-batch 2's
+    # first layer 0.9999x (1 - lr x wd): the optimizer acted inside the step, update at step 1
+    Row("keras-accumulation-weight-decay", 1, "float64", "tf.towers", "divergence", 1, "update"),
+    Row("keras-accumulation-weight-decay", 1, "float32", "tf.towers", "divergence", 1, "update"),
 ]
 
 
@@ -117,12 +120,33 @@ def test_the_buggy_version_is_caught_where_the_bug_acts(row):
         assert where["gap"] > 0 and "the ranks applied different gradients" in where["explanation"], where
         assert f"rank {row.device} {norms[row.device]:.4g} (" in where["explanation"], where
         assert "chain" not in where, where   # the stage chain may not replace the rank (localise.refinable)
+    if row.example.startswith("keras"):  # what the chain saw: micro-batch 2 read the weights decayed once
+        assert "micro-batch 2's output of layer 0" in where["explanation"], where
+        assert "1 - lr x weight_decay, the weights decayed once more" in where["explanation"], where
     factor = where.get("factor")
     if row.factor is not None:
         assert factor is not None and factor["as"] == row.factor, where
         assert factor["text"] in where["explanation"]
     elif factor is not None:  # where the bug is not a scale, no single factor may be claimed
         assert factor["as"] is None and factor["value"] is None, factor
+
+
+@pytest.mark.slow
+def test_keras_without_weight_decay_differs_first_at_the_update_of_step_1():
+    # the other half of keras #19990: with no decay nothing moves between micro-batches, the step's loss and the
+    # gradient applied agree, and the step counter advanced per micro-step (Adam's bias correction at t = 2 where
+    # the large batch has t = 1) changes the update itself: from the same gradient both sides hold the same
+    # m / (sqrt(v) + eps), and only the step size lr sqrt(1 - b2^t) / (1 - b1^t) differs, so every parameter's
+    # update is sqrt(1 - b2^2)/(1 - b1^2) over sqrt(1 - b2)/(1 - b1) = 0.7441 times the reference's, exact up to
+    # float64 rounding (1e-6: the factor's own residual allowance, judging.factor.RTOL)
+    example = "keras-accumulation-weight-decay"
+    case = load_case(WILD / example / "case.json").replace(**{"optimizer.weight_decay": 0.0})
+    result = compare_case(case, ["tf.towers", _impl(example, "buggy")])
+    where = result.pairs[0].localisation
+    assert (where["first_bad_step"], where["stage"]) == (1, "update"), result.summary()
+    b1, b2 = 0.9, 0.999
+    ratio = ((1 - b2 ** 2) ** 0.5 / (1 - b1 ** 2)) / ((1 - b2) ** 0.5 / (1 - b1))
+    assert where["factor"]["value"] == pytest.approx(ratio, rel=1e-6), where
 
 
 def test_every_example_folder_is_in_the_table():
