@@ -944,6 +944,14 @@ def compare_case(
     """
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
+    from parity_tests.session.noise import check_recorded_mix, recorded_runs
+
+    check_recorded_mix(case, impls)  # two recorded float32 runs beside runnable ones: no rule judges their pair
+    if recorded_runs(case, impls):
+        raise CaseError("impls", "a runnable implementation beside the recorded float32 runs (a pair of two recorded"
+                                 " float32 runs has no float64 or perturbed run to be judged by; judge them with"
+                                 " parity_tests.session.noise.noise_or_bug_all, as tfpar compare does)",
+                        ",".join(impls))
     refused: dict[str, str] = {}
     for name in impls:  # every implementation's refusal before any of them runs (harness.refusal)
         no = refusal(case, name)

@@ -13,7 +13,9 @@ import pytest
 
 from parity_tests.cli import main
 from parity_tests.contract.case import load_case
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running.harness import run_impl
+from parity_tests.session.comparison import compare_case
 from parity_tests.session.noise import (
     check_recorded_mix,
     noise_or_bug,
@@ -111,3 +113,13 @@ def test_two_recorded_runs_beside_a_runnable_one_are_refused_before_anything_run
     case = load_case(recorded / "case.json")
     check_recorded_mix(case, ["torch.single", ddp, buggy])                   # runnable first: judged as ever
     check_recorded_mix(case.replace(dtype="float64"), [ddp, buggy, "torch.single"])  # float64: rule 1 judges them
+
+
+def test_compare_case_called_with_recorded_float32_runs_alone_says_what_judges_them(recorded):
+    # the library's compare_case (assert_parity's) is not tfpar compare: it raised judge_perturbation's ValueError
+    case = load_case(recorded / "case.json")
+    ddp, buggy = (f"recorded:{recorded / n}.npz" for n in ("ddp", "buggy"))
+    with pytest.raises(CaseError, match=r"^impls: expected a runnable implementation beside .*noise_or_bug_all"):
+        compare_case(case, [ddp, buggy])
+    with pytest.raises(CaseError, match="recorded float32 runs either alone"):
+        compare_case(case, [ddp, buggy, "torch.single"])
