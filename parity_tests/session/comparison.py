@@ -1031,6 +1031,14 @@ def compare_case(
     """
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
+    from parity_tests.session.noise import check_recorded_mix, recorded_runs
+
+    check_recorded_mix(case, impls)  # two recorded float32 runs beside runnable ones: no rule judges their pair
+    if recorded_runs(case, impls):
+        raise CaseError("impls", "a runnable implementation beside the recorded float32 runs (a pair of two recorded"
+                                 " float32 runs has no float64 or perturbed run to be judged by; judge them with"
+                                 " parity_tests.session.noise.noise_or_bug_all, as tfpar compare does)",
+                        ",".join(impls))
     refused: dict[str, str] = {}
     for name in impls:  # every implementation's refusal before any of them runs (harness.refusal)
         no = refusal(case, name)
@@ -1325,7 +1333,7 @@ class _Judged:
 
         if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
             return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
-        runs, reruns = [], []
+        runs, reruns, cases = [], [], []
         for name, suffix in sides:
             key = f"{name}@float64{suffix}"
             found = _declared(name)
@@ -1341,6 +1349,7 @@ class _Judged:
                 moved = _resummed(moved, one_device=False)
             runs.append(self.trajs[key])
             reruns.append(self.runner(moved, name))
+            cases.append((c, moved))
         factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
         checked = judge_perturbation(runs[0], runs[1], a32p=reruns[0], b32p=reruns[1], rule=RULE_CONDITIONING,
                                      perturbed="float64 reruns from weights and inputs moved by one float64 ulp",
@@ -1350,11 +1359,71 @@ class _Judged:
         if checked.status != "parity":
             return verdict, (f"the float64 runs are well conditioned here: one float64 ulp of the inputs moves them"
                              f" by at most {spread:.2g}, which rounding cannot amplify to the gap")
+        unsteady = self.unreproduced(verdict, sides, runs, reruns, cases)
+        if unsteady is not None:
+            return unsteady
         return dataclasses.replace(checked, status="inconclusive", detail=(
             f"inconclusive: ill-conditioned float64 runs: one float64 ulp of the weights and inputs moves each run by"
             f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
             f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
             f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
+
+
+    def unreproduced(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]],
+                     runs: list[dict[str, np.ndarray]],
+                     reruns: list[dict[str, np.ndarray]], cases: list[tuple[Case, Case]],
+                     ) -> tuple[Verdict, str] | None:
+        """Whether the conditioning floor measured a side that does not reproduce itself, and the verdict then.
+
+        A one-ulp rerun measures conditioning only if the run is a function of its inputs. A
+        plugin with an order left to thread timing (the TF1 cifar10 trainer's moving averages,
+        grouped with the update but not after it: each average reads its variable before or
+        after the step) may take another order in that rerun, and its spread is then the race's,
+        not rounding's: the pair would be called ill-conditioned for a program that is merely
+        not deterministic. So, before that answer, each side runs the same moved case again and,
+        where that repeats bit for bit, the case as judged again. Deterministic runs repeat bit
+        for bit (the frameworks' op determinism is on; a built-in's resummed order is fixed by
+        its seed). Where a repeat differs, the side is nondeterministic, the two runs' gap from
+        the same inputs is its run-to-run spread, and the divergence is judged against that
+        spread as a plugin declared ``deterministic=False`` is (``spread``). Both repeats, not
+        one: a rare order seen in the moved rerun is unlikely to recur in its repeat, and a rare
+        order in the judged run unlikely to recur in its own (a test plugin alternating two
+        orders run by run is caught by the first).
+
+        Returns ``None`` (every side reproduces itself: the conditioning answer stands) or the
+        verdict and the report's line.
+        """
+        from parity_tests.session.spread import spread_rows, within_spread
+
+        spreads, named = [], []
+        for (name, _), run, moved_run, (case, moved) in zip(sides, runs, reruns, cases, strict=True):
+            pair = [moved_run, self.runner(moved, name)]  # the moved run first: a reran order shows there most
+            if _same_run(*pair):
+                pair = [run, self.runner(case, name)]
+                if _same_run(*pair):
+                    spreads.append(None)
+                    continue
+            spreads.append(spread_rows(pair))
+            named.append(name)
+        if not named:
+            return None
+        zero = next(s for s in spreads if s is not None)
+        spreads = [s if s is not None else (np.zeros_like(zero[0]), None) for s in spreads]
+        greatest = max(float(np.nanmax(s[0], initial=0.0)) for s in spreads)
+        line = (f"{' and '.join(named)} does not reproduce itself: two float64 runs from the same inputs differ by up"
+                f" to {greatest:.2g} (an order left to thread timing?), so its one-ulp rerun measured that, not"
+                f" conditioning; judged against its run-to-run spread (declare it deterministic=False, or fix the race)")
+        judged = within_spread(verdict, spreads[0], spreads[1],
+                               f"{' and '.join(named)} rerun from the same inputs")
+        return dataclasses.replace(judged, detail=f"{line}; {judged.detail}"), line
+
+
+def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two runs of the same case recorded the same numbers, bit for bit (NaN equal to NaN)."""
+    if a.keys() != b.keys():
+        return False
+    return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k]),
+                              equal_nan=np.asarray(a[k]).dtype.kind in "fc") for k in a)
 
 
 def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,

@@ -67,7 +67,9 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
+from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
+from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
@@ -282,14 +284,15 @@ class LockstepPair:
         return f"LockstepPair({self.reference} vs {self.impl}: {self.status}, {self.rule}{first})"
 
     def where_line(self) -> str:
-        """``impl: where: STAGE, device D (NAME), layer L`` from the first bad step's localisation, or ``""``."""
+        """``impl: where: STAGE, device D (NAME), layer L; FACTOR`` from the first bad step's localisation, or ``""``."""
         where = self.localisation or {}
         if not where.get("stage"):
             return ""
         device = "" if where.get("device") is None else f", device {where['device']}"
+        factor = (where.get("factor") or {}).get("text")  # judging.factor: the constant scale at that stage
         return (f"{self.impl}: where: {where['stage']}{device}" + (f" ({where['name']})" if where.get("name") else "")
                 + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ")
-                   else ""))
+                   else "") + (f"; {factor}" if factor else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "impl": self.impl, "status": self.status, "rule": self.rule,
@@ -365,6 +368,8 @@ class LockstepResult:
                 rows.append(f"  {p.impl}: {p.residual_not_judged}")
             if p.where_line():
                 rows.append("  " + p.where_line())
+            if p.status == "divergence" and (p.localisation or {}).get("loss_only"):  # judging.loss_only (issue 37)
+                rows.append(f"  {p.impl}: loss alone: {p.localisation['loss_only']['text']}")
         statuses = {p.status for p in self.pairs}
         verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
                    "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
@@ -596,11 +601,16 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
 
 
 def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None,
-              pair_spec: Mapping[str, Any] | None = None) -> None:
+              pair_spec: Mapping[str, Any] | None = None,
+              logged: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None) -> None:
     """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
     by the stage chain of that step re-run from the same start with capture on (``comparison.inside_step``).
+    As the free comparison's localisation does (issue 37): the ``factor`` at the first bad stage, read from
+    that step's one-step runs (``judging.factor``; the chain's capture where it ran), and ``loss_only``
+    (``judging.loss_only``) from ``logged``, the free runs' logged losses of the pair in the case dtype
+    (what a user compares), where the free comparison kept them.
     """
     first = pair.first_runs
     if first is None:
@@ -616,9 +626,13 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     where = dict(localise(_judged(a), _judged(b), verdict))
     if chain is not None and refinable(where, _judged(a), _judged(b)):
         where = dict(chain(where, verdict))
+    if "factor" not in where and pair_spec is not None:  # the one-step runs' step 1 (before it is renumbered)
+        where = attach_factor(where, _judged(a), _judged(b), pair_spec)
     where["first_bad_step"] = pair.first_bad_step
     where["explanation"] = f"lockstep (from {pair.reference}'s state after step {pair.first_bad_step - 1}): " + (
         _renumber(str(where.get("explanation") or ""), pair.first_bad_step) or pair.detail.splitlines()[0])
+    if logged is not None and logged[0] is not None and logged[1] is not None:
+        where = attach_loss_only(where, logged[0], logged[1], pair_spec)
     where = dict(with_layer(where, pair_spec)) if pair_spec is not None else where
     pair.localisation = where
     if free_pair is not None:
@@ -730,6 +744,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                             leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None)
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
-        _localise(pair, free_pair, refine, case.spec)
+        _localise(pair, free_pair, refine, case.spec,
+                  (free_result.trajectories.get(f"{ref}@{dtype}"), free_result.trajectories.get(f"{impl}@{dtype}")))
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)
