@@ -356,8 +356,8 @@ class LockstepResult:
                 f"{'pair':<{w}} {'verdict':<20} {'first bad step':>14} {'worst gap/bound':>16} {'free gap/bound':>15}"]
         for p in self.pairs:
             with np.errstate(divide="ignore", invalid="ignore"):
-                worst = float(np.nanmax(p.one_step_gap / p.bound)) if p.bound.size else 0.0
-                free = float(np.nanmax(p.free_gap / p.free_bound)) if p.free_bound.size else 0.0
+                worst, free = (_nanmax(gap / bound) for gap, bound in ((p.one_step_gap, p.bound),
+                                                                         (p.free_gap, p.free_bound)))
             first = "-" if p.first_bad_step is None else str(p.first_bad_step)
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {p.status:<20} {first:>14} {worst:>16.3g} {free:>15.3g}")
             if not notes:
@@ -437,6 +437,12 @@ class LockstepResult:
     def to_dict(self) -> dict[str, Any]:
         return {**self.free.to_dict(), "lockstep": {"parity": self.parity, "seconds": round(self.seconds_lockstep, 3),
                                                     "pairs": [p.to_dict() for p in self.pairs]}}
+
+
+def _nanmax(ratios: np.ndarray) -> float:
+    """The greatest of ``ratios`` ignoring NaN; NaN where all are (no free comparison: ``free=False``), without
+    numpy's All-NaN RuntimeWarning; 0 for none."""
+    return 0.0 if not ratios.size else float("nan") if np.isnan(ratios).all() else float(np.nanmax(ratios))
 
 
 def _row_gap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], scales: Mapping[str, np.ndarray]) -> np.ndarray:
