@@ -84,6 +84,11 @@ def _worst(gaps: Mapping[str, np.ndarray], row: int) -> tuple[float, str | None]
     return best, name
 
 
+def _not_finite_from(gaps: Mapping[str, np.ndarray], row: int) -> bool:
+    """Whether some array's gap is NaN (non-finite on a side: ``row_gaps``) at trajectory row ``row`` or later."""
+    return any(np.isnan(np.asarray(g[row:], np.float64)).any() for g in gaps.values())
+
+
 def bound_at(verdict: Any, row: int) -> float:
     """The verdict's bound at trajectory row ``row`` (its per-step bound where it has one, else its bound)."""
     per = getattr(verdict, "per_step_bound", None)
@@ -277,6 +282,11 @@ def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[
         if later_bad:
             first["explanation"] = (f"step {k}: only the loss differs at first (gap {first['gap']:.3g}), the"
                                     " parameters later: the per-device losses or their combination")
+        elif _not_finite_from(params, k):
+            # NaN on both sides is never "agree": the loss is all that was compared from here on
+            first["explanation"] = (f"step {k}: the loss differs (gap {first['gap']:.3g}); the parameters after it are"
+                                    " not finite on both sides, so whether the computation differs cannot be told:"
+                                    " the per-device losses or their combination, or only what was logged")
         else:
             first["stage"] = "record"
             first["explanation"] = (f"step {k}: the reported loss differs (gap {first['gap']:.3g}) while the gradients"

@@ -848,7 +848,9 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
             f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
             f" is not the optimizer rule theory predicts for it: {plain.detail}")), None
     first = plain.detail.splitlines()[0] if plain.detail else ""
-    return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
+    # an error (both non-finite at the same place, an array missing) shows no difference, but no equivalence either
+    does = "cannot be shown to compute" if plain.status == "error" else "does not compute"
+    return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, {does} what {m.side}"
                   f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}: {first})")
 
 

@@ -374,3 +374,24 @@ def test_rows_dealt_otherwise_are_an_inputs_difference_and_the_forward_pass_is_c
     other = _dealt_side(contiguous, hooks=True)
     other["device/rows"] = other["device/rows"] + 1.0  # other rows altogether: no matching, compared as before
     assert "different rows" not in stage_chain(ref, other, 1, 1e-10)["explanation"]
+
+
+def test_a_logged_loss_gap_is_not_called_a_record_where_the_parameters_are_nan_on_both_sides():
+    """Both runs NaN after step 1's update (Adam with epsilon 0 dividing 0 by 0): NaN on both sides is not
+    agreement, so a loss gap at step 1 is not "what was logged" (the hunt's add_n_nograds vs torch.single, a
+    predicted sum reduction that showed in the loss, was called "not the predicted difference")."""
+    def nan_after_step_1(run: Trajectory) -> Trajectory:
+        out = Trajectory(dict(run))
+        for k in ("param/0.kernel", "grad/0.kernel", "state/1.moving_mean"):
+            arr = np.array(run[k], np.float64)
+            arr[1:] = np.nan  # parameters and state from row 1 (after step 1), gradients from step 2
+            out[k] = arr
+        return out
+
+    a = nan_after_step_1(_run())
+    b = nan_after_step_1(_run(loss_scale=lambda k: 3.0))
+    where = localise(a, b, judge_float64(a, b))
+    assert (where["first_bad_step"], where["stage"]) == (1, "loss"), where
+    assert "not finite on both sides" in where["explanation"]
+    # the premise: with finite parameters that agree, the same loss gap is what was logged
+    assert _where(_run(loss_scale=lambda k: 3.0))["stage"] == "record"
