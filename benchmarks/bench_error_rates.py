@@ -127,6 +127,8 @@ def table(rows: list[dict]) -> str:
     add("float32 at 4+ devices", lambda r: r["dtype"] == "float32" and r["raw"]["parallel"]["devices"] >= 4)
     for rule in sorted({r["rule"] for r in eq + bugs}):
         add(f"rule: {rule}", lambda r, rule=rule: r["rule"] == rule)
+    b = [r for r in bugs if r["why"].startswith("nothing moves on either side")]
+    lines.append(f"| bugs on cases where nothing moves, inconclusive by CONTRACT §8 (counted right) | - | {len(b)} |")
     b = [r for r in bugs if not r["behind"]]
     lines.append(f"| bugs, the reference computes what the bug's correct version does | - |"
                  f" {_frac(sum(not r['right'] for r in b), len(b))} |")

@@ -275,3 +275,33 @@ def test_drawn_pairs_the_truth_calls_identical_agree():
         assert _gap(a, b) <= 1e-10, f"{p.reference} vs {p.impl} on {p.describe()}"
         checked += 1
     assert checked >= 3
+
+
+def test_a_bug_where_nothing_moves_is_right_inconclusive_only_when_nothing_moved():
+    """CONTRACT §8: no parameter that moves is inconclusive whatever the logged loss says (a logged-loss bug at
+    lr 0 cannot be caught by contract); where the runs did move, inconclusive stays a miss."""
+    bug = next(b for b in BUGS if b.name == "last_tower_loss")
+    still = spec(optimizer={"name": "sgd", "lr": 0.0})
+    pair = Pair(still, "tf.single", bug.impl, bug)
+    unmoved = {"param/w": np.ones((3, 2)), "loss": np.ones(2)}
+    assert judgement(pair, "inconclusive", unmoved, unmoved)[0]
+    assert judgement(pair, "divergence", unmoved, unmoved)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "parity", unmoved, unmoved)[0]
+    moved = {"param/w": np.array([[1.0, 1.0], [1.0, 1.0], [1.5, 1.0]]), "loss": np.ones(2)}
+    assert not judgement(pair, "inconclusive", unmoved, moved)[0]
+    assert not judgement(pair, "inconclusive")[0]  # runs not known: not taken as vacuous
+    moving = Pair(spec(optimizer={"name": "sgd", "lr": 0.1}), "tf.single", bug.impl, bug)
+    assert not judgement(moving, "inconclusive", unmoved, unmoved)[0]  # the case moves: the judge is asked to see it
+
+
+def test_both_runs_overflowing_allow_the_difference_certain_at_step_1():
+    """Both runs NaN after step 1's update: step 1's loss, computed before it, shows a certain difference."""
+    adam = {"name": "adam", "lr": 1.0, "semantics": "tf", "beta1": 0.9, "beta2": 0.999, "epsilon": 0.0}
+    nan = {"param/w": np.array([[1.0], [np.nan]]), "loss": np.ones(1)}
+    summed = Pair(spec(optimizer=adam, model__reduction="sum"), "torch.single", tf("add_n_nograds"))
+    assert differences(summed.raw, BY_NAME[summed.reference], BY_NAME[summed.impl])[0]  # the premise: one is certain
+    assert judgement(summed, "expected_difference", nan, nan)[0] and judgement(summed, "error", nan, nan)[0]
+    assert not judgement(summed, "divergence", nan, nan)[0] and not judgement(summed, "parity", nan, nan)[0]
+    same = Pair(spec(optimizer=adam), "tf.towers", "torch.ddp")
+    assert not differences(same.raw, BY_NAME[same.reference], BY_NAME[same.impl])[0]
+    assert not judgement(same, "expected_difference", nan, nan)[0] and judgement(same, "inconclusive", nan, nan)[0]

@@ -26,7 +26,11 @@ from the judge's theory (``docs/error-rates.md``, "The ground truth"):
 * a bug pair is caught only by a verdict that says the code is wrong (``divergence``, or
   ``unexpected_parity``: :meth:`Bug.caught_by`); ``parity`` and ``expected_difference`` (a bug
   hidden behind a predicted difference) are misses, and so are ``inconclusive`` and ``error``
-  unless the bug itself makes the run vacuous (issue 35, item 8). Each bug is drawn only
+  unless the bug itself makes the run vacuous (issue 35, item 8), or the case does: where nothing moves on
+  either side (lr 0, or updates below the dtype), CONTRACT §8 makes every pair ``inconclusive`` whatever the
+  logged loss says, so ``inconclusive`` is right there (counted apart). Both runs overflowing, the
+  right verdict is ``error`` or ``inconclusive``, or ``expected_difference`` where a difference is certain
+  (it shows in step 1's loss, computed before any update can overflow). Each bug is drawn only
   on cases where it changes what is computed, by an amount the float64 bound
   resolves (:attr:`Bug.applies`).
 """
@@ -557,6 +561,26 @@ def _still(traj: dict | None) -> bool:
     return bool(grads) and all(not np.any(np.asarray(traj[k])) for k in grads)
 
 
+def _vacuous_case(spec: dict) -> bool:
+    """A case whose parameters do not move, or barely (:data:`STILL`): lr 0, or updates below the dtype."""
+    return _lr(spec) == 0 or update_scale(spec) * spec["steps"] < STILL[spec["dtype"] == "float64"]
+
+
+def _moved(traj: dict | None, still: float) -> bool:
+    """Whether a recorded parameter of ``traj`` ends more than ``still`` (relative) from where it started
+    (:data:`STILL`: below it the judge may call it unmoved); ``None`` (not known): yes."""
+    if traj is None:
+        return True
+    for k in traj:
+        if k.startswith("param/"):
+            r = np.asarray(traj[k], np.float64).reshape(len(traj[k]), -1)
+            scale = max(float(np.max(np.abs(r[0]), initial=0.0)), 1e-30)
+            with np.errstate(invalid="ignore"):
+                if len(r) > 1 and not float(np.max(np.abs(r[-1] - r[0]), initial=0.0)) / scale <= still:
+                    return True  # (a NaN is movement: nothing vacuous about it)
+    return False
+
+
 def _nonfinite(traj: dict | None) -> bool:
     if traj is None:
         return False
@@ -608,13 +632,21 @@ class Pair:
 def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: dict | None = None) -> tuple[bool, str]:
     """``(right, why)`` for ``status``, the verdict of ``pair`` (the trajectories: for the overflow rule)."""
     if pair.bug is not None:
+        still = STILL[pair.raw["dtype"] == "float64"]
+        if status == "inconclusive" and _vacuous_case(pair.raw) and not any(_moved(t, still) for t in (ref_traj, impl_traj)):
+            # CONTRACT §8: where no parameter moves nothing was compared, whatever the logged loss says; the case
+            # (lr 0, or updates below the dtype), not the judge, leaves the bug unseen (counted apart in the table)
+            return True, f"nothing moves on either side (CONTRACT §8: inconclusive): {pair.bug.why}"
         if status not in pair.bug.caught_by():
             return False, f"missed ({status}): {pair.bug.why}"
         return True, pair.bug.why
     a, b = BY_NAME[pair.reference], BY_NAME[pair.impl]
     allowed, why = truth(pair.raw, a, b)
     if _nonfinite(ref_traj) and _nonfinite(impl_traj):
-        allowed, why = ("error", "inconclusive"), "both runs overflow"
+        # a difference certain at step 1 shows in its loss, computed before any update can overflow
+        certain = differences(pair.raw, a, b)[0]
+        allowed = ("error", "inconclusive") + (("expected_difference",) if certain else ())
+        why = "both runs overflow" + (f" (after step 1's loss, where {'; '.join(certain)} shows)" if certain else "")
     elif _still(ref_traj) or _still(impl_traj):
         allowed, why = ("inconclusive",), "every gradient is exactly zero (a dead network)"
     return status in allowed, f"{why}; right: {' or '.join(allowed)}"
