@@ -87,7 +87,7 @@ from parity_tests.running.room import available_bytes, fits_beside, tf_bytes, to
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
            "NOT_EQUIVALENT", "writes_own_rule", "torch_rule_of", "torch_rule_from",
-           "own_rules", "stand_in_leg", "residual_unjudged"]
+           "own_rules", "follows_its_class", "rule_runs", "stand_in_leg", "residual_unjudged"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 #: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
@@ -775,6 +775,62 @@ def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, 
     return out
 
 
+def rule_runs(trajs: dict[str, Any], runner: Runner, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
+    """``float64_run(name, changes)`` for :func:`follows_its_class`: ``name``'s float64 run of ``case64`` with
+    ``changes``, made once into ``trajs``: the pair's own float64 run where there is one and nothing changes;
+    else under a key of its own (``name@float64+rule``: a built-in with its class's rule, a plugin judged
+    without a float64 run), so that no other rule reads it as the pair's."""
+    def float64_run(name: str, changes: Mapping[str, Any]) -> Any:
+        if not changes and f"{name}@float64" in trajs:
+            return trajs[f"{name}@float64"]
+        key = f"{name}@float64+rule"
+        if key not in trajs:
+            trajs[key] = runner(case64.replace(**changes), name)
+        return trajs[key]
+
+    return float64_run
+
+
+#: the case changes that make the built-in of each framework run that framework's own class's rule with the
+#: case's numbers exact, as a rule written out by hand holds them (``contract.optimizer``)
+CLASS_RULE = {"tf": {"optimizer.semantics": "tf", "optimizer.keras_rounding": "none"},
+              "torch": {"optimizer.semantics": "torch"}}
+
+
+def follows_its_class(own: Mapping[str, str],
+                      float64_run: Callable[[str, Mapping[str, Any]], Mapping[str, Any]]) -> dict[str, str]:
+    """``own`` without the plugins whose own code computes what their framework's class does for the case.
+
+    A plugin that makes no optimizer of its framework (``own_rules``) may still write out exactly
+    that framework's rule (a TF program with Keras' Adam by hand, as the hunt's rewrites do):
+    theory's optimizer predictions then hold for it as for the class. Read from the runs, not
+    assumed: the plugin's float64 run against the built-in of its kind (:data:`STAND_INS`) running
+    that class's rule with exact numbers (:data:`CLASS_RULE`), every parameter at every step by the
+    float64 rule (``float64_run(name, changes)``: each made once, also where the pair itself is
+    judged in float32). At parity its rule is the class's (it
+    leaves ``own``); apart, or where it cannot run float64, its rule stays its own (a TF program
+    with torch's AdamW by hand parts from Keras' AdamW at the first update). A plugin whose run
+    parts from the built-in for another reason (a loss term the case cannot express) stays too:
+    theory then predicts no optimizer difference for it, as before this check.
+    """
+    from parity_tests.judging.rules import judge_float64
+
+    out = dict(own)
+    for impl in own:
+        found = _declared(impl)
+        if found is None or found.kind == "builtin" or "float64" not in found.dtypes or not found.rerunnable:
+            continue
+        run = float64_run(impl, {})
+        try:
+            stand = float64_run(STAND_INS[(found.framework, found.parallel)], CLASS_RULE[found.framework])
+        except CaseError:  # a case the built-in cannot run so (an optimizer only plugins know): stays its own
+            continue
+        keys = [k for k in run if k.startswith("param/") and k in stand]
+        if keys and judge_float64(stand, run, keys=keys, loss=False).status == "parity":
+            del out[impl]
+    return out
+
+
 def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                    rounding: dict[str, str | None], own: Collection[str] = ()) -> SideMapping | None:
     """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
@@ -1136,6 +1192,8 @@ def compare_case(
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = held_roundings(impls, trajs, dtype)
     own = own_rules(impls, trajs, dtype)
+    if "external" not in case.spec["model"]:  # (no built-in runs an external model)
+        own = follows_its_class(own, rule_runs(trajs, runner, variants["float64"]))
     preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     second: list[_Run] = []

@@ -85,10 +85,12 @@ from parity_tests.session.comparison import (
     SideMapping,
     choose_mapping,
     compare_case,
+    follows_its_class,
     held_roundings,
     inside_step,
     own_rules,
     residual_unjudged,
+    rule_runs,
     stand_in_leg,
 )
 
@@ -725,6 +727,8 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
 
     held = held_roundings(impls, free_result.trajectories, dtype)
     own = own_rules(impls, free_result.trajectories, dtype)
+    if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
+        own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64))
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, ref, impl, held=held, own=own)

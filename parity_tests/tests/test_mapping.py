@@ -100,6 +100,25 @@ def test_a_rule_written_out_is_not_predicted_and_replicas_that_differ_are_a_dive
 
 
 @pytest.mark.usefixtures("pool")
+def test_a_rule_written_out_that_is_its_frameworks_class_is_predicted_as_the_class():
+    """The same written-out plugin, with Keras' AdamW by hand (eps added to sqrt(v)): its float64 run is at
+    parity with tf.towers running Keras' AdamW with exact numbers, so its rule is read as Keras' class's, and
+    against torch's AdamW the epsilon placement is predicted and mapped (``comparison.follows_its_class``; was:
+    divergence, "its update rule is its own code's"). The torch-rule plugin of the test above parts from Keras'
+    class at the first update and stays its own (parity there)."""
+    case = make(MLP, dtype="float64", parallel__devices=2,
+                optimizer={"name": "adamw", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-3,
+                           "weight_decay": 0.01})
+    pairs, summary = _pairs(case, [f"{TORCH}:adamw", f"{TF}:own_keras_adamw", f"{TF}:own_adamw"])
+    keras = pairs["own_keras_adamw"]
+    assert keras.verdict.status == "expected_difference", summary
+    assert any("epsilon placement" in d for d in keras.prediction.expected), summary
+    assert keras.residual is not None and keras.residual.status == "parity", summary
+    torch_rule = pairs["own_adamw"]
+    assert torch_rule.verdict.status == "parity" and not torch_rule.prediction.expected, summary
+
+
+@pytest.mark.usefixtures("pool")
 def test_a_torch_plugin_is_predicted_by_the_optimizer_its_run_made():
     """``torchref.torch_seen``: a DDP port that writes Keras' Adam out (no torch.optim class) against Keras' Adam
     (tf.towers) under ``native`` is at parity: no epsilon placement is predicted for it, only Keras' float32

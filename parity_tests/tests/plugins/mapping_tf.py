@@ -115,6 +115,26 @@ def own_adamw(run):
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
+def own_keras_adamw(run):
+    """Keras' AdamW written out, numbers exact: decay ``p -= lr wd p``, then
+    ``p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)`` (eps added to sqrt(v), not to sqrt(v_hat))."""
+    o = run.spec["optimizer"]
+    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["epsilon"], o["weight_decay"]
+    state = {"t": 0, "m": {}, "v": {}}
+
+    def apply(g, w):
+        state["t"] += 1
+        t = state["t"]
+        for k in w:
+            m = state["m"][k] = b1 * state["m"].get(k, tf.zeros_like(w[k])) + (1 - b1) * g[k]
+            v = state["v"][k] = b2 * state["v"].get(k, tf.zeros_like(w[k])) + (1 - b2) * g[k] * g[k]
+            w[k].assign(w[k] * (1 - lr * wd))
+            w[k].assign_sub(lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t) * m / (tf.sqrt(v) + eps))
+
+    _towers(run, apply)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
 def v1_losses(run):
     """Slim-style: the loss from ``tf.compat.v1.losses`` (reduced in float32), exact plain SGD."""
     lr = run.spec["optimizer"]["lr"]
