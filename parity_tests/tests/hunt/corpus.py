@@ -56,7 +56,7 @@ from parity_tests.testing.strategies import (
 __all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
            "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
            "mutated_runner", "specs", "pairs", "bug_weights", "behind", "shard_sizes", "update_scale", "differences",
-           "cosine", "curve", "rates", "LATE", "WARMUPS", "DECAYS", "FLOORS",
+           "cosine", "curve", "rates", "LATE", "MOMENTUM", "WARMUPS", "DECAYS", "FLOORS",
            "truth", "judgement"]
 
 HERE = Path(__file__).resolve().parent
@@ -224,9 +224,10 @@ class Impl:
             programs' own L2 term (``programs.L2``), which no built-in computes. Pairs are drawn within a group.
         exact_lr: Keras made under floatx float64 (docs/plugins.md's recipe): ``learning_rate`` a float64 variable.
 
-    A ``warmup_cosine`` case: every TensorFlow implementation under ``native`` runs Keras' own
-    ``CosineDecay`` (the built-ins, ``keras_model``, and the written-out rule of ``tf_side.py``), one
-    step late and in float32 (:meth:`late`); every other one the contract's curve (docs/error-rates.md).
+    A ``warmup_cosine`` case: every Keras optimizer under ``native`` runs Keras' own ``CosineDecay``
+    (the TensorFlow built-ins, ``keras_model``), one step late and in float32 (:meth:`late`); every
+    other implementation the contract's curve ``f(t)``, the written-out rules of ``tf_side.py``
+    included (docs/error-rates.md).
     """
 
     name: str
@@ -240,7 +241,7 @@ class Impl:
 
     def late(self, spec: dict) -> bool:
         """Whether this run's schedule is Keras' ``CosineDecay`` on ``spec``: step ``t`` at the curve's ``f(t - 1)``."""
-        return cosine(spec) is not None and self.framework == "tf" and spec["optimizer"]["semantics"] == "native"
+        return cosine(spec) is not None and self.keras and spec["optimizer"]["semantics"] == "native"
 
     def rounds(self, spec: dict) -> bool:
         """Whether this run keeps hyperparameters in float32 although the case is float64."""
@@ -563,6 +564,8 @@ def _f32_exact(v: float) -> bool:
     return float(np.float32(v)) == v
 
 
+#: momentum's two conventions under a rate that changes
+MOMENTUM = "momentum: Keras' buffer holds the changing rate, torch's does not"
 #: the difference of a ``warmup_cosine`` between a side running Keras' ``CosineDecay`` and one running the curve
 LATE = "Keras' CosineDecay one step late (step t at the curve's rate of step t - 1)"
 
@@ -596,6 +599,11 @@ def differences(spec: dict, a: Impl, b: Impl) -> tuple[list[str], list[str]]:
         c = _clip(spec)
         if c is not None and c["global_norm"] != NEVER:
             possible.append("clip_grad_norm_'s 1e-6")
+        # Keras' v <- m v - lr_t g (the buffer holds past rates) against torch's b <- m b + g, p <- p - lr_t b:
+        # the same for a constant rate only (step 2: m lr_1 g_1 + lr_2 g_2 against lr_2 (m g_1 + g_2))
+        if (o["name"] == "momentum" and o["momentum"] > 0 and cosine(spec) is not None
+                and len(set(rates(spec, a.late(spec)) + rates(spec, b.late(spec)))) > 1):
+            certain.append(MOMENTUM)
     if a.late(spec) != b.late(spec):  # step 1 at 0 on one side, f(1) = lr / k > 0 on the other
         certain.append(LATE)
     # a schedule's rates: Keras' CosineDecay is float32 on every late side, the curve exact on the others (above)

@@ -20,12 +20,14 @@ the gradients combined and applied once. It honours the case it is given, within
   (``m``, ``v`` the usual moving averages). Warning: the Adam rules differ
   whenever ``eps > 0``; momentum's agree for a constant rate only (Keras' buffer
   holds ``lr``, torch's does not);
-* a constant rate or the contract's ``warmup_cosine`` schedule (:func:`rate`): under
-  ``native`` Keras' own ``CosineDecay(0.0, d, alpha=m / lr, warmup_target=lr,
-  warmup_steps=k)``, called as Keras' optimizers call it, with the number of updates
-  already applied (so step ``t`` runs at the contract's rate of step ``t - 1``, in
-  float32: docs/framework-differences.md, "Warm-up + cosine"); under ``tf``/``torch``
-  the contract's formula written out (:func:`curve`), step ``t`` at ``f(t)``;
+* a constant rate or the contract's ``warmup_cosine`` schedule: the written-out rules
+  read the contract's formula (:func:`curve`), step ``t`` at ``f(t)``, under every
+  semantics (a rule written by hand has its own schedule: Keras' is a Keras
+  optimizer's); :func:`keras_model` gives its Keras optimizer Keras' own
+  ``CosineDecay(0.0, d, alpha=m / lr, warmup_target=lr, warmup_steps=k)``, which
+  reads the updates already applied: step ``t`` at ``f(t - 1)``, in float32
+  (docs/framework-differences.md, "Warm-up + cosine"). Warning: with a rate that
+  changes, Keras' momentum (``v`` holds ``lr``) and torch's differ;
 * N towers (``run.devices``), ``shard`` ``contiguous`` (``np.array_split``) or
   ``strided`` (rows r, r+N, ...), ``weighting`` ``equal`` (1/N) or ``by_size``
   (``n_r / B``), ``combine`` ``grad_mean`` or ``loss_mean`` (the same function:
@@ -144,19 +146,10 @@ class _Rule:
         self.slots = {k: (tf.Variable(tf.zeros_like(v)), tf.Variable(tf.zeros_like(v))) for k, v in w.items()}
         self.t = 0
         self.schedule = _schedule(opt)
-        if self.schedule is not None and opt["semantics"] == "native":
-            self.keras = keras_cosine(self.schedule, opt["lr"])
-            self.iterations = tf.Variable(0, dtype=tf.int64)  # as a Keras optimizer counts its updates
 
-    def rate(self) -> tuple[tf.Tensor, float | None]:
-        """Step ``self.t``'s learning rate as a tensor of the run's dtype, and as a Python float where it is one."""
-        o = self.opt
-        if self.schedule is None:
-            return self.c(o["lr"]), o["lr"]
-        if o["semantics"] == "native":  # Keras' CosineDecay(iterations): the updates already applied
-            return tf.cast(self.keras(self.iterations), self.dt), None
-        r = curve(self.schedule, o["lr"], self.t)
-        return self.c(r), r
+    def rate(self) -> float:
+        """Step ``self.t``'s learning rate: ``lr``, or the contract's ``warmup_cosine`` curve ``f(t)``."""
+        return self.opt["lr"] if self.schedule is None else curve(self.schedule, self.opt["lr"], self.t)
 
     def c(self, v: float) -> tf.Tensor:
         return tf.constant(v, self.dt)
@@ -164,9 +157,8 @@ class _Rule:
     def apply(self, w: dict, g: dict) -> None:
         self.t += 1
         o, t, c = self.opt, self.t, self.c
-        lr, r = self.rate()
-        if self.schedule is not None and o["semantics"] == "native":
-            self.iterations.assign_add(1)
+        r = self.rate()
+        lr = c(r)
         for k, p in w.items():
             gk = g[k]
             a, b = self.slots[k]
@@ -190,8 +182,7 @@ class _Rule:
                     p.assign_sub(alpha * a / (tf.sqrt(b) + c(eps)))
                 else:
                     bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
-                    step = c(r / bc1) if r is not None else lr / c(bc1)
-                    p.assign_sub(step * a / (tf.sqrt(b) / c(bc2 ** 0.5) + c(eps)))
+                    p.assign_sub(c(r / bc1) * a / (tf.sqrt(b) / c(bc2 ** 0.5) + c(eps)))
 
 
 def _combine(gs: list[dict], weights: list[float], how: str, dt: tf.DType) -> dict:
