@@ -5,7 +5,8 @@ Measured error rates of the judge on cases nobody tuned (issue 25, item 7).
 Hypothesis draws cases (dense models, 1-8 devices, uneven shards, float32,
 float64 and mixed_bfloat16, SGD / momentum / Adam under every semantics with
 hyperparameters that include 0, 1, tiny and huge values, clipping thresholds
-always / sometimes / never reached) and pairs of implementations on them
+always / sometimes / never reached, a warmup_cosine learning-rate schedule on one
+case in five: ``--schedule`` draws only those) and pairs of implementations on them
 (``parity_tests/tests/hunt/corpus.py``):
 
 * equivalent pairs: two correct implementations, built-ins or the rewrites of
