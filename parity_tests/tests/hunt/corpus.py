@@ -545,7 +545,12 @@ def register_mutants() -> None:
         def run(case: Case, progress: Callable | None = None, base=base, mutate=bug.mutate) -> dict:
             return base.run(mutate(case), progress)
 
-        registry.register(dataclasses.replace(base, name=bug.impl, kind="plugin", run=run,
+        # declared under its own name (the built-in's declaration names the built-in): else theory finds no
+        # declaration for it and takes it for a run that splits nothing, of framework "mutant:...@tf" (found by
+        # the schedule hunt, 2026-11-28: weighting_flipped@torch.ddp against tf.towers "predicted" as uneven
+        # shards with equal weighting, whose mapping is the bug itself)
+        declared = dataclasses.replace(base.spec, name=bug.impl, kind="plugin")
+        registry.register(dataclasses.replace(base, name=bug.impl, kind="plugin", run=run, declared=declared,
                                               description=f"{bug.base} with the seeded bug {bug.name}"))
 
 
