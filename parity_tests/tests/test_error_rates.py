@@ -195,6 +195,21 @@ def test_truth_keras_cosine_decay_one_step_late_against_the_curve_and_nowhere_el
         assert truth(same, BY_NAME[tf("add_n")], BY_NAME["torch.ddp"])[0] == ("parity",)
 
 
+def test_mutants_are_declared_as_their_built_in_under_their_own_name():
+    """What the judge reads of a mutated built-in (``protocol.engine.declared``) is its base's declaration: it
+    splits the batch as the base does, in the base's framework; without it theory took ``mutant:...@torch.ddp``
+    for a one-device run and predicted (and mapped away) exactly the weighting bug it carries."""
+    from parity_tests.judging.theory import is_parallel
+    from parity_tests.protocol.engine import declared
+
+    register_mutants()
+    for name, base, parallel in [("mutant:weighting_flipped@torch.ddp", "torch.ddp", True),
+                                 ("mutant:next_batch@tf.single", "tf.single", False)]:
+        spec = declared(name)
+        assert spec is not None and spec.name == name and spec.kind == "plugin"
+        assert (spec.framework, spec.parallel, is_parallel(name)) == (resolve(base).framework, parallel, parallel)
+
+
 def test_torch_side_does_not_import_tensorflow():
     imported = set()
     for node in ast.walk(ast.parse(TORCH.read_text())):
