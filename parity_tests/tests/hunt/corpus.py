@@ -75,7 +75,7 @@ BETA2S = (0.999, 0.0, 0.9, 0.999999)
 EPSILONS = (1e-8, 0.0, 1e-12, 1e-3, 1.0)
 CLIP_NORMS = (0.5, 1e-6, 1e6)  # sometimes reached, always, never
 ALWAYS, NEVER = CLIP_NORMS[1], CLIP_NORMS[2]
-# warmup_cosine (CONTRACT section 4; the contract's smallest warm-up is k = 1: one step to lr); the runs last 1-4 steps
+# warmup_cosine (parity_tests/contract/optimizer.py; the contract's smallest warm-up is k = 1: one step to lr); the runs last 1-4 steps
 WARMUPS = (2, 1, 3, 6)  # usual, the smallest, about the run, longer than the run (the rate never reaches lr)
 DECAYS = (3, 1, 2, 10)  # usual, done in one step (min_lr from step k + 1), two, longer than the run
 FLOORS = (0.0, 0.1)  # min_lr as a fraction of lr: decay to 0, to a floor
@@ -96,7 +96,7 @@ def cosine(spec: dict) -> dict | None:
 
 
 def curve(schedule: dict, lr: float, t: int) -> float:
-    """The contract's ``warmup_cosine`` rate of step ``t`` (CONTRACT section 4), exact; ``t = 0`` gives 0."""
+    """The contract's ``warmup_cosine`` rate of step ``t`` (``parity_tests/contract/optimizer.py``), exact; ``t = 0`` gives 0."""
     k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
     if t <= k:
         return lr * t / k
@@ -719,7 +719,7 @@ def _valid(raw: dict) -> dict | None:
 def _still_case(spec: dict) -> bool:
     """Whether the parameters may barely move on some side (:data:`STILL`), under either reading of a schedule:
     a Keras ``CosineDecay`` run of one step moves nothing (step 1 at rate 0), a rate of 1e-7 behind a clip of
-    1e-6 next to nothing. The judge then calls the pair ``inconclusive`` (CONTRACT section 8), rightly, whatever a
+    1e-6 next to nothing. The judge then calls the pair ``inconclusive`` (docs/tolerance.md, "The verdict"), rightly, whatever a
     bug did to the loss; so schedule cases carry no seeded bug there (the schedule hunt of 2026-11-28 drew such
     a pair: ``same_shard`` at lr 1e-7, one step)."""
     late = rates(spec, late=spec["optimizer"]["semantics"] == "native")  # only a Keras optimizer under native is late

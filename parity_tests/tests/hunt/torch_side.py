@@ -45,7 +45,7 @@ _ACT = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoi
 
 
 def _curve(schedule: dict, lr: float, t: int) -> float:
-    """The contract's ``warmup_cosine`` rate of step ``t`` (from 1), in float64 (CONTRACT section 4)::
+    """The contract's ``warmup_cosine`` rate of step ``t`` (from 1), in float64 (``parity_tests/contract/optimizer.py``)::
 
         f(t) = lr t / k                                      t <= k
         f(t) = m + (lr - m) (1 + cos(pi (t - k) / d)) / 2     k < t <= k + d
