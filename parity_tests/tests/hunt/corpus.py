@@ -516,10 +516,12 @@ for _impl in ("tf.towers", "torch.ddp", "tf.single", "torch.single"):
             "equal and by_size weighting swapped on uneven shards", _flip(("parallel", "weighting"), ("equal", "by_size"))),
         Bug("reduction_flipped", mutant("reduction_flipped", _impl), _impl,
             # mixed_bfloat16 judges the parameters only (its logged loss is reported, not judged), and Adam with a
-            # small epsilon (or a clip always reached) normalises the flip's scale away from them (found by the
-            # schedule hunt, 2026-11-28: Adam, epsilon 0, judged parity within bfloat16's bound)
+            # small epsilon, a clip after the combine that is reached, or a per-device clip always reached (each
+            # device's gradient normalised before the combine) takes the flip's scale away from them (found by the
+            # hunts of 2026-11-28: Adam with epsilon 0; momentum behind a 1e-6 per-device clip)
             lambda s: max(_elements_per_device(s)) > 1 and _gross(s)
-            and (s["dtype"] != MIXED_BFLOAT16 or _scale_matters(s)),
+            and (s["dtype"] != MIXED_BFLOAT16 or (_scale_matters(s) and not (
+                _clip(s) is not None and _clip(s)["where"] == "per_device" and _clip(s)["global_norm"] == ALWAYS))),
             "a shard's loss summed where the case means it (or the reverse)",
             _flip(("model", "reduction"), ("mean", "sum"))),
     ]
