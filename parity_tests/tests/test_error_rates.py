@@ -143,8 +143,10 @@ def test_corpus_draws_warmup_cosine_schedules_with_their_edges_and_never_for_pro
     collect()
     moving = [r for r in drawn if r["optimizer"]["lr"] > 0]  # the contract refuses lr 0 with a warmup_cosine
     cos = [r for r in moving if "schedule" in r["optimizer"]]
-    # integers(0, 4) == 0 is 1/5 for a uniform draw; hypothesis favours some values, hence the wide window
-    assert 0.08 < len(cos) / len(moving) < 0.35, (len(cos), len(moving))
+    # integers(0, 4) == 0 is 1/5 for a uniform draw; hypothesis does not draw uniformly (measured at this seed:
+    # 0.15 under hypothesis' default settings, about 0.11 under the test profile), hence the wide window: some
+    # schedule cases, most cases still at a constant rate
+    assert 0.05 < len(cos) / len(moving) < 0.35, (len(cos), len(moving))
     assert all(r["optimizer"]["lr"] > 0 and r["optimizer"]["schedule"]["kind"] == "warmup_cosine" for r in cos)
     sch = [r["optimizer"]["schedule"] for r in cos]
     assert any(s["warmup_steps"] == 1 for s in sch) and any(s["decay_steps"] == 1 for s in sch)
