@@ -728,7 +728,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     held = held_roundings(impls, free_result.trajectories, dtype)
     own = own_rules(impls, free_result.trajectories, dtype)
     if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
-        own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64))
+        own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, ref, impl, held=held, own=own)
