@@ -1,11 +1,12 @@
-""".venv/bin/python benchmarks/bench_error_rates.py [--pairs 1000] [--bugs 300] [--seed 0] [--quick] [--out DIR]
+""".venv/bin/python benchmarks/bench_error_rates.py [--pairs 1000] [--bugs 300] [--seed 0] [--quick] [--out DIR] [--only NAME] [--schedule]
 
 Measured error rates of the judge on cases nobody tuned (issue 25, item 7).
 
 Hypothesis draws cases (dense models, 1-8 devices, uneven shards, float32,
 float64 and mixed_bfloat16, SGD / momentum / Adam under every semantics with
 hyperparameters that include 0, 1, tiny and huge values, clipping thresholds
-always / sometimes / never reached) and pairs of implementations on them
+always / sometimes / never reached, a warmup_cosine learning-rate schedule on one
+case in five: ``--schedule`` draws only those) and pairs of implementations on them
 (``parity_tests/tests/hunt/corpus.py``):
 
 * equivalent pairs: two correct implementations, built-ins or the rewrites of
@@ -41,9 +42,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 QUICK = (60, 30)
 
 
-def draw(kind: str, count: int, seed: int, weights: dict | None = None, only: str | None = None) -> list:
+def draw(kind: str, count: int, seed: int, weights: dict | None = None, only: str | None = None,
+         schedule: bool = False) -> list:
     """``count`` pairs of ``kind`` drawn by hypothesis from ``seed`` (generation only: nothing to shrink);
-    with ``only``, just the pairs one of whose implementations' names contains it (``programs.py``, ``ddp_l2``)."""
+    with ``only``, just the pairs one of whose implementations' names contains it (``programs.py``, ``ddp_l2``);
+    with ``schedule``, just the cases with a ``warmup_cosine`` schedule (one in five of those drawn)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
@@ -65,6 +68,8 @@ def draw(kind: str, count: int, seed: int, weights: dict | None = None, only: st
         def collect(p):
             key = json.dumps([p.raw, p.reference, p.impl, p.bug.label if p.bug else None], sort_keys=True)
             if only is not None and only not in p.reference + p.impl:
+                return
+            if schedule and "schedule" not in p.raw["optimizer"]:
                 return
             if key not in seen and len(out) < count:  # hypothesis may generate the same example twice
                 seen.add(key)
@@ -125,8 +130,14 @@ def table(rows: list[dict]) -> str:
     add("a program as users write it (hunt/programs.py, ddp_l2)",
         lambda r: "programs.py" in r["reference"] + r["impl"] or "ddp_l2" in r["reference"] + r["impl"])
     add("float32 at 4+ devices", lambda r: r["dtype"] == "float32" and r["raw"]["parallel"]["devices"] >= 4)
+    add("warmup_cosine schedule", lambda r: "schedule" in r["raw"]["optimizer"])
+    for sem in ("native", "tf", "torch"):
+        add(f"warmup_cosine, semantics {sem}",
+            lambda r, sem=sem: "schedule" in r["raw"]["optimizer"] and r["raw"]["optimizer"]["semantics"] == sem)
     for rule in sorted({r["rule"] for r in eq + bugs}):
         add(f"rule: {rule}", lambda r, rule=rule: r["rule"] == rule)
+    b = [r for r in bugs if r["why"].startswith("nothing moves on either side")]
+    lines.append(f"| bugs on cases where nothing moves, inconclusive by the verdict rules (counted right) | - | {len(b)} |")
     b = [r for r in bugs if not r["behind"]]
     lines.append(f"| bugs, the reference computes what the bug's correct version does | - |"
                  f" {_frac(sum(not r['right'] for r in b), len(b))} |")
@@ -211,6 +222,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("failures/error-rates"), help="where cases and results.json go")
     ap.add_argument("--replay", type=Path, help="re-judge one pair.json written by an earlier hunt")
     ap.add_argument("--only", help="draw only pairs with an implementation whose name contains this (e.g. programs.py)")
+    ap.add_argument("--schedule", action="store_true", help="draw only cases with a warmup_cosine schedule")
     args = ap.parse_args()
 
     from parity_tests.running.backends import reserve_tf_devices
@@ -226,8 +238,9 @@ def main() -> None:
         t0 = time.perf_counter()
         from parity_tests.tests.hunt.corpus import bug_weights
 
-        equivalent = draw("equivalent", n_pairs, args.seed, only=args.only)
-        todo = equivalent + draw("bug", n_bugs, args.seed, bug_weights([p.raw for p in equivalent]), only=args.only)
+        equivalent = draw("equivalent", n_pairs, args.seed, only=args.only, schedule=args.schedule)
+        todo = equivalent + draw("bug", n_bugs, args.seed, bug_weights([p.raw for p in equivalent]), only=args.only,
+                                 schedule=args.schedule)
         drawn = time.perf_counter() - t0
         from tqdm import tqdm
 

@@ -55,6 +55,10 @@ def row(example: str) -> str:
     v, where = pair.verdict, pair.localisation or {}
     factor = (where.get("factor") or {}).get("text", "-")
     factor = factor.replace(" the reference's", "")
+    ranks = (where.get("ranks") or {}).get("norms")
+    if ranks:  # replicas apart (localise._replicas): each rank's applied |g| against rank 0's, no factor claimed
+        factor = f"ranks' \\|g\\| of {where['ranks']['name']}: " + ", ".join(
+            f"rank {r} {g / ranks[0][1]:.3g}x rank 0's" for r, g in ranks[1:])
     stage = f"step {where.get('first_bad_step')}, `{where.get('stage')}`" + (
         f" (rank {where['device']})" if where.get("device") is not None else "")
     lo = where.get("loss_only") or {}

@@ -151,6 +151,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from parity_tests.running.harness import check_refusals, prestart_torch
 
     check_refusals(case, impls)  # every implementation's refusal before any of them runs (or the pool starts)
+    from parity_tests.session.noise import check_recorded_mix
+
+    check_recorded_mix(case, impls)  # two recorded float32 runs beside runnable ones: no rule to judge their pair
     if args.tensorboard:  # TensorFlow without tensorboard fails only at its first tf.summary, after every run
         from parity_tests.running.frameworks import require
 
@@ -159,15 +162,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     try:
         if args.lockstep:
             return _lockstep(case, impls, args)
-        from parity_tests.session.noise import noise_or_bug, recorded_pair
+        from parity_tests.session.noise import noise_or_bug_all, recorded_runs, summary_of
 
-        if recorded_pair(case, impls):  # two recorded float32 runs: noise or bug, against the stand-ins' floors
+        if recorded_runs(case, impls):  # recorded float32 runs only: noise or bug, against the stand-ins' floors
             from parity_tests.judging.verdict import exit_status
             from parity_tests.running.harness import run_impl
 
-            noise = noise_or_bug(case, (impls[0], impls[1]), lambda c, n: run_impl(c, n))
-            print(noise.summary())
-            return exit_status([noise.status])
+            noise = noise_or_bug_all(case, impls, lambda c, n: run_impl(c, n))
+            print(summary_of(noise))
+            return exit_status([r.status for r in noise])
         result = compare_case(case, impls, progress=not args.quiet)
     except RunError as e:  # no verdict: in CI every pair reads as an error, with the line the command prints
         if args.junit:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from parity_tests.protocol import settings
+from parity_tests.protocol.errors import TfparError
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -42,7 +43,7 @@ MAX_DEVICES = 64  #: without GPUs: logical CPU devices cost nothing measurable (
 _configured: list[str] | None = None
 
 
-class DeviceError(RuntimeError):
+class DeviceError(TfparError, RuntimeError):
     """More towers were asked for than this process can place."""
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from parity_tests.contract.model import nested_layers
+from parity_tests.protocol.errors import TfparError
+from parity_tests.protocol.specs import nested_layers
 
 __all__ = ["Unsupported", "refuse_loss_options", "refuse_unimplemented"]
 
 
-class Unsupported(ValueError):
+class Unsupported(TfparError, ValueError):
     """A case field this implementation does not implement (the caller reports it as bad input).
 
     Args:

@@ -78,8 +78,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from parity_tests.contract.specs import nested_inputs
 from parity_tests.protocol.recorder import Recorder
+from parity_tests.protocol.specs import nested_inputs
 
 from . import tokens
 from .devices import DeviceError, tower_devices

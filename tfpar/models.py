@@ -11,7 +11,7 @@ The layers use TensorFlow's own ops, the ones Keras 3's layers call
 ``tf.nn.batch_normalization``); ``tests/test_layers.py`` pins each against
 the Keras layer.
 
-Layer formulas (x: ``[B, ...]`` the layer input; shapes per example in ``parity_tests.contract.specs``):
+Layer formulas (x: ``[B, ...]`` the layer input; shapes per example in ``parity_tests.protocol.specs``):
 
 conv2d
     ``y = act(conv(x, kernel) + bias)``, SAME padding puts the odd extra row

@@ -35,21 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.contract.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.errors import TfparError
+from parity_tests.protocol.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.payload import EXACT_LOSS_SCALE
+from parity_tests.protocol.plugin_mark import DTYPES, MARK, PluginDeclarationError, check_dtypes
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
            "to_torch", "to_tf", "run_plugin", "explain", "raised", "UNSEEDED"]
-
-DTYPES = ("float32", "float64")
-MARK = "__tfpar_plugin__"
-
-
-class PluginDeclarationError(ValueError):
-    """A decorator was given something it cannot accept (e.g. an unknown dtype)."""
-
 
 @dataclass(frozen=True)
 class PluginMark:
@@ -61,22 +55,6 @@ class PluginMark:
     #: ``False``: it cannot run deterministically (op determinism is then off for its runs, and the
     #: judge measures its run-to-run spread: docs/plugins.md "Determinism")
     deterministic: bool = True
-
-
-def check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
-    """``dtypes`` as a tuple of known names, or :class:`PluginDeclarationError` naming the bad one."""
-    if isinstance(dtypes, str):
-        dtypes = (dtypes,)
-    try:
-        out = tuple(dtypes)
-    except TypeError:
-        raise PluginDeclarationError(f"{decorator}(dtypes=...) takes a tuple of dtype names, got {dtypes!r}") from None
-    if not out:
-        raise PluginDeclarationError(f"{decorator}(dtypes=...) needs at least one of {', '.join(DTYPES)}")
-    for d in out:
-        if d not in DTYPES:
-            raise PluginDeclarationError(f"{decorator}(dtypes=...): unknown dtype {d!r}; expected among {', '.join(DTYPES)}")
-    return out
 
 
 def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False,
@@ -441,7 +419,7 @@ class Run(NamedLayouts, RunBase):
                 "opt_export": self._export() if self._export_optimizer else None}
 
 
-class PluginRaised(RuntimeError):
+class PluginRaised(TfparError, RuntimeError):
     """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
     Attributes:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from parity_tests.contract.model import nested_layers
+from parity_tests.protocol.specs import nested_layers
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 
 from .engines import SPECS, by_name

@@ -36,7 +36,7 @@ Nested parameters keep their canonical path (``3.body.1.kernel`` is ``3_body_1_k
 inside the module, and :meth:`CaseModel.canonical` maps it back).
 
 TensorFlow's SAME padding puts the odd extra row at the bottom/right
-(``parity_tests.contract.specs.same_padding``); torch's ``padding=`` pads both sides
+(``parity_tests.protocol.specs.same_padding``); torch's ``padding=`` pads both sides
 equally, so SAME is done as ``F.pad`` (zeros for conv, ``-inf`` for max
 pooling, which can then never be selected) followed by a 'valid' op.
 

@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tests.contract.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.errors import TfparError
+from parity_tests.protocol.layouts import LayoutError, NamedLayouts
+from parity_tests.protocol.plugin_mark import DTYPES, MARK, PluginDeclarationError, check_dtypes
 from parity_tests.protocol.plugin_run import RunBase, merge_passes
 from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
 from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy
@@ -51,19 +53,11 @@ from .pool import RankContext
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginInputError", "PluginRaised", "distributed",
            "single", "Run", "LayerHooks", "to_torch", "to_tf", "run_plugin_rank"]
 
-DTYPES = ("float32", "float64")
-MARK = "__tfpar_plugin__"  # the same attribute tfpar.plugin sets: the parity tool reads either
-
-
-class PluginDeclarationError(ValueError):
-    """A decorator was given something it cannot accept (e.g. an unknown dtype)."""
-
-
-class PluginInputError(RuntimeError):
+class PluginInputError(TfparError, RuntimeError):
     """The plugin cannot be run as named (bad input, reported with exit status 2)."""
 
 
-class PluginRaised(RuntimeError):
+class PluginRaised(TfparError, RuntimeError):
     """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
 
     ``str(e)`` is ``"at step 3: KeyError: 'lr'"``; :attr:`report` is what the rank sends the
@@ -103,23 +97,8 @@ class PluginMark:
     deterministic: bool = True
 
 
-def _check_dtypes(dtypes: Any, decorator: str) -> tuple[str, ...]:
-    if isinstance(dtypes, str):
-        dtypes = (dtypes,)
-    try:
-        out = tuple(dtypes)
-    except TypeError:
-        raise PluginDeclarationError(f"{decorator}(dtypes=...) takes a tuple of dtype names, got {dtypes!r}") from None
-    if not out:
-        raise PluginDeclarationError(f"{decorator}(dtypes=...) needs at least one of {', '.join(DTYPES)}")
-    for d in out:
-        if d not in DTYPES:
-            raise PluginDeclarationError(f"{decorator}(dtypes=...): unknown dtype {d!r}; expected among {', '.join(DTYPES)}")
-    return out
-
-
 def _decorator(kind: str, fn: Callable | None, dtypes: Any, deterministic: Any) -> Callable:
-    checked = _check_dtypes(dtypes, f"torchref.plugin.{kind}")
+    checked = check_dtypes(dtypes, f"torchref.plugin.{kind}")
     if not isinstance(deterministic, bool):
         raise PluginDeclarationError(f"torchref.plugin.{kind}(deterministic=...) takes True or False, got {deterministic!r}")
 
@@ -596,6 +575,7 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the plugin raised (its :attr:`~PluginRaised.report` is what the parent reads).
     """
     from .fresh import fresh_run, job_world
+    from .torch_seen import mark_handed, torch_optimizers_seen
 
     payload = job["payload"]
     group = ctx.group if job["kind"] != "single" else None
@@ -616,7 +596,8 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
         if ctx is not None:
             run._beat = ctx.beat  # every run.record: the parent's timeout counts from the last step
         try:
-            fn(run)
+            with torch_optimizers_seen() as (seen, made):  # which torch.optim rule it runs (the judge's predictions)
+                fn(run)
         except LayoutError as e:  # run.to_torch / run.to_tf asked what cannot be told: bad input, one line
             remove_files(run._store.close())
             raise PluginInputError(e.line()) from None
@@ -628,4 +609,6 @@ def run_plugin_rank(ctx: RankContext, job: Mapping[str, Any]) -> dict[str, Any]:
             raise
         finally:
             run._layers.remove()
-        return run.records(full=ctx.rank == 0)
+        handed = run._optimizer[0] if run._optimizer is not None else None
+        return {**run.records(full=ctx.rank == 0),
+                "torch_optimizers": mark_handed(seen, made, handed, payload["spec"]["optimizer"])}

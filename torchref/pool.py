@@ -46,6 +46,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from parity_tests.protocol.errors import TfparError
 from parity_tests.protocol.memory import release_memory
 from parity_tests.protocol.rows import ensure_spill_root
 
@@ -84,7 +85,7 @@ class RankContext:
     write: Callable[[int, bytes], None] | None = field(default=None, compare=False, repr=False)
 
 
-class PoolError(RuntimeError):
+class PoolError(TfparError, RuntimeError):
     """Base class of the pool's errors."""
 
 

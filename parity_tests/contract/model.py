@@ -60,7 +60,7 @@ See ``docs/layers.md`` for the formulas.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from parity_tests.contract import tokens
@@ -68,10 +68,11 @@ from parity_tests.contract.attention import validate_attention
 from parity_tests.contract.fields import choice, integer, need, no_extra, number, obj, shape_of
 from parity_tests.contract.specs import axis_paddings, output_shape, reshape_target, spatial_output
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.specs import nested_layers
 from parity_tests.protocol.vocabulary import ARCHITECTURE_TYPES, LAYER_TYPES
 
 __all__ = [
-    "nested_layers",
+    "nested_layers",  # re-exported from protocol.specs: the judge's side imports it from here
     "rewrite_layers",
     "validate_external_model",
     "is_external",
@@ -574,20 +575,6 @@ def _placement(v: Any, layers: list[dict]) -> list[list[int]]:
             layers[i]["device"] = device
         out.append([first, last, device])
     return out
-
-
-def nested_layers(layers: list[dict], path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
-    """Every layer of a validated list with its path, in order, nested bodies and shortcuts included.
-
-    The path is the layer's place as a tuple: ``(3,)``, ``(1, "body", 0)``, ``(5, "shortcut", 0)``;
-    ``".".join`` of it is the spec path of parameter names, and an error message writes it as
-    ``model.layers[1].body[0]``.
-    """
-    for i, layer in enumerate(layers):
-        here = (*path, i)
-        yield here, layer
-        for field in ("body", "shortcut"):
-            yield from nested_layers(layer.get(field) or [], (*here, field))
 
 
 def rewrite_layers(layers: list[dict], change: Callable[[dict], dict]) -> list[dict]:

@@ -255,7 +255,9 @@ def attach(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any],
     ``update`` the parameter change of the step, ``record`` the logged loss.
     """
     step, stage = where.get("first_bad_step"), where.get("stage")
-    if not step or stage is None or spec is None:
+    if not step or stage is None or spec is None or where.get("ranks") is not None:
+        # DDP replicas out of sync (localise's ``ranks``): the trajectory is rank 0's alone, so a ratio of it to the
+        # reference would be claimed for ranks that applied another gradient; the ranks' norms say which and how much
         return dict(where)
     par = spec.get("parallel", {})
     n, k = int(par.get("devices", 1)), int(par.get("accumulate", 1) or 1)

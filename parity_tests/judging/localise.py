@@ -16,10 +16,12 @@ stage               when (at the first step k where any channel breaks)
 ``loss``            the loss of step k differs and so does what follows from it
                     (the gradient, or the parameters when no gradient was recorded)
 ``combined_grads``  the parameters agree before step k, the loss agrees, the
-                    gradient applied at step k differs
+                    gradient applied at step k differs; also DDP ranks that
+                    applied different gradients at step k (``device``: the rank)
 ``update``          the gradient applied agrees (or was not recorded and the loss
                     agrees), the parameters after step k differ: the optimizer's
-                    step; also DDP replicas that stopped being identical
+                    step; also DDP replicas that stopped being identical while
+                    every rank applied a gradient of the same norm
 ``state``           only the non-trainable state differs (moving statistics)
 ``record``          only the reported loss differs, while the gradients and the
                     parameters agree at every step: what was logged, not what
@@ -28,8 +30,8 @@ stage               when (at the first step k where any channel breaks)
 
 The per-device stages (``forward``, ``device_grads``, ``clip``) need values the
 implementations do not report today; until they do, ``device`` is set only for
-a replica finding (the rank) and the explanation says which channels were
-compared.
+a replica finding (the rank; ``ranks``: each rank's applied gradient norm) and
+the explanation says which channels were compared.
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ def _worst(gaps: Mapping[str, np.ndarray], row: int) -> tuple[float, str | None]
         if row < len(g) and not np.isnan(g[row]) and (name is None or g[row] > best):
             best, name = float(g[row]), key
     return best, name
+
+
+def _not_finite_from(gaps: Mapping[str, np.ndarray], row: int) -> bool:
+    """Whether some array's gap is NaN (non-finite on a side: ``row_gaps``) at trajectory row ``row`` or later."""
+    return any(np.isnan(np.asarray(g[row:], np.float64)).any() for g in gaps.values())
 
 
 def bound_at(verdict: Any, row: int) -> float:
@@ -148,6 +155,49 @@ def _result(step: int | None, stage: str | None, device: int | None, name: str |
             "gap": finite(gap), "bound": finite(bound), "explanation": explanation}
 
 
+#: what ``running.plugins.replica_divergence`` says of each rank's applied gradient (``run.record(grads=...)``)
+_APPLIED = re.compile(r"the gradient applied at step (\d+) differs between the ranks: \|g\| of (\S+) rank 0 (\S+), (.*)$")
+_RANK_NORM = re.compile(r"rank (\d+) (\S+) \(")
+
+
+def _replicas(finding: str, step: int, rank: int, name: str, a: Mapping[str, Any], b: Mapping[str, Any]
+              ) -> dict[str, Any]:
+    """The localisation of DDP replicas out of sync (``finding``: the replica check's line, first at ``step``).
+
+    Only rank 0's trajectory comes back from a DDP plugin; the other ranks send digests of their
+    parameters and the norm of each gradient they applied. Where those norms differ between the ranks,
+    the ranks applied different gradients: what should be one combined gradient on every rank (DDP's
+    all-reduce) is not, so the stage is ``combined_grads`` at that step, ``device`` the first rank apart,
+    and ``ranks`` says which ranks applied what (``{"name", "norms": [[rank, |g|], ...]}``: rank 0 and every
+    rank whose norm differs from rank 0's; ``gap`` the greatest relative difference of a rank's norm to rank
+    0's, against the bitwise rule's bound 0). Rank 0's gradient is also held against the reference's. Where
+    every rank applied the same norm (one rank skipped or doubled its optimizer step), or no gradient was
+    recorded, the stage is ``update`` (``ranks`` without norms). The stage chain never refines this
+    (:func:`refinable`): it compares one side's devices with the other's, not one rank's applied gradient
+    with another's, and a DDP communication hook captures a rank's gradients only on a synchronising backward.
+    """
+    applied = _APPLIED.search(finding)
+    if applied is None or step < 1:
+        out = _result(step, "update", rank, name, float("nan"), 0.0, f"step {step}: {finding}")
+        out["ranks"] = {"name": name, "norms": None}
+        return out
+    g0 = float(applied.group(3))
+    norms = [(0, g0)] + [(int(r), float(v)) for r, v in _RANK_NORM.findall(applied.group(4))]
+    gap = max(abs(g - g0) / max(abs(g), abs(g0)) for _, g in norms[1:])
+    apart = ", ".join(f"rank {r} {g:.4g} ({g / g0:.3g}x rank 0's)" for r, g in norms[1:])
+    key = f"grad/{name}"
+    against = ""
+    if key in a and key in b and min(len(a[key]), len(b[key])) >= step:
+        ref = _gap(np.asarray(a[key][step - 1]), np.asarray(b[key][step - 1]))
+        against = f"; rank 0's gradient against the reference's: gap {ref:.3g} in {name}"
+    out = _result(step, "combined_grads", rank, name, gap, 0.0,
+                  f"step {step}: the ranks applied different gradients where DDP's all-reduce gives every rank the"
+                  f" same one (an all-reduce skipped, or made on another micro-batch than the last): |g| of {name}"
+                  f" rank 0 {g0:.4g}, {apart}{against}; {finding.split('; the gradient applied')[0]}")
+    out["ranks"] = {"name": name, "norms": [[r, g] for r, g in norms]}
+    return out
+
+
 def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
     """The ``localisation`` (docs/localisation.md) of ``verdict`` between trajectories ``a`` (reference) and ``b``.
 
@@ -167,9 +217,7 @@ def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[
     for finding in [*getattr(a, "findings", ()), *getattr(b, "findings", ())]:
         m = _REPLICA.search(finding)
         if m:
-            step = int(m.group(1) or 0)
-            return _result(step, "update", int(m.group(2)), m.group(3), float("nan"), 0.0,
-                           f"step {step}: {finding}")
+            return _replicas(finding, int(m.group(1) or 0), int(m.group(2)), m.group(3), a, b)
     steps = len(a.get("loss", ())) if "loss" in a else 0
     params, grads, states = (_channel(a, b, prefix) for prefix in ("param/", "grad/", "state/"))
     has_grads = bool(grads)
@@ -234,6 +282,11 @@ def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[
         if later_bad:
             first["explanation"] = (f"step {k}: only the loss differs at first (gap {first['gap']:.3g}), the"
                                     " parameters later: the per-device losses or their combination")
+        elif _not_finite_from(params, k):
+            # NaN on both sides is never "agree": the loss is all that was compared from here on
+            first["explanation"] = (f"step {k}: the loss differs (gap {first['gap']:.3g}); the parameters after it are"
+                                    " not finite on both sides, so whether the computation differs cannot be told:"
+                                    " the per-device losses or their combination, or only what was logged")
         else:
             first["stage"] = "record"
             first["explanation"] = (f"step {k}: the reported loss differs (gap {first['gap']:.3g}) while the gradients"
@@ -253,9 +306,13 @@ def refinable(where: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, An
 
     Stages inside the step (:data:`REFINABLE`), and ``update`` when a side recorded no gradient:
     then "the loss agrees, the parameters after the step differ" cannot tell the gradient from
-    the optimizer's step, and per-device gradients can.
+    the optimizer's step, and per-device gradients can. Never DDP replicas out of sync (``ranks``,
+    :func:`_replicas`): the chain compares the reference's devices with the other side's, not one rank's
+    applied gradient with another's, and would replace the rank that parted with what it sees: a DDP
+    communication hook captures a rank's gradients only on a synchronising backward (FunASR #3472's
+    loop synchronises its first micro-batch, so the hook sees that one only, on every rank).
     """
-    if not where.get("first_bad_step"):
+    if not where.get("first_bad_step") or where.get("ranks") is not None:  # replicas: :func:`_replicas`
         return False
     grads = all(any(k.startswith("grad/") for k in t) for t in (a, b))
     return where.get("stage") in REFINABLE or (where.get("stage") == "update" and not grads)
@@ -542,6 +599,58 @@ def _captured(traj: Mapping[str, Any]) -> _Lazy:
                  lambda key: np.asarray(traj[f"device/{key}"]))
 
 
+def _later_micro_batch(a: Any, b: Any, sizes: np.ndarray | None, spec: Mapping[str, Any] | None,
+                       bound: float) -> tuple[int, int, float, float | None] | None:
+    """``(j, k, gap, c)`` where a layer's outputs (``[B, ...]``, devices' rows concatenated) agree on every device's
+    first micro-batch and differ first on micro-batch ``j`` (1-based) of ``k``; else ``None``.
+
+    With ``parallel.accumulate = k`` a device cuts its rows into k equal contiguous micro-batches and runs them
+    in order (``tfpar.towers``; the captured rows are each device's, micro-batches in call order), each forward
+    pass reading the parameters as they are then. The same rows through the same layers agree on micro-batch 1
+    and not on a later one only when what that later pass read changed between them: the parameters moved
+    inside the step (keras #19990: weight decay applied at every micro-step). ``None`` without accumulation,
+    with unknown or uneven device sizes, or where the first micro-batch differs too. ``c``: micro-batch ``j``'s
+    outputs as a constant times the reference's, where they are one (:func:`_ratio`), else ``None``.
+    """
+    k = int(((spec or {}).get("parallel") or {}).get("accumulate", 1) or 1)
+    if k < 2 or sizes is None or any(int(n) % k for n in sizes):
+        return None
+    a, b = np.asarray(a), np.asarray(b)
+    blocks: list[list[float]] = [[] for _ in range(k)]
+    rows: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(k)]
+    for xa, xb in zip(_split(a, sizes), _split(b, sizes), strict=True):
+        for j, (ma, mb) in enumerate(zip(np.split(xa, k), np.split(xb, k), strict=True)):
+            blocks[j].append(_gap(ma, mb))
+            rows[j].append((ma, mb))
+    worst = [max(g) for g in blocks]
+    if worst[0] > bound:
+        return None
+    j = next((j for j in range(1, k) if worst[j] > bound), None)
+    if j is None:
+        return None
+    c = _ratio(np.concatenate([x for x, _ in rows[j]]), np.concatenate([y for _, y in rows[j]]))
+    return j + 1, k, worst[j], c
+
+
+def _decayed(c: float | None, spec: Mapping[str, Any] | None) -> str:
+    """``; 0.9999x the reference's: 1 - lr x weight_decay, the weights decayed once ...`` where a later micro-batch's
+    layer output is a constant ``c`` times the reference's (a ReLU network's output scales with its weights), else
+    the ratio alone or ``""``. Said as a decay where ``1 - c`` is ``lr x weight_decay`` to 1e-3 relative (float32
+    runs give ``c`` to ~1e-7, so ``1 - c = 1e-4`` to ~1e-3; float64 runs far closer)."""
+    if c is None or abs(c - 1.0) <= 1e-12:
+        return ""
+    opt = (spec or {}).get("optimizer") or {}
+    lr, wd = opt.get("lr"), opt.get("weight_decay")
+    if isinstance(lr, (int, float)) and isinstance(wd, (int, float)) and wd > 0:
+        for m in (1, 2, 3):
+            want = 1.0 - (1.0 - lr * wd) ** m
+            if abs((1.0 - c) - want) <= 1e-3 * want:
+                return (f"; {c:.6g}x the reference's: (1 - lr x weight_decay)^{m}, the weights decayed {m} times"
+                        " more than the reference's") if m > 1 else \
+                    f"; {c:.6g}x the reference's: 1 - lr x weight_decay, the weights decayed once more than the reference's"
+    return f"; {c:.6g}x the reference's"
+
+
 def _rows_as(b: Any, perm: np.ndarray | None) -> Any:
     """``b``'s rows in the reference's row order (``perm``: :func:`_row_match`), or ``b`` as it is."""
     return b if perm is None else np.asarray(b)[perm]
@@ -688,6 +797,17 @@ def stage_chain(a: Mapping[str, Any], b: Mapping[str, Any], step: int, bound: fl
         if over:
             name = _layer_name(layer, spec, da, db)
             chain.append({"stage": "forward", "device": dev, "name": name, "gap": max(gaps), "bound": bound})
+            later = None if moved else _later_micro_batch(da[f"act/{layer}"], db[f"act/{layer}"], sizes, spec, bound)
+            if later is not None:  # micro-batch 1 agrees, a later one not: the parameters moved inside the step
+                j, k_micro, g, c = later
+                chain.append({"stage": "update", "device": None, "name": name, "gap": g, "bound": bound})
+                return broke("update", None, name, g,
+                             f"the first of {k_micro} micro-batches agrees through the forward pass on every device;"
+                             f" micro-batch {j}'s output of {_layer_text(layer, spec, 'layer ', da, db)}, from the same"
+                             f" rows, differs (gap {g:.3g}{_decayed(c, spec)}): the parameters it read had changed inside the step, before"
+                             " the step's update: an optimizer acting at every micro-step (weight decay or clipping"
+                             " applied per micro-batch, a step counter advanced per micro-batch), or a weight written"
+                             " during the accumulation")
             out = broke("forward", dev, name, max(gaps),
                         f"the output of {_layer_text(layer, spec, 'layer ', da, db)} differs on"
                         f" {_devices_text(over, n, 'device')}"

@@ -55,7 +55,8 @@ def loss_only(a: Any, b: Any, *, where: Mapping[str, Any] | None = None, spec: M
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     n = min(len(a), len(b))
     a, b = a[:n], b[:n]
-    diff = np.abs(b - a)
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, flagged below as any NaN is
+        diff = np.abs(b - a)
     rel = diff / np.maximum(np.abs(a), np.finfo(np.float64).tiny)
     over = np.flatnonzero(~(diff <= atol + rtol * np.abs(a)))  # NaN counts as flagged
     worst = float(np.nanmax(rel)) if n else 0.0

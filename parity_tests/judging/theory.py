@@ -321,11 +321,13 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     ``held``: for TensorFlow plugins that have run, what their Keras optimizers held in float32
     (``session.comparison.keras_rounding_of``: ``none``, ``floatx_float32``, ``floatx_float64``).
 
-    ``own``: the TensorFlow plugins whose run made no optimizer of a framework's class, neither
-    Keras' nor ``tf.compat.v1``'s (``session.comparison.writes_own_rule``): their update rule is the
-    one their code writes out (torch's AdamW by hand, say), which the case's ``native`` does not
-    name, so no difference between the frameworks' optimizer classes is predicted for them
-    (predicting one would explain a real difference away).
+    ``own``: the plugins whose update rule is not their framework's class for the case, read from
+    their runs (``session.comparison.own_rules``; a mapping gives each one's reason): a TensorFlow
+    plugin that made no Keras or ``tf.compat.v1`` optimizer, a torch plugin that made no
+    ``torch.optim`` one (Keras' Adam written out) or not the case's (``torch.optim.Adam`` where the
+    case says ``adamw``, another ``eps``: ``torchref.torch_seen``). The case's ``native`` does not
+    name their rule, so no difference between the frameworks' optimizer classes is predicted for
+    them (predicting one would explain a real difference away).
 
     ``scales``: for TensorFlow plugins that have run, the factor Keras' distribution loss scale
     put on their float64 losses and gradients (:func:`loss_scale_difference`), read from the run.
@@ -360,8 +362,10 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                       f" predicts nothing about it{say}")
     writes = [x for x in (a, b) if x in own]
     if known_opt and opt["semantics"] == "native" and fa != fb and writes:
-        absent.append(f"the frameworks' optimizer classes: {writes[0]} made no Keras or tf.compat.v1 optimizer, so its"
-                      " update rule is its own code's and theory predicts no difference of the optimizer for it")
+        why = own.get(writes[0]) if isinstance(own, Mapping) else None
+        absent.append(f"the frameworks' optimizer classes: {writes[0]} "
+                      + (why or "made no Keras or tf.compat.v1 optimizer, so its update rule is its own code's")
+                      + ", and theory predicts no difference of the optimizer for it")
     elif known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
     if not writes:  # Keras' CosineDecay is a Keras optimizer's schedule: a rule written by hand has its own
@@ -957,7 +961,7 @@ def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> st
 
 
 def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
-                    keras_rounding: str | None = None) -> dict[str, Any] | None:
+                    keras_rounding: str | None = None, own: Collection[str] = ()) -> dict[str, Any] | None:
     """Case changes that make ``side`` compute what ``other`` computes for one :class:`Difference`.
 
     ``None`` when ``side`` cannot: the change is a field of the case only the tool's own
@@ -966,7 +970,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     splits the batch. ``keras_rounding``: what ``other``'s Keras optimizer held in float32
     when ``side`` is mapped onto a TensorFlow side (``contract.optimizer``'s
     ``keras_rounding``; ``None``: ``other`` is a built-in, whose Keras optimizers are made with
-    floatx float32).
+    floatx float32). ``own``: the plugins whose rule is not their framework's class (:func:`predict`'s):
+    a torch one among them is mapped onto as Keras' rule with exact numbers, never as torch's class.
     """
     par = spec["parallel"]
     parallel_side = is_parallel(side) and not is_parallel(other)
@@ -975,7 +980,7 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         if spec["optimizer"]["semantics"] == "tf":
             # both sides run Keras' rule: only what each holds in float32 can differ (``_held``)
             return {"optimizer.semantics": "tf", "optimizer.keras_rounding": keras_rounding or _held(other, {}, spec)}
-        if fo == "torch":
+        if fo == "torch" and other not in own:
             return None if fs == "torch" else {"optimizer.semantics": "torch"}
         if _family(other) == "tf.compat.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):
             return None  # tf.compat.v1's Adam, RMSprop, Adagrad are not Keras' rules

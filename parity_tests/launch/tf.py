@@ -43,6 +43,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from parity_tests.protocol.errors import TfparError
+
 __all__ = ["DEFAULT_TIMEOUT", "IMPL", "main", "entry"]
 
 IMPL = "tf.multiworker"
@@ -261,7 +263,7 @@ def _run(argv: Sequence[str] | None, watch: _Watch) -> int:
     return 0
 
 
-class _Failed(RuntimeError):
+class _Failed(TfparError, RuntimeError):
     """The run failed (exit 1); the message is the one line to print."""
 
 

@@ -1,6 +1,12 @@
-"""The one error type the tool answers bad input with.
+"""The root of the tool's exceptions, and the one error type it answers bad input with.
 
-Every message names the field (a dotted path such as ``optimizer.lr`` or
+:class:`TfparError` is the common base of every exception class of ``tfpar``, ``torchref`` and
+``parity_tests``: ``except TfparError`` catches any of them. Each also keeps the standard base it
+had (``ValueError`` for bad input, ``RuntimeError`` for a failed run), so ``except ValueError``
+catches what it always did. (``parity_tests.cli.Terminated`` is not an error but SIGTERM, a
+``BaseException`` like ``KeyboardInterrupt``, and stays outside the root.)
+
+:class:`CaseError`: every message names the field (a dotted path such as ``optimizer.lr`` or
 ``model.layers[1].units``) and what was expected, so that the command line can
 print it as a single line and exit with status 2.
 """
@@ -9,10 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CaseError"]
+__all__ = ["TfparError", "CaseError"]
 
 
-class CaseError(ValueError):
+class TfparError(Exception):
+    """The root of every exception class of ``tfpar``, ``torchref`` and ``parity_tests`` (``except TfparError``)."""
+
+
+class CaseError(TfparError, ValueError):
     """Bad input: a case, a file it names, or a command-line argument.
 
     Args:

@@ -29,7 +29,8 @@ class Trajectory(dict):
     no comparison with another would show (e.g. DDP replicas that stopped being bitwise
     identical). The judge turns any finding into a divergence of every pair it is in.
     ``meta``: what the run saw of itself that is not an array (``keras_optimizers``: every
-    Keras optimizer a TensorFlow plugin made, with its learning rate's dtype).
+    Keras optimizer a TensorFlow plugin made, with its learning rate's dtype; ``torch_optimizers``: every
+    torch optimizer a torch plugin made, ``torchref.torch_seen``).
     """
 
     def __init__(self, *args, **kwargs) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case
-from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.errors import CaseError, TfparError
 from parity_tests.protocol.relay import BENIGN
 
 __all__ = ["RunError", "set_pool_timeout", "tf_module", "reserve_tf_devices", "reserved_tf_devices", "check_torch_ranks", "tf_device_count", "check_tf_devices", "run_torch_job", "by_file", "RANK_MIB", "BY_FILE_BYTES", "pool_timeout"]
@@ -34,7 +34,7 @@ _TF_DEVICES = 0  # the largest tower count asked for before TensorFlow started (
 RANK_MIB = 270
 
 
-class RunError(RuntimeError):
+class RunError(TfparError, RuntimeError):
     """An implementation failed while running a valid case (e.g. a DDP rank died)."""
 
 

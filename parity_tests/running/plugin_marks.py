@@ -9,9 +9,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+# MARK: set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
+from parity_tests.protocol.plugin_mark import MARK
+
 __all__ = ["MARK", "KINDS", "describe"]
 
-MARK = "__tfpar_plugin__"  # set by @tfpar.plugin.tensorflow and @torchref.plugin.distributed / .single
 KINDS = {"tensorflow": "@tfpar.plugin.tensorflow", "distributed": "@torchref.plugin.distributed",
          "single": "@torchref.plugin.single"}
 

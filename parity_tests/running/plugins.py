@@ -660,6 +660,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         traj.update(device_arrays([r.get("device") for r in ranks], case.capture, impl, case.init,
                                   hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.update(optimizer_arrays(ranks[0], case, impl))
+        traj.meta["torch_optimizers"] = ranks[0].get("torch_optimizers", [])  # torchref.torch_seen
         finding = replica_divergence(ranks, impl)
         if finding:
             traj.findings.append(finding)

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from parity_tests.protocol.errors import TfparError
 from parity_tests.protocol.memory import release_memory
 from parity_tests.protocol.relay import without_chatter, write_output
 from parity_tests.protocol.rows import ensure_spill_root, remove_files
@@ -60,7 +61,7 @@ __all__ = ["TFWorker", "get_worker", "shutdown_worker", "WorkerDied", "run_in_ch
 _JOIN_S = 5.0  # how long close() lets the server leave on its own before killing it
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(TfparError, RuntimeError):
     """The run's process died without reporting (a signal, ``os._exit``, a crash inside TensorFlow)."""
 
 

@@ -30,7 +30,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,8 @@ from parity_tests.session.loss_scale import ExactScale, loss_scales
 
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
-           "NOT_EQUIVALENT", "writes_own_rule", "own_rules"]
+           "NOT_EQUIVALENT", "writes_own_rule", "torch_rule_of", "torch_rule_from",
+           "own_rules", "follows_its_class", "rule_runs", "stand_in_leg", "residual_unjudged"]
 
 UNSUPPORTED = "unsupported"  # the implementation does not implement a field of this case
 #: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
@@ -717,7 +718,7 @@ def writes_own_rule(impl: str, traj: Any) -> bool:
 
     Neither a Keras optimizer nor a ``tf.compat.v1`` one (``tfpar.keras_seen``): its update rule is
     what its code writes out (``theory.predict``'s ``own``). ``False`` for a built-in, a torch side
-    or a run that does not report it.
+    or a run that does not report it (:func:`torch_rule_of` says it for a torch plugin).
     """
     found = _declared(impl)
     if found is None or found.kind == "builtin" or found.framework != "tf":
@@ -726,14 +727,118 @@ def writes_own_rule(impl: str, traj: Any) -> bool:
     return seen is not None and not seen
 
 
-def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> frozenset[str]:
-    """The implementations of ``impls`` that write their update rule out (:func:`writes_own_rule`)."""
-    return frozenset(impl for impl in impls
-                     if writes_own_rule(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))))
+def torch_rule_of(impl: str, traj: Any) -> str | None:
+    """Why the torch plugin ``impl``'s update rule is not torch's class for the case, from its run; ``None`` if it is.
+
+    Read from what the run made (``torchref.torch_seen``): the optimizer handed to
+    ``run.use_optimizer`` where there is one, else every ``torch.optim`` optimizer it made. No
+    ``torch.optim`` class at all: its rule is its own code's (Keras' Adam written out, a
+    ``torch.optim.Optimizer`` subclass with its own ``step``); one whose class or values are not
+    what the case's optimizer makes (``torch.optim.Adam`` where the case says ``adamw``, another
+    ``eps``): its rule is another. ``None`` also for a built-in, a TensorFlow side, and a run that
+    does not report it (a recorded run).
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "torch":
+        return None
+    seen = getattr(traj, "meta", {}).get("torch_optimizers")
+    return None if seen is None else torch_rule_from(seen)
+
+
+def torch_rule_from(seen: list[dict[str, Any]]) -> str | None:
+    """:func:`torch_rule_of` from a run's records (``torchref.torch_seen``): ``None`` where it runs torch's class
+    for the case at the case's values (the handed optimizer where there is one, else every ``torch.optim`` one)."""
+    handed = [o for o in seen if o.get("handed")]
+    steps = handed or [o for o in seen if o.get("family") == "torch.optim"]
+    if all(o.get("family") != "torch.optim" for o in steps):  # none, or a handed one with a step of its own
+        made = ", ".join(sorted({o["rule"] for o in (steps or seen)}))
+        return ("made no torch.optim optimizer" + (f" (only {made}, with a step of its own)" if made else "")
+                + ", so its update rule is its own code's")
+    other = next((o for o in steps if not o.get("case_rule")), None)
+    if other is not None:
+        return f"made {other['differs']}: its update rule is not torch's for the case's optimizer"
+    return None
+
+
+def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, str]:
+    """The implementations of ``impls`` whose update rule is not their framework's class for the case, and why.
+
+    A TensorFlow plugin that made no Keras or ``tf.compat.v1`` optimizer (:func:`writes_own_rule`);
+    a torch plugin that made no ``torch.optim`` optimizer, or one that is not the case's
+    (:func:`torch_rule_of`). Read from the run whose numbers decide (its float64 run where it made one).
+    """
+    out: dict[str, str] = {}
+    for impl in impls:
+        traj = trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))
+        if writes_own_rule(impl, traj):
+            out[impl] = "made no Keras or tf.compat.v1 optimizer, so its update rule is its own code's"
+        elif (why := torch_rule_of(impl, traj)) is not None:
+            out[impl] = why
+    return out
+
+
+def rule_runs(trajs: dict[str, Any], runner: Runner, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
+    """``float64_run(name, changes)`` for :func:`follows_its_class`: ``name``'s float64 run of ``case64`` with
+    ``changes``, made once into ``trajs``: the pair's own float64 run where there is one and nothing changes;
+    else under a key of its own (``name@float64+rule``: a built-in with its class's rule, a plugin judged
+    without a float64 run), so that no other rule reads it as the pair's."""
+    def float64_run(name: str, changes: Mapping[str, Any]) -> Any:
+        if not changes and f"{name}@float64" in trajs:
+            return trajs[f"{name}@float64"]
+        key = f"{name}@float64+rule"
+        if key not in trajs:
+            trajs[key] = runner(case64.replace(**changes), name)
+        return trajs[key]
+
+    return float64_run
+
+
+#: the case changes that make the built-in of each framework run that framework's own class's rule with the
+#: case's numbers exact, as a rule written out by hand holds them (``contract.optimizer``)
+CLASS_RULE = {"tf": {"optimizer.semantics": "tf", "optimizer.keras_rounding": "none"},
+              "torch": {"optimizer.semantics": "torch"}}
+
+
+def follows_its_class(own: Mapping[str, str], float64_run: Callable[[str, Mapping[str, Any]], Mapping[str, Any]],
+                      spec: Mapping[str, Any]) -> dict[str, str]:
+    """``own`` without the plugins whose own code computes what their framework's class does for the case.
+
+    A plugin that makes no optimizer of its framework (``own_rules``) may still write out exactly
+    that framework's rule (a TF program with Keras' Adam by hand, as the hunt's rewrites do):
+    theory's optimizer predictions then hold for it as for the class. Read from the runs, not
+    assumed: the plugin's float64 run against the built-in of its kind (:data:`STAND_INS`) running
+    that class's rule with exact numbers (:data:`CLASS_RULE`), every parameter at every step by the
+    float64 rule (``float64_run(name, changes)``: each made once, also where the pair itself is
+    judged in float32). At parity its rule is the class's (it
+    leaves ``own``); apart, or where it cannot run float64, its rule stays its own (a TF program
+    with torch's AdamW by hand parts from Keras' AdamW at the first update). A plugin whose run
+    parts from the built-in for another reason (a loss term the case cannot express) stays too:
+    theory then predicts no optimizer difference for it, as before this check. Not under a
+    learning-rate schedule: the built-in's class rule there follows the case's curve, where Keras'
+    own class (``CosineDecay``) runs one step late, so parity would not say which the plugin is.
+    """
+    from parity_tests.judging.rules import judge_float64
+
+    if (spec["optimizer"].get("schedule") or {}).get("kind", "constant") != "constant":
+        return dict(own)
+    out = dict(own)
+    for impl in own:
+        found = _declared(impl)
+        if found is None or found.kind == "builtin" or "float64" not in found.dtypes or not found.rerunnable:
+            continue
+        run = float64_run(impl, {})
+        try:
+            stand = float64_run(STAND_INS[(found.framework, found.parallel)], CLASS_RULE[found.framework])
+        except CaseError:  # a case the built-in cannot run so (an optimizer only plugins know): stays its own
+            continue
+        keys = [k for k in run if k.startswith("param/") and k in stand]
+        if keys and judge_float64(stand, run, keys=keys, loss=False).status == "parity":
+            del out[impl]
+    return out
 
 
 def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
-                   rounding: dict[str, str | None]) -> SideMapping | None:
+                   rounding: dict[str, str | None], own: Collection[str] = ()) -> SideMapping | None:
     """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
 
     A side can be mapped when every *expected* difference has a mapping onto it
@@ -741,7 +846,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
     side runs mapped itself; a plugin side through its stand-in (:class:`SideMapping`), unless
     the model is external (no built-in runs it). The judged implementation is tried first, then
     the reference, built-ins before stand-ins. ``rounding``: per TensorFlow plugin, what its Keras
-    optimizer held (:func:`keras_rounding_of`).
+    optimizer held (:func:`keras_rounding_of`); ``own``: the plugins whose rule is their code's (:func:`own_rules`).
     """
     if not any(d.mapping for d in pred.differences):
         return None
@@ -762,7 +867,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 continue
             held = rounding.get(other)
             c = (None if d.mapping is None or held == "ambiguous"
-                 else mapping_changes(d.mapping, spec, runs_as, other, held))
+                 else mapping_changes(d.mapping, spec, runs_as, other, held, own))
             if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
                 if d.expected:
                     fits = False
@@ -771,20 +876,66 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
             changes.update(c)
         if fits and changes:
             # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
-            own = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side))
-                   if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
-            if own and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
-                           for k, v in own.items()):
-                own = None  # the stand-in as the case is given already computes so (else the same run twice)
-            merged = {**(own or {}), **changes}
+            plain = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side), own)
+                     if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
+            if plain and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
+                             for k, v in plain.items()):
+                plain = None  # the stand-in as the case is given already computes so (else the same run twice)
+            merged = {**(plain or {}), **changes}
             if merged.get("optimizer.semantics", spec["optimizer"]["semantics"]) != "tf" \
                     and merged.get("optimizer.keras_rounding", "none") != "none":
                 # the plugin's own Keras roundings belong to Keras' rule: mapped onto the other framework's rule
                 # (``semantics: torch``, exact numbers) they go with it (else the mapped case is invalid and the
                 # pair loses its mapping: a model.fit program against a torch port under native Adam)
                 merged["optimizer.keras_rounding"] = "none"
-            return SideMapping(side, other, merged, runs_as, SideMapping(side, side, own, runs_as) if own else None)
+            return SideMapping(side, other, merged, runs_as, SideMapping(side, side, plain, runs_as) if plain else None)
     return None
+
+
+def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
+                 m: SideMapping) -> tuple[Verdict | None, str | None]:
+    """What the stand-in's leg says of a residual judged through it: ``(decides, not_judged)``.
+
+    ``plain``: the plugin ``m.side`` judged against its stand-in ``m.runs_as`` as it runs (the
+    plugin's own roundings, :attr:`SideMapping.plain`), by the pair's rule; ``stage()``: where
+    they part (``localise``'s stage), asked only when they do. The free compare
+    (:meth:`_Judged.residual`) and ``--lockstep`` (each step's one-step runs) both decide by it:
+
+    * ``(None, None)``: at parity (inconclusive, nothing moving, shows nothing): the stand-in computes what the plugin
+      computes, and the mapped leg is the pair's residual;
+    * ``(verdict, None)``: they part at the update, from the same gradient: the plugin's optimizer
+      step is not the rule of its kind that theory predicted from (a torch port that decays every
+      parameter), so no predicted optimizer difference explains its gap: that leg is the
+      residual, a divergence naming the plugin;
+    * ``(None, reason)``: they part before it (the loss, the gradients: a loss term no case field
+      expresses): the stand-in computes another program, its mapped leg says nothing about the
+      pair, and no residual is judged (``reason`` starts with :data:`NOT_EQUIVALENT`).
+    """
+    if plain.status == "parity":
+        return None, None
+    # inconclusive is no showing: where nothing moves the vacuity rule reports a loss that differs (a loss term
+    # the stand-in lacks: the L2 program at lr 1e-7, whose stand-in's mapped leg then made a divergence)
+    if plain.status != "inconclusive" and stage() == "update":
+        return dataclasses.replace(plain, detail=(
+            f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
+            f" is not the optimizer rule theory predicts for it: {plain.detail}")), None
+    first = plain.detail.splitlines()[0] if plain.detail else ""
+    # an error (both non-finite at the same place, an array missing) shows no difference, but no equivalence either
+    does = "cannot be shown to compute" if plain.status in ("error", "inconclusive") else "does not compute"
+    return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, {does} what {m.side}"
+                  f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}: {first})")
+
+
+def residual_unjudged(final: Verdict, not_judged: str | None) -> Verdict:
+    """``final`` (``pair.resolve``'s verdict) saying, once and with why, that no residual was judged (:func:`stand_in_leg`).
+
+    Only on a verdict that is not ``parity``, ``inconclusive`` or ``error``; it replaces
+    ``pair.resolve``'s own line for a pair without a mapping ("no side ... can map it away").
+    """
+    if not not_judged or final.status in ("parity", "inconclusive", "error"):
+        return final
+    kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+    return dataclasses.replace(final, unjudged=(*kept, f"whether the predicted difference explains the whole gap: {not_judged}"))
 
 
 def _capture_key(name: str, case: Case) -> str:
@@ -954,6 +1105,14 @@ def compare_case(
     """
     for name in impls:  # every name resolved before theory reads what kind of implementation it is
         registry.resolve(name, "impls")
+    from parity_tests.session.noise import check_recorded_mix, recorded_runs
+
+    check_recorded_mix(case, impls)  # two recorded float32 runs beside runnable ones: no rule judges their pair
+    if recorded_runs(case, impls):
+        raise CaseError("impls", "a runnable implementation beside the recorded float32 runs (a pair of two recorded"
+                                 " float32 runs has no float64 or perturbed run to be judged by; judge them with"
+                                 " parity_tests.session.noise.noise_or_bug_all, as tfpar compare does)",
+                        ",".join(impls))
     refused: dict[str, str] = {}
     for name in impls:  # every implementation's refusal before any of them runs (harness.refusal)
         no = refusal(case, name)
@@ -1049,6 +1208,8 @@ def compare_case(
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = held_roundings(impls, trajs, dtype)
     own = own_rules(impls, trajs, dtype)
+    if "external" not in case.spec["model"]:  # (no built-in runs an external model)
+        own = follows_its_class(own, rule_runs(trajs, runner, variants["float64"]), case.spec)
     # Keras' distribution loss scale, read from each float64 run: a pair judged without float64 runs (the
     # perturbation rule) sees only float32 runs, whose float32(1/N) is float32 arithmetic's own
     scales = loss_scales(impls, trajs)
@@ -1060,7 +1221,7 @@ def compare_case(
     for impl in impls[1:]:
         if impl in refused:
             continue
-        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding)
+        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding, own)
         needed = ["float64"] if dtype == "float64" else (
             [dtype, "float64"] if rules[impl] == "float64" else
             [dtype, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS] if dtype == MIXED_BFLOAT16
@@ -1195,21 +1356,11 @@ class _Judged:
         if m.stand_in:
             own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
             plain = self.verdict(ref, impl, stand, own)
-            if plain.status not in ("parity", "inconclusive") and self.localised(plain, stand, own).get("stage") == "update":
-                # the same gradient, another update: the plugin's optimizer step is not the rule of its kind that
-                # theory predicted from (a torch port that decays every parameter), so the prediction explains
-                # nothing of the pair's optimizer difference: a finding about the plugin, not about the stand-in
-                return dataclasses.replace(plain, detail=(
-                    f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
-                    f" is not the optimizer rule theory predicts for it: {plain.detail}")), (stand, own), None
-            if plain.status != "parity":
-                # inconclusive is no showing either: where nothing moves the vacuity rule reports a loss that
-                # differs (a loss term the stand-in lacks: the L2 program at lr 1e-7) as inconclusive
-                first = plain.detail.splitlines()[0] if plain.detail else ""
-                return None, ((ref, ""), (impl, "")), (
-                    f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
-                    f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}:"
-                    f" {first})")
+            decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m)
+            if decides is not None:
+                return decides, (stand, own), None
+            if not_judged is not None:
+                return None, ((ref, ""), (impl, "")), not_judged
         return self.verdict(ref, impl, a, b), (a, b), None
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
@@ -1242,12 +1393,7 @@ class _Judged:
         text = "; ".join(([m.text] if m is not None else []) + [e.text for e in exact]) or None
         where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
         res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=text)
-        final = res.verdict
-        if not_judged and final.status not in ("parity", "inconclusive", "error"):
-            # said once, with why (pair.resolve's line for a pair without a mapping says "no side can map it")
-            kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
-            final = dataclasses.replace(final, unjudged=(*kept, "whether the predicted difference explains the whole"
-                                                                f" gap: {not_judged}"))
+        final = residual_unjudged(res.verdict, not_judged)
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -1290,7 +1436,7 @@ class _Judged:
 
         if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
             return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
-        runs, reruns = [], []
+        runs, reruns, cases = [], [], []
         for name, suffix in sides:
             key = f"{name}@float64{suffix}"
             found = _declared(name)
@@ -1306,6 +1452,7 @@ class _Judged:
                 moved = _resummed(moved, one_device=False)
             runs.append(self.trajs[key])
             reruns.append(self.runner(moved, name))
+            cases.append((c, moved))
         factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
         checked = judge_perturbation(runs[0], runs[1], a32p=reruns[0], b32p=reruns[1], rule=RULE_CONDITIONING,
                                      perturbed="float64 reruns from weights and inputs moved by one float64 ulp",
@@ -1315,11 +1462,71 @@ class _Judged:
         if checked.status != "parity":
             return verdict, (f"the float64 runs are well conditioned here: one float64 ulp of the inputs moves them"
                              f" by at most {spread:.2g}, which rounding cannot amplify to the gap")
+        unsteady = self.unreproduced(verdict, sides, runs, reruns, cases)
+        if unsteady is not None:
+            return unsteady
         return dataclasses.replace(checked, status="inconclusive", detail=(
             f"inconclusive: ill-conditioned float64 runs: one float64 ulp of the weights and inputs moves each run by"
             f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
             f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
             f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
+
+
+    def unreproduced(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]],
+                     runs: list[dict[str, np.ndarray]],
+                     reruns: list[dict[str, np.ndarray]], cases: list[tuple[Case, Case]],
+                     ) -> tuple[Verdict, str] | None:
+        """Whether the conditioning floor measured a side that does not reproduce itself, and the verdict then.
+
+        A one-ulp rerun measures conditioning only if the run is a function of its inputs. A
+        plugin with an order left to thread timing (the TF1 cifar10 trainer's moving averages,
+        grouped with the update but not after it: each average reads its variable before or
+        after the step) may take another order in that rerun, and its spread is then the race's,
+        not rounding's: the pair would be called ill-conditioned for a program that is merely
+        not deterministic. So, before that answer, each side runs the same moved case again and,
+        where that repeats bit for bit, the case as judged again. Deterministic runs repeat bit
+        for bit (the frameworks' op determinism is on; a built-in's resummed order is fixed by
+        its seed). Where a repeat differs, the side is nondeterministic, the two runs' gap from
+        the same inputs is its run-to-run spread, and the divergence is judged against that
+        spread as a plugin declared ``deterministic=False`` is (``spread``). Both repeats, not
+        one: a rare order seen in the moved rerun is unlikely to recur in its repeat, and a rare
+        order in the judged run unlikely to recur in its own (a test plugin alternating two
+        orders run by run is caught by the first).
+
+        Returns ``None`` (every side reproduces itself: the conditioning answer stands) or the
+        verdict and the report's line.
+        """
+        from parity_tests.session.spread import spread_rows, within_spread
+
+        spreads, named = [], []
+        for (name, _), run, moved_run, (case, moved) in zip(sides, runs, reruns, cases, strict=True):
+            pair = [moved_run, self.runner(moved, name)]  # the moved run first: a reran order shows there most
+            if _same_run(*pair):
+                pair = [run, self.runner(case, name)]
+                if _same_run(*pair):
+                    spreads.append(None)
+                    continue
+            spreads.append(spread_rows(pair))
+            named.append(name)
+        if not named:
+            return None
+        zero = next(s for s in spreads if s is not None)
+        spreads = [s if s is not None else (np.zeros_like(zero[0]), None) for s in spreads]
+        greatest = max(float(np.nanmax(s[0], initial=0.0)) for s in spreads)
+        line = (f"{' and '.join(named)} does not reproduce itself: two float64 runs from the same inputs differ by up"
+                f" to {greatest:.2g} (an order left to thread timing?), so its one-ulp rerun measured that, not"
+                f" conditioning; judged against its run-to-run spread (declare it deterministic=False, or fix the race)")
+        judged = within_spread(verdict, spreads[0], spreads[1],
+                               f"{' and '.join(named)} rerun from the same inputs")
+        return dataclasses.replace(judged, detail=f"{line}; {judged.detail}"), line
+
+
+def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two runs of the same case recorded the same numbers, bit for bit (NaN equal to NaN)."""
+    if a.keys() != b.keys():
+        return False
+    return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k]),
+                              equal_nan=np.asarray(a[k]).dtype.kind in "fc") for k in a)
 
 
 def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,

@@ -67,7 +67,9 @@ from parity_tests.contract.case import Case
 from parity_tests.contract.generators import dropout_masks
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR, FLOAT64_RTOL, SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
+from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
+from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.theory import Prediction, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
@@ -83,9 +85,13 @@ from parity_tests.session.comparison import (
     SideMapping,
     choose_mapping,
     compare_case,
+    follows_its_class,
     held_roundings,
     inside_step,
     own_rules,
+    residual_unjudged,
+    rule_runs,
+    stand_in_leg,
 )
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
@@ -271,26 +277,31 @@ class LockstepPair:
     first_runs: Any = field(default=None, repr=False, compare=False)
     #: the localisation (docs/localisation.md) of the first bad step (its stage chain where both sides capture), or ``None``
     localisation: dict[str, Any] | None = None
+    #: why no residual was judged at the first step where the stand-in's leg parted before the update
+    #: (``comparison.stand_in_leg``: "residual not judged: no equivalent run: ..."), or ``None``
+    residual_not_judged: str | None = None
 
     def __repr__(self) -> str:
         first = "" if self.first_bad_step is None else f", first bad step {self.first_bad_step}"
         return f"LockstepPair({self.reference} vs {self.impl}: {self.status}, {self.rule}{first})"
 
     def where_line(self) -> str:
-        """``impl: where: STAGE, device D (NAME), layer L`` from the first bad step's localisation, or ``""``."""
+        """``impl: where: STAGE, device D (NAME), layer L; FACTOR`` from the first bad step's localisation, or ``""``."""
         where = self.localisation or {}
         if not where.get("stage"):
             return ""
         device = "" if where.get("device") is None else f", device {where['device']}"
+        factor = (where.get("factor") or {}).get("text")  # judging.factor: the constant scale at that stage
         return (f"{self.impl}: where: {where['stage']}{device}" + (f" ({where['name']})" if where.get("name") else "")
                 + (f", layer {where['layer']}" if where.get("layer") and not str(where.get("name")).startswith("layer ")
-                   else ""))
+                   else "") + (f"; {factor}" if factor else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "impl": self.impl, "status": self.status, "rule": self.rule,
                 "one_step_gap": self.one_step_gap, "bound": self.bound, "step_status": self.step_status,
                 "free_gap": self.free_gap, "free_bound": self.free_bound, "first_bad_step": self.first_bad_step,
-                "key": self.key, "detail": self.detail, "localisation": self.localisation}
+                "key": self.key, "detail": self.detail, "localisation": self.localisation,
+                "residual_not_judged": self.residual_not_judged}
 
 
 @dataclass
@@ -347,16 +358,20 @@ class LockstepResult:
                 f"{'pair':<{w}} {'verdict':<20} {'first bad step':>14} {'worst gap/bound':>16} {'free gap/bound':>15}"]
         for p in self.pairs:
             with np.errstate(divide="ignore", invalid="ignore"):
-                worst = float(np.nanmax(p.one_step_gap / p.bound)) if p.bound.size else 0.0
-                free = float(np.nanmax(p.free_gap / p.free_bound)) if p.free_bound.size else 0.0
+                worst, free = (_nanmax(gap / bound) for gap, bound in ((p.one_step_gap, p.bound),
+                                                                         (p.free_gap, p.free_bound)))
             first = "-" if p.first_bad_step is None else str(p.first_bad_step)
             rows.append(f"{p.reference + ' vs ' + p.impl:<{w}} {p.status:<20} {first:>14} {worst:>16.3g} {free:>15.3g}")
             if not notes:
                 continue
             if p.first_bad_step is not None:
                 rows.append(f"  {p.impl}: step {p.first_bad_step}: {p.detail.splitlines()[0]}")
+            if p.residual_not_judged:
+                rows.append(f"  {p.impl}: {p.residual_not_judged}")
             if p.where_line():
                 rows.append("  " + p.where_line())
+            if p.status == "divergence" and (p.localisation or {}).get("loss_only"):  # judging.loss_only (issue 37)
+                rows.append(f"  {p.impl}: loss alone: {p.localisation['loss_only']['text']}")
         statuses = {p.status for p in self.pairs}
         verdict = ("PARITY" if self.parity else "EXPECTED DIFFERENCE (as theory predicts)" if self.as_expected else
                    "INCONCLUSIVE" if statuses <= {"parity", "expected_difference", "inconclusive"} else "DIVERGENCE")
@@ -424,6 +439,12 @@ class LockstepResult:
     def to_dict(self) -> dict[str, Any]:
         return {**self.free.to_dict(), "lockstep": {"parity": self.parity, "seconds": round(self.seconds_lockstep, 3),
                                                     "pairs": [p.to_dict() for p in self.pairs]}}
+
+
+def _nanmax(ratios: np.ndarray) -> float:
+    """The greatest of ``ratios`` ignoring NaN; NaN where all are (no free comparison: ``free=False``), without
+    numpy's All-NaN RuntimeWarning; 0 for none."""
+    return 0.0 if not ratios.size else float("nan") if np.isnan(ratios).all() else float(np.nanmax(ratios))
 
 
 def _row_gap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], scales: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -508,35 +529,65 @@ _WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
 
 
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
-                 mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None) -> LockstepPair:
+                 mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None,
+                 leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None) -> LockstepPair:
     """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
 
     ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64), and with a mapping the
     mapped built-in's ``sm``/``sm64`` and, when it stands in for a plugin, its own ``s``/``s64``.
     ``zero``: the case's zero-gradient parameters (``judging.zero_gradient``).
+
+    A residual through a stand-in is judged by the free compare's rule (``comparison.stand_in_leg``):
+    at each step the plugin against the stand-in as it runs, from the same start; where they part
+    before the update (a loss term the case cannot express) no residual is judged at that step and
+    the step is resolved as one without a mapping (by the stage where its runs part); where they
+    part at the update, that leg decides. ``leg_refine(step, where, verdict)``: the stage chain of
+    that leg's step (``comparison.inside_step``), asked where the recorded channels cannot tell
+    the stage (no gradient recorded); once per stage they name, the first step that needs it.
     """
     steps = len(runs["b"])
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
     rule = "float64"
     # each side's replicas as its free runs found them, at their step: the free compare's "replicas in sync" rule
     found = {"a": free_findings(free, ref), "b": free_findings(free, impl)}
+    not_judged: str | None = None
+    refined: dict[Any, str | None] = {}  # the leg's stage as the recorded channels name it -> as its chain names it
 
     def side(name: str, k: int) -> Side:
         run, f64 = runs.get(name), runs.get(name + "64")
         extra = found.get(name, {}).get(k + 1, [])
         return Side(_with_found(_judged(run[k]), extra), None if f64 is None else _with_found(_judged(f64[k]), extra))
 
+    def stage(x: str, y: str, k: int, verdict: Any, refine: bool = False) -> str | None:
+        """Where runs ``x`` and ``y`` of step ``k`` part (the arrays ``verdict``'s rule judged)."""
+        f64 = dtype != "float64" and verdict.rule == RULE_FLOAT64
+        rx, ry = (_judged(runs[n + ("64" if f64 else "")][k]) for n in (x, y))
+        where = dict(localise(rx, ry, verdict))
+        if refine and leg_refine is not None and refinable(where, rx, ry):
+            if where.get("stage") not in refined:
+                refined[where.get("stage")] = leg_refine(k + 1, where, verdict).get("stage")
+            return refined[where.get("stage")]
+        return where.get("stage")
+
     for k in range(steps):
         a, b = side("a", k), side("b", k)
         v = judge_sides(dtype, a, b, rule=rule, zero=zero)
-        residual = None
+        residual, why = None, None
         if mapping is not None:  # as the free compare judges it (session.comparison._Judged.residual)
             residual = judge_sides(dtype, a, side("sm", k), rule=rule, zero=zero) if mapping.side == impl else \
                 judge_sides(dtype, side("sm", k), b, rule=rule, zero=zero)
-            if mapping.stand_in and residual.status == "parity":
-                plain = judge_sides(dtype, side("s", k), b if mapping.side == impl else a, rule=rule, zero=zero)
-                residual = residual if plain.status in ("parity", "inconclusive") else plain
-        v = resolve(v, pred, residual=residual, mapping=mapping.text if mapping else None).verdict
+            if mapping.stand_in:
+                own = "b" if mapping.side == impl else "a"
+                plain = judge_sides(dtype, side("s", k), side(own, k), rule=rule, zero=zero)
+                decides, why = stand_in_leg(plain, lambda own=own, plain=plain, k=k: stage("s", own, k, plain, True),
+                                            mapping)
+                residual = decides if decides is not None else None if why is not None else residual
+        # without a residual, the stage where the pair parts is theory's only check (pair.resolve)
+        where = stage("a", "b", k, v) if residual is None and v.status not in ("parity", "inconclusive", "error") \
+            else None
+        v = residual_unjudged(resolve(v, pred, residual=residual, stage=where,
+                                      mapping=mapping.text if mapping else None).verdict, why)
+        not_judged = not_judged or why
         gaps[k], bounds[k] = v.gap, v.bound
         status.append(v.status)
         verdicts.append(v)
@@ -545,7 +596,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     overall = found or ("inconclusive" if status and all(st == "inconclusive" for st in status) else "parity")
     free_gap, free_bound = _free_curves(free, ref, impl, steps)
     pair = LockstepPair(ref, impl, overall, RULE_FLOAT64 if dtype == "float64" else RULE_FLOAT32, gaps, bounds,
-                        status, free_gap, free_bound)
+                        status, free_gap, free_bound, residual_not_judged=not_judged)
     first = bad[0] if bad else next((k for k, st in enumerate(status) if st == "expected_difference"), None)
     if first is not None:
         k = first
@@ -558,11 +609,16 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
 
 
 def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None,
-              pair_spec: Mapping[str, Any] | None = None) -> None:
+              pair_spec: Mapping[str, Any] | None = None,
+              logged: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None) -> None:
     """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
     by the stage chain of that step re-run from the same start with capture on (``comparison.inside_step``).
+    As the free comparison's localisation does (issue 37): the ``factor`` at the first bad stage, read from
+    that step's one-step runs (``judging.factor``; the chain's capture where it ran), and ``loss_only``
+    (``judging.loss_only``) from ``logged``, the free runs' logged losses of the pair in the case dtype
+    (what a user compares), where the free comparison kept them.
     """
     first = pair.first_runs
     if first is None:
@@ -578,9 +634,13 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     where = dict(localise(_judged(a), _judged(b), verdict))
     if chain is not None and refinable(where, _judged(a), _judged(b)):
         where = dict(chain(where, verdict))
+    if "factor" not in where and pair_spec is not None:  # the one-step runs' step 1 (before it is renumbered)
+        where = attach_factor(where, _judged(a), _judged(b), pair_spec)
     where["first_bad_step"] = pair.first_bad_step
     where["explanation"] = f"lockstep (from {pair.reference}'s state after step {pair.first_bad_step - 1}): " + (
         _renumber(str(where.get("explanation") or ""), pair.first_bad_step) or pair.detail.splitlines()[0])
+    if logged is not None and logged[0] is not None and logged[1] is not None:
+        where = attach_loss_only(where, logged[0], logged[1], pair_spec)
     where = dict(with_layer(where, pair_spec)) if pair_spec is not None else where
     pair.localisation = where
     if free_pair is not None:
@@ -653,12 +713,26 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
 
         return refine
 
+    def leg_at(mapping: SideMapping) -> Callable[[int, dict[str, Any], Any], dict[str, Any]]:
+        """The stage chain of a step of the stand-in's leg: the stand-in as the plugin runs against the plugin."""
+        def refine(step: int, where: dict[str, Any], verdict: Any) -> dict[str, Any]:
+            c = f64 if dtype == "float64" or verdict.rule == RULE_FLOAT64 else case
+            stand = mapping.plain.apply(c) if mapping.plain else c
+            note(f"{mapping.runs_as} and {mapping.side}: step {step} captured")
+            return inside_step(where, verdict, ((mapping.runs_as, stand), (mapping.side, c)),
+                               lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner),
+                               captured.setdefault(step, {}))
+
+        return refine
+
     held = held_roundings(impls, free_result.trajectories, dtype)
     own = own_rules(impls, free_result.trajectories, dtype)
+    if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
+        own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, ref, impl, held=held, own=own)
-        mapping = choose_mapping(f64.spec, ref, impl, pred, held)
+        mapping = choose_mapping(f64.spec, ref, impl, pred, held, own)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":
             runs["a"], runs["b"] = runs["a64"], runs["b64"]
@@ -676,9 +750,11 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                         mapping.plain.apply(case) if mapping.plain else case, mapping.runs_as, starts, runner=runner)
             except CaseError:
                 mapping = None  # the side cannot run the mapped case: judged without a residual
-        pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result, zero_gradients(case.spec))
+        pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result, zero_gradients(case.spec),
+                            leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None)
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
-        _localise(pair, free_pair, refine, case.spec)
+        _localise(pair, free_pair, refine, case.spec,
+                  (free_result.trajectories.get(f"{ref}@{dtype}"), free_result.trajectories.get(f"{impl}@{dtype}")))
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)

@@ -1,6 +1,7 @@
-"""Noise or bug? Two recorded float32 runs of one case, judged against what rounding explains.
+"""Noise or bug? Two (or more) recorded float32 runs of one case, judged against what rounding explains.
 
     tfpar compare case.json --impls recorded:tf.npz,recorded:torch.npz      # two backends, two machines, ...
+    tfpar compare case.json --impls recorded:a.npz,recorded:b.npz,recorded:c.npz   # b and c, each against a
 
 Two runs recorded elsewhere (``tfpar run``: one device and ``MirroredStrategy``, TensorFlow and torch,
 two machines) cannot be run again, so neither gives the float64 run (rule 2) nor the one-ulp perturbed
@@ -26,7 +27,7 @@ gap tens of times over the bound is not rounding on any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +36,11 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT32_FACTOR
 from parity_tests.judging.localise import row_gaps
+from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 
-__all__ = ["float32_bound", "NoiseSide", "NoiseResult", "stand_in", "noise_or_bug", "recorded_pair"]
+__all__ = ["float32_bound", "NoiseSide", "NoiseResult", "stand_in", "noise_or_bug", "noise_or_bug_all", "recorded_runs",
+           "summary_of", "check_recorded_mix"]
 
 
 def float32_bound(floor: np.ndarray | float) -> np.ndarray | float:
@@ -124,7 +127,8 @@ class NoiseResult:
         return "\n".join(lines)
 
 
-def noise_or_bug(case: Case, names: tuple[str, str], runner: Callable[[Case, str], Mapping[str, Any]]) -> NoiseResult:
+def noise_or_bug(case: Case, names: tuple[str, str], runner: Callable[[Case, str], Mapping[str, Any]], *,
+                 cache: dict[tuple[str, str], Mapping[str, Any]] | None = None) -> NoiseResult:
     """Judge two recorded float32 runs ``names`` of ``case`` against the rounding floors of their stand-ins.
 
     Args:
@@ -132,18 +136,23 @@ def noise_or_bug(case: Case, names: tuple[str, str], runner: Callable[[Case, str
         names: ``("recorded:a.npz", "recorded:b.npz")``.
         runner: ``runner(case, impl) -> trajectory`` (``harness.run_impl``), for the recorded runs and the
             stand-ins' float32 and float64 runs.
+        cache: ``{(impl, dtype): trajectory}`` shared between calls (:func:`noise_or_bug_all`): each recorded
+            run is read, and each stand-in run, once.
     """
     c64 = case.replace(dtype="float64")
-    runs = [runner(case, n) for n in names]
-    cache: dict[tuple[str, str], Mapping[str, Any]] = {}
+    cache = {} if cache is None else cache
+
+    def got(name: str, dt: str) -> Mapping[str, Any]:
+        if (name, dt) not in cache:
+            cache[(name, dt)] = runner(case if dt == "float32" else c64, name)
+        return cache[(name, dt)]
+
+    runs = [got(n, "float32") for n in names]
     sides = []
     for name, run in zip(names, runs, strict=True):
         s = stand_in(name)
-        for dt, c in (("float32", case), ("float64", c64)):
-            if (s, dt) not in cache:
-                cache[(s, dt)] = runner(c, s)
-        floor = np.maximum.accumulate(_gaps(cache[(s, "float32")], cache[(s, "float64")])[0])
-        sides.append(NoiseSide(name, s, floor, _gaps(run, cache[(s, "float64")])[0]))
+        floor = np.maximum.accumulate(_gaps(got(s, "float32"), got(s, "float64"))[0])
+        sides.append(NoiseSide(name, s, floor, _gaps(run, got(s, "float64"))[0]))
     gap, chan = _gaps(runs[0], runs[1])
     bound = float32_bound(np.maximum(sides[0].floor, sides[1].floor))
     over = np.flatnonzero(gap > bound)
@@ -152,6 +161,47 @@ def noise_or_bug(case: Case, names: tuple[str, str], runner: Callable[[Case, str
                        k if len(over) else None, chan[k] if len(over) else None, (sides[0], sides[1]), gap, bound)
 
 
-def recorded_pair(case: Case, impls: list[str]) -> bool:
-    """Whether ``impls`` is the case :func:`noise_or_bug` answers: two recorded runs of a float32 case."""
-    return len(impls) == 2 and case.spec["dtype"] == "float32" and all(i.startswith("recorded:") for i in impls)
+def noise_or_bug_all(case: Case, names: Sequence[str], runner: Callable[[Case, str], Mapping[str, Any]]
+                     ) -> list[NoiseResult]:
+    """Two or more recorded float32 runs: each after the first judged against the first (the reference, as
+    ``tfpar compare`` pairs its implementations), by :func:`noise_or_bug`; every run and stand-in run made once.
+
+    Returns:
+        one :class:`NoiseResult` per pair ``(names[0], names[i])``, ``i >= 1``, in order.
+    """
+    cache: dict[tuple[str, str], Mapping[str, Any]] = {}
+    return [noise_or_bug(case, (names[0], other), runner, cache=cache) for other in names[1:]]
+
+
+def summary_of(results: Sequence[NoiseResult]) -> str:
+    """The lines ``tfpar compare`` prints for :func:`noise_or_bug_all`'s results, one block per pair."""
+    if len(results) <= 1:
+        return "\n".join(r.summary() for r in results)
+    head = (f"noise or bug: {len(results) + 1} recorded runs, each against {results[0].sides[0].name} (the first):"
+            f" {sum(r.status == 'parity' for r in results)} within rounding, {sum(r.status != 'parity' for r in results)}"
+            " not")
+    return "\n".join([head, *(r.summary() for r in results)])
+
+
+def recorded_runs(case: Case, impls: Sequence[str]) -> bool:
+    """Whether ``impls`` is the case :func:`noise_or_bug_all` answers: two or more recorded runs of a float32 case.
+
+    (The ordinary comparison cannot judge them: a float32 pair is judged against each side's float64 run or
+    its run from perturbed inputs, and a recorded run can make neither; it stopped with a traceback from
+    ``judge_perturbation``.)
+    """
+    return len(impls) >= 2 and case.spec["dtype"] == "float32" and all(i.startswith("recorded:") for i in impls)
+
+
+def check_recorded_mix(case: Case, impls: Sequence[str]) -> None:
+    """Refuse (``CaseError`` on ``--impls``, before anything runs) a float32 comparison that pairs two recorded runs
+    beside runnable implementations: the ordinary comparison pairs the first with each other one, and a pair of
+    two recorded runs has neither side's float64 run nor perturbed rerun to be judged by (it stopped with a
+    traceback from ``judge_perturbation``). Recorded runs alone go to :func:`noise_or_bug_all`."""
+    if case.spec["dtype"] != "float32" or recorded_runs(case, impls) or not impls[0].startswith("recorded:"):
+        return
+    also = [i for i in impls[1:] if i.startswith("recorded:")]
+    if also:
+        raise CaseError("--impls", "recorded float32 runs either alone (noise or bug: each judged against the first)"
+                                   " or after a runnable implementation named first (a pair of two recorded runs has no"
+                                   " float64 or perturbed run to be judged by)", ",".join([impls[0], *also]))

@@ -29,6 +29,7 @@ from parity_tests.contract.case import Case, case_from_dict
 from parity_tests.contract.model import ACTIVATIONS, LOSSES
 from parity_tests.contract.optimizer import SEMANTICS
 from parity_tests.contract.parallel import COMBINES, LOCAL_COMBINES, MAX_DEVICES, SHARDS, WEIGHTINGS
+from parity_tests.protocol.errors import TfparError
 
 #: the weightings drawn by default: ``sum`` (with a sum reduction, the judge's mapping of one) only when asked
 DRAWN_WEIGHTINGS = ("equal", "by_size")
@@ -452,7 +453,7 @@ NESTED_VOCABULARY: dict[str, LayerDraw] = {
 }
 
 
-class _Draws(Exception):
+class _Draws(TfparError):
     """Raised by :func:`_applies`'s draw: the entry reached its first draw, so it applies."""
 
 

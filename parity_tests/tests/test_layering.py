@@ -1,5 +1,6 @@
-"""The architecture's one hard rule: tfpar never imports torch, torchref never imports TensorFlow,
-and the CLI's top level imports neither (spawned workers re-import the parent's main module)."""
+"""The architecture's rules (docs/architecture.md): tfpar never imports torch, torchref never imports
+TensorFlow, and the CLI's top level imports neither (spawned workers re-import the parent's main module);
+no import goes up a layer or closes a circle; the engines import of ``parity_tests`` ``protocol`` alone."""
 
 from __future__ import annotations
 
@@ -85,6 +86,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: and of the judge: only protocol data crosses)
 APART = {"tfpar": {"torchref", "parity_tests.judging"}, "torchref": {"tfpar", "parity_tests.judging"},
          "parity_tests.judging": {"tfpar", "torchref"}}
+#: the engines see of ``parity_tests`` its boundary alone: ``protocol`` (``tfpar.__main__``, the command line,
+#: is placed in the top layer and exempt)
+ENGINES = ("tfpar", "torchref")
+ENGINES_SEE = "parity_tests.protocol"
 
 
 def _modules() -> dict[str, Path]:
@@ -150,6 +155,18 @@ def test_no_import_goes_up_a_layer_or_across_apart_packages():
     assert not bad, "imports against the layering (docs/architecture.md):\n" + "\n".join(sorted(bad))
 
 
+def test_engines_import_of_parity_tests_protocol_alone():
+    """``tfpar`` and ``torchref`` import nothing of ``parity_tests`` but ``parity_tests.protocol`` (lazy imports
+    included): what they share with the judge crosses there, so the judge's modules can change freely."""
+    bad = []
+    for a, targets in _edges(_modules()).items():
+        if _layer(a)[1] not in ENGINES:
+            continue  # tfpar.__main__ is placed with parity_tests.cli
+        bad += [f"{a} -> {b}" for b in targets
+                if b.split(".")[0] == "parity_tests" and not (b == ENGINES_SEE or b.startswith(ENGINES_SEE + "."))]
+    assert not bad, "engines import parity_tests beyond protocol (docs/architecture.md):\n" + "\n".join(sorted(bad))
+
+
 def test_no_module_import_circle():
     """No circle among modules (lazy imports included): Tarjan's strongly connected components."""
     graph = _edges(_modules())
@@ -202,3 +219,20 @@ def test_the_checks_see_a_planted_upward_import_and_circle(tmp_path, monkeypatch
         test_no_import_goes_up_a_layer_or_across_apart_packages()
     with pytest.raises(AssertionError, match="zz_a"):
         test_no_module_import_circle()
+
+
+def test_the_engine_check_sees_a_planted_import_of_the_contract(tmp_path, monkeypatch):
+    """An engine module importing ``parity_tests.contract`` (a layer below it, so the layer check passes it),
+    at the top or inside a function, is found; one importing ``parity_tests.protocol`` is not."""
+    planted = dict(_modules())
+    top, lazy, fine = tmp_path / "top.py", tmp_path / "lazy.py", tmp_path / "fine.py"
+    top.write_text("from parity_tests.contract.model import validate_model\n")
+    lazy.write_text("def f():\n    from parity_tests.contract import specs\n")
+    fine.write_text("from parity_tests.protocol.specs import nested_inputs\n")
+    planted.update({"tfpar.zz_top": top, "torchref.zz_lazy": lazy, "tfpar.zz_fine": fine})
+    monkeypatch.setattr(sys.modules[__name__], "_modules", lambda: planted)
+    with pytest.raises(AssertionError) as e:
+        test_engines_import_of_parity_tests_protocol_alone()
+    assert "tfpar.zz_top -> parity_tests.contract.model" in str(e.value)
+    assert "torchref.zz_lazy -> parity_tests.contract" in str(e.value)
+    assert "zz_fine" not in str(e.value)

@@ -1,4 +1,4 @@
-"""``parity_tests.contract.layouts``: canonical parameters in the layouts torch's own classes hold, by name.
+"""``parity_tests.protocol.layouts``: canonical parameters in the layouts torch's own classes hold, by name.
 
 Each conversion is checked against the torch class computing what the canonical parameter computes on the
 TensorFlow side (``nn.Linear``, ``nn.Conv2d`` with groups, ``nn.Embedding``, ``nn.MultiheadAttention``'s

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.judging.localise import STAGES, localise
+from parity_tests.judging.localise import STAGES, localise, refinable
 from parity_tests.judging.rules import judge_float64
 from parity_tests.protocol.trajectory import Trajectory
 
@@ -73,6 +73,29 @@ def test_replicas_out_of_sync_name_the_rank():
     assert (where["first_bad_step"], where["stage"], where["device"], where["name"]) == (3, "update", 2, "1.bias")
 
 
+def test_ranks_that_applied_different_gradients_are_the_combined_gradient_of_a_rank():
+    # the replica check's line (running.plugins.replica_divergence) where the ranks' applied norms differ:
+    # the bug is each rank's gradient (FunASR #3472), not the optimizer's step; the chain may not replace it
+    b = _run()
+    b.findings.append("replicas diverged at step 2: rank 1, parameter 0.kernel (not bitwise equal to rank 0's; DDP"
+                      " keeps every replica identical, so some update bypassed it); the gradient applied at step 2"
+                      " differs between the ranks: |g| of 0.kernel rank 0 4, rank 1 7 (1.75x), rank 3 2 (0.5x)")
+    where = _where(b)
+    assert (where["first_bad_step"], where["stage"], where["device"], where["name"]) == (2, "combined_grads", 1,
+                                                                                         "0.kernel"), where
+    assert where["ranks"] == {"name": "0.kernel", "norms": [[0, 4.0], [1, 7.0], [3, 2.0]]}
+    assert where["gap"] == pytest.approx(0.5) and where["bound"] == 0.0   # rank 3: |2 - 4| / 4
+    assert "rank 1 7 (1.75x rank 0's), rank 3 2 (0.5x rank 0's)" in where["explanation"], where
+    assert "rank 0's gradient against the reference's: gap 0 in 0.kernel" in where["explanation"], where
+    assert not refinable(where, _run(), b)
+    # the same norms on every rank (a rank skipped its step): the optimizer's step, as before
+    c = _run()
+    c.findings.append("replicas diverged at step 2: rank 1, parameter 0.kernel (not bitwise equal to rank 0's);"
+                      " every rank applied a gradient of the same norm in 0.kernel at step 2 (4)")
+    same = _where(c)
+    assert (same["stage"], same["device"]) == ("update", 1) and not refinable(same, _run(), c)
+
+
 def test_parity_localises_nothing():
     where = _where(_run())
     assert where["first_bad_step"] is None and where["stage"] is None
@@ -131,6 +154,37 @@ def test_the_stage_chain_says_by_how_much_and_which_combination():
     where = stage_chain(_captured((4, 2), combine="by_size"), _captured((4, 2)), 1, 1e-10)
     assert "shard size" in where["explanation"] and "equal mean" in where["explanation"]
     assert "4/2 rows" in where["explanation"]
+
+
+def _accumulating(k: int, lr: float = 0.01, wd: float = 0.01) -> dict:
+    return {"parallel": {"accumulate": k}, "optimizer": {"name": "adamw", "lr": lr, "weight_decay": wd},
+            "model": {"layers": [{"type": "dense", "units": 1}]}, "data": {}}
+
+
+@pytest.mark.parametrize("sizes", [(4,), (4, 4)])
+def test_a_later_micro_batch_that_reads_moved_weights_is_an_update_inside_the_step(sizes):
+    # keras #19990: weight decay applied after micro-batch 1 scales what micro-batch 2's first layer outputs by
+    # 1 - lr x wd (a linear layer's output scales with its weights); micro-batch 1's rows agree on every device
+    from parity_tests.judging.localise import stage_chain
+
+    a, b = _captured(sizes), _captured(sizes)
+    act = b["device/act/0"].copy()
+    for start in np.cumsum((0, *sizes[:-1])):        # each device's second micro-batch: the last half of its rows
+        n = sizes[0]
+        act[start + n // 2:start + n] *= 1 - 0.01 * 0.01
+    b["device/act/0"] = act
+    where = stage_chain(a, b, 1, 1e-10, _accumulating(2))
+    assert (where["stage"], where["device"]) == ("update", None), where["explanation"]
+    assert where["gap"] == pytest.approx(1e-4, rel=1e-9)
+    assert "micro-batch 2's output of layer 0" in where["explanation"]
+    assert "0.9999x the reference's: 1 - lr x weight_decay" in where["explanation"], where["explanation"]
+    # a ratio that is not the case's decay is said as a ratio only
+    other = stage_chain(a, b, 1, 1e-10, _accumulating(2, wd=0.05))
+    assert other["stage"] == "update" and "weight_decay" not in other["explanation"], other["explanation"]
+    # must not fire: without accumulation it is the forward pass; nor where micro-batch 1 differs too
+    assert stage_chain(a, b, 1, 1e-10, _accumulating(1))["stage"] == "forward"
+    b["device/act/0"] = a["device/act/0"] * 1.001
+    assert stage_chain(a, b, 1, 1e-10, _accumulating(2))["stage"] == "forward"
 
 
 def test_shards_of_other_sizes_are_an_inputs_difference_and_nothing_captured_is_none():
@@ -320,3 +374,24 @@ def test_rows_dealt_otherwise_are_an_inputs_difference_and_the_forward_pass_is_c
     other = _dealt_side(contiguous, hooks=True)
     other["device/rows"] = other["device/rows"] + 1.0  # other rows altogether: no matching, compared as before
     assert "different rows" not in stage_chain(ref, other, 1, 1e-10)["explanation"]
+
+
+def test_a_logged_loss_gap_is_not_called_a_record_where_the_parameters_are_nan_on_both_sides():
+    """Both runs NaN after step 1's update (Adam with epsilon 0 dividing 0 by 0): NaN on both sides is not
+    agreement, so a loss gap at step 1 is not "what was logged" (the hunt's add_n_nograds vs torch.single, a
+    predicted sum reduction that showed in the loss, was called "not the predicted difference")."""
+    def nan_after_step_1(run: Trajectory) -> Trajectory:
+        out = Trajectory(dict(run))
+        for k in ("param/0.kernel", "grad/0.kernel", "state/1.moving_mean"):
+            arr = np.array(run[k], np.float64)
+            arr[1:] = np.nan  # parameters and state from row 1 (after step 1), gradients from step 2
+            out[k] = arr
+        return out
+
+    a = nan_after_step_1(_run())
+    b = nan_after_step_1(_run(loss_scale=lambda k: 3.0))
+    where = localise(a, b, judge_float64(a, b))
+    assert (where["first_bad_step"], where["stage"]) == (1, "loss"), where
+    assert "not finite on both sides" in where["explanation"]
+    # the premise: with finite parameters that agree, the same loss gap is what was logged
+    assert _where(_run(loss_scale=lambda k: 3.0))["stage"] == "record"

@@ -16,6 +16,7 @@ import pytest
 from parity_tests.cli import main
 from parity_tests.protocol.errors import CaseError
 from parity_tests.session import lockstep as ls
+from parity_tests.session.comparison import NOT_EQUIVALENT
 from parity_tests.tests.helpers import MLP, make, set_path
 from parity_tests.tests.test_lockstep import _alternating
 
@@ -77,3 +78,38 @@ def test_a_plugin_that_does_not_hand_its_optimizer_over_is_one_line(tmp_path):
     case = make(MLP, parallel__devices=2, steps=2, optimizer={"name": "adam", "lr": 0.05})
     with pytest.raises(CaseError, match=r"run.use_optimizer\(optimizer, params\) before the first step"):
         ls.lockstep_compare(case, ["torch.ddp", f"{HERE / 'optim_torch.py'}:ddp_without_handover"], free=False)
+
+
+MAPPING_TF, MAPPING_TORCH = HERE / "mapping_tf.py", HERE / "mapping_torch.py"
+#: test_mapping.py's Adam: lr 0.001 and the betas are not float32 numbers, epsilon 1e-3 makes its placement count
+ADAM_EPS = {"name": "adam", "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-3}
+
+
+def test_lockstep_judges_a_residual_only_through_a_stand_in_that_computes_what_the_plugin_computes():
+    """The free compare's rule (``comparison.stand_in_leg``) under ``--lockstep`` too. Both sides add an L2 term no
+    case field expresses: torch.ddp, standing in for the torch port, trains without it, so at every step it parts
+    from the port at the loss: no residual is judged ("residual not judged: no equivalent run", in the line and in
+    report.json), and the steps are the predicted epsilon placement, judged by the stage where they part (was: the
+    stand-in's own leg, a divergence at the loss of step 1)."""
+    case = make(MLP, dtype="float64", parallel__devices=2, steps=3, optimizer=ADAM_EPS)
+    result = ls.lockstep_compare(case, [f"{MAPPING_TF}:keras_l2", f"{MAPPING_TORCH}:adam_l2"], free=False)
+    (pair,) = result.pairs
+    assert pair.status == "expected_difference", result.summary()
+    assert pair.residual_not_judged and pair.residual_not_judged.startswith(NOT_EQUIVALENT), result.summary()
+    assert NOT_EQUIVALENT in result.summary()
+    assert pair.to_dict()["residual_not_judged"].startswith(NOT_EQUIVALENT)
+    assert result.exit_status == 0
+
+
+def test_lockstep_keeps_a_seeded_optimizer_bug_a_divergence_through_the_stand_in():
+    """Must still fire: the port whose every parameter also decays after each step parts from its stand-in at the
+    update, from the same gradient, at step 1: that leg decides, a divergence; the faithful port is the predicted
+    epsilon placement with the residual at parity (no "not judged")."""
+    case = make(MLP, dtype="float64", parallel__devices=2, steps=3, optimizer=ADAM_EPS)
+    result = ls.lockstep_compare(case, [f"{MAPPING_TF}:keras_adam", f"{MAPPING_TORCH}:adam",
+                                        f"{MAPPING_TORCH}:adam_decayed"])  # free: what keras_adam held, read from its run
+    good, bad = result.pairs
+    assert good.status == "expected_difference" and good.residual_not_judged is None, result.summary()
+    assert bad.status == "divergence" and bad.first_bad_step == 1, result.summary()
+    assert "its update is not the optimizer rule theory predicts for it" in bad.detail, result.summary()
+    assert bad.residual_not_judged is None

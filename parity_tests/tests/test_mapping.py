@@ -99,6 +99,49 @@ def test_a_rule_written_out_is_not_predicted_and_replicas_that_differ_are_a_dive
     assert bad.verdict.status == "divergence" and bad.verdict.rule == "replicas in sync", summary
 
 
+@pytest.mark.usefixtures("pool")
+def test_a_rule_written_out_that_is_its_frameworks_class_is_predicted_as_the_class():
+    """The same written-out plugin, with Keras' AdamW by hand (eps added to sqrt(v)): its float64 run is at
+    parity with tf.towers running Keras' AdamW with exact numbers, so its rule is read as Keras' class's, and
+    against torch's AdamW the epsilon placement is predicted and mapped (``comparison.follows_its_class``; was:
+    divergence, "its update rule is its own code's"). The torch-rule plugin of the test above parts from Keras'
+    class at the first update and stays its own (parity there)."""
+    case = make(MLP, dtype="float64", parallel__devices=2,
+                optimizer={"name": "adamw", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-3,
+                           "weight_decay": 0.01})
+    pairs, summary = _pairs(case, [f"{TORCH}:adamw", f"{TF}:own_keras_adamw", f"{TF}:own_adamw"])
+    keras = pairs["own_keras_adamw"]
+    assert keras.verdict.status == "expected_difference", summary
+    assert any("epsilon placement" in d for d in keras.prediction.expected), summary
+    assert keras.residual is not None and keras.residual.status == "parity", summary
+    torch_rule = pairs["own_adamw"]
+    assert torch_rule.verdict.status == "parity" and not torch_rule.prediction.expected, summary
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_torch_plugin_is_predicted_by_the_optimizer_its_run_made():
+    """``torchref.torch_seen``: a DDP port that writes Keras' Adam out (no torch.optim class) against Keras' Adam
+    (tf.towers) under ``native`` is at parity: no epsilon placement is predicted for it, only Keras' float32
+    roundings, mapped onto tf.towers as Keras' rule with exact numbers (was: predicted as torch's Adam, mapped to
+    torch's rule: a divergence). The port with ``torch.optim.Adam`` still gets the predicted difference, mapped,
+    at parity; the one made without the case's epsilon is not taken for the case's rule: a divergence."""
+    case = make(MLP, dtype="float64", parallel__devices=2, optimizer=ADAM)
+    pairs, summary = _pairs(case, ["tf.towers", f"{TORCH}:keras_adam_by_hand", f"{TORCH}:adam",
+                                   f"{TORCH}:adam_default_eps"])
+    by_hand = pairs["keras_adam_by_hand"]
+    assert by_hand.verdict.status == "parity", summary
+    assert not by_hand.prediction.expected, summary
+    assert any("made no torch.optim optimizer" in a for a in by_hand.prediction.absent), summary
+    assert by_hand.mapping and "optimizer.keras_rounding none" in by_hand.mapping, summary
+    torch_adam = pairs["adam"]
+    assert torch_adam.verdict.status == "expected_difference", summary
+    assert any("epsilon" in d.lower() for d in torch_adam.prediction.expected), summary
+    assert torch_adam.residual.status == "parity", summary
+    wrong = pairs["adam_default_eps"]
+    assert wrong.verdict.status == "divergence", summary
+    assert any("eps=1e-08" in a for a in wrong.prediction.absent), summary
+
+
 # ------------------------------------------------------------------ mapping only through equivalent runs
 
 
@@ -111,7 +154,8 @@ def test_a_stand_in_that_is_another_program_judges_no_residual(dtype):
     not judged: no equivalent run" in the line and in report.json; the port with the L2 factor doubled parts
     at the loss of step 1, before any optimizer difference can: a divergence."""
     case = make(MLP, dtype=dtype, parallel__devices=2, optimizer=ADAM)
-    r = compare_case(case, [f"{TF}:keras_l2", f"{TORCH}:adam_l2", f"{TORCH}:adam_l2_doubled"])
+    r = compare_case(case, [f"{TF}:keras_l2", f"{TORCH}:adam_l2", f"{TORCH}:adam_l2_doubled",
+                            f"{TORCH}:adam_l2_default_eps"])
     pairs, summary = {p.impl.rsplit(":", 1)[-1]: p for p in r.pairs}, r.summary()
     faithful, doubled = pairs["adam_l2"], pairs["adam_l2_doubled"]
     assert faithful.verdict.status == "expected_difference", summary
@@ -120,6 +164,13 @@ def test_a_stand_in_that_is_another_program_judges_no_residual(dtype):
     assert faithful.to_dict()["residual_not_judged"].startswith(NOT_EQUIVALENT)
     assert doubled.verdict.status == "divergence", summary
     assert doubled.localisation["first_bad_step"] == 1 and doubled.localisation["stage"] in ("loss", "record"), summary
+    # the same port making torch.optim.Adam without the case's epsilon (torchref.torch_seen): its rule is not torch's
+    # for the case, so no epsilon placement is predicted to explain its update (was: expected_difference, as the
+    # equivalent run that would have shown it is missing)
+    eps = pairs["adam_l2_default_eps"]
+    assert eps.verdict.status == "divergence", summary
+    assert not eps.prediction.expected, summary
+    assert any("eps=1e-08" in a and "not torch's for the case's optimizer" in a for a in eps.prediction.absent), summary
 
 
 # ------------------------------------------------------------------ precision leaks: a float64 run's float32 loss

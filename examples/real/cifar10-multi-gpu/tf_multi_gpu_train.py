@@ -256,8 +256,9 @@ def multi_gpu_train_f64_race_fixed(run):
     """Fix 3 only, LRN in ops: the averages after the update; the last tower's loss and the float32 lr stay.
 
     The race of the program as written is decided by TensorFlow's inter-op threads, so a rerun may
-    take the other order: the judge then sees a run that does not reproduce itself and answers
-    inconclusive. Without it the program's two deterministic differences are what a comparison finds.
+    take the other order: the judge then sees a run that does not reproduce itself and judges it
+    against that run-to-run spread (a learning-rate gap of float32 size can be within it). Without
+    it the program's two deterministic differences are what a comparison finds.
     """
     _train(run, mean_loss=False, float64_lr=False, ema_after_update=True, lrn_in_ops=True)
 

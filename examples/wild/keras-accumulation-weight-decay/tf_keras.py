@@ -42,13 +42,16 @@ def _train(run, *, pre_fix: bool) -> None:
     raw = 0                                                   # the optimizer's own counter: one per apply()
     run.begin(w)
     for x, y in run.batches():
-        losses = []
+        losses, acts = [], {"0": [], "1": []}
         for xm, ym in zip(np.array_split(x, k), np.array_split(y, k), strict=True):
             with tf.GradientTape() as tape:
                 h = tf.nn.relu(xm @ w["0.kernel"] + w["0.bias"])
-                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=ym, logits=h @ w["1.kernel"] + w["1.bias"]))
+                logits = h @ w["1.kernel"] + w["1.bias"]
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=ym, logits=logits))
             g = dict(zip(NAMES, tape.gradient(loss, [w[n] for n in NAMES]), strict=True))
             losses.append(loss)
+            acts["0"].append(h)                               # each layer's output, micro-batch by micro-batch
+            acts["1"].append(logits)
             update = (raw + 1) % k == 0
             if pre_fix or update:                             # L348: decay at every apply(); fixed: on the update only
                 for n in NAMES:
@@ -68,7 +71,10 @@ def _train(run, *, pre_fix: bool) -> None:
                 for n in NAMES:
                     acc[n].assign_add(g[n])
             raw += 1
-        run.record(tf.add_n(losses) / c(k), w, grads=applied)
+        # the rows and layer outputs of the one tower, micro-batches in order (as tf.towers captures them): the
+        # stage chain sees micro-batch 1 agree and micro-batch 2 read decayed weights (localise._later_micro_batch)
+        run.record(tf.add_n(losses) / c(k), w, grads=applied, device_inputs=[x],
+                   activations=[{layer: tf.concat(outs, 0) for layer, outs in acts.items()}])
 
 
 @tfpar.plugin.tensorflow(dtypes=("float32", "float64"))

@@ -9,9 +9,8 @@ the gradients combined and applied once. It honours the case it is given, within
   ``mse``, ``sigmoid_ce`` (from logits) or ``softmax_ce`` (integer labels),
   ``reduction`` ``mean`` (over every element of a tower's shard) or ``sum``;
 * ``float32`` or ``float64`` end to end (hyperparameters as constants of the dtype);
-* ``sgd``, ``momentum`` or ``adam`` with a constant rate, under ``semantics``
-  ``tf``/``native`` (Keras' published rules) or ``torch`` (torch's), written out in
-  TensorFlow ops::
+* ``sgd``, ``momentum`` or ``adam`` under ``semantics`` ``tf``/``native`` (Keras'
+  published rules) or ``torch`` (torch's), written out in TensorFlow ops::
 
       momentum, Keras:  v <- m v - lr g;              p <- p + v
       momentum, torch:  b <- m b + g (b_1 = g);       p <- p - lr b
@@ -19,7 +18,16 @@ the gradients combined and applied once. It honours the case it is given, within
       adam, torch:      p <- p - lr/(1-b1^t) m / (sqrt(v)/sqrt(1-b2^t) + eps)
 
   (``m``, ``v`` the usual moving averages). Warning: the Adam rules differ
-  whenever ``eps > 0``; momentum's agree for a constant rate;
+  whenever ``eps > 0``; momentum's agree for a constant rate only (Keras' buffer
+  holds ``lr``, torch's does not);
+* a constant rate or the contract's ``warmup_cosine`` schedule: the written-out rules
+  read the contract's formula (:func:`curve`), step ``t`` at ``f(t)``, under every
+  semantics (a rule written by hand has its own schedule: Keras' is a Keras
+  optimizer's); :func:`keras_model` gives its Keras optimizer Keras' own
+  ``CosineDecay(0.0, d, alpha=m / lr, warmup_target=lr, warmup_steps=k)``, which
+  reads the updates already applied: step ``t`` at ``f(t - 1)``, in float32
+  (docs/framework-differences.md, "Warm-up + cosine"). Warning: with a rate that
+  changes, Keras' momentum (``v`` holds ``lr``) and torch's differ;
 * N towers (``run.devices``), ``shard`` ``contiguous`` (``np.array_split``) or
   ``strided`` (rows r, r+N, ...), ``weighting`` ``equal`` (1/N) or ``by_size``
   (``n_r / B``), ``combine`` ``grad_mean`` or ``loss_mean`` (the same function:
@@ -46,7 +54,7 @@ import tensorflow as tf
 
 import tfpar
 
-__all__ = ["keras_load", "keras_optimizer", "shards"]
+__all__ = ["curve", "keras_cosine", "keras_load", "keras_optimizer", "shards"]
 
 DTYPES = ("float32", "float64")
 _ACT = {"relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}
@@ -57,6 +65,39 @@ def shards(batch: int, n: int, how: str) -> list[np.ndarray]:
     if how == "strided":
         return [np.arange(r, batch, n) for r in range(n)]
     return np.array_split(np.arange(batch), n)
+
+
+def curve(schedule: dict, lr: float, t: int) -> float:
+    """The contract's ``warmup_cosine`` rate of step ``t`` (from 1), in float64 (``parity_tests/contract/optimizer.py``)::
+
+        f(t) = lr t / k                                      t <= k
+        f(t) = m + (lr - m) (1 + cos(pi (t - k) / d)) / 2     k < t <= k + d
+        f(t) = m                                             t > k + d
+    """
+    k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
+    if t <= k:
+        return lr * t / k
+    if t > k + d:
+        return m
+    return m + (lr - m) * (1.0 + float(np.cos(np.pi * (t - k) / d))) / 2.0
+
+
+def keras_cosine(schedule: dict, lr: float):
+    """Keras' own ``CosineDecay`` for the contract's ``warmup_cosine`` (``alpha`` is a fraction of the target)."""
+    import keras
+
+    return keras.optimizers.schedules.CosineDecay(0.0, schedule["decay_steps"], alpha=schedule["min_lr"] / lr,
+                                                  warmup_target=lr, warmup_steps=schedule["warmup_steps"])
+
+
+def _schedule(opt: dict) -> dict | None:
+    """The case's ``warmup_cosine`` schedule, ``None`` for a constant rate (the only two the hunt draws)."""
+    s = opt.get("schedule") or {"kind": "constant"}
+    if s["kind"] == "constant":
+        return None
+    if s["kind"] != "warmup_cosine":
+        raise ValueError(f"optimizer.schedule: the hunt's rewrites run constant or warmup_cosine, got {s['kind']!r}")
+    return s
 
 
 def _forward(w: dict, x: tf.Tensor, layers: list, bug: str | None) -> tf.Tensor:
@@ -104,6 +145,11 @@ class _Rule:
         self.opt, self.rule, self.dt, self.bug = opt, rule, dt, bug
         self.slots = {k: (tf.Variable(tf.zeros_like(v)), tf.Variable(tf.zeros_like(v))) for k, v in w.items()}
         self.t = 0
+        self.schedule = _schedule(opt)
+
+    def rate(self) -> float:
+        """Step ``self.t``'s learning rate: ``lr``, or the contract's ``warmup_cosine`` curve ``f(t)``."""
+        return self.opt["lr"] if self.schedule is None else curve(self.schedule, self.opt["lr"], self.t)
 
     def c(self, v: float) -> tf.Tensor:
         return tf.constant(v, self.dt)
@@ -111,7 +157,8 @@ class _Rule:
     def apply(self, w: dict, g: dict) -> None:
         self.t += 1
         o, t, c = self.opt, self.t, self.c
-        lr = c(o["lr"])
+        r = self.rate()
+        lr = c(r)
         for k, p in w.items():
             gk = g[k]
             a, b = self.slots[k]
@@ -135,7 +182,7 @@ class _Rule:
                     p.assign_sub(alpha * a / (tf.sqrt(b) + c(eps)))
                 else:
                     bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
-                    p.assign_sub(c(o["lr"] / bc1) * a / (tf.sqrt(b) / c(bc2 ** 0.5) + c(eps)))
+                    p.assign_sub(c(r / bc1) * a / (tf.sqrt(b) / c(bc2 ** 0.5) + c(eps)))
 
 
 def _combine(gs: list[dict], weights: list[float], how: str, dt: tf.DType) -> dict:
@@ -302,13 +349,16 @@ def keras_load(net, initial: dict) -> dict:
 
 
 def keras_optimizer(opt: dict):
-    """The case's optimizer as Keras' own class (``semantics: native``): Adam, or SGD with its momentum."""
+    """The case's optimizer as Keras' own class (``semantics: native``): Adam, or SGD with its momentum; a
+    ``warmup_cosine`` schedule as Keras' own ``CosineDecay`` (:func:`keras_cosine`)."""
     import keras
 
+    sched = _schedule(opt)
+    lr = opt["lr"] if sched is None else keras_cosine(sched, opt["lr"])
     if opt["name"] == "adam":
-        return keras.optimizers.Adam(learning_rate=opt["lr"], beta_1=opt["beta1"], beta_2=opt["beta2"],
+        return keras.optimizers.Adam(learning_rate=lr, beta_1=opt["beta1"], beta_2=opt["beta2"],
                                      epsilon=opt["epsilon"])
-    return keras.optimizers.SGD(learning_rate=opt["lr"], momentum=opt.get("momentum", 0.0))
+    return keras.optimizers.SGD(learning_rate=lr, momentum=opt.get("momentum", 0.0))
 
 
 @tfpar.plugin.tensorflow(dtypes=DTYPES, keras=True)

@@ -7,7 +7,12 @@ modules; ``mse`` / ``sigmoid_ce`` / ``softmax_ce`` through ``torch.nn.functional
 with the case's reduction; ``float32`` or ``float64``; ``sgd``, ``momentum`` or
 ``adam`` under ``semantics`` ``torch``/``native`` (``torch.optim.SGD`` and
 ``torch.optim.Adam`` themselves) or ``tf`` (Keras' rules written out in torch
-ops, see ``tf_side.py``); ``weighting`` ``by_size`` by scaling a rank's loss by
+ops, see ``tf_side.py``); a constant rate or the contract's ``warmup_cosine``
+(:func:`_scheduler`: torch's own ``SequentialLR(LinearLR, CosineAnnealingLR,
+ConstantLR)`` under ``native`` in :func:`ddp` and :func:`single`, a ``LambdaLR`` of
+the contract's formula otherwise, the formula itself in Keras' written-out rule:
+step ``t`` at ``f(t)`` in every case, torch's schedulers within rounding of it);
+``weighting`` ``by_size`` by scaling a rank's loss by
 ``N n_r / B`` before DDP's mean; a global-norm clip after the all-reduce or per
 device (before it: the rank's own gradient clipped under ``no_sync``, then
 all-reduced by hand), by the semantics' rule (``clip_grad_norm_``, which adds
@@ -24,6 +29,8 @@ with one seeded bug, marked in :func:`_train` with its name.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
@@ -35,6 +42,31 @@ __all__: list[str] = []
 
 DTYPES = ("float32", "float64")
 _ACT = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid}
+
+
+def _curve(schedule: dict, lr: float, t: int) -> float:
+    """The contract's ``warmup_cosine`` rate of step ``t`` (from 1), in float64 (``parity_tests/contract/optimizer.py``)::
+
+        f(t) = lr t / k                                      t <= k
+        f(t) = m + (lr - m) (1 + cos(pi (t - k) / d)) / 2     k < t <= k + d
+        f(t) = m                                             t > k + d
+    """
+    k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
+    if t <= k:
+        return lr * t / k
+    if t > k + d:
+        return m
+    return m + (lr - m) * (1.0 + math.cos(math.pi * (t - k) / d)) / 2.0
+
+
+def _schedule(opt: dict) -> dict | None:
+    """The case's ``warmup_cosine`` schedule, ``None`` for a constant rate (the only two the hunt draws)."""
+    s = opt.get("schedule") or {"kind": "constant"}
+    if s["kind"] == "constant":
+        return None
+    if s["kind"] != "warmup_cosine":
+        raise ValueError(f"optimizer.schedule: the hunt's rewrites run constant or warmup_cosine, got {s['kind']!r}")
+    return s
 
 
 def _build(run) -> tuple[torch.nn.Module, dict]:
@@ -82,6 +114,7 @@ class _KerasRule:
 
     def __init__(self, params: list, opt: dict) -> None:
         self.params, self.opt, self.t = params, opt, 0
+        self.schedule = _schedule(opt)
         self.a = [torch.zeros_like(p) for p in params]
         self.b = [torch.zeros_like(p) for p in params]
 
@@ -89,19 +122,20 @@ class _KerasRule:
     def step(self) -> None:
         self.t += 1
         o, t = self.opt, self.t
+        lr = o["lr"] if self.schedule is None else _curve(self.schedule, o["lr"], t)
         for p, a, b in zip(self.params, self.a, self.b, strict=True):
             g = p.grad
             if o["name"] == "sgd":
-                p.sub_(o["lr"] * g)
+                p.sub_(lr * g)
             elif o["name"] == "momentum":
-                a.copy_(o["momentum"] * a - o["lr"] * g)
+                a.copy_(o["momentum"] * a - lr * g)
                 p.add_(a)
             else:
                 b1, b2, eps = o["beta1"], o["beta2"], o["epsilon"]
                 a.copy_(b1 * a + (1.0 - b1) * g)
                 b.copy_(b2 * b + (1.0 - b2) * g * g)
                 one = torch.ones((), dtype=p.dtype)
-                alpha = o["lr"] * torch.sqrt(one - torch.tensor(b2, dtype=p.dtype) ** t) / (
+                alpha = lr * torch.sqrt(one - torch.tensor(b2, dtype=p.dtype) ** t) / (
                     one - torch.tensor(b1, dtype=p.dtype) ** t)
                 p.sub_(alpha * a / (torch.sqrt(b) + eps))
 
@@ -116,6 +150,34 @@ def _optimizer(params: list, opt: dict):
     if opt["name"] == "adam":
         return torch.optim.Adam(params, lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["epsilon"])
     return torch.optim.SGD(params, lr=opt["lr"], momentum=opt.get("momentum", 0.0))
+
+
+def _scheduler(optimizer, opt: dict, how: str):
+    """The case's ``warmup_cosine`` as torch schedulers (stepped once after each step), ``None`` where there is none.
+
+    Keras' written-out rule (``semantics: tf``) reads the formula itself. Under ``native`` in
+    :func:`ddp` / :func:`single`: torch's own classes as a user chains them, ``LinearLR`` from
+    ``lr / k`` to ``lr`` over steps 1..k (left out for ``k = 1``), ``CosineAnnealingLR(T_max=d,
+    eta_min=m)`` from step ``k``, ``ConstantLR(factor=m / lr)`` from step ``k + d`` (the cosine alone
+    climbs back after ``T_max``); elsewhere a ``LambdaLR`` whose factor after ``e`` steps is
+    ``f(e + 1) / lr``.
+    """
+    sched = _schedule(opt)
+    if sched is None or opt["semantics"] == "tf":
+        return None
+    lr = opt["lr"]
+    lrs = torch.optim.lr_scheduler
+    if opt["semantics"] == "native" and how != "hand_allreduce":
+        k, d, m = sched["warmup_steps"], sched["decay_steps"], sched["min_lr"]
+        parts, milestones = [], []
+        if k > 1:
+            parts.append(lrs.LinearLR(optimizer, start_factor=1.0 / k, end_factor=1.0, total_iters=k - 1))
+            milestones.append(k - 1)
+        parts.append(lrs.CosineAnnealingLR(optimizer, T_max=d, eta_min=m))
+        milestones.append(k - 1 + d)
+        parts.append(lrs.ConstantLR(optimizer, factor=m / lr, total_iters=2**62))  # held at m for good
+        return lrs.SequentialLR(optimizer, parts, milestones)
+    return lrs.LambdaLR(optimizer, lambda e: _curve(sched, lr, e + 1) / lr)
 
 
 def _shard_rows(batch: int, n: int, rank: int, how: str):
@@ -137,6 +199,7 @@ def _train(run, how: str = "ddp", bug: str | None = None, l2: float = 0.0) -> No
     params = list(net.parameters())
     wrapped = DDP(net, process_group=run.group) if how == "ddp" else net
     optimizer = _optimizer(params, opt)
+    scheduler = _scheduler(optimizer, opt, how)
     named = dict(net.named_parameters())
 
     kernels = [named[v] for k, v in names.items() if k.endswith(".kernel")]
@@ -180,6 +243,8 @@ def _train(run, how: str = "ddp", bug: str | None = None, l2: float = 0.0) -> No
         grads = {k: run.to_tf(named[v].grad.detach()) for k, v in names.items()}
         if not (bug == "replica_skips_update" and rank == n - 1 and t == 2):  # the last rank skips step 2
             optimizer.step()
+        if scheduler is not None:  # stepped every step, also where the bug skipped the optimizer's
+            scheduler.step()
         # ---- what is logged (the wrong-loss bugs record no grads=)
         if how == "single":
             run.record(loss.detach(), current(), grads=grads)

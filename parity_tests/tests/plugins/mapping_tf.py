@@ -47,10 +47,16 @@ def _tower_loss(w: dict, x, y, *, l2: float = 0.0, v1: bool = False):
     return loss
 
 
-def _towers(run, apply, *, l2: float = 0.0, v1: bool = False) -> None:
-    """Each tower's loss and gradient on its contiguous slice, the gradients averaged, ``apply(g, w)``."""
+def _towers(run, apply, *, l2: float = 0.0, v1: bool = False, opt=None) -> None:
+    """Each tower's loss and gradient on its contiguous slice, the gradients averaged, ``apply(g, w)``.
+
+    ``opt``: the Keras optimizer ``apply`` uses, handed to ``run.use_optimizer`` (``--lockstep`` loads
+    the reference's state into it; otherwise nothing happens).
+    """
     w = {k: tf.Variable(v) for k, v in run.initial.items()}
     n = len(run.devices)
+    if opt is not None:
+        run.use_optimizer(opt, w)
     run.begin(w)
     for x, y in run.batches():
         grads, losses = [], []
@@ -72,14 +78,21 @@ def keras_recipe(run):
     keras.config.set_floatx(run.dtype)
     keras.config.set_dtype_policy(run.dtype)
     opt = _keras_adam(run.spec)
-    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]))
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), opt=opt)
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
 def keras_l2(run):
     """Keras' Adam (floatx float32, its default) and an L2 term on every kernel in the loss."""
     opt = _keras_adam(run.spec)
-    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), l2=L2)
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), l2=L2, opt=opt)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_adam(run):
+    """Keras' Adam (floatx float32, its default), nothing else: ``keras_l2`` without the L2 term."""
+    opt = _keras_adam(run.spec)
+    _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), opt=opt)
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
@@ -97,6 +110,26 @@ def own_adamw(run):
             v = state["v"][k] = b2 * state["v"].get(k, tf.zeros_like(w[k])) + (1 - b2) * g[k] * g[k]
             w[k].assign(w[k] * (1 - lr * wd))
             w[k].assign_sub(lr / (1 - b1 ** t) * m / (tf.sqrt(v / (1 - b2 ** t)) + eps))
+
+    _towers(run, apply)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def own_keras_adamw(run):
+    """Keras' AdamW written out, numbers exact: decay ``p -= lr wd p``, then
+    ``p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)`` (eps added to sqrt(v), not to sqrt(v_hat))."""
+    o = run.spec["optimizer"]
+    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["epsilon"], o["weight_decay"]
+    state = {"t": 0, "m": {}, "v": {}}
+
+    def apply(g, w):
+        state["t"] += 1
+        t = state["t"]
+        for k in w:
+            m = state["m"][k] = b1 * state["m"].get(k, tf.zeros_like(w[k])) + (1 - b1) * g[k]
+            v = state["v"][k] = b2 * state["v"].get(k, tf.zeros_like(w[k])) + (1 - b2) * g[k] * g[k]
+            w[k].assign(w[k] * (1 - lr * wd))
+            w[k].assign_sub(lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t) * m / (tf.sqrt(v) + eps))
 
     _towers(run, apply)
 

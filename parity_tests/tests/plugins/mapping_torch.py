@@ -28,12 +28,14 @@ class Net(torch.nn.Module):
         return self.l1(torch.relu(self.l0(x)))
 
 
-def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True) -> None:
+def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 0.0) -> None:
     net = Net().to(run.torch_dtype)
     net.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
     model = DDP(net, process_group=run.group) if wrap and run.group is not None else net
     opt = make_opt(model.parameters(), run.spec["optimizer"])
     named = dict(net.named_parameters())
+    if isinstance(opt, torch.optim.Optimizer):  # --lockstep hands it the reference's state (else nothing happens)
+        run.use_optimizer(opt, {k: named[v] for k, v in NAMES.items()})
 
     def params():
         return {k: run.to_tf(named[v]) for k, v in NAMES.items()}
@@ -47,6 +49,10 @@ def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True) -> None:
         loss.backward()
         applied = {k: run.to_tf(named[v].grad) for k, v in NAMES.items()}
         opt.step()
+        if decay:  # a seeded bug: decoupled weight decay on every parameter, after the step
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.mul_(1 - run.spec["optimizer"]["lr"] * decay)
         logged = loss.detach().clone()
         if run.group is not None:
             dist.all_reduce(logged, group=run.group)
@@ -86,3 +92,63 @@ def adamw_unwrapped(run):
     """As a public graph-network trainer did at one commit: the model is unwrapped before training, so no
     gradient is ever all-reduced and each rank trains on its own shard."""
     _train(run, _adamw, wrap=False)
+
+
+class KerasAdamByHand:
+    """Keras 3's Adam written out, as a port of a Keras program does it (no ``torch.optim`` class)::
+
+        alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t)
+        m += (g - m)(1 - beta1);  v += (g^2 - v)(1 - beta2)
+        p -= m alpha / (sqrt(v) + eps)                 # eps outside the bias correction (torch: inside)
+
+    with the case's numbers exact (no float32 roundings of Keras' own class).
+    """
+
+    def __init__(self, params, o) -> None:
+        self.params, self.o, self.t = list(params), o, 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        b1, b2, eps = self.o["beta1"], self.o["beta2"], self.o["epsilon"]
+        alpha = self.o["lr"] * (1 - b2 ** self.t) ** 0.5 / (1 - b1 ** self.t)
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            m.add_((p.grad - m) * (1 - b1))
+            v.add_((p.grad * p.grad - v) * (1 - b2))
+            p.sub_(m * alpha / (v.sqrt() + eps))
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def keras_adam_by_hand(run):
+    """DDP with Keras' Adam rule written out (:class:`KerasAdamByHand`): a port of a Keras program."""
+    _train(run, KerasAdamByHand)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def adam_default_eps(run):
+    """DDP with ``torch.optim.Adam`` made without the case's epsilon (torch's default 1e-8): a port's bug."""
+    _train(run, lambda params, o: torch.optim.Adam(params, lr=o["lr"], betas=(o["beta1"], o["beta2"])))
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def adam(run):
+    """DDP with torch's Adam at the case's values."""
+    _train(run, _adam)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def adam_decayed(run):
+    """``adam`` with a seeded optimizer bug: every parameter also decays by ``lr 1e-2`` after each step."""
+    _train(run, _adam, decay=1e-2)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def adam_l2_default_eps(run):
+    """``adam_l2`` with ``adam_default_eps``'s bug: the L2 term right, torch's default epsilon 1e-8."""
+    _train(run, lambda params, o: torch.optim.Adam(params, lr=o["lr"], betas=(o["beta1"], o["beta2"])), l2=L2)

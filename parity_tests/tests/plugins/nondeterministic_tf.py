@@ -49,3 +49,10 @@ def noisy_and_wrong(run):
 @tfpar.plugin.tensorflow(dtypes=BOTH)
 def noisy_declared_deterministic(run):
     _noisy(run)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def noisy_slightly_wrong_declared_deterministic(run):
+    """A learning rate 0.1% too large, a gap beyond the spread but within what the float64
+    conditioning check would call amplified rounding if it took the noise for conditioning."""
+    _noisy(run, lr_scale=1.001)
