@@ -21,7 +21,7 @@ from parity_tests.running.implementation import Implementation
 from tfpar import engines as tfpar_engines
 from torchref import engines as torch_engines
 
-__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER", "ISOLATE_PARAMETERS"]
+__all__ = ["SPECS", "BUILTINS", "IMPLEMENTATIONS", "MULTIWORKER", "ISOLATE_PARAMETERS", "run_in_server"]
 
 #: every built-in engine's declaration, TensorFlow's then torch's (each framework's list is beside its engines)
 SPECS: tuple[EngineSpec, ...] = (*tfpar_engines.SPECS, *torch_engines.SPECS)
@@ -60,6 +60,14 @@ def _run_in_child(case: Case, impl: str, progress: Callable[[int], None] | None)
     if progress:
         progress(case.spec["steps"])
     return out["trajectory"]
+
+
+def run_in_server(case: Case, impl: str) -> dict[str, np.ndarray]:
+    """The TensorFlow built-in ``impl`` run on ``case`` in a fresh child of the TensorFlow server, whatever the
+    model's size: for a run the judge makes on its own account (``comparison.follows_its_class``), which must
+    not import TensorFlow into a tool process that needed none (only plugins ran)."""
+    _refuse_external(case, impl)
+    return _run_in_child(case, impl, None)
 
 
 def _tensorflow(impl: str) -> Callable:
