@@ -11,8 +11,11 @@ has the arithmetic). The fix (PR #34191) counts ``num_items_in_batch``, the labe
 step's micro-batches, sums each micro-batch's token losses and divides by it; #35438 and
 ``average_tokens_across_devices`` made the count global over the ranks, which is the full-batch mean
 written here (sum over the rank's labelled rows / labelled rows over every rank and micro-batch, times N to
-cancel DDP's average). The commit and lines of trainer.py were not read for this example (the repository
-snapshot is too large to bring here); the arithmetic is the PR's and the blog's.
+cancel DDP's average). Lines: ``training_step`` at L3591 ff. of ``src/transformers/trainer.py`` as the base
+of PR #34198's diff shows it (its review thread's hunk ``@@ -3591,20 +3631,23 @@ def training_step``, the
+``self.accelerator.backward(loss)`` and ``return loss.detach() / self.args.gradient_accumulation_steps``
+before the fix); the base commit itself was not read (the repository snapshot, 1.3 GB, is more than can be
+brought here); the arithmetic is the PR's and the blog's.
 
 A row is a token; a row whose first feature (an integer 0..9 in the case's data) is 5 or more carries the
 ignore label (``-100``): it adds nothing to the loss and is not counted, so micro-batches hold different
