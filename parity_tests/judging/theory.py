@@ -987,7 +987,13 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         # Keras' rule, holding in float32 what the other side's Keras optimizer holds (a TensorFlow
         # side without one: Keras' rule with exact numbers, as the case's "native" says)
         rounding = keras_rounding or ("floatx_float32" if _builtin_keras(other) else "none")
-        if rounding != "none" and (spec["optimizer"].get("schedule") or {}).get("kind") == "warmup_cosine":
+        cosine = (spec["optimizer"].get("schedule") or {}).get("kind") == "warmup_cosine"
+        if cosine and spec["optimizer"]["semantics"] == "native" and _builtin_keras(side) and not _builtin_keras(other):
+            # a Keras built-in under native runs Keras' CosineDecay, a step late; under semantics tf it runs the
+            # case's curve: the mapping would also map that lateness away, unnamed, against a side (a rule written
+            # out) whose schedule theory does not know (the schedule hunt: parity where the runs part by a step)
+            return None
+        if rounding != "none" and cosine:
             # Keras' CosineDecay computes cos in TensorFlow's float32 kernel, which is not correctly
             # rounded (protocol.hyper.keras_cosine_lr): no other side reproduces its rates bit for bit
             return None
