@@ -56,6 +56,7 @@ from parity_tests.testing.strategies import (
     init_specs,
     input_shapes,
 )
+from parity_tests.tests.hunt.schedule import curve
 
 __all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
            "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
@@ -97,16 +98,6 @@ def cosine(spec: dict) -> dict | None:
     """The case's ``warmup_cosine`` schedule, ``None`` for a constant rate (the only two the hunt draws)."""
     s = spec["optimizer"].get("schedule") or {"kind": "constant"}
     return s if s["kind"] == "warmup_cosine" else None
-
-
-def curve(schedule: dict, lr: float, t: int) -> float:
-    """The contract's ``warmup_cosine`` rate of step ``t`` (``parity_tests/contract/optimizer.py``), exact; ``t = 0`` gives 0."""
-    k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
-    if t <= k:
-        return lr * t / k
-    if t > k + d:
-        return m
-    return m + (lr - m) * (1.0 + float(np.cos(np.pi * (t - k) / d))) / 2.0
 
 
 def rates(spec: dict, late: bool = False) -> list[float]:

@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfpar
+from parity_tests.tests.hunt.schedule import curve
 
 __all__ = ["curve", "keras_cosine", "keras_load", "keras_optimizer", "shards"]
 
@@ -65,21 +66,6 @@ def shards(batch: int, n: int, how: str) -> list[np.ndarray]:
     if how == "strided":
         return [np.arange(r, batch, n) for r in range(n)]
     return np.array_split(np.arange(batch), n)
-
-
-def curve(schedule: dict, lr: float, t: int) -> float:
-    """The contract's ``warmup_cosine`` rate of step ``t`` (from 1), in float64 (``parity_tests/contract/optimizer.py``)::
-
-        f(t) = lr t / k                                      t <= k
-        f(t) = m + (lr - m) (1 + cos(pi (t - k) / d)) / 2     k < t <= k + d
-        f(t) = m                                             t > k + d
-    """
-    k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
-    if t <= k:
-        return lr * t / k
-    if t > k + d:
-        return m
-    return m + (lr - m) * (1.0 + float(np.cos(np.pi * (t - k) / d))) / 2.0
 
 
 def keras_cosine(schedule: dict, lr: float):

@@ -29,34 +29,18 @@ with one seeded bug, marked in :func:`_train` with its name.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
 import torchref
+from parity_tests.tests.hunt.schedule import curve
 
 __all__: list[str] = []
 
 DTYPES = ("float32", "float64")
 _ACT = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid}
-
-
-def _curve(schedule: dict, lr: float, t: int) -> float:
-    """The contract's ``warmup_cosine`` rate of step ``t`` (from 1), in float64 (``parity_tests/contract/optimizer.py``)::
-
-        f(t) = lr t / k                                      t <= k
-        f(t) = m + (lr - m) (1 + cos(pi (t - k) / d)) / 2     k < t <= k + d
-        f(t) = m                                             t > k + d
-    """
-    k, d, m = schedule["warmup_steps"], schedule["decay_steps"], schedule["min_lr"]
-    if t <= k:
-        return lr * t / k
-    if t > k + d:
-        return m
-    return m + (lr - m) * (1.0 + math.cos(math.pi * (t - k) / d)) / 2.0
 
 
 def _schedule(opt: dict) -> dict | None:
@@ -122,7 +106,7 @@ class _KerasRule:
     def step(self) -> None:
         self.t += 1
         o, t = self.opt, self.t
-        lr = o["lr"] if self.schedule is None else _curve(self.schedule, o["lr"], t)
+        lr = o["lr"] if self.schedule is None else curve(self.schedule, o["lr"], t)
         for p, a, b in zip(self.params, self.a, self.b, strict=True):
             g = p.grad
             if o["name"] == "sgd":
@@ -177,7 +161,7 @@ def _scheduler(optimizer, opt: dict, how: str):
         milestones.append(k - 1 + d)
         parts.append(lrs.ConstantLR(optimizer, factor=m / lr, total_iters=2**62))  # held at m for good
         return lrs.SequentialLR(optimizer, parts, milestones)
-    return lrs.LambdaLR(optimizer, lambda e: _curve(sched, lr, e + 1) / lr)
+    return lrs.LambdaLR(optimizer, lambda e: curve(sched, lr, e + 1) / lr)
 
 
 def _shard_rows(batch: int, n: int, rank: int, how: str):
