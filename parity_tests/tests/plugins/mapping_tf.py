@@ -95,9 +95,10 @@ def keras_adam(run):
     _towers(run, lambda g, w: opt.apply_gradients([(g[k], w[k]) for k in w]), opt=opt)
 
 
-@tfpar.plugin.tensorflow(dtypes=BOTH)
-def own_adamw(run):
-    """torch's AdamW written out (decay ``p -= lr wd p``, then Adam with eps added to sqrt(v_hat))."""
+def _adamw_by_hand(run, *, keras_eps: bool) -> None:
+    """AdamW written out, numbers exact: decay ``p -= lr wd p``, then Adam's step with ``eps`` added to
+    ``sqrt(v_hat)`` (torch's rule) or, ``keras_eps``, to ``sqrt(v)`` (Keras':
+    ``p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)``)."""
     o = run.spec["optimizer"]
     lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["epsilon"], o["weight_decay"]
     state = {"t": 0, "m": {}, "v": {}}
@@ -109,29 +110,24 @@ def own_adamw(run):
             m = state["m"][k] = b1 * state["m"].get(k, tf.zeros_like(w[k])) + (1 - b1) * g[k]
             v = state["v"][k] = b2 * state["v"].get(k, tf.zeros_like(w[k])) + (1 - b2) * g[k] * g[k]
             w[k].assign(w[k] * (1 - lr * wd))
-            w[k].assign_sub(lr / (1 - b1 ** t) * m / (tf.sqrt(v / (1 - b2 ** t)) + eps))
+            if keras_eps:
+                w[k].assign_sub(lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t) * m / (tf.sqrt(v) + eps))
+            else:
+                w[k].assign_sub(lr / (1 - b1 ** t) * m / (tf.sqrt(v / (1 - b2 ** t)) + eps))
 
     _towers(run, apply)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def own_adamw(run):
+    """torch's AdamW written out (eps added to sqrt(v_hat))."""
+    _adamw_by_hand(run, keras_eps=False)
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
 def own_keras_adamw(run):
-    """Keras' AdamW written out, numbers exact: decay ``p -= lr wd p``, then
-    ``p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)`` (eps added to sqrt(v), not to sqrt(v_hat))."""
-    o = run.spec["optimizer"]
-    lr, b1, b2, eps, wd = o["lr"], o["beta1"], o["beta2"], o["epsilon"], o["weight_decay"]
-    state = {"t": 0, "m": {}, "v": {}}
-
-    def apply(g, w):
-        state["t"] += 1
-        t = state["t"]
-        for k in w:
-            m = state["m"][k] = b1 * state["m"].get(k, tf.zeros_like(w[k])) + (1 - b1) * g[k]
-            v = state["v"][k] = b2 * state["v"].get(k, tf.zeros_like(w[k])) + (1 - b2) * g[k] * g[k]
-            w[k].assign(w[k] * (1 - lr * wd))
-            w[k].assign_sub(lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t) * m / (tf.sqrt(v) + eps))
-
-    _towers(run, apply)
+    """Keras' AdamW written out, numbers exact (eps added to sqrt(v), not to sqrt(v_hat))."""
+    _adamw_by_hand(run, keras_eps=True)
 
 
 @tfpar.plugin.tensorflow(dtypes=BOTH)
