@@ -302,7 +302,7 @@ def loss_scale_difference(spec: dict[str, Any], a: str, b: str,
 
 def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None,
             kernels: Mapping[str, Mapping[str, Any]] | None = None, own: Collection[str] = (),
-            scales: Mapping[str, float | None] | None = None) -> Prediction:
+            scales: Mapping[str, float | None] | None = None, own_schedule: Collection[str] = ()) -> Prediction:
     """Predicted differences between implementations ``a`` and ``b`` on a validated case.
 
     Each prediction holds at the case's values: a difference whose size these values
@@ -331,6 +331,11 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
 
     ``scales``: for TensorFlow plugins that have run, the factor Keras' distribution loss scale
     put on their float64 losses and gradients (:func:`loss_scale_difference`), read from the run.
+
+    ``own_schedule``: the plugins whose learning rate is their own code's: every plugin that made no
+    optimizer of its framework (``session.comparison.own_rules``), also one whose written-out rule was
+    found to be its framework's class (``follows_its_class``, which takes it out of ``own``). Its
+    rate is its code's, not Keras' ``CosineDecay``: :func:`_schedule_differences`.
     """
     held = held or {}
     found: list[Difference] = []
@@ -368,8 +373,8 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                       + ", and theory predicts no difference of the optimizer for it")
     elif known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
-    if not writes:  # Keras' CosineDecay is a Keras optimizer's schedule: a rule written by hand has its own
-        found.extend(_schedule_differences(spec, a, b, moves, absent))
+    # Keras' CosineDecay is a Keras optimizer's schedule: a rule written by hand has its own
+    found.extend(_schedule_differences(spec, a, b, moves, absent, {*own, *own_schedule}))
     if known_opt and opt["semantics"] in ("native", "tf") and spec["dtype"] == "float64":
         # under ``tf`` too: a plugin's Keras class rounds as Keras does, whatever the case says the rule is
         ra, rb = (_keras_rounded(spec, _held(x, held, spec)) for x in (a, b))
@@ -884,19 +889,32 @@ def decays_any(spec: dict[str, Any]) -> bool:
     return len(no_decay_names(opt, names)) < len(names)
 
 
-def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, absent: list[str]) -> list[Difference]:
+def _runs_cosine_decay(spec: Mapping[str, Any], impl: str, own_schedule: Collection[str]) -> bool:
+    """Whether ``impl`` runs Keras' ``CosineDecay`` for the case's ``warmup_cosine``: a TensorFlow side with a
+    Keras optimizer (a built-in, or a plugin that made one) under ``native``. A side whose rate is its own
+    code's (``own_schedule``), a torch side, and every side under ``torch`` or ``tf`` compute the curve."""
+    return (spec["optimizer"]["semantics"] == "native" and _framework(impl) == "tf"
+            and _family(impl) != "tf.compat.v1" and impl not in own_schedule)
+
+
+def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, absent: list[str],
+                          own_schedule: Collection[str] = ()) -> list[Difference]:
     """What the frameworks' own ``warmup_cosine`` classes do differently (docs/framework-differences.md, "Warm-up + cosine").
 
-    Under ``native`` the TensorFlow side runs Keras' ``CosineDecay`` and the torch side torch's
-    ``SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR)`` (``tfpar.optimizers.keras_schedule``,
-    ``torchref.optimizers.warmup_cosine_scheduler``):
+    Under ``native`` a TensorFlow side with a Keras optimizer runs Keras' ``CosineDecay`` and the torch
+    side torch's ``SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR)`` (``tfpar.optimizers.keras_schedule``,
+    ``torchref.optimizers.warmup_cosine_scheduler``); a plugin that writes its rule out computes its own
+    rate (``own_schedule``: the case's curve, as far as the tool knows):
 
     * Keras one step late (expected, ``mapping="optimizer"``): ``CosineDecay`` evaluates the
       curve at ``iterations = t - 1``, so step 1 runs at rate 0 and every later step at the rate of
-      the step before; present whenever a side of each framework runs and a step moves;
+      the step before; present wherever exactly one side runs ``CosineDecay``
+      (:func:`_runs_cosine_decay`: also between two TensorFlow sides, a Keras optimizer against a rule
+      written out) and a step moves;
     * torch's recursion (known, no mapping): ``LinearLR`` and ``CosineAnnealingLR`` compute each
       rate from the last, within about 1e-14 relative of the closed form over 2,000 steps
-      (measured, ``torchref.optimizers``), far below the float64 bound: named in float64.
+      (measured, ``torchref.optimizers``), far below the float64 bound: named in float64 where a
+      torch side runs them against ``CosineDecay``.
 
     Neither under ``torch`` or ``tf`` semantics: both sides then compute the contract's curve
     (``protocol.hyper.cosine_lr``) in closed form.
@@ -905,20 +923,29 @@ def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, abs
     if (opt.get("schedule") or {}).get("kind") != "warmup_cosine" or plugins_only(opt):
         return []
     fa, fb = _framework(a), _framework(b)
-    if opt["semantics"] != "native" or fa == fb:
+    late = [x for x in (a, b) if _runs_cosine_decay(spec, x, own_schedule)]
+    if len(late) != 1:
         if opt["semantics"] != "native" and fa != fb:
             absent.append(f"warmup_cosine one step late in Keras' CosineDecay: semantics {opt['semantics']} computes"
                           " the case's curve on both sides")
+        elif opt["semantics"] == "native" and (fa != fb or late):
+            absent.append("warmup_cosine one step late in Keras' CosineDecay: " + (
+                "both sides run it" if late else
+                f"neither side runs it ({', '.join(x for x in (a, b) if x in own_schedule)} computes its own rate)"))
         return []
     if not moves:
         absent.append("warmup_cosine one step late in Keras' CosineDecay: no step moves the parameters")
         return []
+    other = b if late[0] == a else a
     k, d = opt["schedule"]["warmup_steps"], opt["schedule"]["decay_steps"]
+    against = ("torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate"
+               if _framework(other) == "torch" and other not in own_schedule else
+               f"{other} computes its own rate (a rule written out: the case's curve)")
     out = [_diff(
         "warmup_cosine one step late in Keras' CosineDecay: it reads iterations (0 at the first update), so"
         f" step t runs at the case's rate of step t - 1 (step 1 at 0, lr first at step {k + 1}, min_lr from step"
-        f" {k + d + 1}); torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate", mapping="optimizer")]
-    if spec["dtype"] == "float64":
+        f" {k + d + 1}); {against}", mapping="optimizer")]
+    if spec["dtype"] == "float64" and _framework(other) == "torch" and other not in own_schedule:
         out.append(_diff(
             "torch's LinearLR and CosineAnnealingLR are recursive (each rate from the last): within about 1e-14"
             " relative of the closed-form curve over 2,000 steps, below the float64 bound", expected=False))

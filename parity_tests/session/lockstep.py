@@ -727,12 +727,12 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         return refine
 
     held = held_roundings(impls, free_result.trajectories, dtype)
-    own = own_rules(impls, free_result.trajectories, dtype)
+    own = own_schedule = own_rules(impls, free_result.trajectories, dtype)  # (theory.predict's own_schedule)
     if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
         own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
     pairs = []
     for impl in impls[1:]:
-        pred = predict(f64.spec, ref, impl, held=held, own=own)
+        pred = predict(f64.spec, ref, impl, held=held, own=own, own_schedule=own_schedule)
         mapping = choose_mapping(f64.spec, ref, impl, pred, held, own)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":
