@@ -902,7 +902,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
 
 
 def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
-                 m: SideMapping) -> tuple[Verdict | None, str | None]:
+                 m: SideMapping, apart: str | None = None) -> tuple[Verdict | None, str | None]:
     """What the stand-in's leg says of a residual judged through it: ``(decides, not_judged)``.
 
     ``plain``: the plugin ``m.side`` judged against its stand-in ``m.runs_as`` as it runs (the
@@ -918,10 +918,17 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
       residual, a divergence naming the plugin;
     * ``(None, reason)``: they part before it (the loss, the gradients: a loss term no case field
       expresses): the stand-in computes another program, its mapped leg says nothing about the
-      pair, and no residual is judged (``reason`` starts with :data:`NOT_EQUIVALENT`).
+      pair, and no residual is judged (``reason`` starts with :data:`NOT_EQUIVALENT`). Likewise
+      where they part anywhere and theory predicts that they do (``apart``: its expected
+      differences between the stand-in and the plugin, e.g. Keras' ``CosineDecay`` a step late in
+      the built-in, the plugin's own rate on the curve): a known difference of the stand-in is not
+      the plugin's fault, and the stand-in is no equivalent run.
     """
     if plain.status == "parity":
         return None, None
+    if apart and plain.status != "inconclusive":  # the stand-in differs by what theory predicts: not equivalent
+        return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
+                      f" computes, as predicted ({apart}; {plain.status} by {plain.rule}, gap {plain.gap:.3g})")
     # inconclusive is no showing: where nothing moves the vacuity rule reports a loss that differs (a loss term
     # the stand-in lacks: the L2 program at lr 1e-7, whose stand-in's mapped leg then made a divergence)
     if plain.status != "inconclusive" and stage() == "update":
@@ -1225,6 +1232,7 @@ def compare_case(
     preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own, own_schedule=own_schedule,
                            scales=scales if rules.get(impl) == "float64" else None) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
+    apart: dict[tuple[str, str], str] = {}  # a stand-in and its plugin: what theory expects to differ between them
     exact: dict[str, tuple[ExactScale, ...]] = {}  # per pair, its programs rerun with the loss scale exact
     second: list[_Run] = []
     for impl in impls[1:]:
@@ -1243,6 +1251,11 @@ def compare_case(
         second.extend(_Run(m.runs_as, d, m, serves=m) for d in needed)
         if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
             second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
+            plain_spec = m.plain.apply(case.replace(dtype=theory_spec["dtype"])).spec if m.plain else theory_spec
+            differs = predict(plain_spec, m.runs_as, m.side, held=rounding, kernels=tf_kernels, own=own,
+                              own_schedule=own_schedule).expected
+            if differs:
+                apart[(m.runs_as, m.side)] = "; ".join(t.split(":")[0] for t in differs)
     grads_from = _grads_source(case, impls, rules, trajs, refused)
     if grads_from is not None:
         second.append(_Run(grads_from, "float64", required=False))
@@ -1254,7 +1267,7 @@ def compare_case(
         bar.close()
     grads = [trajs[f"{grads_from}@float64"]] if grads_from is not None and f"{grads_from}@float64" in trajs else []
 
-    judged = _Judged(case, variants, rules, trajs, mapped_cases, grads, runner, stages, beside=beside)
+    judged = _Judged(case, variants, rules, trajs, mapped_cases, grads, runner, stages, beside=beside, apart=apart)
     for impl, ex in exact.items():  # a rerun that could not be made: that pair's loss scale is not mapped
         if any(e.ident in unmappable or f"{e.side}@{dtype}{e.key}" not in trajs for e in ex):
             exact[impl] = ()
@@ -1290,6 +1303,8 @@ class _Judged:
     stages: bool
     captured: dict[Any, dict[str, np.ndarray]] = field(default_factory=dict)
     beside: bool = False  # capture runs of a TensorFlow and a torch side at once (the default runner, room for both)
+    #: (stand-in, plugin) -> the differences theory expects between them as the stand-in runs (:func:`stand_in_leg`)
+    apart: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def side(self, name: str, suffix: str = "") -> Side:
         """``name``'s runs (``suffix``: a mapping's key for its mapped runs)."""
@@ -1365,7 +1380,8 @@ class _Judged:
         if m.stand_in:
             own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
             plain = self.verdict(ref, impl, stand, own)
-            decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m)
+            decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m,
+                                               self.apart.get((m.runs_as, m.side)))
             if decides is not None:
                 return decides, (stand, own), None
             if not_judged is not None:

@@ -326,6 +326,21 @@ def test_keras_cosine_decay_against_a_tensorflow_rule_written_out_is_the_expecte
 
 
 @pytest.mark.usefixtures("pool")
+def test_a_stand_in_that_differs_as_predicted_makes_no_divergence():
+    """The default hunt of 2adafb3's 13 schedule false alarms: a rule written out (tf_side's stack_mean, its rate on the
+    curve) against torch at parity (gap 0), where theory names a possible difference (clip_grad_norm_'s 1e-6) and
+    maps it through tf.towers standing in for the plugin. The stand-in runs Keras' CosineDecay, a step late: it parts
+    from the plugin at the update, which the stand-in leg called the plugin's own wrong rule, a divergence. Theory
+    predicts that lateness between them: the stand-in is no equivalent run, and the pair stays at parity."""
+    opt = {"name": "sgd", "lr": 0.001, "semantics": "native", "schedule": COSINE}
+    case = make(MLP, **{**BASE, "steps": 1, "dtype": "float32"}, optimizer=opt,
+                parallel__clip={"global_norm": 0.5, "where": "after_combine"})
+    pair = _judge(case, [torch("single"), tf("stack_mean")]).pairs[0]
+    assert pair.verdict.status == "parity", pair.verdict.detail
+    assert "as predicted (warmup_cosine one step late in Keras' CosineDecay" in (pair.residual_not_judged or "")
+
+
+@pytest.mark.usefixtures("pool")
 @pytest.mark.parametrize(("a", "b"), [
     (program("keras_fit"), torch("ddp")),
     (program("keras_fit_floatx"), program("keras_fit")),  # set_floatx alone: what a fresh Python runs
