@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.specs import param_specs
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.protocol.rows import RowList, remove_files, spill_threshold
@@ -669,8 +670,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         return traj
 
     torch_side = target.kind in ("distributed", "single")
-    return Implementation(
-        impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single", dtypes=target.dtypes,
-        run=run_torch if torch_side else run_tensorflow, description=f"plugin {target.name} ({KINDS[target.kind]})",
-        plugin=target, keras=target.keras, captures=True,
-    )
+    declared = EngineSpec(impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single",
+                          dtypes=target.dtypes, keras=target.keras, captures=True,
+                          description=f"plugin {target.name} ({KINDS[target.kind]})")
+    return Implementation(declared, run_torch if torch_side else run_tensorflow, plugin=target)
