@@ -36,7 +36,6 @@ the explanation says which channels were compared.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -46,12 +45,12 @@ from parity_tests.contract.paths import describe, execution_key
 from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.compare import relative_gap
 from parity_tests.protocol.rows import RowArray, row_norms
+from parity_tests.protocol.trajectory import finding_data
 
 __all__ = ["STAGES", "localise", "row_gaps", "REFINABLE", "refinable", "stage_chain", "bound_at", "with_layer",
            "float32_sized", "FLOAT32_U"]
 
 STAGES = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip", "update", "state", "record")
-_REPLICA = re.compile(r"replicas diverged (?:at run\.begin\(\)|at step (\d+)): rank (\d+), parameter (\S+)")
 
 
 def row_gaps(a: Any, b: Any) -> np.ndarray:
@@ -155,14 +154,11 @@ def _result(step: int | None, stage: str | None, device: int | None, name: str |
             "gap": finite(gap), "bound": finite(bound), "explanation": explanation}
 
 
-#: what ``running.plugins.replica_divergence`` says of each rank's applied gradient (``run.record(grads=...)``)
-_APPLIED = re.compile(r"the gradient applied at step (\d+) differs between the ranks: \|g\| of (\S+) rank 0 (\S+), (.*)$")
-_RANK_NORM = re.compile(r"rank (\d+) (\S+) \(")
+def _replicas(finding: str, found: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The localisation of DDP replicas out of sync (``finding``: the replica check's line; ``found``: its data).
 
-
-def _replicas(finding: str, step: int, rank: int, name: str, a: Mapping[str, Any], b: Mapping[str, Any]
-              ) -> dict[str, Any]:
-    """The localisation of DDP replicas out of sync (``finding``: the replica check's line, first at ``step``).
+    ``found`` (``running.plugins.replica_divergence``): ``step`` (first row apart, 0 = ``run.begin()``),
+    ``rank``, ``name``, ``norms`` (``[[rank, |g|], ...]`` or ``None``): read as data, never from the line.
 
     Only rank 0's trajectory comes back from a DDP plugin; the other ranks send digests of their
     parameters and the norm of each gradient they applied. Where those norms differ between the ranks,
@@ -176,13 +172,13 @@ def _replicas(finding: str, step: int, rank: int, name: str, a: Mapping[str, Any
     (:func:`refinable`): it compares one side's devices with the other's, not one rank's applied gradient
     with another's, and a DDP communication hook captures a rank's gradients only on a synchronising backward.
     """
-    applied = _APPLIED.search(finding)
-    if applied is None or step < 1:
+    step, rank, name = int(found["step"]), int(found["rank"]), str(found["name"])
+    norms = [(int(r), float(g)) for r, g in found.get("norms") or ()]
+    g0 = norms[0][1] if norms else 0.0
+    if step < 1 or len(norms) < 2 or all(g == g0 for _, g in norms[1:]):  # no gradient, or every rank the same
         out = _result(step, "update", rank, name, float("nan"), 0.0, f"step {step}: {finding}")
         out["ranks"] = {"name": name, "norms": None}
         return out
-    g0 = float(applied.group(3))
-    norms = [(0, g0)] + [(int(r), float(v)) for r, v in _RANK_NORM.findall(applied.group(4))]
     gap = max(abs(g - g0) / max(abs(g), abs(g0)) for _, g in norms[1:])
     apart = ", ".join(f"rank {r} {g:.4g} ({g / g0:.3g}x rank 0's)" for r, g in norms[1:])
     key = f"grad/{name}"
@@ -215,9 +211,9 @@ def localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[s
 def _localise(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
     """:func:`localise` before the note on gaps of float32 size."""
     for finding in [*getattr(a, "findings", ()), *getattr(b, "findings", ())]:
-        m = _REPLICA.search(finding)
-        if m:
-            return _replicas(finding, int(m.group(1) or 0), int(m.group(2)), m.group(3), a, b)
+        found = finding_data(finding)
+        if found.get("kind") == "replicas":
+            return _replicas(finding, found, a, b)
     steps = len(a.get("loss", ())) if "loss" in a else 0
     params, grads, states = (_channel(a, b, prefix) for prefix in ("param/", "grad/", "state/"))
     has_grads = bool(grads)

@@ -299,7 +299,7 @@ def loss_scale_difference(spec: dict[str, Any], a: Impl, b: Impl,
 
 def predict(spec: dict[str, Any], a: Impl, b: Impl, *, held: Mapping[str, str | None] | None = None,
             kernels: Mapping[str, Mapping[str, Any]] | None = None, own: Collection[str] = (),
-            scales: Mapping[str, float | None] | None = None) -> Prediction:
+            scales: Mapping[str, float | None] | None = None, own_schedule: Collection[str] = ()) -> Prediction:
     """Predicted differences between implementations ``a`` and ``b`` (their :class:`EngineSpec` s) on a validated case.
 
     Each prediction holds at the case's values: a difference whose size these values
@@ -328,6 +328,11 @@ def predict(spec: dict[str, Any], a: Impl, b: Impl, *, held: Mapping[str, str | 
 
     ``scales``: for TensorFlow plugins that have run, the factor Keras' distribution loss scale
     put on their float64 losses and gradients (:func:`loss_scale_difference`), read from the run.
+
+    ``own_schedule``: the plugins whose learning rate is their own code's: every plugin that made no
+    optimizer of its framework (``session.comparison.own_rules``), also one whose written-out rule was
+    found to be its framework's class (``follows_its_class``, which takes it out of ``own``). Its
+    rate is its code's, not Keras' ``CosineDecay``: :func:`_schedule_differences`.
     """
     a, b = engine(a), engine(b)
     held = held or {}
@@ -366,8 +371,8 @@ def predict(spec: dict[str, Any], a: Impl, b: Impl, *, held: Mapping[str, str | 
                       + ", and theory predicts no difference of the optimizer for it")
     elif known_opt and opt["semantics"] == "native" and fa != fb:
         found.extend(_native_optimizer_differences(spec, moves, absent))
-    if not writes:  # Keras' CosineDecay is a Keras optimizer's schedule: a rule written by hand has its own
-        found.extend(_schedule_differences(spec, a, b, moves, absent))
+    # Keras' CosineDecay is a Keras optimizer's schedule: a rule written by hand has its own
+    found.extend(_schedule_differences(spec, a, b, moves, absent, {*own, *own_schedule}))
     if known_opt and opt["semantics"] in ("native", "tf") and spec["dtype"] == "float64":
         # under ``tf`` too: a plugin's Keras class rounds as Keras does, whatever the case says the rule is
         ra, rb = (_keras_rounded(spec, _held(x, held, spec)) for x in (a, b))
@@ -880,19 +885,32 @@ def decays_any(spec: dict[str, Any]) -> bool:
     return len(no_decay_names(opt, names)) < len(names)
 
 
-def _schedule_differences(spec: dict[str, Any], a: EngineSpec, b: EngineSpec, moves: bool, absent: list[str]) -> list[Difference]:
+def _runs_cosine_decay(spec: Mapping[str, Any], impl: EngineSpec, own_schedule: Collection[str]) -> bool:
+    """Whether ``impl`` runs Keras' ``CosineDecay`` for the case's ``warmup_cosine``: a TensorFlow side with a
+    Keras optimizer (a built-in, or a plugin that made one) under ``native``. A side whose rate is its own
+    code's (``own_schedule``), a torch side, and every side under ``torch`` or ``tf`` compute the curve."""
+    return (spec["optimizer"]["semantics"] == "native" and impl.framework == "tf"
+            and impl.optimizer_family != "tf.compat.v1" and impl.name not in own_schedule)
+
+
+def _schedule_differences(spec: dict[str, Any], a: EngineSpec, b: EngineSpec, moves: bool, absent: list[str],
+                          own_schedule: Collection[str] = ()) -> list[Difference]:
     """What the frameworks' own ``warmup_cosine`` classes do differently (docs/framework-differences.md, "Warm-up + cosine").
 
-    Under ``native`` the TensorFlow side runs Keras' ``CosineDecay`` and the torch side torch's
-    ``SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR)`` (``tfpar.optimizers.keras_schedule``,
-    ``torchref.optimizers.warmup_cosine_scheduler``):
+    Under ``native`` a TensorFlow side with a Keras optimizer runs Keras' ``CosineDecay`` and the torch
+    side torch's ``SequentialLR(LinearLR, CosineAnnealingLR, ConstantLR)`` (``tfpar.optimizers.keras_schedule``,
+    ``torchref.optimizers.warmup_cosine_scheduler``); a plugin that writes its rule out computes its own
+    rate (``own_schedule``: the case's curve, as far as the tool knows):
 
     * Keras one step late (expected, ``mapping="optimizer"``): ``CosineDecay`` evaluates the
       curve at ``iterations = t - 1``, so step 1 runs at rate 0 and every later step at the rate of
-      the step before; present whenever a side of each framework runs and a step moves;
+      the step before; present wherever exactly one side runs ``CosineDecay``
+      (:func:`_runs_cosine_decay`: also between two TensorFlow sides, a Keras optimizer against a rule
+      written out) and a step moves;
     * torch's recursion (known, no mapping): ``LinearLR`` and ``CosineAnnealingLR`` compute each
       rate from the last, within about 1e-14 relative of the closed form over 2,000 steps
-      (measured, ``torchref.optimizers``), far below the float64 bound: named in float64.
+      (measured, ``torchref.optimizers``), far below the float64 bound: named in float64 where a
+      torch side runs them against ``CosineDecay``.
 
     Neither under ``torch`` or ``tf`` semantics: both sides then compute the contract's curve
     (``protocol.hyper.cosine_lr``) in closed form.
@@ -901,20 +919,29 @@ def _schedule_differences(spec: dict[str, Any], a: EngineSpec, b: EngineSpec, mo
     if (opt.get("schedule") or {}).get("kind") != "warmup_cosine" or plugins_only(opt):
         return []
     fa, fb = a.framework, b.framework
-    if opt["semantics"] != "native" or fa == fb:
+    late = [x for x in (a, b) if _runs_cosine_decay(spec, x, own_schedule)]
+    if len(late) != 1:
         if opt["semantics"] != "native" and fa != fb:
             absent.append(f"warmup_cosine one step late in Keras' CosineDecay: semantics {opt['semantics']} computes"
                           " the case's curve on both sides")
+        elif opt["semantics"] == "native" and (fa != fb or late):
+            absent.append("warmup_cosine one step late in Keras' CosineDecay: " + (
+                "both sides run it" if late else
+                f"neither side runs it ({', '.join(x.name for x in (a, b) if x.name in own_schedule)} computes its own rate)"))
         return []
     if not moves:
         absent.append("warmup_cosine one step late in Keras' CosineDecay: no step moves the parameters")
         return []
+    other = b if late[0] is a else a
     k, d = opt["schedule"]["warmup_steps"], opt["schedule"]["decay_steps"]
+    against = ("torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate"
+               if other.framework == "torch" and other.name not in own_schedule else
+               f"{other.name} computes its own rate (a rule written out: the case's curve)")
     out = [_diff(
         "warmup_cosine one step late in Keras' CosineDecay: it reads iterations (0 at the first update), so"
         f" step t runs at the case's rate of step t - 1 (step 1 at 0, lr first at step {k + 1}, min_lr from step"
-        f" {k + d + 1}); torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate", mapping="optimizer")]
-    if spec["dtype"] == "float64":
+        f" {k + d + 1}); {against}", mapping="optimizer")]
+    if spec["dtype"] == "float64" and other.framework == "torch" and other.name not in own_schedule:
         out.append(_diff(
             "torch's LinearLR and CosineAnnealingLR are recursive (each rate from the last): within about 1e-14"
             " relative of the closed-form curve over 2,000 steps, below the float64 bound", expected=False))

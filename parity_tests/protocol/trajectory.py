@@ -17,9 +17,32 @@ import numpy as np
 from parity_tests.protocol.atomic import atomic_write_npz
 from parity_tests.protocol.errors import CaseError
 
-__all__ = ["Trajectory", "save_trajectory", "load_trajectory", "check_trajectory", "key_order", "step_of_row"]
+__all__ = ["Finding", "finding_data", "Trajectory", "save_trajectory", "load_trajectory", "check_trajectory", "key_order", "step_of_row"]
 
 _PREFIXES = ("param/", "grad/", "state/")
+
+
+class Finding(str):
+    """One line of :attr:`Trajectory.findings` (what a person reads), with what it found as data.
+
+    ``data``: JSON-able facts the judge reads instead of the line, e.g. DDP replicas out of sync
+    (``running.plugins.replica_divergence``): ``{"kind": "replicas", "step": k, "rank": r, "name": n,
+    "norms": [[rank, |g|], ...] or None}`` (``step`` 0 is ``run.begin()``). A plain ``str`` finding
+    has none (``data == {}``). A finding stays a ``str`` wherever one is expected; a manifest keeps
+    the line under ``findings`` and the data beside it (``finding_data``), and pickling keeps both.
+    """
+
+    data: dict[str, Any]
+
+    def __new__(cls, line: str, data: dict[str, Any] | None = None) -> Finding:
+        out = super().__new__(cls, line)
+        out.data = dict(data or {})
+        return out
+
+
+def finding_data(found: Any) -> dict[str, Any]:
+    """``found``'s data (:class:`Finding`), ``{}`` for a plain line."""
+    return dict(getattr(found, "data", None) or {})
 
 
 class Trajectory(dict):

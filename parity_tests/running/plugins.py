@@ -33,7 +33,7 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import plugins_only
 from parity_tests.protocol.plugin_mark import KINDS, MARK, describe
 from parity_tests.protocol.rows import RowList, remove_files, spill_threshold
-from parity_tests.protocol.trajectory import Trajectory
+from parity_tests.protocol.trajectory import Finding, Trajectory
 from parity_tests.running.backends import RunError
 from parity_tests.running.frameworks import missing_module, require
 
@@ -252,11 +252,16 @@ def assemble(records: Mapping[str, Any], spec: Mapping[str, Any], initial: Mappi
     return traj
 
 
-def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
+def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> Finding | None:
     """The first place where a rank's parameters differ bitwise from rank 0's, as a finding, or ``None``.
 
-    ``ranks[r]["digests"]``: per row (row 0 = ``run.begin``, row k = after step k) ``{name: digest}``.
-    A rank that recorded a different number of steps than rank 0 is bad input (``CaseError``).
+    ``ranks[r]["digests"]``: per row (row 0 = ``run.begin``, row k = after step k) ``{name: digest}``;
+    ``ranks[r]["grad_norms"]`` (optional): per step ``{name: |g|}`` of the gradient the rank applied.
+    The finding's line says it for a person; its data (``protocol.trajectory.Finding``) says it for the
+    judge: ``{"kind": "replicas", "step", "rank", "name", "norms"}`` with ``norms`` ``[[rank, |g|], ...]``
+    (rank 0 and every rank whose norm differs; every rank where none does) or ``None`` where the ranks
+    recorded no gradient. A rank that recorded a different number of steps than rank 0 is bad input
+    (``CaseError``).
     """
     want = ranks[0]["digests"]
     for r, rec in enumerate(ranks[1:], start=1):
@@ -268,26 +273,33 @@ def replica_divergence(ranks: list[Mapping[str, Any]], impl: str) -> str | None:
             for n in sorted(names):
                 if rec["digests"][row].get(n) != names[n]:
                     when = "at run.begin()" if row == 0 else f"at step {row}"
-                    return (f"replicas diverged {when}: rank {r}, parameter {n} (not bitwise equal to rank 0's;"
-                            " DDP keeps every replica identical, so some update bypassed it)" + _applied(ranks, row, n))
+                    text, norms = _applied(ranks, row, n)
+                    return Finding(f"replicas diverged {when}: rank {r}, parameter {n} (not bitwise equal to rank 0's;"
+                                   " DDP keeps every replica identical, so some update bypassed it)" + text,
+                                   {"kind": "replicas", "step": row, "rank": r, "name": n, "norms": norms})
     return None
 
 
-def _applied(ranks: list[Mapping[str, Any]], row: int, name: str) -> str:
-    """Which ranks applied which gradient at step ``row``: each rank's ``|g|`` of ``name`` (``run.record(grads=...)``),
-    the ranks that differ from rank 0's, and by how much; ``""`` where the ranks recorded no gradient."""
+def _applied(ranks: list[Mapping[str, Any]], row: int, name: str) -> tuple[str, list[list[float]] | None]:
+    """Which ranks applied which gradient at step ``row``: the line's words and ``[[rank, |g|], ...]``.
+
+    The norms: each rank's ``|g|`` of ``name`` (``run.record(grads=...)``), rank 0 first, then the ranks
+    that differ from it (every rank where none does); ``("", None)`` where the ranks recorded no gradient.
+    """
     norms = [rec.get("grad_norms") or [] for rec in ranks]
     if row < 1 or any(len(x) < row or name not in x[row - 1] for x in norms):
-        return ""
+        return "", None
     g = [x[row - 1][name] for x in norms]
     if g[0] == 0.0:
-        return ""
+        return "", None
     apart = [r for r in range(1, len(g)) if g[r] != g[0]]
     if not apart:
-        return f"; every rank applied a gradient of the same norm in {name} at step {row} ({g[0]:.4g})"
+        return (f"; every rank applied a gradient of the same norm in {name} at step {row} ({g[0]:.4g})",
+                [[r, float(v)] for r, v in enumerate(g)])
     shown = ", ".join(f"rank {r} {g[r]:.4g} ({g[r] / g[0]:.3g}x)" for r in apart[:8])
-    return (f"; the gradient applied at step {row} differs between the ranks: |g| of {name} rank 0 {g[0]:.4g}, "
-            f"{shown}" + (f" and {len(apart) - 8} more" if len(apart) > 8 else ""))
+    return ((f"; the gradient applied at step {row} differs between the ranks: |g| of {name} rank 0 {g[0]:.4g}, "
+             f"{shown}" + (f" and {len(apart) - 8} more" if len(apart) > 8 else "")),
+            [[0, float(g[0])]] + [[r, float(g[r])] for r in apart])
 
 
 _RAISED = re.compile(r"PluginRaised: ((?:at|before|after) step \d+): (.*)$")

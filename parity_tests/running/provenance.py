@@ -18,7 +18,7 @@ import numpy as np
 
 from parity_tests.contract.case import Case
 from parity_tests.protocol import settings
-from parity_tests.protocol.trajectory import key_order
+from parity_tests.protocol.trajectory import finding_data, key_order
 from parity_tests.running.cpu import cpu_facts
 from parity_tests.running.environment import versions
 from parity_tests.running.gpu import flatten, gpu_facts
@@ -110,6 +110,7 @@ def build_manifest(case: Case, impl: str, traj: dict[str, np.ndarray], trajector
         "trajectory_file": trajectory_file,
         "trajectory": {k: array_digest(traj[k]) for k in sorted(traj, key=key_order)},
         "findings": list(getattr(traj, "findings", [])),  # divergences within the run (DDP replicas out of sync)
+        "finding_data": [finding_data(f) for f in getattr(traj, "findings", [])],  # what the judge reads of each
     }
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.errors import CaseError
-from parity_tests.protocol.trajectory import Trajectory, load_trajectory
+from parity_tests.protocol.trajectory import Finding, Trajectory, load_trajectory
 from parity_tests.running.builtins import SPECS
 from parity_tests.running.implementation import Implementation
 from parity_tests.running.manifest import _inputs, array_digest, load_manifest, manifest_path
@@ -154,7 +154,9 @@ def recorded_implementation(name: str, field: str = "--impls") -> Implementation
                " cannot make)" if dtype == "mixed_bfloat16" else "")
         raise CaseError(field, f"a manifest whose case dtype is float32 or float64{why}; {mpath.name} has {dtype!r}", name)
     keras = bool(info.get("keras", info.get("kind") == "builtin" and info["framework"] == "tf"))
-    findings = [str(f) for f in m.get("findings") or []]
+    data = m.get("finding_data") or []  # each finding's data (protocol.trajectory.Finding), where recorded
+    findings = [Finding(str(f), data[i] if i < len(data) and isinstance(data[i], dict) else None)
+                for i, f in enumerate(m.get("findings") or [])]
 
     def run(case: Case, progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
         found = case_difference(m, case)

@@ -823,14 +823,14 @@ def follows_its_class(own: Mapping[str, str], float64_run: Callable[[str, Mappin
     leaves ``own``); apart, or where it cannot run float64, its rule stays its own (a TF program
     with torch's AdamW by hand parts from Keras' AdamW at the first update). A plugin whose run
     parts from the built-in for another reason (a loss term the case cannot express) stays too:
-    theory then predicts no optimizer difference for it, as before this check. Not under a
-    learning-rate schedule: the built-in's class rule there follows the case's curve, where Keras'
-    own class (``CosineDecay``) runs one step late, so parity would not say which the plugin is.
+    theory then predicts no optimizer difference for it, as before this check. Under a
+    learning-rate schedule the built-in's class rule follows the case's curve, as a rule written out
+    does: parity there says the plugin's update rule is the class's and its rate the curve, not
+    Keras' ``CosineDecay`` (one step late), so its schedule stays its own (theory's ``own_schedule``:
+    every plugin of ``own_rules``, whatever this check finds).
     """
     from parity_tests.judging.rules import judge_float64
 
-    if (spec["optimizer"].get("schedule") or {}).get("kind", "constant") != "constant":
-        return dict(own)
     out = dict(own)
     for impl in own:
         found = _declared(impl)
@@ -1217,13 +1217,14 @@ def compare_case(
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras
     # optimizer says what it held), and a gradient for the loss channel where no side records one
     rounding = held_roundings(impls, trajs, dtype)
-    own = own_rules(impls, trajs, dtype)
+    own = own_schedule = own_rules(impls, trajs, dtype)  # own_schedule: their rates are their code's (theory)
     if "external" not in case.spec["model"]:  # (no built-in runs an external model)
         own = follows_its_class(own, rule_runs(trajs, runner, variants["float64"]), case.spec)
     # Keras' distribution loss scale, read from each float64 run: a pair judged without float64 runs (the
     # perturbation rule) sees only float32 runs, whose float32(1/N) is float32 arithmetic's own
     scales = loss_scales(impls, trajs)
     preds = {impl: predict(theory_spec, engine(ref), engine(impl), held=rounding, kernels=tf_kernels, own=own,
+                           own_schedule=own_schedule,
                            scales=scales if rules.get(impl) == "float64" else None) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     exact: dict[str, tuple[ExactScale, ...]] = {}  # per pair, its programs rerun with the loss scale exact

@@ -76,7 +76,7 @@ from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import nested_state
-from parity_tests.protocol.trajectory import Trajectory
+from parity_tests.protocol.trajectory import Finding, Trajectory, finding_data
 from parity_tests.running import registry
 from parity_tests.running.builtins import SPECS
 from parity_tests.running.harness import check_refusals, run_impl
@@ -507,9 +507,10 @@ def free_findings(free: CaseResult, impl: str) -> dict[int, list[str]]:
         if not key.startswith(f"{impl}@"):
             continue
         for found in getattr(traj, "findings", ()):
-            m = _FOUND_AT.search(found)
-            step = int(m.group(1)) if m and m.group(1) else 1
-            line = f"in the free run ({key}): {found}"
+            data = finding_data(found)
+            m = _FOUND_AT.search(found) if "step" not in data else None  # a finding without data: its line
+            step = max(int(data["step"]), 1) if "step" in data else int(m.group(1)) if m and m.group(1) else 1
+            line = Finding(f"in the free run ({key}): {found}", data)
             if found not in " ".join(out.get(step, [])):  # each run of it (float32, float64) finds the same
                 out.setdefault(step, []).append(line)
     return out
@@ -726,12 +727,12 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         return refine
 
     held = held_roundings(impls, free_result.trajectories, dtype)
-    own = own_rules(impls, free_result.trajectories, dtype)
+    own = own_schedule = own_rules(impls, free_result.trajectories, dtype)  # (theory.predict's own_schedule)
     if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
         own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
     pairs = []
     for impl in impls[1:]:
-        pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own)
+        pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own, own_schedule=own_schedule)
         mapping = choose_mapping(f64.spec, ref, impl, pred, held, own)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":

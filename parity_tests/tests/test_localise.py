@@ -12,7 +12,7 @@ import pytest
 
 from parity_tests.judging.localise import STAGES, localise, refinable
 from parity_tests.judging.rules import judge_float64
-from parity_tests.protocol.trajectory import Trajectory
+from parity_tests.protocol.trajectory import Finding, Trajectory
 
 
 def _run(steps: int = 5, *, lr=lambda k: 0.1, grad_scale=lambda k: 1.0, loss_scale=lambda k: 1.0,
@@ -66,20 +66,35 @@ def test_without_recorded_gradients_a_parameter_gap_is_the_update():
     assert (where["first_bad_step"], where["stage"]) == (2, "update") and "no gradient recorded" in where["explanation"]
 
 
+def _replica_finding(step: int, rank: int, name: str, norms: list[float] | None = None, steps: int = 3):
+    """The replica check's finding (running.plugins.replica_divergence, the real producer) for ranks whose
+    ``name`` parts from rank 0's on ``rank`` after ``step``; ``norms``: each rank's applied |g| at every step."""
+    from parity_tests.running.plugins import replica_divergence
+
+    n = len(norms) if norms is not None else max(rank + 1, 2)
+    ranks = []
+    for r in range(n):
+        digests = [{name: "same" if (r != rank or row < step) else "moved", "other": "same"} for row in range(steps + 1)]
+        rec = {"digests": digests}
+        if norms is not None:
+            rec["grad_norms"] = [{name: norms[r], "other": 1.0} for _ in range(steps)]
+        ranks.append(rec)
+    return replica_divergence(ranks, "x")
+
+
 def test_replicas_out_of_sync_name_the_rank():
     b = _run()
-    b.findings.append("replicas diverged at step 3: rank 2, parameter 1.bias (not bitwise equal to rank 0's)")
+    b.findings.append(_replica_finding(3, 2, "1.bias"))   # no gradient norms recorded
     where = _where(b)
     assert (where["first_bad_step"], where["stage"], where["device"], where["name"]) == (3, "update", 2, "1.bias")
+    assert where["ranks"] == {"name": "1.bias", "norms": None}
 
 
 def test_ranks_that_applied_different_gradients_are_the_combined_gradient_of_a_rank():
-    # the replica check's line (running.plugins.replica_divergence) where the ranks' applied norms differ:
-    # the bug is each rank's gradient (FunASR #3472), not the optimizer's step; the chain may not replace it
+    # the ranks' applied norms differ: the bug is each rank's gradient (FunASR #3472), not the optimizer's
+    # step; the chain may not replace it
     b = _run()
-    b.findings.append("replicas diverged at step 2: rank 1, parameter 0.kernel (not bitwise equal to rank 0's; DDP"
-                      " keeps every replica identical, so some update bypassed it); the gradient applied at step 2"
-                      " differs between the ranks: |g| of 0.kernel rank 0 4, rank 1 7 (1.75x), rank 3 2 (0.5x)")
+    b.findings.append(_replica_finding(2, 1, "0.kernel", [4.0, 7.0, 4.0, 2.0]))
     where = _where(b)
     assert (where["first_bad_step"], where["stage"], where["device"], where["name"]) == (2, "combined_grads", 1,
                                                                                          "0.kernel"), where
@@ -90,10 +105,24 @@ def test_ranks_that_applied_different_gradients_are_the_combined_gradient_of_a_r
     assert not refinable(where, _run(), b)
     # the same norms on every rank (a rank skipped its step): the optimizer's step, as before
     c = _run()
-    c.findings.append("replicas diverged at step 2: rank 1, parameter 0.kernel (not bitwise equal to rank 0's);"
-                      " every rank applied a gradient of the same norm in 0.kernel at step 2 (4)")
+    c.findings.append(_replica_finding(2, 1, "0.kernel", [4.0, 4.0]))
     same = _where(c)
     assert (same["stage"], same["device"]) == ("update", 1) and not refinable(same, _run(), c)
+    assert same["ranks"] == {"name": "0.kernel", "norms": None}
+
+
+def test_a_replica_finding_is_read_as_data_not_from_its_line():
+    # the judge reads the finding's data: a line reworded (or translated, or cut by a log) localises the same,
+    # and a line alone (no data) names no rank: nothing is parsed out of text
+    found = _replica_finding(2, 1, "0.kernel", [4.0, 7.0])
+    b = _run()
+    b.findings.append(Finding("replicas out of sync (reworded)", found.data))
+    where = _where(b)
+    assert (where["first_bad_step"], where["stage"], where["device"]) == (2, "combined_grads", 1), where
+    assert where["ranks"]["norms"] == [[0, 4.0], [1, 7.0]]
+    plain = _run()
+    plain.findings.append(str(found))   # the same words, no data
+    assert _where(plain).get("ranks") is None
 
 
 def test_parity_localises_nothing():

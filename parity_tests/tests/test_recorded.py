@@ -138,7 +138,7 @@ def test_matching_names_nested_fields_and_keeps_findings(tmp_path):
     impl = resolve(f"recorded:{out}")
     assert (impl.framework, impl.keras) == ("torch", False)
     traj = impl.run(case, None)
-    assert traj.findings == ["rank 2 out of sync at step 3"]
+    assert traj.findings == ["rank 2 out of sync at step 3"] and traj.findings[0].data == {}
     np.testing.assert_array_equal(traj["loss"], np.linspace(1.0, 0.5, 4))
     with pytest.raises(CaseError, match=r"recorded run's model\.layers\[0\]\.units is 10, this case's 11"):
         impl.run(make(MLP, **{"model__layers": [{"type": "dense", "units": 11, "activation": "relu"},
@@ -150,6 +150,17 @@ def test_matching_names_nested_fields_and_keeps_findings(tmp_path):
         x[0, 0] += 1.0
         impl.run(case_from_dict({**MLP, "data": {"arrays": True, "global_batch": 48}, "init": {"arrays": True}},
                                 x=x, y=case.y, init=case.init), None)
+
+
+def test_a_findings_data_survives_its_manifest(tmp_path):
+    # what the judge reads of a replica finding (step, rank, parameter, norms) is kept beside its line, not
+    # re-read from the words: a recorded run localises as the run itself did (judging.localise._replicas)
+    from parity_tests.protocol.trajectory import Finding
+
+    data = {"kind": "replicas", "step": 2, "rank": 1, "name": "0.kernel", "norms": [[0, 4.0], [1, 7.0]]}
+    out = _fake_record(tmp_path, make(MLP), findings=[Finding("replicas diverged at step 2: rank 1", data)])
+    traj = resolve(f"recorded:{out}").run(make(MLP), None)
+    assert traj.findings == ["replicas diverged at step 2: rank 1"] and traj.findings[0].data == data
 
 
 def test_keras_rounding_is_accepted_from_a_keras_run_only(tmp_path):

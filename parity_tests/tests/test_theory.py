@@ -139,6 +139,30 @@ def test_warmup_cosine_lateness_is_predicted_across_frameworks_only_and_never_ma
         "optimizer.semantics": "tf", "optimizer.keras_rounding": "none"}  # without a schedule it maps as before
 
 
+def test_warmup_cosine_lateness_is_predicted_where_exactly_one_side_runs_cosine_decay():
+    # between two TensorFlow sides too: a Keras optimizer (CosineDecay, a step late) against a plugin whose rate is its
+    # own code's (own_schedule: it made no Keras optimizer, whether or not its written-out rule is Keras' class)
+    from parity_tests.running.registry import resolve
+
+    spec = make(MLP, optimizer=dict(COSINE, semantics="native")).spec
+    own = f"{Path(__file__).parent / 'plugins' / 'mapping_tf.py'}:own_adamw"
+    resolve(own, "impls")
+    late = lambda pred: [d for d in pred.differences if "one step late" in d.text]  # noqa: E731
+    for a, b in (("tf.towers", own), (own, "tf.single")):
+        found = late(predict(spec, a, b, own_schedule=[own]))
+        assert len(found) == 1 and found[0].expected and f"{own} computes its own rate" in found[0].text, (a, b)
+        assert late(predict(spec, a, b, own=[own])), (a, b)          # its rule found its own: its rate too
+        assert not late(predict(spec, a, b))                         # a plugin with a Keras optimizer: both late
+        assert any("both sides run it" in x for x in predict(spec, a, b).absent)
+    # a TensorFlow rule written out against torch: neither runs CosineDecay (before: nothing said either way)
+    pred = predict(spec, own, "torch.ddp", own_schedule=[own])
+    assert not late(pred) and any("neither side runs it" in x for x in pred.absent)
+    # under tf or torch semantics every side computes the curve, a plugin's own or not
+    for sem in ("tf", "torch"):
+        s = make(MLP, optimizer=dict(COSINE, semantics=sem)).spec
+        assert not late(predict(s, "tf.towers", own, own_schedule=[own]))
+
+
 def test_theory_refuses_to_guess_what_an_undeclared_builtin_is():
     """Theory reads what engines declare (protocol.engine); a built-in's name that nothing declared in
     the process is a LookupError, never a silent guess (a non-parallel, non-Keras engine)."""

@@ -6,9 +6,11 @@ Origin (written anew, not copied): the token-mean loss of
 ``arctic_platform/integrations/verl/grpo_loss.py`` L169 (Snowflake-AI-Research/Arctic-Platform at
 5864380): ``masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size``, with ``batch_num_tokens`` the
 token count of the whole step over every rank. The ``* dp_size`` cancels DeepSpeed's average over the R
-ranks. ``_cortex_shared.to_cortex_fwd_bwd_payload`` forwarded ``batch_num_tokens`` but dropped ``dp_size``
-(PR #119; the stored version of that file, 0c1479b, is the fixed one, which passes ``dp_size`` on), so the
-zone computed with ``dp_size = 1``: the gradient exactly ``1/R`` of the true one, "a 4x colder learning
+ranks. ``arctic_platform/integrations/_cortex_shared.py``, ``to_cortex_fwd_bwd_payload`` (L25), forwarded
+``batch_num_tokens`` and ``global_batch_size`` but not ``dp_size`` (L74-76 at 60ba6bf, branch
+``sfc-gh-kganesan/skyrl-cortex-shim``, 2026-08-21; its docstring L7: "``dp_size`` is deliberately NOT sent";
+dropped by 17f1d3e, where 0c1479b and 47bf349 still sent it; PR #119, later than that history, put it back), so the zone computed with
+``dp_size = 1``: the gradient exactly ``1/R`` of the true one, "a 4x colder learning
 rate" at 4 ranks that Adam hides, until global-norm clipping acts (``||g|| > c`` for the true gradient
 but not for ``g / R``). Here a token is a row; the clip is torch's ``clip_grad_norm_`` after the all-reduce,
 at the case's ``parallel.clip.global_norm``.
