@@ -30,31 +30,24 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from parity_tests.protocol.errors import TfparError
+from parity_tests.protocol import plugin_mark
 from parity_tests.protocol.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.payload import EXACT_LOSS_SCALE
-from parity_tests.protocol.plugin_mark import DTYPES, MARK, PluginDeclarationError, check_dtypes
+from parity_tests.protocol.plugin_mark import (
+    DTYPES,
+    PluginDeclarationError,
+    PluginMark,
+    when_raised,
+)
 from parity_tests.protocol.plugin_run import RunBase, to_tf, to_torch
 from parity_tests.protocol.rows import remove_files
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginRaised", "tensorflow", "Run", "KerasLayerHooks",
            "to_torch", "to_tf", "run_plugin", "explain", "raised", "UNSEEDED"]
-
-@dataclass(frozen=True)
-class PluginMark:
-    """Where a plugin runs (``tensorflow``, ``distributed`` or ``single``) and the dtypes it can run."""
-
-    kind: str
-    dtypes: tuple[str, ...]
-    keras: bool = False  #: its optimizers are Keras' (the tool then maps Keras' float32 hyperparameters)
-    #: ``False``: it cannot run deterministically (op determinism is then off for its runs, and the
-    #: judge measures its run-to-run spread: docs/plugins.md "Determinism")
-    deterministic: bool = True
 
 
 def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras: bool = False,
@@ -75,16 +68,8 @@ def tensorflow(fn: Callable | None = None, *, dtypes: Any = ("float32",), keras:
             with TensorFlow's op determinism off, and the judge reruns it and judges against its
             measured run-to-run spread (docs/plugins.md "Determinism").
     """
-    checked = check_dtypes(dtypes, "tfpar.plugin.tensorflow")
-    for name, value in (("keras", keras), ("deterministic", deterministic)):
-        if not isinstance(value, bool):
-            raise PluginDeclarationError(f"tfpar.plugin.tensorflow({name}=...) takes True or False, got {value!r}")
-
-    def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark("tensorflow", checked, keras, deterministic))
-        return f
-
-    return mark(fn) if fn is not None else mark
+    return plugin_mark.decorator("tensorflow", "tfpar.plugin.tensorflow", fn, dtypes, keras=keras,
+                                 deterministic=deterministic)
 
 
 def _numpy(v: Any) -> np.ndarray:
@@ -419,24 +404,9 @@ class Run(NamedLayouts, RunBase):
                 "opt_export": self._export() if self._export_optimizer else None}
 
 
-class PluginRaised(TfparError, RuntimeError):
-    """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
-
-    Attributes:
-        step: the step it was on (recorded steps + 1; 0 before ``run.begin``).
-        when: ``"before step 1"`` (before ``run.begin``), ``"at step k"``, or ``"after step N"``
-            (every step recorded).
-        line: ``"KeyError: 'lr'"``, or for an unseeded random op under op determinism a line
-            saying what to do (:func:`explain`).
-        frames: the traceback of the user's own frames (``parity_tests.protocol.frames.user_traceback``).
-    """
-
-    def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
-        self.step, self.line, self.when, self.frames = step, line, when or f"at step {step}", frames
-        super().__init__(f"{self.when}: {line}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.line, self.when, self.frames))
+class PluginRaised(plugin_mark.PluginRaised):
+    """The plugin raised (:class:`parity_tests.protocol.plugin_mark.PluginRaised`); for an unseeded random op
+    under op determinism :attr:`line` says what to do (:func:`explain`)."""
 
 
 UNSEEDED = "Random ops require a seed to be set when determinism is enabled"
@@ -489,8 +459,8 @@ def raised(e: BaseException, begun: bool, recorded: int, steps: int) -> PluginRa
     """A :class:`PluginRaised` for ``e``, raised after ``run.begin`` (``begun``) and ``recorded`` steps."""
     from parity_tests.protocol.frames import user_traceback
 
-    when = "before step 1" if not begun else (f"after step {steps}" if recorded >= steps else f"at step {recorded + 1}")
-    return PluginRaised(recorded + 1 if begun else 0, explain(e), when, user_traceback(e))
+    step, when = when_raised(begun, recorded, steps)
+    return PluginRaised(step, explain(e), when, user_traceback(e))
 
 
 def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,86 +27,62 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
-import importlib.util
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from parity_tests.protocol import plugin_mark
 from parity_tests.protocol.errors import TfparError
 from parity_tests.protocol.layouts import LayoutError, NamedLayouts
-from parity_tests.protocol.plugin_mark import DTYPES, MARK, PluginDeclarationError, check_dtypes
+from parity_tests.protocol.plugin_mark import (
+    DTYPES,
+    PluginDeclarationError,
+    PluginMark,
+    when_raised,
+)
 from parity_tests.protocol.plugin_run import RunBase, merge_passes
 from parity_tests.protocol.plugin_run import to_tf as _to_tf_numpy
 from parity_tests.protocol.plugin_run import to_torch as _to_torch_numpy
 from parity_tests.protocol.rows import remove_files, set_spill_threshold, spill_threshold
 from parity_tests.protocol.shards import shard_rows
+from parity_tests.protocol.user_code import import_module
 
 from .pool import RankContext
 
 __all__ = ["DTYPES", "PluginMark", "PluginDeclarationError", "PluginInputError", "PluginRaised", "distributed",
            "single", "Run", "LayerHooks", "to_torch", "to_tf", "run_plugin_rank"]
 
+
 class PluginInputError(TfparError, RuntimeError):
     """The plugin cannot be run as named (bad input, reported with exit status 2)."""
 
 
-class PluginRaised(TfparError, RuntimeError):
-    """The plugin raised: when (``"at step 3"``, ``"before step 1"``), the exception's last line, the user's frames.
+class PluginRaised(plugin_mark.PluginRaised):
+    """The plugin raised (:class:`parity_tests.protocol.plugin_mark.PluginRaised`) on a rank.
 
     ``str(e)`` is ``"at step 3: KeyError: 'lr'"``; :attr:`report` is what the rank sends the
     parent instead of its own traceback: the user's frames (``parity_tests.protocol.frames``),
     then ``torchref.plugin.PluginRaised: at step 3: KeyError: 'lr'`` as the last line.
     """
 
-    def __init__(self, step: int, line: str, when: str = "", frames: str = "") -> None:
-        self.step, self.line, self.when, self.frames = step, line, when or f"at step {step}", frames
-        super().__init__(f"{self.when}: {line}")
-
     @property
     def report(self) -> str:
         return self.frames + f"torchref.plugin.PluginRaised: {self}"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.line, self.when, self.frames))
 
 
 def _raised(e: BaseException, run: Run) -> PluginRaised:
     from parity_tests.protocol.frames import last_line, user_traceback
 
-    begun, recorded = run._begun is not None, len(run._steps)
-    when = "before step 1" if not begun else (f"after step {run.steps}" if recorded >= run.steps
-                                                else f"at step {recorded + 1}")
-    return PluginRaised(recorded + 1 if begun else 0, last_line(e), when, user_traceback(e))
-
-
-@dataclass(frozen=True)
-class PluginMark:
-    """Where a plugin runs (``distributed`` or ``single``) and the dtypes it can run."""
-
-    kind: str
-    dtypes: tuple[str, ...]
-    #: ``False``: it cannot run deterministically (``use_deterministic_algorithms`` is then off for
-    #: its runs, and the judge measures its run-to-run spread: docs/plugins.md "Determinism")
-    deterministic: bool = True
+    step, when = when_raised(run._begun is not None, len(run._steps), run.steps)
+    return PluginRaised(step, last_line(e), when, user_traceback(e))
 
 
 def _decorator(kind: str, fn: Callable | None, dtypes: Any, deterministic: Any) -> Callable:
-    checked = check_dtypes(dtypes, f"torchref.plugin.{kind}")
-    if not isinstance(deterministic, bool):
-        raise PluginDeclarationError(f"torchref.plugin.{kind}(deterministic=...) takes True or False, got {deterministic!r}")
-
-    def mark(f: Callable) -> Callable:
-        setattr(f, MARK, PluginMark(kind, checked, deterministic))
-        return f
-
-    return mark(fn) if fn is not None else mark
+    return plugin_mark.decorator(kind, f"torchref.plugin.{kind}", fn, dtypes, deterministic=deterministic)
 
 
 def distributed(fn: Callable | None = None, *, dtypes: Any = ("float32",), deterministic: bool = True) -> Callable:
@@ -528,7 +504,8 @@ def _holds_tensorflow(module: types.ModuleType) -> bool:
 
 
 def _import(location: Mapping[str, str]) -> Callable:
-    """The plugin function at ``location`` (``{"module": name}`` or ``{"path": file}``, and ``"attr"``).
+    """The plugin function at ``location`` (``{"module": name}`` or ``{"path": file}``, and ``"attr"``), its
+    module imported by ``parity_tests.protocol.user_code`` (once per rank).
 
     A module that imports TensorFlow is refused (:class:`PluginInputError`): seen as TensorFlow
     loading during its import, or, once TensorFlow is loaded in this rank, as a top-level name
@@ -536,23 +513,7 @@ def _import(location: Mapping[str, str]) -> Callable:
     """
     key = location.get("path") or location["module"]
     had_tf = "tensorflow" in sys.modules
-    if location.get("path"):
-        path = Path(location["path"])
-        name = location["module_name"]
-        if name not in sys.modules:
-            if str(path.parent) not in sys.path:  # the user's sibling modules, as python FILE would see them
-                sys.path.insert(0, str(path.parent))
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-        module = sys.modules[name]
-    else:
-        module = importlib.import_module(location["module"])
+    module = import_module(location)
     if key in _IMPORTS_TF or (not had_tf and "tensorflow" in sys.modules) or _holds_tensorflow(module):
         _IMPORTS_TF.add(key)
         raise PluginInputError(f"{key} imports TensorFlow at its top level; a torch"

@@ -165,44 +165,47 @@ def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: s
     return Difference(text, expected, stage_of(text), certain, mapping, earliest)
 
 
-def is_parallel(impl: str) -> bool:
-    """Whether ``impl`` splits the global batch over devices (as it declares)."""
-    found = _engine(impl)
-    return bool(found and found.parallel)
+#: the ``kind`` theory gives a name no declaration was found for (:func:`engine`)
+UNDECLARED = "undeclared"
+
+#: what theory's public functions take for an implementation: its declaration (the session resolves each
+#: name once, ``running.registry``) or, for a test or a benchmark, its name (:func:`engine` reads the
+#: declaration then)
+Impl = EngineSpec | str
 
 
-def _engine(impl: str) -> EngineSpec | None:
-    """What ``impl`` declares (``protocol.engine``): every built-in, and a plugin or recorded run once
-    the registry resolved it (``None`` before: theory then assumes nothing of it).
+def engine(impl: Impl) -> EngineSpec:
+    """What ``impl`` declares (``protocol.engine``): an :class:`EngineSpec` as given, or a name's declaration
+    (every built-in, and a plugin or recorded run once the registry resolved it).
+
+    A name nothing declared (a plugin not yet resolved, a test's stand-in) becomes an :class:`EngineSpec` of
+    kind :data:`UNDECLARED`: theory then assumes nothing of it (one device, no Keras optimizer, its framework
+    the name's first part, held as a built-in's in float32).
 
     Raises:
         LookupError: a built-in's name that was not declared in this process: theory would
             otherwise guess (the registry declares the built-ins on first use).
     """
+    if isinstance(impl, EngineSpec):
+        return impl
     found = declared(impl)
-    if found is None and impl.startswith(("tf.", "torch.")):
+    if found is not None:
+        return found
+    if impl.startswith(("tf.", "torch.")):
         raise LookupError(f"{impl}: no declaration in this process (resolve names through"
                           " parity_tests.running.registry before asking theory)")
-    return found
+    return EngineSpec(impl, UNDECLARED, impl.split(".")[0], False, ())
 
 
-def _sync_bn_gradient(impl: str) -> str:
-    """``own_loss`` or ``share`` (:class:`EngineSpec`): what a device's gradient is under synchronized batch norm."""
-    found = _engine(impl)
-    return found.sync_bn_gradient if found else "share"
+def is_parallel(impl: Impl) -> bool:
+    """Whether ``impl`` splits the global batch over devices (as it declares)."""
+    return engine(impl).parallel
 
 
-def _family(impl: str) -> str:
-    """Whose optimizer classes ``impl`` runs under ``native`` (``keras``, ``tf.compat.v1``, ``torch``; ``""``: unknown)."""
-    found = _engine(impl)
-    return found.optimizer_family if found else ""
-
-
-def _builtin_keras(impl: str) -> bool:
+def _builtin_keras(impl: EngineSpec) -> bool:
     """A built-in whose optimizers are Keras' (made under floatx float32), or tf.compat.v1's SGD/momentum,
     which round ``lr`` and ``momentum`` exactly as Keras does (measured: native tf.v1 == native tf.towers to 1e-15)."""
-    found = _engine(impl)
-    return bool(found and found.kind == "builtin" and found.keras)
+    return impl.kind == "builtin" and impl.keras
 
 
 def _sizes(spec: dict[str, Any]) -> list[int]:
@@ -229,7 +232,7 @@ def sampler_padding(spec: dict[str, Any]) -> int:
     return (-rows) % n if reaches_epoch_end else 0
 
 
-def _held(impl: str, held: Mapping[str, str | None], spec: Mapping[str, Any] | None = None) -> str:
+def _held(impl: EngineSpec, held: Mapping[str, str | None], spec: Mapping[str, Any] | None = None) -> str:
     """What ``impl``'s optimizer holds in float32 in a float64 run (``contract.optimizer.KERAS_ROUNDING``).
 
     Built-ins follow the case's semantics: under ``native`` Keras' classes made under floatx float32
@@ -241,20 +244,13 @@ def _held(impl: str, held: Mapping[str, str | None], spec: Mapping[str, Any] | N
     that, and for a TensorFlow recorded run, Keras' default (floatx float32) is assumed.
     """
     semantics = spec["optimizer"]["semantics"] if spec is not None else "native"
-    found = _engine(impl)
-    if found is None or found.kind == "builtin":
+    if impl.kind in ("builtin", UNDECLARED):
         if semantics == "tf":
             return spec["optimizer"].get("keras_rounding", "none") if spec is not None else "none"
         return "floatx_float32" if semantics == "native" and _builtin_keras(impl) else "none"
-    if found.framework != "tf":
+    if impl.framework != "tf":
         return "none"
-    return held.get(impl) or "floatx_float32"
-
-
-def _framework(impl: str) -> str:
-    """``tf`` or ``torch`` (plugins and recorded runs: as the registry says)."""
-    found = _engine(impl)
-    return found.framework if found else impl.split(".")[0]
+    return held.get(impl.name) or "floatx_float32"
 
 
 def _f32_exact(v: float) -> bool:
@@ -274,7 +270,7 @@ def _rates(spec: dict[str, Any]) -> list[float]:
 LOSS_SCALE = "keras_loss_scale"
 
 
-def loss_scale_difference(spec: dict[str, Any], a: str, b: str,
+def loss_scale_difference(spec: dict[str, Any], a: Impl, b: Impl,
                           scales: Mapping[str, float | None]) -> Difference | None:
     """Keras' distribution loss scale in float32, where one side's float64 run carried it and the other's did not.
 
@@ -288,6 +284,7 @@ def loss_scale_difference(spec: dict[str, Any], a: str, b: str,
     ``certain``: in a float32 case the float32 rule may not resolve it. Mapped on the program
     itself (:data:`LOSS_SCALE`).
     """
+    a, b = engine(a).name, engine(b).name
     sa, sb = scales.get(a), scales.get(b)
     if sa == sb:
         return None
@@ -300,10 +297,10 @@ def loss_scale_difference(spec: dict[str, Any], a: str, b: str,
         f" strategy are float32(1/N) N times the exact ones ({who})", mapping=LOSS_SCALE)
 
 
-def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | None] | None = None,
+def predict(spec: dict[str, Any], a: Impl, b: Impl, *, held: Mapping[str, str | None] | None = None,
             kernels: Mapping[str, Mapping[str, Any]] | None = None, own: Collection[str] = (),
             scales: Mapping[str, float | None] | None = None, own_schedule: Collection[str] = ()) -> Prediction:
-    """Predicted differences between implementations ``a`` and ``b`` on a validated case.
+    """Predicted differences between implementations ``a`` and ``b`` (their :class:`EngineSpec` s) on a validated case.
 
     Each prediction holds at the case's values: a difference whose size these values
     make exactly zero (epsilon 0, momentum 0, weight decay 0, a learning rate of 0 at
@@ -337,13 +334,14 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
     found to be its framework's class (``follows_its_class``, which takes it out of ``own``). Its
     rate is its code's, not Keras' ``CosineDecay``: :func:`_schedule_differences`.
     """
+    a, b = engine(a), engine(b)
     held = held or {}
     found: list[Difference] = []
     absent: list[str] = []
     par = spec["parallel"]
     n = par["devices"]
     moves = any(r != 0 for r in _rates(spec))
-    one_parallel = is_parallel(a) != is_parallel(b) and n > 1
+    one_parallel = a.parallel != b.parallel and n > 1
     if one_parallel:
         if spec["model"]["reduction"] == "sum" and par["weighting"] != "sum":
             found.append(_diff(f"sum reduction: {n} devices average per-device sums, i.e. the full-batch sum / {n}",
@@ -358,14 +356,14 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                 f" again, to give each of the {n} ranks ceil(rows/{n}) rows; DDP counts them as data, one device"
                 " reads every row once", certain=True))
     opt = spec["optimizer"]
-    fa, fb = _framework(a), _framework(b)
+    fa, fb = a.framework, b.framework
     known_opt = not plugins_only(opt)  # else kept as data for plugins: nothing known to predict from
     if not known_opt:
         fields = case_fields_for(opt)
         say = ("; the case says " + "; ".join(fields) + " (there the optimizer is one the tool knows)") if fields else ""
         absent.append(f"the optimizer {opt['name']!r} as the case gives it: not one the tool knows, so theory"
                       f" predicts nothing about it{say}")
-    writes = [x for x in (a, b) if x in own]
+    writes = [x.name for x in (a, b) if x.name in own]
     if known_opt and opt["semantics"] == "native" and fa != fb and writes:
         why = own.get(writes[0]) if isinstance(own, Mapping) else None
         absent.append(f"the frameworks' optimizer classes: {writes[0]} "
@@ -379,18 +377,18 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
         # under ``tf`` too: a plugin's Keras class rounds as Keras does, whatever the case says the rule is
         ra, rb = (_keras_rounded(spec, _held(x, held, spec)) for x in (a, b))
         if ra != rb and moves:
-            held_by = a if ra else b
+            held_by = a.name if ra else b.name
             found.append(_diff(
                 "Keras rounds learning_rate, momentum and Adam's bias-correction betas to float32 in a float64 run"
                 f" (and its schedules' rates, weight_decay and Adagrad's initial accumulator): here {ra or rb}"
-                f" ({held_by})" + (f", against {rb} ({b})" if ra and rb else ""), expected=False, mapping="optimizer"))
+                f" ({held_by})" + (f", against {rb} ({b.name})" if ra and rb else ""), expected=False, mapping="optimizer"))
         elif _held(a, held, spec) != _held(b, held, spec):
             # the sides hold different roundings: say why they change nothing here (the same: nothing to say)
             absent.append("Keras' float32 hyperparameters: " + ("no step moves the parameters" if not moves else
                           "every hyperparameter Keras rounds is exact in float32" if not (ra or rb) else
                           "both sides round the same ones"))
     if (known_opt and opt["semantics"] == "native" and opt["name"] == "adam" and spec["dtype"] == "float64"
-            and "tf.compat.v1" in (_family(a), _family(b)) and fa == fb and a != b):
+            and "tf.compat.v1" in (a.optimizer_family, b.optimizer_family) and fa == fb and a.name != b.name):
         # measured: v1 vs Keras 3 native Adam on the poly case 1.2e-6 relative; same formula
         if moves and not all(_f32_exact(opt[k]) for k in ("beta1", "beta2", "epsilon")):
             found.append(_diff(
@@ -412,7 +410,7 @@ def predict(spec: dict[str, Any], a: str, b: str, *, held: Mapping[str, str | No
                 absent.append("clipping before vs after averaging: no step moves the parameters")
         has_bn = any(layer["type"] == "batch_norm" for _, layer in nested_layers(spec["model"]["layers"]))
         if (clip["where"] == "per_device" and n > 1 and has_bn and par.get("batch_norm", "local") == "sync"
-                and is_parallel(a) and is_parallel(b) and _sync_bn_gradient(a) != _sync_bn_gradient(b)
+                and a.parallel and b.parallel and a.sync_bn_gradient != b.sync_bn_gradient
                 and moves):
             found.append(_diff(
                 "per-device gradients under synchronized batch norm: a tf.towers tower differentiates its own"
@@ -480,7 +478,7 @@ BFLOAT16_OPS["tf"].update({
 })
 
 
-def reported_loss_differs(spec: dict[str, Any], a: str, b: str) -> bool:
+def reported_loss_differs(spec: dict[str, Any], a: Impl, b: Impl) -> bool:
     """Whether ``a`` and ``b`` report different quantities as the loss of a ``mixed_bfloat16`` case.
 
     Keras' last dense layer rounds ``h W`` to bfloat16 and then ``+ b`` again, and the loss is
@@ -490,11 +488,11 @@ def reported_loss_differs(spec: dict[str, Any], a: str, b: str) -> bool:
     judging it (``perturbation``, "Mixed precision").
     """
     layers = spec["model"]["layers"]
-    return (spec["dtype"] == "mixed_bfloat16" and _framework(a) != _framework(b)
+    return (spec["dtype"] == "mixed_bfloat16" and engine(a).framework != engine(b).framework
             and layers[-1]["type"] == "dense" and bool(layers[-1]["use_bias"]))
 
 
-def mixed_precision_differences(spec: dict[str, Any], a: str, b: str) -> tuple[list[str], list[str]]:
+def mixed_precision_differences(spec: dict[str, Any], a: Impl, b: Impl) -> tuple[list[str], list[str]]:
     """Where Keras' ``mixed_bfloat16`` policy and torch's CPU autocast round different values (:data:`BFLOAT16_OPS`).
 
     Only for dtype ``mixed_bfloat16`` and a pair from different frameworks (the same
@@ -510,7 +508,7 @@ def mixed_precision_differences(spec: dict[str, Any], a: str, b: str) -> tuple[l
     devices with oneDNN's and with Eigen's kernels, and on 27 untuned dense cases
     (``benchmarks/bench_bfloat16_bound.py``). A divergence in such a pair names them.
     """
-    if spec["dtype"] != "mixed_bfloat16" or _framework(a) == _framework(b):
+    if spec["dtype"] != "mixed_bfloat16" or engine(a).framework == engine(b).framework:
         return [], []
     layers = spec["model"]["layers"]
     known: list[str] = []
@@ -604,7 +602,7 @@ def keras_bias_add_layers(spec: dict[str, Any], most: bool = False) -> list[tupl
     return out
 
 
-def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str],
+def bias_add_differences(spec: dict[str, Any], a: Impl, b: Impl, absent: list[str],
                          kernels: Mapping[str, Mapping[str, Any]] | None = None) -> list[Difference]:
     """Keras' bias gradient summed in bfloat16 (``tf.nn.bias_add``'s ``BiasAddGrad``) against torch's float32 sum.
 
@@ -615,7 +613,7 @@ def bias_add_differences(spec: dict[str, Any], a: str, b: str, absent: list[str]
     of the TensorFlow side. **A TensorFlow/Keras weakness:** a real ``keras.layers.Dense(dtype="mixed_bfloat16")``
     over 4096 rows of ones returns a bias gradient of 256 (docs/mixed-precision.md, "Bias gradients").
     """
-    if spec["dtype"] != "mixed_bfloat16" or {_framework(a), _framework(b)} != {"tf", "torch"}:
+    if spec["dtype"] != "mixed_bfloat16" or {engine(a).framework, engine(b).framework} != {"tf", "torch"}:
         return []
     layers = keras_bias_add_layers(spec)
     if not layers:
@@ -679,13 +677,13 @@ def _combine_differences(spec: dict[str, Any], moves: bool, absent: list[str]) -
     return out
 
 
-def _loss_rule(spec: dict[str, Any], impl: str) -> str:
+def _loss_rule(spec: dict[str, Any], impl: EngineSpec) -> str:
     """Whose loss formula ``impl`` computes: ``tf`` (Keras') or ``torch``."""
     sem = spec["model"].get("loss_semantics", "native")
-    return _framework(impl) if sem == "native" else sem
+    return impl.framework if sem == "native" else sem
 
 
-def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
+def _model_differences(spec: dict[str, Any], a: EngineSpec, b: EngineSpec, one_parallel: bool,
                        absent: list[str]) -> list[Difference]:
     """Batch norm and loss options (see ``docs/layers.md``)."""
     out: list[Difference] = []
@@ -710,7 +708,7 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
                 certain=True,
                 mapping="micro_batches"))
     native_bn = [layer for _, layer in bns if layer["semantics"] == "native"]
-    if native_bn and par.get("batch_norm", "local") == "sync" and _framework(a) != _framework(b):
+    if native_bn and par.get("batch_norm", "local") == "sync" and a.framework != b.framework:
         # docs/layers.md "Synchronized statistics: one pass vs merged"; the size needs the activations
         if spec["dtype"] == "float64":
             absent.append("synchronized batch-norm statistics, one pass vs merged: in float64 the one pass loses"
@@ -722,7 +720,7 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
                 " torch's SyncBatchNorm merges each rank's mean and variance with the counts; equal in exact"
                 " arithmetic, the one pass loses about (mean/std)^2 6e-8 of the variance in float32, so the gap"
                 " shows where a channel's mean is large against its spread", expected=False, mapping="bn_semantics"))
-    if native_bn and _framework(a) != _framework(b):
+    if native_bn and a.framework != b.framework:
         if any(layer["momentum"] != 1.0 for layer in native_bn):
             out.append(_diff(
                 "moving variance: unbiased vs biased (torch's running_var takes the batch variance times n/(n-1),"
@@ -730,7 +728,7 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
         else:
             absent.append("moving variance unbiased vs biased: momentum 1 never updates the moving statistics")
     gelus = native_gelus(model["layers"])
-    if gelus and _framework(a) != _framework(b):
+    if gelus and a.framework != b.framework:
         if spec["dtype"] == "float64":
             out.append(_diff(
                 "float64 GELU constants: TensorFlow's tf.nn.gelu (Keras' gelu) rounds 1/sqrt(2) (erf form) or"
@@ -741,7 +739,7 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
             absent.append("float64 GELU constants: the case computes in "
                           f"{spec['dtype']}, where both sides' GELU constants are float32 values")
     scales = native_attention_scales(spec)
-    if scales and _framework(a) != _framework(b):
+    if scales and a.framework != b.framework:
         if spec["dtype"] == "float64" and any(delta > 0.0 for _, delta in scales):
             out.append(_diff(attention_scale_text(scales), expected=False, mapping="attention_semantics"))
         else:
@@ -780,20 +778,18 @@ def _model_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool,
     return out
 
 
-def _keras_sparse(impl: str) -> bool:
+def _keras_sparse(impl: EngineSpec) -> bool:
     """A built-in TensorFlow engine whose optimizers are Keras' classes: they receive an embedding's
     ``IndexedSlices`` as Keras' ``apply_gradients`` does (``judging.tokens``)."""
-    found = _engine(impl)
-    return bool(found and found.kind == "builtin" and found.framework == "tf" and found.optimizer_family == "keras")
+    return impl.kind == "builtin" and impl.framework == "tf" and impl.optimizer_family == "keras"
 
 
-def _tf_builtin(impl: str) -> tuple[bool, str]:
+def _tf_builtin(impl: EngineSpec) -> tuple[bool, str]:
     """(a built-in TensorFlow engine, its optimizer family) for ``judging.tokens``."""
-    found = _engine(impl)
-    return bool(found and found.kind == "builtin" and found.framework == "tf"), found.optimizer_family if found else ""
+    return impl.kind == "builtin" and impl.framework == "tf", impl.optimizer_family
 
 
-def _token_differences(spec: dict[str, Any], a: str, b: str, one_parallel: bool, moves: bool,
+def _token_differences(spec: dict[str, Any], a: EngineSpec, b: EngineSpec, one_parallel: bool, moves: bool,
                        absent: list[str]) -> list[Difference]:
     """Keras' sparse embedding second moment and per-device labelled counts (``judging.tokens``)."""
     out: list[Difference] = []
@@ -889,15 +885,15 @@ def decays_any(spec: dict[str, Any]) -> bool:
     return len(no_decay_names(opt, names)) < len(names)
 
 
-def _runs_cosine_decay(spec: Mapping[str, Any], impl: str, own_schedule: Collection[str]) -> bool:
+def _runs_cosine_decay(spec: Mapping[str, Any], impl: EngineSpec, own_schedule: Collection[str]) -> bool:
     """Whether ``impl`` runs Keras' ``CosineDecay`` for the case's ``warmup_cosine``: a TensorFlow side with a
     Keras optimizer (a built-in, or a plugin that made one) under ``native``. A side whose rate is its own
     code's (``own_schedule``), a torch side, and every side under ``torch`` or ``tf`` compute the curve."""
-    return (spec["optimizer"]["semantics"] == "native" and _framework(impl) == "tf"
-            and _family(impl) != "tf.compat.v1" and impl not in own_schedule)
+    return (spec["optimizer"]["semantics"] == "native" and impl.framework == "tf"
+            and impl.optimizer_family != "tf.compat.v1" and impl.name not in own_schedule)
 
 
-def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, absent: list[str],
+def _schedule_differences(spec: dict[str, Any], a: EngineSpec, b: EngineSpec, moves: bool, absent: list[str],
                           own_schedule: Collection[str] = ()) -> list[Difference]:
     """What the frameworks' own ``warmup_cosine`` classes do differently (docs/framework-differences.md, "Warm-up + cosine").
 
@@ -922,7 +918,7 @@ def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, abs
     opt = spec["optimizer"]
     if (opt.get("schedule") or {}).get("kind") != "warmup_cosine" or plugins_only(opt):
         return []
-    fa, fb = _framework(a), _framework(b)
+    fa, fb = a.framework, b.framework
     late = [x for x in (a, b) if _runs_cosine_decay(spec, x, own_schedule)]
     if len(late) != 1:
         if opt["semantics"] != "native" and fa != fb:
@@ -931,21 +927,21 @@ def _schedule_differences(spec: dict[str, Any], a: str, b: str, moves: bool, abs
         elif opt["semantics"] == "native" and (fa != fb or late):
             absent.append("warmup_cosine one step late in Keras' CosineDecay: " + (
                 "both sides run it" if late else
-                f"neither side runs it ({', '.join(x for x in (a, b) if x in own_schedule)} computes its own rate)"))
+                f"neither side runs it ({', '.join(x.name for x in (a, b) if x.name in own_schedule)} computes its own rate)"))
         return []
     if not moves:
         absent.append("warmup_cosine one step late in Keras' CosineDecay: no step moves the parameters")
         return []
-    other = b if late[0] == a else a
+    other = b if late[0] is a else a
     k, d = opt["schedule"]["warmup_steps"], opt["schedule"]["decay_steps"]
     against = ("torch's SequentialLR(LinearLR, CosineAnnealingLR) runs the case's rate"
-               if _framework(other) == "torch" and other not in own_schedule else
-               f"{other} computes its own rate (a rule written out: the case's curve)")
+               if other.framework == "torch" and other.name not in own_schedule else
+               f"{other.name} computes its own rate (a rule written out: the case's curve)")
     out = [_diff(
         "warmup_cosine one step late in Keras' CosineDecay: it reads iterations (0 at the first update), so"
         f" step t runs at the case's rate of step t - 1 (step 1 at 0, lr first at step {k + 1}, min_lr from step"
         f" {k + d + 1}); {against}", mapping="optimizer")]
-    if spec["dtype"] == "float64" and _framework(other) == "torch" and other not in own_schedule:
+    if spec["dtype"] == "float64" and other.framework == "torch" and other.name not in own_schedule:
         out.append(_diff(
             "torch's LinearLR and CosineAnnealingLR are recursive (each rate from the last): within about 1e-14"
             " relative of the closed-form curve over 2,000 steps, below the float64 bound", expected=False))
@@ -987,7 +983,7 @@ def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> st
 
 
 
-def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
+def mapping_changes(kind: str, spec: dict[str, Any], side: Impl, other: Impl,
                     keras_rounding: str | None = None, own: Collection[str] = ()) -> dict[str, Any] | None:
     """Case changes that make ``side`` compute what ``other`` computes for one :class:`Difference`.
 
@@ -1000,16 +996,17 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
     floatx float32). ``own``: the plugins whose rule is not their framework's class (:func:`predict`'s):
     a torch one among them is mapped onto as Keras' rule with exact numbers, never as torch's class.
     """
+    side, other = engine(side), engine(other)
     par = spec["parallel"]
-    parallel_side = is_parallel(side) and not is_parallel(other)
+    parallel_side = side.parallel and not other.parallel
+    fs, fo = side.framework, other.framework
     if kind == "optimizer":
-        fs, fo = _framework(side), _framework(other)
         if spec["optimizer"]["semantics"] == "tf":
             # both sides run Keras' rule: only what each holds in float32 can differ (``_held``)
             return {"optimizer.semantics": "tf", "optimizer.keras_rounding": keras_rounding or _held(other, {}, spec)}
-        if fo == "torch" and other not in own:
+        if fo == "torch" and other.name not in own:
             return None if fs == "torch" else {"optimizer.semantics": "torch"}
-        if _family(other) == "tf.compat.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):
+        if other.optimizer_family == "tf.compat.v1" and spec["optimizer"]["name"] not in ("sgd", "momentum"):
             return None  # tf.compat.v1's Adam, RMSprop, Adagrad are not Keras' rules
         # Keras' rule, holding in float32 what the other side's Keras optimizer holds (a TensorFlow
         # side without one: Keras' rule with exact numbers, as the case's "native" says)
@@ -1038,19 +1035,19 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: str, other: str,
         return {"parallel.batch_norm": "sync"}
     if kind == "micro_batches" and parallel_side:  # device r's micro-batch j: rows of one device's micro-batch j
         return {"parallel.shard": "strided"}
-    if kind == "bn_semantics" and _framework(side) != _framework(other):
-        if par.get("batch_norm", "local") == "sync" and spec["dtype"] != "float64" and _framework(other) == "tf":
+    if kind == "bn_semantics" and fs != fo:
+        if par.get("batch_norm", "local") == "sync" and spec["dtype"] != "float64" and fo == "tf":
             # Keras' one-pass sync statistics are ill-conditioned: two sides computing them with different
             # summation orders still differ by about (mean/std)^2 u; only the merge is reproducible
             return None
-        return {f"model.layers.{'.'.join(map(str, path))}.semantics": _framework(other)
+        return {f"model.layers.{'.'.join(map(str, path))}.semantics": fo
                 for path, layer in nested_layers(spec["model"]["layers"])
                 if layer["type"] == "batch_norm" and layer["semantics"] == "native"}
-    if kind == "attention_semantics" and _framework(side) != _framework(other):
-        return {f"model.layers.{path}.semantics": _framework(other) for path, _ in native_attention_scales(spec)}
-    if kind == "gelu_semantics" and _framework(side) != _framework(other):
-        return {f"model.layers.{path}.semantics": _framework(other) for path in native_gelus(spec["model"]["layers"])}
-    if kind == "bias_semantics" and _framework(side) == "tf" and _framework(other) == "torch":
+    if kind == "attention_semantics" and fs != fo:
+        return {f"model.layers.{path}.semantics": fo for path, _ in native_attention_scales(spec)}
+    if kind == "gelu_semantics" and fs != fo:
+        return {f"model.layers.{path}.semantics": fo for path in native_gelus(spec["model"]["layers"])}
+    if kind == "bias_semantics" and fs == "tf" and fo == "torch":
         return {f"model.layers.{'.'.join(map(str, path))}.semantics": "torch"
                 for path, layer in nested_layers(spec["model"]["layers"])
                 if keras_adds_bias(layer)}

@@ -17,7 +17,9 @@ numpy and the standard library only, no import-time effects, nothing above it im
 * ``optimizer_state``: the optimizers the built-ins know and the ``opt/<slot>/<name>`` layout;
 * ``hyper``: hyperparameters as Keras holds them, the learning rate of a step;
 * ``frames``, ``relay``: a plugin's own traceback and output passed on;
-* ``plugin_mark``: what a plugin's decorator declares (``MARK``, ``DTYPES``, ``check_dtypes``);
+* ``plugin_mark``: the plugin base both sides' decorators extend: what a decorator declares
+  (``MARK``, ``PluginMark``, ``check_dtypes``), reading it back (``describe``), ``PluginRaised``;
+* ``user_code``: the one importer of users' code (``FILE.py:FUNCTION``, ``module:FUNCTION``), in any process;
 * ``atomic``: files written whole or not at all.
 """
 

@@ -140,9 +140,7 @@ def _refusal(spec: EngineSpec) -> Callable[[Case], None]:
 def _implementation(spec: EngineSpec) -> Implementation:
     tf = spec.framework == "tf"
     run = (_tensorflow if tf else _torch)(spec.name) if spec.in_process else _multiworker
-    return Implementation(spec.name, "builtin", spec.framework, parallel=spec.parallel, dtypes=spec.dtypes, run=run,
-                          description=spec.description, keras=spec.keras, captures=spec.captures, declared=spec,
-                          refuse=_refusal(spec))
+    return Implementation(spec, run, refuse=_refusal(spec))
 
 
 #: launched one process per worker (``python -m parity_tests.launch.tf``, TF_CONFIG); not in the built-in list the

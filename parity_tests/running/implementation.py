@@ -21,49 +21,72 @@ Runner = Callable[[Any, Callable[[int], None] | None], dict[str, np.ndarray]]  #
 
 @dataclass(frozen=True)
 class Implementation:
-    """One implementation the harness can run.
+    """One implementation the harness can run: its declaration and how to run it.
+
+    What it is (name, kind, framework, dtypes, ...) is its :attr:`spec`, held once; the properties
+    below read it, so ``impl.framework`` and ``impl.spec.framework`` are one value.
 
     Attributes:
-        name: as the user writes it.
-        kind: ``builtin``, ``plugin`` or ``recorded``.
-        framework: ``tf`` or ``torch`` (what the theory of known differences keys on).
-        parallel: whether it splits the global batch over devices (towers / ranks).
-        dtypes: the case dtypes it can run.
+        spec: what it declares (:class:`parity_tests.protocol.engine.EngineSpec`): a built-in's own
+            declaration (``tfpar.engines``, ``torchref.engines``), else what a plugin or recorded run
+            says of itself; the registry declares it for the judge (``protocol.engine.declare``).
         run: ``run(case, progress) -> trajectory``.
-        description: one line for listings.
-        keras: whether its optimizers are Keras' (the float64 hyperparameter rounding applies).
         plugin: for plugins, the resolved :class:`~parity_tests.running.plugins.PluginTarget`.
-        rerunnable: ``False`` for a recorded run (it cannot be run again from perturbed weights).
-        declared: a built-in's :class:`EngineSpec` (``tfpar.engines``, ``torchref.engines``).
-        captures: whether a run of a case with ``capture = k`` may record step k's per-device
-            values (``device/...``: inputs, activations, losses, gradients; docs/localisation.md stages).
         refuse: ``refuse(case)`` raises ``CaseError`` for what it will not run of ``case``, decided from
             the case alone, without running anything (``harness.check_refusals`` asks every named
             implementation before the first runs); ``None``: nothing beyond its declared dtypes.
     """
 
-    name: str
-    kind: str
-    framework: str
-    parallel: bool
-    dtypes: tuple[str, ...]
+    spec: EngineSpec
     run: Runner = field(repr=False, compare=False)
-    description: str = ""
-    keras: bool = False
     plugin: Any = field(default=None, repr=False, compare=False)
-    rerunnable: bool = True
-    captures: bool = False
-    declared: EngineSpec | None = field(default=None, repr=False, compare=False)
     refuse: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
 
     @property
-    def spec(self) -> EngineSpec:
-        """What it declares (:class:`parity_tests.protocol.engine.EngineSpec`), for the judge: a built-in's
-        own declaration, else what a plugin or recorded run says of itself."""
-        if self.declared is not None:
-            return self.declared
-        return EngineSpec(self.name, self.kind, self.framework, bool(self.parallel), tuple(self.dtypes),
-                          keras=bool(self.keras), captures=bool(self.captures), rerunnable=bool(self.rerunnable))
+    def name(self) -> str:
+        """As the user writes it (``tf.towers``, ``my_ddp.py:train``, ``recorded:run.npz``)."""
+        return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        """``builtin``, ``plugin`` or ``recorded``."""
+        return self.spec.kind
+
+    @property
+    def framework(self) -> str:
+        """``tf`` or ``torch`` (what the theory of known differences keys on)."""
+        return self.spec.framework
+
+    @property
+    def parallel(self) -> bool:
+        """Whether it splits the global batch over devices (towers / ranks)."""
+        return self.spec.parallel
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The case dtypes it can run."""
+        return self.spec.dtypes
+
+    @property
+    def description(self) -> str:
+        """One line for listings."""
+        return self.spec.description
+
+    @property
+    def keras(self) -> bool:
+        """Whether its optimizers are Keras' (the float64 hyperparameter rounding applies)."""
+        return self.spec.keras
+
+    @property
+    def rerunnable(self) -> bool:
+        """``False`` for a recorded run (it cannot be run again from perturbed weights)."""
+        return self.spec.rerunnable
+
+    @property
+    def captures(self) -> bool:
+        """Whether a run of a case with ``capture = k`` may record step k's per-device values
+        (``device/...``: inputs, activations, losses, gradients; docs/localisation.md stages)."""
+        return self.spec.captures
 
     @property
     def source(self) -> Path | None:

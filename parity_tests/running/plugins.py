@@ -17,11 +17,7 @@ user's module does, as that module says.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import re
-import sys
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,13 +27,15 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.specs import param_specs
+from parity_tests.protocol import user_code
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.optimizer_state import plugins_only
+from parity_tests.protocol.plugin_mark import KINDS, MARK, describe
 from parity_tests.protocol.rows import RowList, remove_files, spill_threshold
 from parity_tests.protocol.trajectory import Finding, Trajectory
 from parity_tests.running.backends import RunError
 from parity_tests.running.frameworks import missing_module, require
-from parity_tests.running.plugin_marks import KINDS, MARK, describe
 
 __all__ = ["PluginTarget", "is_plugin_name", "resolve_plugin", "assemble", "replica_divergence",
            "plugin_failure", "layer_outputs", "hooks_line_up", "case_numbering", "MARK", "KINDS", "PluginFailed", "run_isolated",
@@ -80,11 +78,6 @@ def _last_line(e: BaseException) -> str:
     return traceback.format_exception_only(type(e), e)[-1].strip()
 
 
-def _module_name(path: Path) -> str:
-    stem = re.sub(r"\W", "_", path.stem)
-    return f"tfpar_plugin_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-
-
 _TF_IMPORT = re.compile(r"^\s*(import|from)\s+(tensorflow|tfpar|keras)\b", re.MULTILINE)
 
 
@@ -97,23 +90,17 @@ def _imports_tensorflow(source: Path | None) -> bool:
     return bool(_TF_IMPORT.search(text))
 
 
-def _import_path(path: Path, field: str, name: str) -> Any:
-    mod = _module_name(path)
-    if mod in sys.modules:
-        return sys.modules[mod]
-    sys.path.insert(0, str(path.parent))  # the user's sibling modules, as ``python FILE`` would see them
-    spec = importlib.util.spec_from_file_location(mod, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod] = module
+def _import_here(location: dict[str, str], field: str, name: str) -> Any:
+    """The function at ``location``, its module imported in this process (``protocol.user_code``); an import
+    that raises is one line naming ``field`` (a missing framework names the extra to install)."""
     try:
-        spec.loader.exec_module(module)
+        module = user_code.import_module(location)
     except Exception as e:
-        del sys.modules[mod]
         absent = missing_module(e, name, field)
         if absent is not None:  # a torch plugin where torch is not installed: name the extra
             raise absent from None
-        raise CaseError(field, f"{path.name} to import cleanly ({name}); it raised {_last_line(e)}") from None
-    return module
+        raise CaseError(field, f"{user_code.where(location)} to import cleanly ({name}); it raised {_last_line(e)}") from None
+    return getattr(module, location["attr"], None)
 
 
 def _inspect_isolated(location: dict[str, str], field: str, name: str) -> dict[str, Any]:
@@ -146,43 +133,15 @@ def resolve_plugin(name: str, field: str = "--impls") -> PluginTarget:
             (its last line), no such function, a function without a plugin decorator,
             or a decorator given an unknown dtype.
     """
-    where, _, attr = name.rpartition(":")
-    if not where or not attr.isidentifier():
-        raise CaseError(field, "a plugin named FILE.py:FUNCTION or package.module:FUNCTION", name)
+    location, path = user_code.locate(name, field)
+    where, attr = user_code.split_name(name, field)
     fn = None
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where).expanduser().resolve()
-        if not path.is_file():
-            raise CaseError(field, f"an existing Python file; {where} does not exist", name)
-        location = {"path": str(path), "module_name": _module_name(path), "attr": attr}
-        if _imports_tensorflow(path):
-            require("tf", name, field)  # imported in the TensorFlow server, which needs TensorFlow
-            info = _inspect_isolated(location, field, name)
-        else:
-            fn = getattr(_import_path(path, field, name), attr, None)
-            info = describe(fn)
+    if _imports_tensorflow(path):
+        require("tf", name, field)  # imported in the TensorFlow server, which needs TensorFlow
+        info = _inspect_isolated(location, field, name)
     else:
-        try:
-            found = importlib.util.find_spec(where)
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            raise CaseError(field, f"an importable module; no module named {where!r} (a file needs its .py)", name)
-        location = {"module": where, "attr": attr}
-        path = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
-        if _imports_tensorflow(path):
-            require("tf", name, field)  # imported in the TensorFlow server, which needs TensorFlow
-            info = _inspect_isolated(location, field, name)
-        else:
-            try:
-                module = importlib.import_module(where)
-            except Exception as e:
-                absent = missing_module(e, name, field)
-                if absent is not None:
-                    raise absent from None
-                raise CaseError(field, f"{where} to import cleanly ({name}); it raised {_last_line(e)}") from None
-            fn = getattr(module, attr, None)
-            info = describe(fn)
+        fn = _import_here(location, field, name)
+        info = describe(fn)
     if not info["found"]:
         raise CaseError(field, f"a function named {attr!r} in {where}", name)
     if not info["callable"]:
@@ -681,8 +640,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         return traj
 
     torch_side = target.kind in ("distributed", "single")
-    return Implementation(
-        impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single", dtypes=target.dtypes,
-        run=run_torch if torch_side else run_tensorflow, description=f"plugin {target.name} ({KINDS[target.kind]})",
-        plugin=target, keras=target.keras, captures=True,
-    )
+    declared = EngineSpec(impl, "plugin", "torch" if torch_side else "tf", parallel=target.kind != "single",
+                          dtypes=target.dtypes, keras=target.keras, captures=True,
+                          description=f"plugin {target.name} ({KINDS[target.kind]})")
+    return Implementation(declared, run_torch if torch_side else run_tensorflow, plugin=target)

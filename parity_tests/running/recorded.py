@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.contract.case import Case
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.trajectory import Finding, Trajectory, load_trajectory
 from parity_tests.running.builtins import SPECS
@@ -176,8 +177,7 @@ def recorded_implementation(name: str, field: str = "--impls") -> Implementation
             progress(int(spec.get("steps", len(traj["loss"]))))
         return out
 
-    return Implementation(
-        name, "recorded", info["framework"], parallel=bool(info.get("parallel", True)), dtypes=(dtype,), run=run,
-        description=f"a recorded run of {m['impl']} on {spec.get('name', '?')} ({path})", keras=keras,
-        plugin=None, rerunnable=False,
-    )
+    declared = EngineSpec(name, "recorded", info["framework"], parallel=bool(info.get("parallel", True)),
+                          dtypes=(dtype,), keras=bool(keras), rerunnable=False,
+                          description=f"a recorded run of {m['impl']} on {spec.get('name', '?')} ({path})")
+    return Implementation(declared, run)

@@ -249,7 +249,7 @@ def _serve(fd: int) -> None:
             _FRESH = snapshot()  # Keras as `import keras` leaves it: each run starts from it (tfpar.fresh)
             import tfpar.plugin  # noqa: F401
             import tfpar.run  # noqa: F401  (every engine module, as `import tfpar` did before it was lazy)
-            from parity_tests.running import plugin_marks  # noqa: F401
+            from parity_tests.protocol import plugin_mark  # noqa: F401
     except BaseException as e:  # noqa: BLE001  (reported to the parent, which says it in one line)
         conn.send(("failed", traceback.format_exception_only(type(e), e)[-1].strip()))
         return
@@ -395,7 +395,7 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
 
     With ``"builtin": impl`` instead of ``"location"``, the built-in engine ``impl`` runs the payload
     (:func:`_run_builtin`). With ``"inspect": True`` (and no payload) the module is only imported and the name looked
-    up: ``{"described": parity_tests.running.plugin_marks.describe(fn)}`` (resolving a plugin name).
+    up: ``{"described": parity_tests.protocol.plugin_mark.describe(fn)}`` (resolving a plugin name).
 
     Returns:
         ``{"records": ...}`` (``tfpar.plugin.Run.records``), ``{"raised": {"step", "when", "line",
@@ -441,10 +441,11 @@ def run_in_child(job: Mapping[str, Any]) -> dict[str, Any]:
         fn = _import(job["location"])
     except Exception as e:  # noqa: BLE001  (bad input: one line, as the parent's own import says it)
         from parity_tests.protocol.frames import last_line
+        from parity_tests.protocol.user_code import where
 
-        return {"input": f"{_where(job['location'])} to import cleanly; it raised {last_line(e)}"}
+        return {"input": f"{where(job['location'])} to import cleanly; it raised {last_line(e)}"}
     if job.get("inspect"):  # resolving a name: what the module holds under it
-        from parity_tests.running.plugin_marks import describe
+        from parity_tests.protocol.plugin_mark import describe
 
         return {"described": describe(fn)}
     from parity_tests.contract.layouts import LayoutError
@@ -476,25 +477,11 @@ def _run_builtin(impl: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         return {"failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
 
 
-def _where(location: Mapping[str, str]) -> str:
-    return os.path.basename(location["path"]) if location.get("path") else location["module"]
-
-
 def _import(location: Mapping[str, str]) -> Any:
-    """The plugin function at ``location``, its module imported afresh in this process."""
-    import importlib
-    import importlib.util
+    """The plugin function at ``location``, its module imported afresh in this process (``protocol.user_code``)."""
+    from parity_tests.protocol.user_code import import_module
 
-    if location.get("path"):
-        path = location["path"]
-        sys.path.insert(0, os.path.dirname(path))  # the user's sibling modules, as python FILE would see them
-        spec = importlib.util.spec_from_file_location(location["module_name"], path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[location["module_name"]] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(location["module"])
-    return getattr(module, location["attr"], None)
+    return getattr(import_module(location), location["attr"], None)
 
 
 if __name__ == "__main__":  # the server: python -m parity_tests.running.tf_worker FD

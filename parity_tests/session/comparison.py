@@ -64,6 +64,7 @@ from parity_tests.judging.precision_leak import leak_text, loss_in_float32
 from parity_tests.judging.theory import (
     LOSS_SCALE,
     Prediction,
+    engine,
     keras_bias_add_layers,
     mapping_changes,
     predict,
@@ -485,8 +486,8 @@ def _resummed(case: Case, *, one_device: bool = True) -> Case:
     another kernel leaves.
     """
     data, par = case.spec["data"], case.spec["parallel"]
-    across = one_device and par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, "tf.towers",
-                                                                 "tf.single").differ
+    across = one_device and par["devices"] > 1 and not predict(case.replace(dtype="float64").spec, engine("tf.towers"),
+                                                                 engine("tf.single")).differ
     idx = shard_permutation(case.spec["steps"], data["global_batch"], par["devices"], par["shard"],
                             case.spec.get("seed", 0), across=across)
     if not across:
@@ -876,7 +877,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 continue
             held = rounding.get(other)
             c = (None if d.mapping is None or held == "ambiguous"
-                 else mapping_changes(d.mapping, spec, runs_as, other, held, own))
+                 else mapping_changes(d.mapping, spec, engine(runs_as), engine(other), held, own))
             if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
                 if d.expected:
                     fits = False
@@ -885,7 +886,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
             changes.update(c)
         if fits and changes:
             # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
-            plain = (mapping_changes("optimizer", spec, runs_as, side, rounding.get(side), own)
+            plain = (mapping_changes("optimizer", spec, engine(runs_as), engine(side), rounding.get(side), own)
                      if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
             if plain and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
                              for k, v in plain.items()):
@@ -1150,7 +1151,7 @@ def compare_case(
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
     theory_spec = case.spec if dtype == MIXED_BFLOAT16 else f64.spec
     tf_kernels = _tf_kernels(theory_spec)
-    preds = {impl: predict(theory_spec, ref, impl, kernels=tf_kernels) for impl in impls[1:]}
+    preds = {impl: predict(theory_spec, engine(ref), engine(impl), kernels=tf_kernels) for impl in impls[1:]}
     if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
         need = (tf_bytes(case) + torch_bytes(case)) / 1e9
         _log.info("%s: TensorFlow and torch runs one after another, not beside each other: together about %.1f GB"
@@ -1229,7 +1230,8 @@ def compare_case(
     # Keras' distribution loss scale, read from each float64 run: a pair judged without float64 runs (the
     # perturbation rule) sees only float32 runs, whose float32(1/N) is float32 arithmetic's own
     scales = loss_scales(impls, trajs)
-    preds = {impl: predict(theory_spec, ref, impl, held=rounding, kernels=tf_kernels, own=own, own_schedule=own_schedule,
+    preds = {impl: predict(theory_spec, engine(ref), engine(impl), held=rounding, kernels=tf_kernels, own=own,
+                           own_schedule=own_schedule,
                            scales=scales if rules.get(impl) == "float64" else None) for impl in impls[1:]}
     mappings: dict[str, SideMapping | None] = {}
     apart: dict[tuple[str, str], str] = {}  # a stand-in and its plugin: what theory expects to differ between them
@@ -1320,7 +1322,7 @@ class _Judged:
         """
         dtype = self.case.spec["dtype"]
         mixed = dtype == MIXED_BFLOAT16
-        loss_differs = reported_loss_differs(self.case.spec, ref, impl)
+        loss_differs = reported_loss_differs(self.case.spec, engine(ref), engine(impl))
         perturbation = ({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
                          " hyperparameters by one float32 ulp", "loss": False if loss_differs else None} if mixed else
                         {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}

@@ -71,7 +71,7 @@ from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
-from parity_tests.judging.theory import Prediction, predict
+from parity_tests.judging.theory import Prediction, engine, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
@@ -732,7 +732,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
     pairs = []
     for impl in impls[1:]:
-        pred = predict(f64.spec, ref, impl, held=held, own=own, own_schedule=own_schedule)
+        pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own, own_schedule=own_schedule)
         mapping = choose_mapping(f64.spec, ref, impl, pred, held, own)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":

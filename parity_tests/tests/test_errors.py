@@ -24,6 +24,7 @@ ERRORS = [
     ("parity_tests.protocol.errors", "CaseError", ValueError),
     ("parity_tests.protocol.layouts", "LayoutError", ValueError),
     ("parity_tests.protocol.plugin_mark", "PluginDeclarationError", ValueError),
+    ("parity_tests.protocol.plugin_mark", "PluginRaised", RuntimeError),
     ("parity_tests.running.frameworks", "FrameworkMissing", ValueError),
     ("parity_tests.running.backends", "RunError", RuntimeError),
     ("parity_tests.running.plugins", "PluginFailed", RuntimeError),

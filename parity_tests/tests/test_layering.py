@@ -236,3 +236,50 @@ def test_the_engine_check_sees_a_planted_import_of_the_contract(tmp_path, monkey
     assert "tfpar.zz_top -> parity_tests.contract.model" in str(e.value)
     assert "torchref.zz_lazy -> parity_tests.contract" in str(e.value)
     assert "zz_fine" not in str(e.value)
+
+
+# ---------------------------------------------------------------- docs/architecture.md says what LAYERS says
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+_NUMBERS = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def _drawn_layers(text: str) -> list[set[str]]:
+    """The drawing's layers, top to bottom: the packages named on each band's first line (``cli.py``,
+    ``reporting/`` ... ``protocol/``), without their ``/`` or ``.py``."""
+    drawing = text.split("```\n", 2)[1]
+    bands = [b for b in drawing.split("\n ─") if b.strip()]
+    names = []
+    for band in bands:
+        first = next(line for line in band.splitlines() if line.strip() and not line.lstrip().startswith("─"))
+        names.append({w.removesuffix("/").removesuffix(".py") for w in first.split() if w.endswith(("/", ".py"))})
+    return names
+
+
+def test_the_architecture_page_draws_and_counts_the_layers_of_LAYERS():
+    """docs/architecture.md's drawing has one band per entry of :data:`LAYERS` (top to bottom), each band naming
+    packages of that entry only, and its prose counts them in words ("Seven layers")."""
+    text = ARCHITECTURE.read_text()
+    drawn = _drawn_layers(text)
+    assert len(drawn) == len(LAYERS), f"the drawing has {len(drawn)} layers, test_layering.LAYERS {len(LAYERS)}"
+    for band, packages in zip(drawn, reversed(LAYERS), strict=True):
+        short = {p.rpartition(".")[2] for p in packages}
+        assert band and band <= short, f"drawn {sorted(band)} in the layer of {packages}"
+    counted = [n for word, n in _NUMBERS.items() if f"{word} layers" in text.lower()]
+    assert counted == [len(LAYERS)], f"the page counts {counted} layers, LAYERS holds {len(LAYERS)}"
+
+
+def test_the_architecture_page_lists_running_bottom_up():
+    """The sentence "Inside `running`, from the bottom: ..." names every module of ``parity_tests.running``,
+    each after every module of ``running`` it imports (lazy imports included)."""
+    text = " ".join(ARCHITECTURE.read_text().split())
+    sentence = text.split("Inside `running`, from the bottom:", 1)[1].split("(", 1)[0]
+    listed = [w.strip("`,. ") for w in sentence.split() if w.startswith("`")]
+    mods = _modules()
+    running = sorted(m.rpartition(".")[2] for m in mods if m.startswith("parity_tests.running."))
+    assert sorted(listed) == running, f"listed {listed}, the modules of running are {running}"
+    edges = _edges(mods)
+    late = [f"{m} imports {t.rpartition('.')[2]}, listed after it" for i, m in enumerate(listed)
+            for t in edges[f"parity_tests.running.{m}"]
+            if t.startswith("parity_tests.running.") and t.rpartition(".")[2] in listed[i:]]
+    assert not late, "\n".join(late)

@@ -26,6 +26,7 @@ from parity_tests.contract.case import Case
 from parity_tests.judging.bounds import FLOAT32_ABS_FLOOR, FLOAT64_RTOL
 from parity_tests.judging.perturbation import judge_perturbation, perturb_ulp, shard_permutation
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_PERTURBATION
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.running import registry
 from parity_tests.running.harness import run_impl
@@ -58,10 +59,10 @@ def cases() -> list[Case]:
 def declared() -> Iterator[None]:
     """Register the float32-only and the recorded stand-ins for the test, then remove them."""
     ddp = registry.resolve("torch.ddp")
-    registry.register(registry.Implementation(F32_ONLY, "plugin", "torch", True, ("float32",), ddp.run))
+    registry.register(registry.Implementation(EngineSpec(F32_ONLY, "plugin", "torch", True, ("float32",)), ddp.run))
     # what the judge reads of a recorded run is rerunnable=False (kind "recorded" is re-read from its file)
-    registry.register(registry.Implementation(RECORDED, "plugin", "torch", True, ("float32",), ddp.run,
-                                              rerunnable=False))
+    registry.register(registry.Implementation(EngineSpec(RECORDED, "plugin", "torch", True, ("float32",),
+                                                         rerunnable=False), ddp.run))
     yield
     for name in (F32_ONLY, RECORDED):
         registry._registry.pop(name, None)
@@ -328,7 +329,7 @@ def _position_bug(case: Case, progress=None) -> dict[str, np.ndarray]:
 
 @pytest.fixture
 def position_bug() -> Iterator[None]:
-    registry.register(registry.Implementation(POSITION_BUG, "plugin", "torch", True, ("float32",), _position_bug))
+    registry.register(registry.Implementation(EngineSpec(POSITION_BUG, "plugin", "torch", True, ("float32",)), _position_bug))
     yield
     registry._registry.pop(POSITION_BUG, None)
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.protocol.errors import CaseError
 from parity_tests.reporting.matrix import run_matrix
 from parity_tests.running import registry
@@ -31,7 +32,7 @@ def test_builtins_are_registered_through_the_registry():
 
 def test_a_plugin_may_not_take_a_builtin_name():
     with pytest.raises(CaseError, match="a name other than the built-in 'tf.towers'"):
-        registry.register(registry.resolve(TF_GOOD).__class__("tf.towers", "plugin", "tf", True, ("float64",), run=None))
+        registry.register(registry.Implementation(EngineSpec("tf.towers", "plugin", "tf", True, ("float64",)), run=None))
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_every_builtin_declares_the_whole_layer_vocabulary_and_undeclared_layers
     for s in SPECS:
         assert set(s.layers) == set(LAYER_TYPES), s.name
     found = registry.resolve("torch.single")
-    narrowed = dataclasses.replace(found, declared=dataclasses.replace(found.spec, layers=("dense", "residual")))
+    narrowed = dataclasses.replace(found, spec=dataclasses.replace(found.spec, layers=("dense", "residual")))
     monkeypatch.setitem(registry._registry, "torch.single", narrowed)
     layers = [{"type": "residual", "body": [{"type": "dense", "units": 5}, {"type": "layer_norm", "epsilon": 1e-5}]},
               {"type": "dense", "units": 1}]

@@ -177,3 +177,24 @@ def test_theory_refuses_to_guess_what_an_undeclared_builtin_is():
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.strip().splitlines()
     assert first.startswith("refused: tf.towers: no declaration") and second == "True False"
+
+
+def test_theory_reads_the_declaration_it_is_handed_not_the_registry():
+    """The session hands theory each side's resolved EngineSpec (``theory.engine`` once per name): what that
+    declaration says decides, with nothing declared under its name (``mine.py:fn`` never was)."""
+    from parity_tests.judging.theory import UNDECLARED, engine
+    from parity_tests.protocol.engine import EngineSpec, declared
+    from parity_tests.running import registry
+
+    uneven = make(MLP, data__global_batch=50).spec  # 50 rows over the case's devices: uneven shards
+    ref = registry.resolve("torch.ddp").spec
+    assert engine(ref) is ref and declared("mine.py:fn") is None
+    one = EngineSpec("mine.py:fn", "plugin", "torch", parallel=False, dtypes=("float32",))
+    split = EngineSpec("mine.py:fn", "plugin", "torch", parallel=True, dtypes=("float32",))
+    assert any("uneven shards" in d.text for d in predict(uneven, ref, one).differences)
+    assert not any("uneven shards" in d.text for d in predict(uneven, ref, split).differences)
+    assert mapping_changes("weighting", uneven, ref, one) == {"parallel.weighting": "by_size"}
+    assert mapping_changes("weighting", uneven, ref, split) is None
+    # a name nothing declared: theory assumes nothing of it (one device, its framework the name's first part)
+    assumed = engine("mine.py:fn")
+    assert (assumed.kind, assumed.framework, assumed.parallel) == (UNDECLARED, "mine", False)

@@ -560,9 +560,9 @@ def register_mutants() -> None:
         # declaration for it and takes it for a run that splits nothing, of framework "mutant:...@tf" (found by
         # the schedule hunt, 2026-11-28: weighting_flipped@torch.ddp against tf.towers "predicted" as uneven
         # shards with equal weighting, whose mapping is the bug itself)
-        declared = dataclasses.replace(base.spec, name=bug.impl, kind="plugin")
-        registry.register(dataclasses.replace(base, name=bug.impl, kind="plugin", run=run, declared=declared,
-                                              description=f"{bug.base} with the seeded bug {bug.name}"))
+        declared = dataclasses.replace(base.spec, name=bug.impl, kind="plugin",
+                                       description=f"{bug.base} with the seeded bug {bug.name}")
+        registry.register(dataclasses.replace(base, spec=declared, run=run))
 
 
 def mutated_runner(bug: Bug | None = None) -> Callable[[Case, str], dict]:
