@@ -1254,7 +1254,7 @@ def compare_case(
         if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
             second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
             plain_spec = m.plain.apply(case.replace(dtype=theory_spec["dtype"])).spec if m.plain else theory_spec
-            differs = predict(plain_spec, m.runs_as, m.side, held=rounding, kernels=tf_kernels, own=own,
+            differs = predict(plain_spec, engine(m.runs_as), engine(m.side), held=rounding, kernels=tf_kernels, own=own,
                               own_schedule=own_schedule).expected
             if differs:
                 apart[(m.runs_as, m.side)] = "; ".join(t.split(":")[0] for t in differs)
