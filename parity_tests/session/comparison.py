@@ -38,6 +38,7 @@ from parity_tests.session.executor import Executor, Runner, _log
 from parity_tests.session.executor import _beside as _beside
 from parity_tests.session.judge_pair import _against_theory as _against_theory
 from parity_tests.session.judge_pair import _Judged, _tf_kernels, judge_pairs
+from parity_tests.session.keys import FLOAT64, RunKey
 from parity_tests.session.loss_scale import loss_scales
 from parity_tests.session.mapping import (
     MAPPED,
@@ -116,7 +117,7 @@ def compare_case(
     variants = _variants(case)
     rules = _floor_rules(case, impls, floor)
     # theory reads the float64 spec (the runs that decide a float32 case), but a mixed case's own
-    theory_spec = case.spec if dtype == MIXED_BFLOAT16 else variants["float64"].spec
+    theory_spec = case.spec if dtype == MIXED_BFLOAT16 else variants[FLOAT64].spec
     tf_kernels = _tf_kernels(theory_spec)
     preds = {impl: predict(theory_spec, ref, impl, kernels=tf_kernels) for impl in impls[1:]}
     if default_runner and not beside:  # why a large model's compare takes longer than its runs side by side
@@ -134,7 +135,7 @@ def compare_case(
     rounding = held_roundings(impls, trajs, dtype)
     own = own_rules(impls, trajs, dtype)
     if "external" not in case.spec["model"]:  # (no built-in runs an external model)
-        own = follows_its_class(own, rule_runs(trajs, runner, variants["float64"]), case.spec)
+        own = follows_its_class(own, rule_runs(trajs, runner, variants[FLOAT64]), case.spec)
     # Keras' distribution loss scale, read from each float64 run: a pair judged without float64 runs (the
     # perturbation rule) sees only float32 runs, whose float32(1/N) is float32 arithmetic's own
     scales = loss_scales(impls, trajs)
@@ -145,7 +146,8 @@ def compare_case(
     runs.run(second.runs)
     runs.close()
     g = second.grads_from
-    grads = [trajs[f"{g}@float64"]] if g is not None and f"{g}@float64" in trajs else []
+    grads = [trajs[RunKey(g, FLOAT64)]] if g is not None and RunKey(g, FLOAT64) in trajs else []
     judged = _Judged(case, variants, rules, trajs, runs.mapped_cases, grads, runner, stages, beside=beside)
     pairs = judge_pairs(judged, impls, refused, preds, second.mappings, second.exact, runs.unmappable)
-    return CaseResult(case, list(impls), pairs, trajs, time.perf_counter() - t0)
+    return CaseResult(case, list(impls), pairs, {key.text: traj for key, traj in trajs.items()},
+                      time.perf_counter() - t0, runs=trajs)

@@ -18,7 +18,8 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
-from parity_tests.session.variants import PERTURBED, _rerun_of, _variants
+from parity_tests.session.keys import RunKey, Variant
+from parity_tests.session.variants import _rerun_of, _variants
 
 __all__ = ["Runner", "Mapped", "Executor"]
 
@@ -75,7 +76,7 @@ class _Run:
     """
 
     impl: str
-    variant: str
+    variant: Variant
     mapping: Mapped | None = None
     serves: Mapped | None = None
     required: bool = True
@@ -83,7 +84,7 @@ class _Run:
 
 
 class Executor:
-    """The runs of one comparison of ``case``, made by ``runner`` into :attr:`trajs` (``"impl@variant[key]"``).
+    """The runs of one comparison of ``case``, made by ``runner`` into :attr:`trajs` (by :class:`keys.RunKey`).
 
     ``refused``: the implementations that refused the case (none of their runs is made; with
     ``skip_unsupported`` one that refuses while running is added to it, else its ``CaseError`` is raised,
@@ -91,15 +92,15 @@ class Executor:
     :attr:`unmappable` (its pairs are judged without a residual).
     """
 
-    def __init__(self, case: Case, ref: str, variants: dict[str, Case], runner: Runner, *, beside: bool,
+    def __init__(self, case: Case, ref: str, variants: dict[Variant, Case], runner: Runner, *, beside: bool,
                  progress: bool | Callable[[str], None], skip_unsupported: bool, refused: dict[str, str]) -> None:
         self.case, self.ref, self.variants, self.runner = case, ref, variants, runner
         self.beside, self.progress, self.skip_unsupported, self.refused = beside, progress, skip_unsupported, refused
-        self.trajs: dict[str, dict[str, np.ndarray]] = {}
-        self.mapped_cases: dict[str, Case] = {}  # the key of a mapped run -> the case it ran
+        self.trajs: dict[RunKey, dict[str, np.ndarray]] = {}
+        self.mapped_cases: dict[RunKey, Case] = {}  # the key of a mapped run -> the case it ran
         #: (runs_as, key) of a mapping whose runs could not be made -> why
         self.unmappable: dict[tuple[str, str], str] = {}
-        self._mapped_variants: dict[str, dict[str, Case]] = {}
+        self._mapped_variants: dict[str, dict[Variant, Case]] = {}
         self.bar: Any = None
 
     def expect(self, runs: int) -> None:
@@ -115,7 +116,7 @@ class Executor:
         if self.bar is not None:
             self.bar.close()
 
-    def case_for(self, impl: str, d: str, mapping: Mapped | None) -> Case:
+    def case_for(self, impl: str, d: Variant, mapping: Mapped | None) -> Case:
         """The case ``impl`` runs in variant ``d``, mapped by ``mapping``."""
         if mapping is None:
             c = self.variants[d]
@@ -123,19 +124,19 @@ class Executor:
             if mapping.key not in self._mapped_variants:
                 self._mapped_variants[mapping.key] = _variants(mapping.apply(self.case))
             c = self._mapped_variants[mapping.key][d]
-        return _rerun_of(c, impl) if d.startswith(PERTURBED) else c
+        return _rerun_of(c, impl) if d.perturbed else c
 
     def _work(self, items: list[_Run]) -> None:
         bar, progress, trajs = self.bar, self.progress, self.trajs
         for item in items:
             impl, d, mapping = item.impl, item.variant, item.mapping
-            key = f"{impl}@{d}" + (mapping.key if mapping else "")
+            key = RunKey(impl, d, mapping.key if mapping else "")
             if key in trajs or impl in self.refused or (item.serves is not None and item.serves.ident in self.unmappable):
                 continue
             if bar is not None:
-                bar.set_postfix_str(key)
+                bar.set_postfix_str(key.text)
             elif callable(progress):
-                progress(key)
+                progress(key.text)
             try:
                 try:
                     c = self.case_for(impl, d, mapping)

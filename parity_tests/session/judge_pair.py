@@ -38,15 +38,22 @@ from parity_tests.running import registry
 from parity_tests.session.capture import inside_step
 from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Runner
+from parity_tests.session.keys import (
+    BF16_RERUNS64_RUN,
+    BF16_RERUNS_RUN,
+    FLOAT64,
+    PERTURBED_RUN,
+    ROUNDED64,
+    STEP1,
+    RunKey,
+    Variant,
+    as_given,
+    repeat,
+)
 from parity_tests.session.loss_scale import ExactScale
 from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.variants import (
-    BF16_CHECK,
-    BF16_RERUN64_KEYS,
-    BF16_RERUN_KEYS,
-    BF16_ROUNDED64,
-    PERTURBED,
     _perturbed_text,
     _reorderable,
     _reorders,
@@ -71,7 +78,7 @@ def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.n
     return dataclasses.replace(verdict, detail=first + note + (("\n" + rest) if rest else ""))
 
 
-def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str, np.ndarray]]) -> Verdict:
+def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]]) -> Verdict:
     """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
 
     ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
@@ -82,11 +89,11 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
     if verdict.status in ("error", "inconclusive", UNSUPPORTED):  # nothing moved: no signature to read either
         return verdict
     for side in (ref, impl):
-        mixed, f32 = trajs.get(f"{side}@{MIXED_BFLOAT16}"), trajs.get(f"{side}@{BF16_CHECK}")
+        mixed, f32 = trajs.get(RunKey(side, as_given(MIXED_BFLOAT16))), trajs.get(RunKey(side, STEP1))
         if mixed is None or f32 is None:
             continue
         gap, key = bfloat16_signature(mixed, f32)
-        bound, how = signature_bound(f32, trajs.get(f"{side}@float64"))
+        bound, how = signature_bound(f32, trajs.get(RunKey(side, FLOAT64)))
         if gap <= bound:
             detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
                       f" (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between the"
@@ -96,10 +103,10 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[str, dict[str
     return verdict
 
 
-def _bf16_sides(trajs: dict[str, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
+def _bf16_sides(trajs: dict[RunKey, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
     """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
-    return all(f"{impl}@{key}{suffix}" in trajs
-               for key in (MIXED_BFLOAT16, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS))
+    return all(RunKey(impl, v, suffix) in trajs
+               for v in (as_given(MIXED_BFLOAT16), FLOAT64, ROUNDED64, *BF16_RERUNS_RUN, *BF16_RERUNS64_RUN))
 
 
 def _tf_kernels(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -111,7 +118,7 @@ def _tf_kernels(spec: dict[str, Any]) -> dict[str, Any] | None:
     return kernels.probe("tf")["ops"]
 
 
-def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], suffix: str = "",
+def _bf16_side(case: Case, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]], suffix: str = "",
                bias_add: bool = False) -> BF16Side:
     """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``).
 
@@ -123,10 +130,10 @@ def _bf16_side(case: Case, impl: str, trajs: dict[str, dict[str, np.ndarray]], s
     framework = registry.resolve(impl, "impls").framework
     terms = max((n for _, _, n in keras_bias_add_layers(case.spec, most=True)), default=None) if bias_add else None
     rho, why = kernels.side_factor(case.spec["model"]["layers"], framework, bias_add, terms)
-    return BF16Side(impl, trajs[f"{impl}@{MIXED_BFLOAT16}{suffix}"], trajs[f"{impl}@float64{suffix}"],
-                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN_KEYS],
-                    [trajs[f"{impl}@{key}{suffix}"] for key in BF16_RERUN64_KEYS], rho, why,
-                    trajs[f"{impl}@{BF16_ROUNDED64}{suffix}"])
+    return BF16Side(impl, trajs[RunKey(impl, as_given(MIXED_BFLOAT16), suffix)], trajs[RunKey(impl, FLOAT64, suffix)],
+                    [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS_RUN],
+                    [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS64_RUN], rho, why,
+                    trajs[RunKey(impl, ROUNDED64, suffix)])
 
 
 
@@ -156,10 +163,10 @@ class _Judged:
     """What :func:`compare_case` ran, and how to judge one pair from it."""
 
     case: Case
-    variants: dict[str, Case]
+    variants: dict[Variant, Case]
     rules: dict[str, str]
-    trajs: dict[str, dict[str, np.ndarray]]
-    mapped_cases: dict[str, Case]
+    trajs: dict[RunKey, dict[str, np.ndarray]]
+    mapped_cases: dict[RunKey, Case]
     grads: list[dict[str, np.ndarray]]
     runner: Runner
     stages: bool
@@ -169,8 +176,8 @@ class _Judged:
     def side(self, name: str, suffix: str = "") -> Side:
         """``name``'s runs (``suffix``: a mapping's key for its mapped runs)."""
         d = self.case.spec["dtype"]
-        return Side(self.trajs[f"{name}@{d}{suffix}"], self.trajs.get(f"{name}@float64{suffix}"),
-                    self.trajs.get(f"{name}@{PERTURBED}{suffix}"))
+        return Side(self.trajs[RunKey(name, as_given(d), suffix)], self.trajs.get(RunKey(name, FLOAT64, suffix)),
+                    self.trajs.get(RunKey(name, PERTURBED_RUN, suffix)))
 
     def verdict(self, ref: str, impl: str, a: tuple[str, str] | None = None, b: tuple[str, str] | None = None) -> Verdict:
         """``pair.judge_sides`` on the pair ``(ref, impl)`` by its rule, with the mixed-precision guards.
@@ -183,8 +190,8 @@ class _Judged:
         loss_differs = reported_loss_differs(self.case.spec, ref, impl)
         perturbation = ({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
                          " hyperparameters by one float32 ulp", "loss": False if loss_differs else None} if mixed else
-                        {"perturbed": _perturbed_text(self.variants[PERTURBED], (ref, impl))}
-                        if PERTURBED in self.variants and self.rules[impl] == "perturbation" else None)
+                        {"perturbed": _perturbed_text(self.variants[PERTURBED_RUN], (ref, impl))}
+                        if PERTURBED_RUN in self.variants and self.rules[impl] == "perturbation" else None)
         sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
         bf16 = None  # a mixed pair whose sides ran float64 and their reruns: held against float64 (judging.bfloat16)
         if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
@@ -251,18 +258,19 @@ class _Judged:
         """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
         # float64 when the float64 rule decided (also in a float32 case, where 1e-10 would call
         # float32 rounding a difference), mapped as judged
-        d = "float64" if verdict.rule == RULE_FLOAT64 and f"{a[0]}@float64{a[1]}" in self.trajs else self.case.spec["dtype"]
-        runs = [self.trajs[f"{n}@{d}{suffix}"] for n, suffix in (a, b)]
+        d = FLOAT64 if verdict.rule == RULE_FLOAT64 and RunKey(a[0], FLOAT64, a[1]) in self.trajs \
+            else as_given(self.case.spec["dtype"])
+        runs = [self.trajs[RunKey(n, d, suffix)] for n, suffix in (a, b)]
         where = localise(runs[0], runs[1], verdict)
         if self.stages and refinable(where, runs[0], runs[1]):
-            cases = [self.mapped_cases[f"{n}@{d}{suffix}"] if suffix else self.variants[d] for n, suffix in (a, b)]
+            cases = [self.mapped_cases[RunKey(n, d, suffix)] if suffix else self.variants[d] for n, suffix in (a, b)]
             where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured,
                                 beside=self.beside, stop=True)
         if "factor" not in where:  # issue 37: a constant scale at the first bad stage (judging.factor)
             where = attach_factor(where, runs[0], runs[1], self.case.spec)
         # issue 37: would the logged loss alone (rtol 1e-3) have shown it, in the case dtype as a user logs it
-        d0 = self.case.spec["dtype"]
-        logged = [self.trajs.get(f"{n}@{d0}{s}", r) for (n, s), r in zip((a, b), runs, strict=True)]
+        d0 = as_given(self.case.spec["dtype"])
+        logged = [self.trajs.get(RunKey(n, d0, s), r) for (n, s), r in zip((a, b), runs, strict=True)]
         where = attach_loss_only(where, logged[0], logged[1], self.case.spec)
         return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
 
@@ -291,7 +299,7 @@ class _Judged:
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
-        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(f"{name}@float64")))
+        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(RunKey(name, FLOAT64))))
         if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
             first, _, rest = final.detail.partition("\n")
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
@@ -322,11 +330,11 @@ class _Judged:
             return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
         runs, reruns, cases = [], [], []
         for name, suffix in sides:
-            key = f"{name}@float64{suffix}"
+            key = RunKey(name, FLOAT64, suffix)
             found = _declared(name)
             if key not in self.trajs or (found is not None and not found.rerunnable):
                 return verdict, ""
-            c = self.mapped_cases.get(key) or self.variants["float64"]
+            c = self.mapped_cases.get(key) or self.variants[FLOAT64]
             seed = c.spec.get("seed", 0)
             moved = dataclasses.replace(c, init=perturb_ulp(c.init, seed, np.float64),
                                         x=c.x if np.asarray(c.x).dtype.kind != "f"
@@ -413,22 +421,22 @@ def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
                               equal_nan=np.asarray(a[k]).dtype.kind in "fc") for k in a)
 
 
-def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[str, Case], dtype: str,
-                   trajs: dict[str, dict[str, np.ndarray]], runner: Runner) -> Verdict:
+def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[Variant, Case], dtype: str,
+                   trajs: dict[RunKey, dict[str, np.ndarray]], runner: Runner) -> Verdict:
     """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
     from parity_tests.session.spread import judge_with_spread
 
-    d = "float64" if verdict.rule == RULE_FLOAT64 and f"{ref}@float64" in trajs else dtype
-    if f"{ref}@{d}" not in trajs or f"{impl}@{d}" not in trajs:
+    d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64) in trajs else dtype
+    if RunKey(ref, as_given(d)) not in trajs or RunKey(impl, as_given(d)) not in trajs:
         return verdict
 
     def rerun(name: str, i: int) -> dict[str, np.ndarray]:
-        key = f"{name}@{d}+rerun{i}"
+        key = RunKey(name, repeat(d, i))
         if key not in trajs:
-            trajs[key] = runner(variants[d], name)
+            trajs[key] = runner(variants[as_given(d)], name)
         return trajs[key]
 
-    return judge_with_spread(verdict, (ref, impl), (trajs[f"{ref}@{d}"], trajs[f"{impl}@{d}"]), rerun)
+    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]), rerun)
 
 
 
@@ -439,7 +447,7 @@ def judge_pairs(judged: _Judged, impls: list[str], refused: Mapping[str, str], p
     mapping or exact rerun that could not be made is dropped (the pair is judged without it, and says so)."""
     ref, dtype, trajs = impls[0], judged.case.spec["dtype"], judged.trajs
     for impl, ex in exact.items():  # a rerun that could not be made: that pair's loss scale is not mapped
-        if any(e.ident in unmappable or f"{e.side}@{dtype}{e.key}" not in trajs for e in ex):
+        if any(e.ident in unmappable or RunKey(e.side, as_given(dtype), e.key) not in trajs for e in ex):
             exact[impl] = ()
     pairs = []
     for impl in impls[1:]:
@@ -451,7 +459,7 @@ def judge_pairs(judged: _Judged, impls: list[str], refused: Mapping[str, str], p
             continue
         m = mappings.get(impl)
         note = ()
-        if m is not None and (m.ident in unmappable or f"{m.runs_as}@{dtype}{m.key}" not in trajs):
+        if m is not None and (m.ident in unmappable or RunKey(m.runs_as, as_given(dtype), m.key) not in trajs):
             note = (f"could not map the predicted difference ({unmappable.get(m.ident, m.text)})",)
             m = None
         pair = judged.pair(ref, impl, preds[impl], m, exact.get(impl, ()))

@@ -93,6 +93,7 @@ from parity_tests.session.comparison import (
     rule_runs,
     stand_in_leg,
 )
+from parity_tests.session.keys import FLOAT64, RunKey, as_given
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step", "free_findings"]
@@ -465,12 +466,12 @@ def _free_curves(free: CaseResult, ref: str, impl: str, steps: int) -> tuple[np.
     pair = next((p for p in free.pairs if p.impl == impl), None)
     if pair is None:  # no free comparison was asked for
         return nan, nan
-    t = free.trajectories
+    t = free.runs
 
     (na, sa), (nb, sb) = pair.judged or ((ref, ""), (impl, ""))  # the runs the free verdict judged
-    dtype = free.case.spec["dtype"]
-    a, b, a64, b64 = (t.get(f"{n}@{variant}{suffix}") for n, suffix, variant in
-                      ((na, sa, dtype), (nb, sb, dtype), (na, sa, "float64"), (nb, sb, "float64")))
+    dtype = as_given(free.case.spec["dtype"])
+    a, b, a64, b64 = (t.get(RunKey(n, variant, suffix)) for n, suffix, variant in
+                      ((na, sa, dtype), (nb, sb, dtype), (na, sa, FLOAT64), (nb, sb, FLOAT64)))
     if any(r is None for r in (a, b, a64, b64)):
         return nan, nan
     keys = sorted(k for k in a if k.startswith(("param/", "state/")) and k in b)
@@ -503,9 +504,10 @@ def free_findings(free: CaseResult, impl: str) -> dict[int, list[str]]:
     at ``run.begin()`` belongs to step 1.
     """
     out: dict[int, list[str]] = {}
-    for key, traj in free.trajectories.items():
-        if not key.startswith(f"{impl}@"):
+    for run, traj in (free.runs or {}).items():
+        if run.impl != impl:
             continue
+        key = run.text
         for found in getattr(traj, "findings", ()):
             m = _FOUND_AT.search(found)
             step = int(m.group(1)) if m and m.group(1) else 1
@@ -681,7 +683,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     t1 = time.perf_counter()
     dtype, ref = case.spec["dtype"], impls[0]
     f64 = case if dtype == "float64" else case.replace(dtype="float64")
-    note(f"{ref}@{dtype} lockstep chain")
+    note(f"{RunKey(ref, as_given(dtype))} lockstep chain")
     chain = one_step_runs(case, ref, None, runner=runner)
     starts = [{"init": case.init, "opt": None}] + [_start(t) for t in chain[:-1]]
     runs64: dict[tuple[str, str], list] = {}
@@ -694,7 +696,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             if dtype == "float64" and impl == ref and mapping is None:
                 runs64[key] = chain
             else:
-                note(f"{impl}@float64" + (" mapped" if mapping else "") + " one-step runs")
+                note(f"{RunKey(impl, FLOAT64)}" + (" mapped" if mapping else "") + " one-step runs")
                 runs64[key] = one_step_runs(c, impl, starts, runner=runner)
         return runs64[key]
 
@@ -725,10 +727,10 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
 
         return refine
 
-    held = held_roundings(impls, free_result.trajectories, dtype)
-    own = own_rules(impls, free_result.trajectories, dtype)
+    held = held_roundings(impls, free_result.runs, dtype)
+    own = own_rules(impls, free_result.runs, dtype)
     if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
-        own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
+        own = follows_its_class(own, rule_runs(free_result.runs, runner or run_impl, f64), case.spec)
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, ref, impl, held=held, own=own)
@@ -737,7 +739,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         if dtype == "float64":
             runs["a"], runs["b"] = runs["a64"], runs["b64"]
         else:
-            note(f"{impl}@float32 one-step runs")
+            note(f"{RunKey(impl, as_given('float32'))} one-step runs")
             runs["a"], runs["b"] = chain, one_step_runs(case, impl, starts, runner=runner)
         if mapping is not None:
             try:
@@ -755,6 +757,6 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
         _localise(pair, free_pair, refine, case.spec,
-                  (free_result.trajectories.get(f"{ref}@{dtype}"), free_result.trajectories.get(f"{impl}@{dtype}")))
+                  (free_result.runs.get(RunKey(ref, as_given(dtype))), free_result.runs.get(RunKey(impl, as_given(dtype)))))
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)

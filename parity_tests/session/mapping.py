@@ -21,6 +21,7 @@ from parity_tests.judging.verdict import Verdict
 from parity_tests.protocol.errors import CaseError
 from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Runner
+from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
 
 __all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'SideMapping', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_leg', 'residual_unjudged']
 
@@ -103,7 +104,7 @@ def keras_rounding_of(impl: str, traj: Any) -> str | None:
     return {"float32": "floatx_float32", "float64": "floatx_float64"}.get(dtypes.pop(), "ambiguous")
 
 
-def held_roundings(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, str | None]:
+def held_roundings(impls: list[str], trajs: Mapping[RunKey, Any], dtype: str) -> dict[str, str | None]:
     """:func:`keras_rounding_of` for each implementation, read from the run whose numbers decide.
 
     A float32 case is decided by its float64 runs where they exist: what a plugin's optimizer held
@@ -112,7 +113,7 @@ def held_roundings(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[
     number is float32 anyway) is what the mapping must reproduce. Without a float64 run (a
     float32-only plugin, judged by the perturbation), the case dtype's run.
     """
-    return {impl: keras_rounding_of(impl, trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {})))
+    return {impl: keras_rounding_of(impl, trajs.get(RunKey(impl, FLOAT64), trajs.get(RunKey(impl, as_given(dtype)), {})))
             for impl in impls}
 
 
@@ -163,7 +164,7 @@ def torch_rule_from(seen: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, str]:
+def own_rules(impls: list[str], trajs: Mapping[RunKey, Any], dtype: str) -> dict[str, str]:
     """The implementations of ``impls`` whose update rule is not their framework's class for the case, and why.
 
     A TensorFlow plugin that made no Keras or ``tf.compat.v1`` optimizer (:func:`writes_own_rule`);
@@ -172,7 +173,7 @@ def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, 
     """
     out: dict[str, str] = {}
     for impl in impls:
-        traj = trajs.get(f"{impl}@float64", trajs.get(f"{impl}@{dtype}", {}))
+        traj = trajs.get(RunKey(impl, FLOAT64), trajs.get(RunKey(impl, as_given(dtype)), {}))
         if writes_own_rule(impl, traj):
             out[impl] = "made no Keras or tf.compat.v1 optimizer, so its update rule is its own code's"
         elif (why := torch_rule_of(impl, traj)) is not None:
@@ -180,15 +181,15 @@ def own_rules(impls: list[str], trajs: dict[str, Any], dtype: str) -> dict[str, 
     return out
 
 
-def rule_runs(trajs: dict[str, Any], runner: Runner, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
+def rule_runs(trajs: dict[RunKey, Any], runner: Runner, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
     """``float64_run(name, changes)`` for :func:`follows_its_class`: ``name``'s float64 run of ``case64`` with
     ``changes``, made once into ``trajs``: the pair's own float64 run where there is one and nothing changes;
     else under a key of its own (``name@float64+rule``: a built-in with its class's rule, a plugin judged
     without a float64 run), so that no other rule reads it as the pair's."""
     def float64_run(name: str, changes: Mapping[str, Any]) -> Any:
-        if not changes and f"{name}@float64" in trajs:
-            return trajs[f"{name}@float64"]
-        key = f"{name}@float64+rule"
+        if not changes and RunKey(name, FLOAT64) in trajs:
+            return trajs[RunKey(name, FLOAT64)]
+        key = RunKey(name, RULE64)
         if key not in trajs:
             c = case64.replace(**changes)
             if name.startswith("tf.") and "tensorflow" not in sys.modules:

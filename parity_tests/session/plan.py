@@ -17,15 +17,19 @@ from parity_tests.running.harness import refusal
 from parity_tests.session.declared import rerunnable as _rerunnable
 from parity_tests.session.declared import runs_float64 as _runs_float64
 from parity_tests.session.executor import _Run
+from parity_tests.session.keys import (
+    BF16_RERUNS64_RUN,
+    BF16_RERUNS_RUN,
+    FLOAT64,
+    PERTURBED_RUN,
+    ROUNDED64,
+    STEP1,
+    RunKey,
+    Variant,
+    as_given,
+)
 from parity_tests.session.loss_scale import ExactScale
 from parity_tests.session.mapping import SideMapping, choose_mapping
-from parity_tests.session.variants import (
-    BF16_CHECK,
-    BF16_RERUN64_KEYS,
-    BF16_RERUN_KEYS,
-    BF16_ROUNDED64,
-    PERTURBED,
-)
 
 __all__ = ["FLOORS", "first_round", "second_round"]
 
@@ -57,29 +61,29 @@ def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, st
     return [i for i in impls if i not in refused], {i: r for i, r in rules.items() if i not in refused}
 
 
-def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, str]]:
-    """The runs to make, ``(impl, variant)``; variant ``float32``, ``float64``, ``mixed_bfloat16`` or :data:`PERTURBED`."""
+def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, Variant]]:
+    """The runs to make, ``(impl, variant)``: the case dtype, float64, the perturbed reruns, the mixed-precision extras."""
     ref, dtype = impls[0], case.spec["dtype"]
-    plan: list[tuple[str, str]] = [(impl, dtype) for impl in impls]
+    plan: list[tuple[str, Variant]] = [(impl, as_given(dtype)) for impl in impls]
     for impl, rule in rules.items():
         for side in (ref, impl):
             if rule == "float64" and dtype == "float32":
-                plan.append((side, "float64"))
+                plan.append((side, FLOAT64))
             elif rule == "perturbation" and _rerunnable(side):
-                plan.append((side, PERTURBED))
+                plan.append((side, PERTURBED_RUN))
     if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard), float64 run and further reruns
-        plan.extend((impl, BF16_CHECK) for impl in impls if _rerunnable(impl))
-        plan.extend((impl, key) for key in ("float64", BF16_ROUNDED64) for impl in impls if _runs_float64(impl))
-        plan.extend((impl, key) for key in BF16_RERUN_KEYS[1:] for impl in impls if _rerunnable(impl))
-        plan.extend((impl, key) for key in BF16_RERUN64_KEYS for impl in impls if _rerunnable(impl) and _runs_float64(impl))
+        plan.extend((impl, STEP1) for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key) for key in (FLOAT64, ROUNDED64) for impl in impls if _runs_float64(impl))
+        plan.extend((impl, key) for key in BF16_RERUNS_RUN[1:] for impl in impls if _rerunnable(impl))
+        plan.extend((impl, key) for key in BF16_RERUNS64_RUN for impl in impls if _rerunnable(impl) and _runs_float64(impl))
     return _float64_first(plan)
 
 
-def _float64_first(plan: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def _float64_first(plan: list[tuple[str, Variant]]) -> list[tuple[str, Variant]]:
     """float64 runs first (a stable sort: the order within is kept): what a run leaves behind in the
     allocators (measured: 0.2-0.4 GB after a 25 M-parameter TensorFlow run) adds to the next run's
     peak, so the runs with twice the float32 working set go while the least is retained."""
-    return sorted(dict.fromkeys(plan), key=lambda item: item[1] != "float64")
+    return sorted(dict.fromkeys(plan), key=lambda item: item[1] != FLOAT64)
 
 
 def _records_grads(traj: Any) -> bool:
@@ -90,13 +94,13 @@ def _records_grads(traj: Any) -> bool:
 
 def _float64_first_runs(plan: list[_Run]) -> list[_Run]:
     """Each run once (by what it computes), float64 first (:func:`_float64_first`)."""
-    seen: dict[tuple[str, str, str], _Run] = {}
+    seen: dict[RunKey, _Run] = {}
     for item in plan:
-        seen.setdefault((item.impl, item.variant, item.mapping.key if item.mapping else ""), item)
-    return sorted(seen.values(), key=lambda item: item.variant != "float64")
+        seen.setdefault(RunKey(item.impl, item.variant, item.mapping.key if item.mapping else ""), item)
+    return sorted(seen.values(), key=lambda item: item.variant != FLOAT64)
 
 
-def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: dict[str, Any],
+def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: Mapping[RunKey, Any],
                   refused: dict[str, str]) -> str | None:
     """A built-in whose float64 run gives the loss channel a gradient where neither side of a float64-rule pair records one.
 
@@ -107,11 +111,11 @@ def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: di
     """
     ref = impls[0]
     wanting = [impl for impl in impls[1:] if impl not in refused and rules[impl] == "float64"
-               and not any(_records_grads(trajs.get(f"{n}@float64", {})) for n in (ref, impl))]
+               and not any(_records_grads(trajs.get(RunKey(n, FLOAT64), {})) for n in (ref, impl))]
     if not wanting or "external" in case.spec["model"]:
         return None
     for name in ("tf.single", "torch.single"):
-        if f"{name}@float64" in trajs:
+        if RunKey(name, FLOAT64) in trajs:
             return name
     return "tf.single"
 
@@ -133,7 +137,7 @@ class SecondRound:
 
 def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: Mapping[str, str],
                  preds: Mapping[str, Prediction], rounding: dict[str, str | None], own: Collection[str],
-                 scales: Mapping[str, float | None], trajs: Mapping[str, Any], theory_spec: dict[str, Any]) -> SecondRound:
+                 scales: Mapping[str, float | None], trajs: Mapping[RunKey, Any], theory_spec: dict[str, Any]) -> SecondRound:
     """The mapped runs (a TensorFlow plugin's Keras optimizer says what it held), the programs rerun with
     Keras' loss scale exact, and a gradient for the loss channel where no side records one; float64 first."""
     ref, dtype = impls[0], case.spec["dtype"]
@@ -144,10 +148,10 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
         if impl in refused:
             continue
         m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding, own)
-        needed = ["float64"] if dtype == "float64" else (
-            [dtype, "float64"] if rules[impl] == "float64" else
-            [dtype, "float64", BF16_ROUNDED64, *BF16_RERUN_KEYS, *BF16_RERUN64_KEYS] if dtype == MIXED_BFLOAT16
-            else [dtype, PERTURBED])
+        needed = [FLOAT64] if dtype == "float64" else (
+            [as_given(dtype), FLOAT64] if rules[impl] == "float64" else
+            [as_given(dtype), FLOAT64, ROUNDED64, *BF16_RERUNS_RUN, *BF16_RERUNS64_RUN] if dtype == MIXED_BFLOAT16
+            else [as_given(dtype), PERTURBED_RUN])
         if any(d.mapping == LOSS_SCALE for d in preds[impl].differences) and rules[impl] == "float64":
             exact[impl] = tuple(ExactScale(x, f) for x in (ref, impl) if (f := scales.get(x)) is not None)
             second.extend(_Run(e.side, d, e, serves=e) for e in exact[impl] for d in needed)
@@ -158,7 +162,7 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
             second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
     grads_from = _grads_source(case, impls, rules, dict(trajs), dict(refused))
     if grads_from is not None:
-        second.append(_Run(grads_from, "float64", required=False))
+        second.append(_Run(grads_from, FLOAT64, required=False))
     return SecondRound(mappings, exact, _float64_first_runs(second), grads_from)
 
 

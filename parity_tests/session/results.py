@@ -15,6 +15,7 @@ from parity_tests.judging.compare import first_nonfinite
 from parity_tests.judging.pair import OK_STATUSES
 from parity_tests.judging.theory import Prediction
 from parity_tests.judging.verdict import Verdict, _json, exit_status
+from parity_tests.session.keys import RunKey
 
 __all__ = ['UNSUPPORTED', 'PairResult', 'CaseResult']
 
@@ -105,8 +106,12 @@ class CaseResult:
     case: Case
     impls: list[str]
     pairs: list[PairResult]
-    trajectories: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # "impl@dtype" -> traj
+    #: the runs by their keys' text (``keys.RunKey.text``, "impl@variant[mapping]"): what reports, saved files and
+    #: tests read
+    trajectories: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     seconds: float = 0.0
+    #: the same runs by typed key (what the session reads: ``lockstep``); empty for a stored result
+    runs: dict[RunKey, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def parity(self) -> bool:

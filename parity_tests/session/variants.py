@@ -15,7 +15,6 @@ import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.judging.bfloat16 import (
-    BF16_RERUNS,
     RERUN_SEED_STRIDE,
     float64_reference,
     rounded_reference,
@@ -29,19 +28,26 @@ from parity_tests.judging.perturbation import (
 from parity_tests.judging.theory import predict
 from parity_tests.protocol.errors import CaseError
 from parity_tests.session.declared import declared as _declared
+from parity_tests.session.keys import (
+    BF16_RERUNS64_RUN,
+    BF16_RERUNS_RUN,
+    FLOAT64,
+    PERTURBED_RUN,
+    ROUNDED64,
+    STEP1,
+    Variant,
+    as_given,
+)
 
 __all__ = ['PERTURBED', 'BF16_CHECK', 'BF16_RERUN_KEYS', 'BF16_RERUN64_KEYS', 'BF16_ROUNDED64', 'perturbed_case']
 
 
-PERTURBED = "float32+perturbed"  # the trajectory key suffix of a run from perturbed weights
-#: a mixed_bfloat16 case's one-step float32 run, against which each side's bfloat16 signature is measured
-BF16_CHECK = "float32-step1"
-#: a mixed_bfloat16 case's perturbed reruns (judging.bfloat16: ``BF16_RERUNS`` of them, each with its own coins)
-BF16_RERUN_KEYS = (PERTURBED, *(f"{PERTURBED}-{r + 1}" for r in range(1, BF16_RERUNS)))
-#: the float64 run of each of those reruns' moved case (judging.bfloat16: the spread is of errors)
-BF16_RERUN64_KEYS = tuple(f"float64+{key}" for key in BF16_RERUN_KEYS)
-#: the float64 run from the inputs and initial weights rounded to bfloat16 (judging.bfloat16: the storage term)
-BF16_ROUNDED64 = "float64+bfloat16-rounded"
+# the legacy texts of the variants' trajectory keys (``keys.Variant.text``), for what reads ``CaseResult.trajectories``
+PERTURBED = PERTURBED_RUN.text  # "float32+perturbed": a run from perturbed weights
+BF16_CHECK = STEP1.text  # "float32-step1": a mixed_bfloat16 case's one-step float32 run
+BF16_RERUN_KEYS = tuple(v.text for v in BF16_RERUNS_RUN)  # a mixed_bfloat16 case's perturbed reruns
+BF16_RERUN64_KEYS = tuple(v.text for v in BF16_RERUNS64_RUN)  # the float64 run of each of those reruns' moved case
+BF16_ROUNDED64 = ROUNDED64.text  # "float64+bfloat16-rounded": from inputs and weights rounded to bfloat16
 
 
 def perturbed_case(case: Case, seed: int | None = None) -> Case:
@@ -231,12 +237,12 @@ class _Variants(dict):
     float64 rule decides every pair.
     """
 
-    def __init__(self, made: dict[str, Case], later: dict[str, Callable[[], Case]]) -> None:
+    def __init__(self, made: dict[Variant, Case], later: dict[Variant, Callable[[], Case]]) -> None:
         super().__init__(made)
         self._later = later
         self._lock = threading.Lock()  # the TensorFlow and torch runs ask from two threads (_beside)
 
-    def __missing__(self, key: str) -> Case:
+    def __missing__(self, key: Variant) -> Case:
         with self._lock:  # made once: the other thread waits for it, and then finds it made
             if dict.__contains__(self, key):
                 return dict.__getitem__(self, key)
@@ -250,21 +256,20 @@ class _Variants(dict):
         return super().__contains__(key) or key in self._later
 
 
-def _variants(case: Case) -> dict[str, Case]:
+def _variants(case: Case) -> dict[Variant, Case]:
     """Every run a case may need, by variant: its dtype, float64, the perturbed reruns, the mixed-precision extras."""
     dtype = case.spec["dtype"]
-    variants = {dtype: case, "float64": case if dtype == "float64" else case.replace(dtype="float64")}
+    variants = {as_given(dtype): case, FLOAT64: case if dtype == "float64" else case.replace(dtype="float64")}
     if dtype == "float32":
-        return _Variants(variants, {PERTURBED: lambda: perturbed_case(case)})
+        return _Variants(variants, {PERTURBED_RUN: lambda: perturbed_case(case)})
     if dtype == MIXED_BFLOAT16:
-        variants[PERTURBED] = perturbed_case(case)
-        variants[BF16_CHECK] = case.replace(dtype="float32", steps=1)
-        variants["float64"] = float64_reference(case)  # the ground truth (judging.bfloat16)
-        variants[BF16_ROUNDED64] = rounded_reference(case)
+        variants[PERTURBED_RUN] = perturbed_case(case)
+        variants[STEP1] = case.replace(dtype="float32", steps=1)
+        variants[FLOAT64] = float64_reference(case)  # the ground truth (judging.bfloat16)
+        variants[ROUNDED64] = rounded_reference(case)
         seed = case.spec.get("seed", 0)
         variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
-                         for r, key in enumerate(BF16_RERUN_KEYS) if r})
-        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUN_KEYS, BF16_RERUN64_KEYS,
+                         for r, key in enumerate(BF16_RERUNS_RUN) if r})
+        variants.update({k64: float64_reference(variants[key]) for key, k64 in zip(BF16_RERUNS_RUN, BF16_RERUNS64_RUN,
                                                                                     strict=True)})
     return variants
-
