@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from parity_tests.contract.case import Case
@@ -13,7 +14,8 @@ from parity_tests.judging.verdict import Verdict
 from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
-from parity_tests.session.executor import Runner, _beside
+from parity_tests.session.executor import Need, Runs
+from parity_tests.session.keys import RunKey, capture
 
 __all__ = ['inside_step']
 
@@ -47,34 +49,31 @@ def _up_to(case: Case, name: str, step: int) -> Case:
 
 
 def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str, Case], tuple[str, Case]],
-                 runner: Runner, captured: dict, *, beside: bool = False, stop: bool = False) -> dict[str, Any]:
+                runs: Runs, *, beside: bool = False, stop: bool = False) -> dict[str, Any]:
     """``where`` (:func:`localise.refinable`) refined by the stage chain of its first bad step (docs/localisation.md), when both sides capture.
 
     ``sides``: ``(name, case)`` of the reference and the judged implementation, each the case
     that side ran (the case dtype or float64, mapped where the verdict judged a mapped run).
-    ``beside``: a TensorFlow side's capture run and a torch side's run at once (the default runner's
-    torch runs wait on the worker pool, as :func:`compare_case`'s runs do); the same runs either way.
-    ``stop``: a built-in's capture run stops after the captured step (:func:`_up_to`).
+    The capture runs are declared (``executor.Need``) and made by ``runs``, once per side and case
+    (two pairs that capture the same side's same case share its run). ``beside``: a TensorFlow
+    side's capture run and a torch side's run at once (the default runner's torch runs wait on the
+    worker pool, as :func:`compare_case`'s runs do); the same runs either way. ``stop``: a built-in's
+    capture run stops after the captured step (:func:`_up_to`). These runs are asked for only after
+    the verdict that needs them (a pair not at parity whose first bad step breaks inside the step).
     """
     step = where["first_bad_step"]
     missing = [name for name, _ in sides if not registry.resolve(name, "impls").captures]
     if missing:
         return {**where, "explanation": where["explanation"] + f" (per-device values: {', '.join(missing)} does not"
                                                                  " record them)"}
-    keys = [(step, _capture_key(name, c)) for name, c in sides]
 
-    def run(todo: list[int]) -> None:
-        for i in todo:
-            if keys[i] not in captured:
-                name, c = sides[i]
-                captured[keys[i]] = runner(dataclasses.replace(_up_to(c, name, step) if stop else c, capture=step), name)
+    def made(name: str, c: Case) -> Callable[[], Case]:
+        return lambda: dataclasses.replace(_up_to(c, name, step) if stop else c, capture=step)
 
-    frameworks = [registry.resolve(name, "impls").framework for name, _ in sides]
-    if beside and keys[0] != keys[1] and sorted(frameworks) == ["tf", "torch"]:
-        _beside(run, [frameworks.index("tf")], [frameworks.index("torch")])
-    else:
-        run([0, 1])
-    trajs = [captured[key] for key in keys]
+    # a capture's identity is the case it captures (``_capture_key``), not a mapping's key: ``lockstep``'s cases
+    # are its own start states
+    needs = [Need(RunKey(name, capture(step), _capture_key(name, c)), made(name, c), stored=False) for name, c in sides]
+    trajs = runs.make(needs, beside=beside)
     chain = stage_chain(trajs[0], trajs[1], step, bound_at(verdict, step), sides[0][1].spec)
     if chain is None:
         return {**where, "explanation": where["explanation"] + " (per-device values: not recorded at this step)"}

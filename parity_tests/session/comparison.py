@@ -21,6 +21,11 @@ clipping after the combine, synchronized batch norm, ...), it is run so, and the
 pair is judged again with the difference mapped away: ``pair.resolve`` calls a
 divergence an expected difference only when that residual is parity, and reports
 the gap without the mapping beside the verdict.
+
+Each step has its module: ``plan`` (refusals, the first and second round), ``executor`` (making
+the runs, each once), ``variants`` (the cases run), ``mapping``, ``judge_pair`` (one pair's verdict),
+``capture`` and ``results``; runs are named by ``keys.RunKey``. The names other modules import from
+here are re-exported.
 """
 from __future__ import annotations
 
@@ -135,7 +140,7 @@ def compare_case(
     rounding = held_roundings(impls, trajs, dtype)
     own = own_rules(impls, trajs, dtype)
     if "external" not in case.spec["model"]:  # (no built-in runs an external model)
-        own = follows_its_class(own, rule_runs(trajs, runner, variants[FLOAT64]), case.spec)
+        own = follows_its_class(own, rule_runs(runs, variants[FLOAT64]), case.spec)
     # Keras' distribution loss scale, read from each float64 run: a pair judged without float64 runs (the
     # perturbation rule) sees only float32 runs, whose float32(1/N) is float32 arithmetic's own
     scales = loss_scales(impls, trajs)
@@ -147,7 +152,7 @@ def compare_case(
     runs.close()
     g = second.grads_from
     grads = [trajs[RunKey(g, FLOAT64)]] if g is not None and RunKey(g, FLOAT64) in trajs else []
-    judged = _Judged(case, variants, rules, trajs, runs.mapped_cases, grads, runner, stages, beside=beside)
+    judged = _Judged(case, variants, rules, runs, runs.mapped_cases, grads, stages, beside=beside)
     pairs = judge_pairs(judged, impls, refused, preds, second.mappings, second.exact, runs.unmappable)
     return CaseResult(case, list(impls), pairs, {key.text: traj for key, traj in trajs.items()},
                       time.perf_counter() - t0, runs=trajs)

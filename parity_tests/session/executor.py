@@ -7,6 +7,7 @@ Which runs to make is ``session.plan``'s business; how a pair is judged from the
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from parity_tests.running import registry
 from parity_tests.session.keys import RunKey, Variant
 from parity_tests.session.variants import _rerun_of, _variants
 
-__all__ = ["Runner", "Mapped", "Executor"]
+__all__ = ["Runner", "Mapped", "Need", "Runs", "Executor"]
 
 #: the library's messages (``tfpar compare`` shows INFO and above; ``--verbose`` DEBUG, each run)
 _log = logging.getLogger("tfpar.session")
@@ -83,7 +84,65 @@ class _Run:
 
 
 
-class Executor:
+@dataclass(frozen=True)
+class Need:
+    """A run a check declares (``judge_pair``: the conditioning, the spread, a capture; ``mapping.follows_its_class``).
+
+    ``key`` names it (a run two checks need is made once); ``case()`` makes the case it runs, asked only when
+    the run is made. ``stored``: kept with the comparison's runs (``CaseResult.trajectories``), else
+    made for the check alone. ``in_server``: a TensorFlow built-in's run goes to the server's child
+    where this process has not imported TensorFlow (a compare of plugins alone keeps it free of
+    TensorFlow's import and memory).
+    """
+
+    key: RunKey
+    case: Callable[[], Case]
+    stored: bool = True
+    in_server: bool = False
+
+
+class Runs:
+    """Runs made by ``runner`` from declared needs (:meth:`make`), each once by its key.
+
+    ``trajs``: the runs kept with the comparison (by key); ``extra``: those made for a check alone.
+    The free compare's :class:`Executor` is one; ``--lockstep`` makes its one-step captures through another.
+    """
+
+    def __init__(self, runner: Runner, trajs: dict[RunKey, Any] | None = None,
+                 extra: dict[RunKey, Any] | None = None) -> None:
+        self.runner = runner
+        self.trajs: dict[RunKey, Any] = {} if trajs is None else trajs
+        self.extra: dict[RunKey, Any] = {} if extra is None else extra
+
+    def made(self, key: RunKey) -> Any:
+        """The run of ``key`` (``None`` if it was not made)."""
+        return self.trajs.get(key, self.extra.get(key))
+
+    def make(self, needs: list[Need], *, beside: bool = False) -> list[Any]:
+        """Each need's run, in order: made where not made yet (once), else the one made. ``beside``: a TensorFlow
+        need and a torch need are made at once (the TensorFlow one in this thread), as the first rounds' runs are."""
+        def work(todo: list[Need]) -> None:
+            for need in todo:
+                if self.made(need.key) is not None:
+                    continue
+                name, c = need.key.impl, need.case()
+                if need.in_server and name.startswith("tf.") and "tensorflow" not in sys.modules:
+                    from parity_tests.running.builtins import run_in_server
+
+                    traj = run_in_server(c, name)
+                else:
+                    traj = self.runner(c, name)
+                (self.trajs if need.stored else self.extra)[need.key] = traj
+
+        frameworks = [registry.resolve(n.key.impl, "impls").framework for n in needs]
+        if beside and len(needs) == 2 and needs[0].key != needs[1].key and sorted(frameworks) == ["tf", "torch"]:
+            _beside(work, [needs[frameworks.index("tf")]], [needs[frameworks.index("torch")]])
+        else:
+            work(needs)
+        return [self.made(n.key) for n in needs]
+
+
+class Executor(Runs):
     """The runs of one comparison of ``case``, made by ``runner`` into :attr:`trajs` (by :class:`keys.RunKey`).
 
     ``refused``: the implementations that refused the case (none of their runs is made; with
@@ -94,9 +153,9 @@ class Executor:
 
     def __init__(self, case: Case, ref: str, variants: dict[Variant, Case], runner: Runner, *, beside: bool,
                  progress: bool | Callable[[str], None], skip_unsupported: bool, refused: dict[str, str]) -> None:
-        self.case, self.ref, self.variants, self.runner = case, ref, variants, runner
+        super().__init__(runner)
+        self.case, self.ref, self.variants = case, ref, variants
         self.beside, self.progress, self.skip_unsupported, self.refused = beside, progress, skip_unsupported, refused
-        self.trajs: dict[RunKey, dict[str, np.ndarray]] = {}
         self.mapped_cases: dict[RunKey, Case] = {}  # the key of a mapped run -> the case it ran
         #: (runs_as, key) of a mapping whose runs could not be made -> why
         self.unmappable: dict[tuple[str, str], str] = {}

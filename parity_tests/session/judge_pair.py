@@ -1,11 +1,21 @@
 """One pair judged from the runs the session made: its rule, every guard, the mapping's residual, where it parts.
+
+Every run a pair's verdict reads is made by the session's executor (``session.executor``): the runs
+every pair needs are planned and made before any pair is judged (``session.plan``: their union, each
+once, float64 first). A check whose runs depend on a verdict declares them (``executor.Need``, each
+with a ``keys.RunKey`` of its own) only after the verdict that triggers them, and the executor makes
+the ones not made yet: the conditioning check's float64 reruns from inputs moved by one ulp and its
+repeats (:meth:`_Judged.conditioned`, asked after a float64 divergence), a nondeterministic plugin's
+spread reruns (:func:`_within_spread`, after a divergence), the per-device capture runs of a
+localisation (``capture.inside_step``, after a break inside a step). Asking after the verdict is
+what makes them conditional: a pair at parity makes none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,11 +47,14 @@ from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.running import registry
 from parity_tests.session.capture import inside_step
 from parity_tests.session.declared import declared as _declared
-from parity_tests.session.executor import Runner
+from parity_tests.session.executor import Need, Runs
 from parity_tests.session.keys import (
+    AGAIN64,
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
+    MOVED64,
+    MOVED64_AGAIN,
     PERTURBED_RUN,
     ROUNDED64,
     STEP1,
@@ -165,13 +178,16 @@ class _Judged:
     case: Case
     variants: dict[Variant, Case]
     rules: dict[str, str]
-    trajs: dict[RunKey, dict[str, np.ndarray]]
+    runs: Runs  # the session's executor: every run a check declares is made there, once
     mapped_cases: dict[RunKey, Case]
     grads: list[dict[str, np.ndarray]]
-    runner: Runner
     stages: bool
-    captured: dict[Any, dict[str, np.ndarray]] = field(default_factory=dict)
     beside: bool = False  # capture runs of a TensorFlow and a torch side at once (the default runner, room for both)
+
+    @property
+    def trajs(self) -> dict[RunKey, dict[str, np.ndarray]]:
+        """The comparison's runs, by key."""
+        return self.runs.trajs
 
     def side(self, name: str, suffix: str = "") -> Side:
         """``name``'s runs (``suffix``: a mapping's key for its mapped runs)."""
@@ -201,7 +217,7 @@ class _Judged:
         v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
                         bfloat16=bf16, zero=zero_gradients(self.case.spec))
         if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
-            v = _within_spread(v, ref, impl, self.variants, dtype, self.trajs, self.runner)
+            v = _within_spread(v, ref, impl, self.variants, dtype, self.runs)
         if loss_differs:
             v = _loss_reported(v, sa.run, sb.run)
         if mixed:
@@ -264,7 +280,7 @@ class _Judged:
         where = localise(runs[0], runs[1], verdict)
         if self.stages and refinable(where, runs[0], runs[1]):
             cases = [self.mapped_cases[RunKey(n, d, suffix)] if suffix else self.variants[d] for n, suffix in (a, b)]
-            where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runner, self.captured,
+            where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runs,
                                 beside=self.beside, stop=True)
         if "factor" not in where:  # issue 37: a constant scale at the first bad stage (judging.factor)
             where = attach_factor(where, runs[0], runs[1], self.case.spec)
@@ -328,7 +344,7 @@ class _Judged:
 
         if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
             return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
-        runs, reruns, cases = [], [], []
+        runs, needs, cases = [], [], []
         for name, suffix in sides:
             key = RunKey(name, FLOAT64, suffix)
             found = _declared(name)
@@ -343,8 +359,10 @@ class _Judged:
                 # on its own devices: the spread of this computation, not of the full batch's
                 moved = _resummed(moved, one_device=False)
             runs.append(self.trajs[key])
-            reruns.append(self.runner(moved, name))
+            needs.append(Need(RunKey(name, MOVED64, suffix), lambda m=moved: m, stored=False))
             cases.append((c, moved))
+        # asked for after the float64 divergence that needs them (each side's moved rerun, made once)
+        reruns = self.runs.make(needs)
         factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
         checked = judge_perturbation(runs[0], runs[1], a32p=reruns[0], b32p=reruns[1], rule=RULE_CONDITIONING,
                                      perturbed="float64 reruns from weights and inputs moved by one float64 ulp",
@@ -391,10 +409,12 @@ class _Judged:
         from parity_tests.session.spread import spread_rows, within_spread
 
         spreads, named = [], []
-        for (name, _), run, moved_run, (case, moved) in zip(sides, runs, reruns, cases, strict=True):
-            pair = [moved_run, self.runner(moved, name)]  # the moved run first: a reran order shows there most
+        for (name, suffix), run, moved_run, (case, moved) in zip(sides, runs, reruns, cases, strict=True):
+            # each repeat asked for only after the one before it repeated bit for bit, side by side in order
+            again = self.runs.make([Need(RunKey(name, MOVED64_AGAIN, suffix), lambda m=moved: m, stored=False)])[0]
+            pair = [moved_run, again]  # the moved run first: a reran order shows there most
             if _same_run(*pair):
-                pair = [run, self.runner(case, name)]
+                pair = [run, self.runs.make([Need(RunKey(name, AGAIN64, suffix), lambda c=case: c, stored=False)])[0]]
                 if _same_run(*pair):
                     spreads.append(None)
                     continue
@@ -422,21 +442,24 @@ def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[Variant, Case], dtype: str,
-                   trajs: dict[RunKey, dict[str, np.ndarray]], runner: Runner) -> Verdict:
-    """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``)."""
-    from parity_tests.session.spread import judge_with_spread
+                   runs: Runs) -> Verdict:
+    """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``).
 
+    Its needs (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are
+    asked for only after the divergence that needs them, and made by ``runs`` before the spread is judged.
+    """
+    from parity_tests.session.spread import SPREAD_RERUNS, judge_with_spread, nondeterministic
+
+    trajs = runs.trajs
     d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64) in trajs else dtype
     if RunKey(ref, as_given(d)) not in trajs or RunKey(impl, as_given(d)) not in trajs:
         return verdict
-
-    def rerun(name: str, i: int) -> dict[str, np.ndarray]:
-        key = RunKey(name, repeat(d, i))
-        if key not in trajs:
-            trajs[key] = runner(variants[as_given(d)], name)
-        return trajs[key]
-
-    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]), rerun)
+    if verdict.diverged:
+        case = variants[as_given(d)]
+        runs.make([Need(RunKey(name, repeat(d, i)), lambda: case) for name in (ref, impl) if nondeterministic(name)
+                   for i in range(SPREAD_RERUNS)])
+    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]),
+                             lambda name, i: trajs[RunKey(name, repeat(d, i))])
 
 
 

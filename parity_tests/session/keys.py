@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Variant", "RunKey", "FLOAT64", "PERTURBED_RUN", "STEP1", "ROUNDED64", "RULE64", "BF16_RERUNS_RUN",
-           "BF16_RERUNS64_RUN", "bf16_reruns", "as_given", "repeat"]
+           "BF16_RERUNS64_RUN", "bf16_reruns", "as_given", "repeat", "MOVED64", "MOVED64_AGAIN", "AGAIN64", "capture"]
 
 #: a variant's kinds: the case in a dtype; a rerun from moved numbers (the ``index``-th, from 0); the float64 run of
 #: such a moved case; the float64 run from inputs and weights rounded to bfloat16; a mixed case's one-step float32
-#: run; a plugin's float64 run with its class's rule (``mapping.rule_runs``); a repeat of a run (``spread``)
-KINDS = ("dtype", "perturbed", "perturbed64", "rounded64", "step1", "rule64", "rerun")
+#: run; a plugin's float64 run with its class's rule (``mapping.rule_runs``); a repeat of a run (``spread``); the
+#: conditioning check's float64 run from inputs moved by one float64 ulp (index 1: its repeat) and its repeat of
+#: the judged float64 run (``judge_pair``); a run recording step ``index``'s per-device values (``capture``)
+KINDS = ("dtype", "perturbed", "perturbed64", "rounded64", "step1", "rule64", "rerun", "moved64", "again64", "capture")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,12 @@ class Variant:
             return "float32-step1"
         if self.kind == "rule64":
             return "float64+rule"
+        if self.kind == "moved64":  # (made for a check alone: never a trajectory key)
+            return "float64+moved" + (f"-{self.index + 1}" if self.index else "")
+        if self.kind == "again64":
+            return "float64+again"
+        if self.kind == "capture":
+            return f"capture{self.index}"
         return f"{self.dtype}+rerun{self.index}"
 
     @property
@@ -86,6 +94,13 @@ STEP1 = Variant("step1")
 ROUNDED64 = Variant("rounded64")
 #: a float64 run with the class's rule (``mapping.rule_runs``), under a key of its own
 RULE64 = Variant("rule64")
+#: the conditioning check's float64 rerun from inputs moved by one float64 ulp, its repeat, and the judged run's repeat
+MOVED64, MOVED64_AGAIN, AGAIN64 = Variant("moved64"), Variant("moved64", index=1), Variant("again64")
+
+
+def capture(step: int) -> Variant:
+    """A run recording step ``step``'s per-device values (``capture.inside_step``)."""
+    return Variant("capture", index=step)
 
 
 def _bf16() -> tuple[tuple[Variant, ...], tuple[Variant, ...]]:

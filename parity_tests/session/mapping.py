@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ from parity_tests.judging.theory import LOSS_SCALE, Prediction, mapping_changes
 from parity_tests.judging.verdict import Verdict
 from parity_tests.protocol.errors import CaseError
 from parity_tests.session.declared import declared as _declared
-from parity_tests.session.executor import Runner
+from parity_tests.session.executor import Need, Runs
 from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
 
 __all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'SideMapping', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_leg', 'residual_unjudged']
@@ -181,26 +180,17 @@ def own_rules(impls: list[str], trajs: Mapping[RunKey, Any], dtype: str) -> dict
     return out
 
 
-def rule_runs(trajs: dict[RunKey, Any], runner: Runner, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
+def rule_runs(runs: Runs, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
     """``float64_run(name, changes)`` for :func:`follows_its_class`: ``name``'s float64 run of ``case64`` with
-    ``changes``, made once into ``trajs``: the pair's own float64 run where there is one and nothing changes;
-    else under a key of its own (``name@float64+rule``: a built-in with its class's rule, a plugin judged
-    without a float64 run), so that no other rule reads it as the pair's."""
+    ``changes``, declared to ``runs`` (which makes it once, into its runs): the pair's own float64 run where
+    there is one and nothing changes; else under a key of its own (``name@float64+rule``: a built-in with its
+    class's rule, a plugin judged without a float64 run), so that no other rule reads it as the pair's. A
+    TensorFlow built-in's run goes to the server's child where this process has not imported TensorFlow
+    (a compare of plugins alone keeps it free of TensorFlow's import and memory)."""
     def float64_run(name: str, changes: Mapping[str, Any]) -> Any:
-        if not changes and RunKey(name, FLOAT64) in trajs:
-            return trajs[RunKey(name, FLOAT64)]
-        key = RunKey(name, RULE64)
-        if key not in trajs:
-            c = case64.replace(**changes)
-            if name.startswith("tf.") and "tensorflow" not in sys.modules:
-                # a TensorFlow built-in runs in this process, which a compare of plugins alone keeps free of
-                # TensorFlow (its import, its memory): this check's run goes to the server's child instead
-                from parity_tests.running.builtins import run_in_server
-
-                trajs[key] = run_in_server(c, name)
-            else:
-                trajs[key] = runner(c, name)
-        return trajs[key]
+        if not changes and RunKey(name, FLOAT64) in runs.trajs:
+            return runs.trajs[RunKey(name, FLOAT64)]
+        return runs.make([Need(RunKey(name, RULE64), lambda: case64.replace(**changes), in_server=True)])[0]
 
     return float64_run
 
