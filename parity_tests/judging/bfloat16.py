@@ -126,7 +126,7 @@ from parity_tests.judging.perturbation import (
     bfloat16_signature,
     round_bfloat16,
 )
-from parity_tests.judging.rules import judge_float64
+from parity_tests.judging.rules.float64_bound import judge_float64
 from parity_tests.judging.verdict import Verdict, _finished, _known
 
 __all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "BF16_STORAGE_FACTOR", "BF16_SIGNATURE_FACTOR", "Side", "judge_bfloat16",

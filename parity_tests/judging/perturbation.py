@@ -132,7 +132,8 @@ from parity_tests.judging.loss_channel import (
     _loss_structure,
     _with_loss,
 )
-from parity_tests.judging.rules import _check_factor, _judge_floor
+from parity_tests.judging.rules.float32_floor import _judge_floor
+from parity_tests.judging.rules.float64_bound import _check_factor
 from parity_tests.judging.verdict import (
     RULE_PERTURBATION,
     RULE_STRUCTURE,
