@@ -27,7 +27,7 @@ rerun re-samples, and which the same recipe on both sides shares).
 
 **The sampled spread** ``S``. Each side is re-run ``R = BF16_RERUNS = 2`` times with its
 inputs ``x`` moved by one bfloat16 ulp and its initial weights and hyperparameters by one
-float32 ulp, each rerun with its own seeded coins (``session.comparison.perturbed_case``, seeds ``s`` and
+float32 ulp, each rerun with its own seeded coins (``session.variants.perturbed_case``, seeds ``s`` and
 ``s + 2**32``), and each rerun's moved case is also run in float64. Both sides round ``x``
 to bfloat16 at the first layer, so a rerun moves the first bfloat16 operand by one bfloat16
 rounding and every later bfloat16 rounding (activations, products, gradients) falls afresh:
@@ -80,7 +80,7 @@ oneDNN every kernel of both recipes rounds once (``rho_X = 1``); with Eigen Tens
 matmuls give 1.8 and its conv filter gradient 2.1; torch's kernels round once either way.
 
 **The bfloat16 signature** (:func:`signature_bound`, rule ``"bfloat16 computation"``, applied
-by ``session.comparison._bf16_guard``): a side that does not compute in bfloat16 is *closer* to float64
+by ``session.judge_pair._bf16_guard``): a side that does not compute in bfloat16 is *closer* to float64
 than the rule asks, so this rule cannot see it; its one-step float32 run can. The side's
 mixed run must part from its float32 run at step 1 (the loss and every combined gradient,
 ``perturbation.bfloat16_signature``) by more than ``BF16_SIGNATURE_FACTOR = 16`` times that
@@ -126,7 +126,7 @@ from parity_tests.judging.perturbation import (
     bfloat16_signature,
     round_bfloat16,
 )
-from parity_tests.judging.rules import judge_float64
+from parity_tests.judging.rules.float64_bound import judge_float64
 from parity_tests.judging.verdict import Verdict, _finished, _known
 
 __all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "BF16_STORAGE_FACTOR", "BF16_SIGNATURE_FACTOR", "Side", "judge_bfloat16",

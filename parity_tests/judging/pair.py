@@ -32,39 +32,25 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.judging.bfloat16 import judge_bfloat16
-from parity_tests.judging.bounds import SCALE_FLOOR
-from parity_tests.judging.compare import compare_trajectories, first_nonfinite
-from parity_tests.judging.localise import STAGES, bound_at
-from parity_tests.judging.perturbation import judge_perturbation
-from parity_tests.judging.rules import judge_float32, judge_float64
+from parity_tests.judging.localise import STAGES
+from parity_tests.judging.rules import (
+    CHECKS,
+    RULE_REPLICAS,
+    RULE_VACUOUS,
+    RULES,
+    PairRuns,
+    Side,
+    vacuity,
+)
 from parity_tests.judging.theory import Prediction
-from parity_tests.judging.verdict import RULE_NONFINITE, Verdict
+from parity_tests.judging.verdict import Verdict
 from parity_tests.judging.zero_gradient import ZeroGradients
-from parity_tests.protocol.rows import iter_rows
 
 __all__ = ["Side", "judge_sides", "vacuity", "resolve", "Resolution", "RULE_REPLICAS", "RULE_VACUOUS",
            "with_findings", "OK_STATUSES"]
 
-RULE_REPLICAS = "replicas in sync"
-RULE_VACUOUS = "nothing compared"
 #: ``tfpar compare`` exits 0 when every pair has one of these (docs/tolerance.md, "The verdict")
 OK_STATUSES = ("parity", "expected_difference")
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side's runs of a case, as the pair's rule needs them.
-
-    Attributes:
-        run: the case dtype's trajectory (float32, float64 or mixed_bfloat16).
-        f64: the same case in float64 (the float64 and float32 rules), or ``None``.
-        perturbed: the perturbed rerun (the perturbation rules), or ``None``.
-    """
-
-    run: Mapping[str, Any]
-    f64: Mapping[str, Any] | None = None
-    perturbed: Mapping[str, Any] | None = None
 
 
 def with_findings(src: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -103,122 +89,11 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
         nan = float("nan")
         return Verdict("inconclusive", RULE_VACUOUS, nan, nan, None, None, np.zeros(0), None,
                        "inconclusive: no steps were run", known)
-    if dtype == "float64":
-        v = judge_float64(a.f64 if a.f64 is not None else a.run, b.f64 if b.f64 is not None else b.run,
-                          known_differences=known, grads=grads, zero=zero)
-    elif bfloat16 is not None:
-        v = judge_bfloat16(*bfloat16, known_differences=known, loss=(perturbation or {}).get("loss"))
-    elif rule == "perturbation":
-        v = judge_perturbation(a.run, b.run, a32p=a.perturbed, b32p=b.perturbed, known_differences=known,
-                               **(perturbation or {}))
-    else:
-        v = judge_float32(a.run, b.run, a64=a.f64, b64=b.f64, known_differences=known, grads=grads, zero=zero)
-    v = _nonfinite_guard(v, a.run, b.run)
-    v = _both_nonfinite(v, a.run, b.run)
-    v = _findings_guard(v, a.run, b.run)
-    why = vacuity(a.run, b.run, v)
-    if why is not None:
-        v = dataclasses.replace(v, status="inconclusive", rule=RULE_VACUOUS,
-                                detail=f"inconclusive: {why}; {v.detail}")
+    pair = PairRuns(dtype, a, b, rule, known, tuple(grads), perturbation, bfloat16, zero)
+    v = next(r for r in RULES if r.applies(pair)).judge(pair)  # the first rule that applies (judging.rules)
+    for check in CHECKS:
+        v = check.judge(pair, v)
     return v
-
-
-def _nonfinite_guard(verdict: Verdict, a: Mapping[str, Any], b: Mapping[str, Any]) -> Verdict:
-    """Never let a NaN or Inf anywhere (loss and gradients included) pass as parity.
-
-    The tolerance model judges parameters and the loss; a run whose gradients overflow
-    while its parameters are still finite has not trained as intended. One side
-    non-finite is a divergence; both, at the same place, is no verdict (``error``).
-    """
-    if verdict.status not in ("parity", "unexpected_parity"):
-        return verdict
-    fa, fb = first_nonfinite(a, "A"), first_nonfinite(b, "B")
-    if fa is None and fb is None:
-        return verdict
-    where = compare_trajectories(a, b, rtol=0.0, atol=0.0, equal_nan=True).first_nonfinite or (fa or fb)
-    status = "error" if fa and fb else "divergence"
-    return dataclasses.replace(verdict, status=status, rule=RULE_NONFINITE,
-                               detail=f"{where}; the values before that point: {verdict.detail}")
-
-
-def _both_nonfinite(verdict: Verdict, a: Mapping[str, Any], b: Mapping[str, Any]) -> Verdict:
-    """Both runs non-finite, not alike: no verdict (``error``), not a divergence.
-
-    A rule calls a NaN on one side where the other is still finite a divergence. When the other
-    side turns non-finite too, later or elsewhere (Adam with ``epsilon = 0`` divides ``0 / 0``
-    wherever a gradient element is exactly zero, and which elements round to exactly zero is
-    rounding), the runs have both left the numbers: which one left first is not a verdict on
-    the update rule.
-    """
-    if verdict.rule != RULE_NONFINITE or verdict.status != "divergence":
-        return verdict
-    fa, fb = first_nonfinite(a, "A"), first_nonfinite(b, "B")
-    if fa is None or fb is None:
-        return verdict
-    return dataclasses.replace(verdict, status="error", detail=f"both runs become non-finite ({fa}; {fb}): no verdict"
-                                                              f" on non-finite values; {verdict.detail}")
-
-
-def _findings_guard(verdict: Verdict, a: Mapping[str, Any], b: Mapping[str, Any]) -> Verdict:
-    """A run that found a divergence within itself (DDP replicas out of sync) is never at parity."""
-    found = [*getattr(a, "findings", ()), *getattr(b, "findings", ())]
-    if not found:
-        return verdict
-    return dataclasses.replace(verdict, status="divergence", rule=RULE_REPLICAS,
-                               detail="; ".join(found) + f"; between the implementations: {verdict.detail}")
-
-
-def _moved(traj: Mapping[str, Any], bound: float) -> bool:
-    """Whether any ``param/*`` or ``state/*`` array leaves its row 0 by more than ``bound`` (relative)."""
-    for key in traj:
-        if not isinstance(key, str) or not key.startswith(("param/", "state/")):
-            continue
-        rows = iter_rows(traj[key])
-        first = None
-        for _, chunk in rows:
-            chunk = np.asarray(chunk, np.float64)
-            if first is None:
-                first = chunk[0]
-            scale = max(float(np.max(np.abs(first), initial=0.0)), SCALE_FLOOR)
-            with np.errstate(invalid="ignore"):
-                if np.nanmax(np.abs(chunk - first), initial=0.0) / scale > bound:
-                    return True
-    return False
-
-
-def vacuity(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Verdict) -> str | None:
-    """Why nothing was really compared between ``a`` and ``b`` (docs/tolerance.md, "The verdict"), or ``None``.
-
-    In order: no steps; a loss non-finite on both sides from the first step; every recorded
-    gradient exactly zero at every step; no parameter or state array moving beyond the
-    verdict's bound on either side (a learning rate of 0, or too small to move a float32
-    number); a loss exactly constant over two or more steps on both sides (a logged constant,
-    or a loss that nothing changes). A divergence found in the logged loss alone is no
-    comparison of training either where nothing moves (docs/tolerance.md, "The verdict"): the first four
-    apply to it too; a constant loss only to a pair that would otherwise pass.
-    """
-    nonfinite_error = verdict.status == "error" and verdict.rule == RULE_NONFINITE
-    if verdict.status not in ("parity", "unexpected_parity", "divergence") and not nonfinite_error:
-        return None
-    if verdict.status == "divergence" and verdict.rule in (RULE_NONFINITE, RULE_REPLICAS):
-        return None
-    la, lb = (np.asarray(t.get("loss", np.zeros(0)), np.float64) for t in (a, b))
-    if la.size == 0 or lb.size == 0:
-        return "no steps were run"
-    if not np.isfinite(la[0]) and not np.isfinite(lb[0]):
-        return "the loss is not finite from the first step on both sides"
-    if nonfinite_error:
-        return None
-    grads = [t[k] for t in (a, b) for k in t if isinstance(k, str) and k.startswith("grad/")]
-    if grads and all(not np.any(np.asarray(chunk)) for g in grads for _, chunk in iter_rows(g)):
-        return "every recorded gradient is exactly zero at every step"
-    bound = max(bound_at(verdict, 0), 0.0) if np.isfinite(verdict.bound) else 0.0
-    if not _moved(a, bound) and not _moved(b, bound):
-        return (f"no parameter moves on either side (every step leaves every parameter within {bound:.2g} of its"
-                " initial value, relative): a learning rate of 0, or updates too small for the dtype")
-    if verdict.status != "divergence" and la.size >= 2 and np.all(la == la[0]) and np.all(lb == lb[0]):
-        return f"the loss is the same number ({la[0]:.6g}) at every step on both sides"
-    return None
 
 
 @dataclass(frozen=True)

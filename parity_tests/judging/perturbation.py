@@ -60,7 +60,7 @@ Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dt
     its float64 run, within a bound derived from the reruns below and from what this CPU's
     kernels do (``running.kernels``); the figures below are the perturbation floor's, which
     decides only a pair without float64 runs. Its reruns (:func:`perturb_bf16_ulp`,
-    ``session.comparison.perturbed_case``) are the ones that rule samples its spread from:
+    ``session.variants.perturbed_case``) are the ones that rule samples its spread from:
 
     * the inputs ``x`` moved by one *bfloat16* ulp: ``round_bf16(x)`` (round to nearest
       even, as both frameworks cast) moved to its bfloat16 neighbour, up or down by a
@@ -132,7 +132,8 @@ from parity_tests.judging.loss_channel import (
     _loss_structure,
     _with_loss,
 )
-from parity_tests.judging.rules import _check_factor, _judge_floor
+from parity_tests.judging.rules.float32_floor import _judge_floor
+from parity_tests.judging.rules.float64_bound import _check_factor
 from parity_tests.judging.verdict import (
     RULE_PERTURBATION,
     RULE_STRUCTURE,
@@ -295,7 +296,7 @@ def shard_permutation(steps: int, batch: int, devices: int, shard: str, seed: in
     the perturbation rule"). ``across=True`` permutes each step's whole global batch instead,
     so that each device (each block of the cross-device sum) also adds up other examples:
     the same computation only where the N-device update equals the full-batch one, and only
-    for code that is known to compute it (``session.comparison.perturbed_case`` decides: a bug that depends
+    for code that is known to compute it (``session.variants.perturbed_case`` decides: a bug that depends
     on which rows a device holds must reproduce in the buggy side's rerun, or it raises that
     side's floor instead of showing). The permutations come from
     ``default_rng([seed, PERTURB_STREAM, 2])``.
@@ -330,7 +331,7 @@ def judge_perturbation(
     """Judge two float32 trajectories without float64 runs: the perturbation floor.
 
     Each side is re-run in float32 from its initial weights (and inputs and hyperparameters)
-    moved by one float32 ulp (:func:`perturb_ulp`; ``session.comparison.perturbed_case`` also reorders a
+    moved by one float32 ulp (:func:`perturb_ulp`; ``session.variants.perturbed_case`` also reorders a
     built-in's shards); the spread is what rounding alone does to that side::
 
         d_p[k]     = max(||A32_p[k]||_inf, ||B32_p[k]||_inf, SCALE_FLOOR)

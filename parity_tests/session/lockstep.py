@@ -15,7 +15,7 @@ so a gap cannot be carried from one step into the next. The first step whose one
 gap exceeds its bound is the first bad step (``first_bad_step``, docs/localisation.md). Where that
 step breaks inside the step (``localise.refinable``), both sides run it once more from the
 same start with capture on (:func:`captured_step`) and its stage chain names the stage and
-device (``comparison.inside_step``, as a free comparison does at its first bad step).
+device (``capture.inside_step``, as a free comparison does at its first bad step).
 
 Design: one-step runs from a start state carried in the payload (not a bisection by
 replay from recorded states: a bisection needs the states anyway, judges ``log2 T`` steps
@@ -93,6 +93,8 @@ from parity_tests.session.comparison import (
     rule_runs,
     stand_in_leg,
 )
+from parity_tests.session.executor import Runs
+from parity_tests.session.keys import FLOAT64, RunKey, as_given
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step", "free_findings"]
@@ -278,7 +280,7 @@ class LockstepPair:
     #: the localisation (docs/localisation.md) of the first bad step (its stage chain where both sides capture), or ``None``
     localisation: dict[str, Any] | None = None
     #: why no residual was judged at the first step where the stand-in's leg parted before the update
-    #: (``comparison.stand_in_leg``: "residual not judged: no equivalent run: ..."), or ``None``
+    #: (``mapping.stand_in_leg``: "residual not judged: no equivalent run: ..."), or ``None``
     residual_not_judged: str | None = None
 
     def __repr__(self) -> str:
@@ -465,12 +467,12 @@ def _free_curves(free: CaseResult, ref: str, impl: str, steps: int) -> tuple[np.
     pair = next((p for p in free.pairs if p.impl == impl), None)
     if pair is None:  # no free comparison was asked for
         return nan, nan
-    t = free.trajectories
+    t = free.runs
 
     (na, sa), (nb, sb) = pair.judged or ((ref, ""), (impl, ""))  # the runs the free verdict judged
-    dtype = free.case.spec["dtype"]
-    a, b, a64, b64 = (t.get(f"{n}@{variant}{suffix}") for n, suffix, variant in
-                      ((na, sa, dtype), (nb, sb, dtype), (na, sa, "float64"), (nb, sb, "float64")))
+    dtype = as_given(free.case.spec["dtype"])
+    a, b, a64, b64 = (t.get(RunKey(n, variant, suffix)) for n, suffix, variant in
+                      ((na, sa, dtype), (nb, sb, dtype), (na, sa, FLOAT64), (nb, sb, FLOAT64)))
     if any(r is None for r in (a, b, a64, b64)):
         return nan, nan
     keys = sorted(k for k in a if k.startswith(("param/", "state/")) and k in b)
@@ -503,9 +505,10 @@ def free_findings(free: CaseResult, impl: str) -> dict[int, list[str]]:
     at ``run.begin()`` belongs to step 1.
     """
     out: dict[int, list[str]] = {}
-    for key, traj in free.trajectories.items():
-        if not key.startswith(f"{impl}@"):
+    for run, traj in (free.runs or {}).items():
+        if run.impl != impl:
             continue
+        key = run.text
         for found in getattr(traj, "findings", ()):
             data = finding_data(found)
             m = _FOUND_AT.search(found) if "step" not in data else None  # a finding without data: its line
@@ -538,12 +541,12 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     mapped built-in's ``sm``/``sm64`` and, when it stands in for a plugin, its own ``s``/``s64``.
     ``zero``: the case's zero-gradient parameters (``judging.zero_gradient``).
 
-    A residual through a stand-in is judged by the free compare's rule (``comparison.stand_in_leg``):
+    A residual through a stand-in is judged by the free compare's rule (``mapping.stand_in_leg``):
     at each step the plugin against the stand-in as it runs, from the same start; where they part
     before the update (a loss term the case cannot express) no residual is judged at that step and
     the step is resolved as one without a mapping (by the stage where its runs part); where they
     part at the update, that leg decides. ``leg_refine(step, where, verdict)``: the stage chain of
-    that leg's step (``comparison.inside_step``), asked where the recorded channels cannot tell
+    that leg's step (``capture.inside_step``), asked where the recorded channels cannot tell
     the stage (no gradient recorded); once per stage they name, the first step that needs it.
     """
     steps = len(runs["b"])
@@ -574,7 +577,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
         a, b = side("a", k), side("b", k)
         v = judge_sides(dtype, a, b, rule=rule, zero=zero)
         residual, why = None, None
-        if mapping is not None:  # as the free compare judges it (session.comparison._Judged.residual)
+        if mapping is not None:  # as the free compare judges it (session.judge_pair._Judged.residual)
             residual = judge_sides(dtype, a, side("sm", k), rule=rule, zero=zero) if mapping.side == impl else \
                 judge_sides(dtype, side("sm", k), b, rule=rule, zero=zero)
             if mapping.stand_in:
@@ -615,7 +618,7 @@ def _localise(pair: LockstepPair, free_pair: Any, chain: Callable[[dict[str, Any
     """The localisation (docs/localisation.md) of lockstep's first bad step (its one-step runs), on ``pair`` and the free pair.
 
     ``chain(where, verdict)``, when given, refines a stage inside the step (``localise.refinable``)
-    by the stage chain of that step re-run from the same start with capture on (``comparison.inside_step``).
+    by the stage chain of that step re-run from the same start with capture on (``capture.inside_step``).
     As the free comparison's localisation does (issue 37): the ``factor`` at the first bad stage, read from
     that step's one-step runs (``judging.factor``; the chain's capture where it ran), and ``loss_only``
     (``judging.loss_only``) from ``logged``, the free runs' logged losses of the pair in the case dtype
@@ -682,7 +685,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     t1 = time.perf_counter()
     dtype, ref = case.spec["dtype"], impls[0]
     f64 = case if dtype == "float64" else case.replace(dtype="float64")
-    note(f"{ref}@{dtype} lockstep chain")
+    note(f"{RunKey(ref, as_given(dtype))} lockstep chain")
     chain = one_step_runs(case, ref, None, runner=runner)
     starts = [{"init": case.init, "opt": None}] + [_start(t) for t in chain[:-1]]
     runs64: dict[tuple[str, str], list] = {}
@@ -695,11 +698,17 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             if dtype == "float64" and impl == ref and mapping is None:
                 runs64[key] = chain
             else:
-                note(f"{impl}@float64" + (" mapped" if mapping else "") + " one-step runs")
+                note(f"{RunKey(impl, FLOAT64)}" + (" mapped" if mapping else "") + " one-step runs")
                 runs64[key] = one_step_runs(c, impl, starts, runner=runner)
         return runs64[key]
 
-    captured: dict[int, dict] = {}  # first bad step -> comparison.inside_step's cache of capture runs
+    captured: dict[int, Runs] = {}  # first bad step -> the capture runs capture.inside_step declared there
+
+    def captures(step: int) -> Runs:
+        """What makes ``step``'s capture runs: each side's one step from the reference's start, once."""
+        if step not in captured:
+            captured[step] = Runs(lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner))
+        return captured[step]
 
     def chain_at(step: int, impl: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
         """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured."""
@@ -708,9 +717,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             d64 = dtype == "float64" or verdict.rule == RULE_FLOAT64
             c = f64 if d64 else case
             note(f"{ref} and {impl}: step {step} captured")
-            return inside_step(where, verdict, ((ref, c), (impl, c)),
-                                lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner),
-                                captured.setdefault(step, {}))
+            return inside_step(where, verdict, ((ref, c), (impl, c)), captures(step))
 
         return refine
 
@@ -720,16 +727,14 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             c = f64 if dtype == "float64" or verdict.rule == RULE_FLOAT64 else case
             stand = mapping.plain.apply(c) if mapping.plain else c
             note(f"{mapping.runs_as} and {mapping.side}: step {step} captured")
-            return inside_step(where, verdict, ((mapping.runs_as, stand), (mapping.side, c)),
-                               lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner),
-                               captured.setdefault(step, {}))
+            return inside_step(where, verdict, ((mapping.runs_as, stand), (mapping.side, c)), captures(step))
 
         return refine
 
-    held = held_roundings(impls, free_result.trajectories, dtype)
-    own = own_schedule = own_rules(impls, free_result.trajectories, dtype)  # (theory.predict's own_schedule)
+    held = held_roundings(impls, free_result.runs, dtype)
+    own = own_schedule = own_rules(impls, free_result.runs, dtype)  # (theory.predict's own_schedule)
     if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
-        own = follows_its_class(own, rule_runs(free_result.trajectories, runner or run_impl, f64), case.spec)
+        own = follows_its_class(own, rule_runs(Runs(runner or run_impl, free_result.runs), f64), case.spec)
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own, own_schedule=own_schedule)
@@ -738,7 +743,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         if dtype == "float64":
             runs["a"], runs["b"] = runs["a64"], runs["b64"]
         else:
-            note(f"{impl}@float32 one-step runs")
+            note(f"{RunKey(impl, as_given('float32'))} one-step runs")
             runs["a"], runs["b"] = chain, one_step_runs(case, impl, starts, runner=runner)
         if mapping is not None:
             try:
@@ -756,6 +761,6 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
         _localise(pair, free_pair, refine, case.spec,
-                  (free_result.trajectories.get(f"{ref}@{dtype}"), free_result.trajectories.get(f"{impl}@{dtype}")))
+                  (free_result.runs.get(RunKey(ref, as_given(dtype))), free_result.runs.get(RunKey(impl, as_given(dtype)))))
         pairs.append(pair)
     return LockstepResult(free_result, pairs, t1 - t0, time.perf_counter() - t1)

@@ -18,11 +18,13 @@ a bug of the program (a learning rate off by 1e-3, a loss scaled by 1/N twice) i
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from parity_tests.contract.case import Case
 from parity_tests.protocol.hyper import keras_scale_factor
 from parity_tests.protocol.payload import EXACT_LOSS_SCALE
+from parity_tests.session.keys import FLOAT64, RunKey
 
 __all__ = ["EXACT_SCALE", "ExactScale", "ExactScaleCase", "loss_scale_of", "loss_scales"]
 
@@ -35,13 +37,13 @@ def loss_scale_of(traj: Any) -> float | None:
     return keras_scale_factor(getattr(traj, "meta", {}).get("keras_loss_scales"))
 
 
-def loss_scales(impls: list[str], trajs: dict[str, Any]) -> dict[str, float | None]:
+def loss_scales(impls: list[str], trajs: Mapping[RunKey, Any]) -> dict[str, float | None]:
     """:func:`loss_scale_of` each implementation's float64 run (the run whose numbers decide a float32 case too).
 
     An implementation without a float64 run (a float32-only plugin) carries nothing a float32 rule
     could tell from float32 arithmetic, whose float32(1/N) it is: ``None``.
     """
-    return {impl: loss_scale_of(trajs.get(f"{impl}@float64", {})) for impl in impls}
+    return {impl: loss_scale_of(trajs.get(RunKey(impl, FLOAT64), {})) for impl in impls}
 
 
 @dataclasses.dataclass

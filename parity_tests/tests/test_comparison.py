@@ -76,11 +76,11 @@ def test_keras_float32_hyperparameters_are_mapped_and_reported():
 def test_the_perturbed_copy_of_the_weights_is_made_only_for_a_perturbation_rule(monkeypatch):
     """A float32 case's perturbed variant is a copy of the model (1 GB for GPT-2 small in float64): made where
     a pair is judged by the perturbation floor, never where the float64 rule decides every pair."""
-    from parity_tests.session import comparison
+    from parity_tests.session import variants
 
     made: list[str] = []
-    real = comparison.perturbed_case
-    monkeypatch.setattr(comparison, "perturbed_case", lambda c, *a: (made.append(c.name), real(c, *a))[1])
+    real = variants.perturbed_case
+    monkeypatch.setattr(variants, "perturbed_case", lambda c, *a: (made.append(c.name), real(c, *a))[1])
     case = make(POLY, dtype="float32", optimizer__semantics="tf")
     r = compare_case(case, ["tf.towers", "torch.ddp"])
     assert r.pairs[0].verdict.rule == "float32 noise floor" and made == []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from parity_tests.running import room
-from parity_tests.session import comparison
+from parity_tests.session import comparison, executor
 from parity_tests.session.comparison import compare_case
 from parity_tests.tests.helpers import MLP, make
 
@@ -38,13 +38,13 @@ def test_the_two_fit_beside_each_other_within_the_share_of_what_is_available():
 def test_runs_that_do_not_fit_go_one_after_another_with_the_same_verdict(monkeypatch):
     case = make(MLP, parallel__devices=2, dtype="float32")
     calls: list[int] = []
-    real = comparison._beside
+    real = executor._beside
 
     def spy(*args):
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(comparison, "_beside", spy)
+    monkeypatch.setattr(executor, "_beside", spy)
     together = compare_case(case, ["tf.towers", "torch.ddp"])
     assert calls, "a small case's TensorFlow and torch runs go beside each other"
     calls.clear()

@@ -1,0 +1,41 @@
+"""What a rule of ``judging.rules`` is handed: one pair's runs (:class:`Side` each) and what the session knows of it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from parity_tests.judging.zero_gradient import ZeroGradients
+
+__all__ = ["Side", "PairRuns"]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's runs of a case, as the pair's rule needs them.
+
+    Attributes:
+        run: the case dtype's trajectory (float32, float64 or mixed_bfloat16).
+        f64: the same case in float64 (the float64 and float32 rules), or ``None``.
+        perturbed: the perturbed rerun (the perturbation rules), or ``None``.
+    """
+
+    run: Mapping[str, Any]
+    f64: Mapping[str, Any] | None = None
+    perturbed: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PairRuns:
+    """The pair ``(a, b)`` as ``pair.judge_sides`` hands it to each rule and check (its arguments, by name)."""
+
+    dtype: str
+    a: Side
+    b: Side
+    rule: str  # ``float64`` or ``perturbation``: how the session measures a float32 case's floor
+    known: tuple[str, ...] = ()
+    grads: tuple[Mapping[str, Any], ...] = ()
+    perturbation: Mapping[str, Any] | None = None
+    bfloat16: tuple[Any, Any] | None = None
+    zero: ZeroGradients | None = None

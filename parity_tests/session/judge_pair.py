@@ -1,0 +1,494 @@
+"""One pair judged from the runs the session made: its rule, every guard, the mapping's residual, where it parts.
+
+Every run a pair's verdict reads is made by the session's executor (``session.executor``): the runs
+every pair needs are planned and made before any pair is judged (``session.plan``: their union, each
+once, float64 first). A check whose runs depend on a verdict declares them (``executor.Need``, each
+with a ``keys.RunKey`` of its own) only after the verdict that triggers them, and the executor makes
+the ones not made yet: the conditioning check's float64 reruns from inputs moved by one ulp and its
+repeats (:meth:`_Judged.conditioned`, asked after a float64 divergence), a nondeterministic plugin's
+spread reruns (:func:`_within_spread`, after a divergence), the per-device capture runs of a
+localisation (``capture.inside_step``, after a break inside a step). Asking after the verdict is
+what makes them conditional: a pair at parity makes none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from parity_tests.contract.case import MIXED_BFLOAT16, Case
+from parity_tests.judging.bfloat16 import Side as BF16Side
+from parity_tests.judging.bfloat16 import signature_bound
+from parity_tests.judging.bounds import FLOAT64_RTOL
+from parity_tests.judging.factor import attach as attach_factor
+from parity_tests.judging.localise import localise, refinable, with_layer
+from parity_tests.judging.loss_only import attach as attach_loss_only
+from parity_tests.judging.pair import Side, judge_sides, resolve
+from parity_tests.judging.perturbation import bfloat16_signature, judge_perturbation, perturb_ulp
+from parity_tests.judging.precision_leak import leak_text, loss_in_float32
+from parity_tests.judging.theory import (
+    Prediction,
+    engine,
+    keras_bias_add_layers,
+    reported_loss_differs,
+    stage_of,
+)
+from parity_tests.judging.verdict import (
+    RULE_BF16_PERTURBATION,
+    RULE_BF16_SIGNATURE,
+    RULE_CONDITIONING,
+    RULE_FLOAT64,
+    Verdict,
+)
+from parity_tests.judging.zero_gradient import zero_gradients
+from parity_tests.running import registry
+from parity_tests.session.capture import inside_step
+from parity_tests.session.declared import declared as _declared
+from parity_tests.session.executor import Need, Runs
+from parity_tests.session.keys import (
+    AGAIN64,
+    BF16_RERUNS64_RUN,
+    BF16_RERUNS_RUN,
+    FLOAT64,
+    MOVED64,
+    MOVED64_AGAIN,
+    PERTURBED_RUN,
+    ROUNDED64,
+    STEP1,
+    RunKey,
+    Variant,
+    as_given,
+    repeat,
+)
+from parity_tests.session.loss_scale import ExactScale
+from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
+from parity_tests.session.results import UNSUPPORTED, PairResult
+from parity_tests.session.variants import (
+    _perturbed_text,
+    _reorderable,
+    _reorders,
+    _resummed,
+)
+
+__all__ = ["CONDITIONING_ROUNDINGS"]
+
+
+#: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``bounds``): how far one rounding
+#: of every input, measured, can grow in a step (``_Judged.conditioned``)
+CONDITIONING_ROUNDINGS = 20 * 100
+
+
+def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
+    """A mixed pair whose losses are different quantities (``theory.reported_loss_differs``): say so, with the gap."""
+    la, lb = np.asarray(a["loss"], np.float64), np.asarray(b["loss"], np.float64)
+    gap = float(np.max(np.abs(la - lb) / np.maximum(np.maximum(np.abs(la), np.abs(lb)), 1e-2))) if la.size else 0.0
+    first, _, rest = verdict.detail.partition("\n")
+    note = (f"; loss reported, not judged: Keras rounds the logits twice (product, then + bias), torch once"
+            f" (greatest relative loss gap {gap:.2e})")
+    return dataclasses.replace(verdict, detail=first + note + (("\n" + rest) if rest else ""))
+
+
+def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]]) -> Verdict:
+    """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
+
+    ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
+    arithmetic, so the bfloat16 rule cannot find it; this check does. Its mixed run must part
+    from its float32 run at step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32
+    run's own distance from float64 (``perturbation.BF16_SIGNATURE`` where no float64 run was made).
+    """
+    if verdict.status in ("error", "inconclusive", UNSUPPORTED):  # nothing moved: no signature to read either
+        return verdict
+    for side in (ref, impl):
+        mixed, f32 = trajs.get(RunKey(side, as_given(MIXED_BFLOAT16))), trajs.get(RunKey(side, STEP1))
+        if mixed is None or f32 is None:
+            continue
+        gap, key = bfloat16_signature(mixed, f32)
+        bound, how = signature_bound(f32, trajs.get(RunKey(side, FLOAT64)))
+        if gap <= bound:
+            detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
+                      f" (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between the"
+                      f" implementations: {verdict.detail}")
+            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=bound,
+                                       detail=detail, key=key, step=1, first_step=1)
+    return verdict
+
+
+def _bf16_sides(trajs: dict[RunKey, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
+    """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
+    return all(RunKey(impl, v, suffix) in trajs
+               for v in (as_given(MIXED_BFLOAT16), FLOAT64, ROUNDED64, *BF16_RERUNS_RUN, *BF16_RERUNS64_RUN))
+
+
+def _tf_kernels(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """TensorFlow's kernel probe here, for theory's mixed-precision predictions (``None`` for other dtypes)."""
+    if spec["dtype"] != MIXED_BFLOAT16:
+        return None
+    from parity_tests.running import kernels
+
+    return kernels.probe("tf")["ops"]
+
+
+def _bf16_side(case: Case, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]], suffix: str = "",
+               bias_add: bool = False) -> BF16Side:
+    """One side of a mixed pair, with what its framework's kernels do on this CPU (``running.kernels``).
+
+    ``bias_add``: the pair is two TensorFlow sides, which both sum Keras' ``bias_add`` gradients as
+    ``BiasAddGrad`` does here; against torch that is a predicted difference (``theory.bias_add_differences``).
+    """
+    from parity_tests.running import kernels
+
+    framework = registry.resolve(impl, "impls").framework
+    terms = max((n for _, _, n in keras_bias_add_layers(case.spec, most=True)), default=None) if bias_add else None
+    rho, why = kernels.side_factor(case.spec["model"]["layers"], framework, bias_add, terms)
+    return BF16Side(impl, trajs[RunKey(impl, as_given(MIXED_BFLOAT16), suffix)], trajs[RunKey(impl, FLOAT64, suffix)],
+                    [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS_RUN],
+                    [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS64_RUN], rho, why,
+                    trajs[RunKey(impl, ROUNDED64, suffix)])
+
+
+
+def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
+    """Say whether a predicted difference appeared first at the stage theory names for it.
+
+    A *known* difference of the pair that acts at an earlier stage (GPT-2's float64 GELU constants in
+    the forward pass, before Adam's epsilon placement in the update) may show there first: the runs
+    then part where theory says they may, and the note names it.
+    """
+    stages = [d.stage for d in pred.differences if d.expected]
+    stage = stages[0] if stages else stage_of(pred.expected[0])
+    seen = where.get("stage")
+    known = next((d.text.split(":")[0] for d in pred.differences
+                  if not d.expected and seen is not None and seen in (d.stage, d.first_visible)), None)
+    note = (f"; theory predicted it first at {stage}: " + (
+        "it appeared there" if seen == stage else "it did not appear" if seen is None else
+        f"it appeared first at {seen}, where the known difference '{known}' acts" if known else
+        f"it appeared first at {seen}"))
+    return {**where, "predicted_stage": stage, "as_predicted": seen == stage or known is not None,
+            "explanation": where["explanation"] + note}
+
+
+
+@dataclass
+class _Judged:
+    """What :func:`compare_case` ran, and how to judge one pair from it."""
+
+    case: Case
+    variants: dict[Variant, Case]
+    rules: dict[str, str]
+    runs: Runs  # the session's executor: every run a check declares is made there, once
+    mapped_cases: dict[RunKey, Case]
+    grads: list[dict[str, np.ndarray]]
+    stages: bool
+    beside: bool = False  # capture runs of a TensorFlow and a torch side at once (the default runner, room for both)
+    #: (stand-in, plugin) -> the differences theory expects between them as the stand-in runs (:func:`stand_in_leg`)
+    apart: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    @property
+    def trajs(self) -> dict[RunKey, dict[str, np.ndarray]]:
+        """The comparison's runs, by key."""
+        return self.runs.trajs
+
+    def side(self, name: str, suffix: str = "") -> Side:
+        """``name``'s runs (``suffix``: a mapping's key for its mapped runs)."""
+        d = self.case.spec["dtype"]
+        return Side(self.trajs[RunKey(name, as_given(d), suffix)], self.trajs.get(RunKey(name, FLOAT64, suffix)),
+                    self.trajs.get(RunKey(name, PERTURBED_RUN, suffix)))
+
+    def verdict(self, ref: str, impl: str, a: tuple[str, str] | None = None, b: tuple[str, str] | None = None) -> Verdict:
+        """``pair.judge_sides`` on the pair ``(ref, impl)`` by its rule, with the mixed-precision guards.
+
+        ``a``, ``b``: ``(name, suffix)`` of the runs that stand for each side (default: the side's own
+        runs as it ran), e.g. a built-in's mapped runs.
+        """
+        dtype = self.case.spec["dtype"]
+        mixed = dtype == MIXED_BFLOAT16
+        loss_differs = reported_loss_differs(self.case.spec, engine(ref), engine(impl))
+        perturbation = ({"rule": RULE_BF16_PERTURBATION, "perturbed": "inputs moved by one bfloat16 ulp, weights and"
+                         " hyperparameters by one float32 ulp", "loss": False if loss_differs else None} if mixed else
+                        {"perturbed": _perturbed_text(self.variants[PERTURBED_RUN], (ref, impl))}
+                        if PERTURBED_RUN in self.variants and self.rules[impl] == "perturbation" else None)
+        sa, sb = self.side(*(a or (ref, ""))), self.side(*(b or (impl, "")))
+        bf16 = None  # a mixed pair whose sides ran float64 and their reruns: held against float64 (judging.bfloat16)
+        if mixed and all(_bf16_sides(self.trajs, *s) for s in (a or (ref, ""), b or (impl, ""))):
+            sides = (a or (ref, ""), b or (impl, ""))
+            both_tf = all(registry.resolve(n, "impls").framework == "tf" for n, _ in sides)
+            bf16 = tuple(_bf16_side(self.case, n, self.trajs, x, both_tf) for n, x in sides)
+        v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
+                        bfloat16=bf16, zero=zero_gradients(self.case.spec))
+        if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
+            v = _within_spread(v, ref, impl, self.variants, dtype, self.runs)
+        if loss_differs:
+            v = _loss_reported(v, sa.run, sb.run)
+        if mixed:
+            v = _bf16_guard(v, ref, impl, self.trajs)
+        return v
+
+    def residual(self, ref: str, impl: str, m: SideMapping | None, exact: tuple[ExactScale, ...] = ()
+                 ) -> tuple[Verdict | None, tuple[tuple[str, str], tuple[str, str]], str | None]:
+        """The pair judged with ``m``'s differences mapped away, the runs that decided it, and why it was not.
+
+        A built-in side: the pair with that side's mapped runs. A plugin side, through its stand-in
+        ``S``: the other side against ``S`` mapped, judged only once ``S`` is shown to compute what
+        the plugin computes: the plugin against ``S`` as it runs (:attr:`SideMapping.plain`: the
+        plugin's own roundings) by the same rule. Parity there and parity of the mapped leg give
+        the pair's residual by the triangle inequality through ``S``'s two runs (each within the
+        rule's bound). Where ``S`` and the plugin part, where they part says which:
+
+        * at the update, from the same gradient (``localise``'s stage ``update``): the plugin's
+          optimizer step is not the rule of its kind that theory predicted from (a torch port
+          that decays every parameter), so no predicted optimizer difference explains its gap:
+          that leg is the residual, a divergence naming the plugin;
+        * before it (the loss, the gradients): ``S`` computes another loss (a loss term no case
+          field expresses, the TF2 custom-loop tutorial's kernel regularizers): its mapped leg
+          says nothing about the plugin, so no residual is judged (``None``, and the reason,
+          which the report gives as "residual not judged: no equivalent run"): the pair is then
+          resolved as one without a mapping (``pair.resolve``: the stage where it parts against
+          theory's). A stand-in that computes another program never makes a divergence of its own.
+
+        ``exact``: the programs of the pair rerun with Keras' distribution loss scale exact
+        (``session.loss_scale``): such a side is its exact rerun wherever it takes part, beside
+        ``m`` (which may be ``None``: the loss scale is then the only mapping).
+        """
+        keys = {e.side: e.key for e in exact}
+
+        def own_run(name: str) -> tuple[str, str]:
+            return name, keys.get(name, "")
+
+        if m is None:
+            a, b = own_run(ref), own_run(impl)
+            return self.verdict(ref, impl, a, b), (a, b), None
+        mapped = (m.runs_as, m.key)
+        a, b = (own_run(ref), mapped) if m.side == impl else (mapped, own_run(impl))
+        if m.stand_in:
+            own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
+            plain = self.verdict(ref, impl, stand, own)
+            decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m,
+                                               self.apart.get((m.runs_as, m.side)))
+            if decides is not None:
+                return decides, (stand, own), None
+            if not_judged is not None:
+                return None, ((ref, ""), (impl, "")), not_judged
+        return self.verdict(ref, impl, a, b), (a, b), None
+
+    def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
+        """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
+        # float64 when the float64 rule decided (also in a float32 case, where 1e-10 would call
+        # float32 rounding a difference), mapped as judged
+        d = FLOAT64 if verdict.rule == RULE_FLOAT64 and RunKey(a[0], FLOAT64, a[1]) in self.trajs \
+            else as_given(self.case.spec["dtype"])
+        runs = [self.trajs[RunKey(n, d, suffix)] for n, suffix in (a, b)]
+        where = localise(runs[0], runs[1], verdict)
+        if self.stages and refinable(where, runs[0], runs[1]):
+            cases = [self.mapped_cases[RunKey(n, d, suffix)] if suffix else self.variants[d] for n, suffix in (a, b)]
+            where = inside_step(where, verdict, ((a[0], cases[0]), (b[0], cases[1])), self.runs,
+                                beside=self.beside, stop=True)
+        if "factor" not in where:  # issue 37: a constant scale at the first bad stage (judging.factor)
+            where = attach_factor(where, runs[0], runs[1], self.case.spec)
+        # issue 37: would the logged loss alone (rtol 1e-3) have shown it, in the case dtype as a user logs it
+        d0 = as_given(self.case.spec["dtype"])
+        logged = [self.trajs.get(RunKey(n, d0, s), r) for (n, s), r in zip((a, b), runs, strict=True)]
+        where = attach_loss_only(where, logged[0], logged[1], self.case.spec)
+        return dict(with_layer(where, self.case.spec))  # the layer (path and type) its name belongs to
+
+    def pair(self, ref: str, impl: str, pred: Prediction, m: SideMapping | None,
+             exact: tuple[ExactScale, ...] = ()) -> PairResult:
+        """The pair judged as it ran and, with ``m`` (and ``exact``: programs rerun with Keras' distribution loss
+        scale exact), with the predicted differences mapped away (``pair.resolve``)."""
+        as_ran = ((ref, ""), (impl, ""))
+        v = self.verdict(ref, impl)
+        mapped_any = m is not None or bool(exact)
+        residual, decided, not_judged = self.residual(ref, impl, m, exact) if mapped_any else (None, as_ran, None)
+        text = "; ".join(([m.text] if m is not None else []) + [e.text for e in exact]) or None
+        where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
+        res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=text)
+        final = residual_unjudged(res.verdict, not_judged)
+        if final.status in ("parity", "inconclusive"):
+            where = None
+        elif residual is not None and res.from_residual and residual.status != "parity":
+            where = self.localised(residual, *decided)  # where what the mapping does not explain parts
+        elif where is None:
+            where = self.localised(v, *as_ran)
+        if where is not None and pred.expected:
+            where = _against_theory(where, pred)
+        notes = res.notes
+        if final.status == "divergence" and final.rule == RULE_FLOAT64:
+            final, note = self.conditioned(final, decided if res.from_residual else as_ran)
+            notes += (note,) if note else ()
+            where = None if final.status == "inconclusive" else where
+        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(RunKey(name, FLOAT64))))
+        if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
+            first, _, rest = final.detail.partition("\n")
+            final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
+        return PairResult(ref, impl, final, pred, text, v.gap if mapped_any else None, where, residual,
+                          notes + leaks, decided if res.from_residual else None, not_judged)
+
+    def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
+        """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).
+
+        The float64 bound assumes a stable run: rounding carried from step to step without
+        growing (``bounds``: ``gap <= 2 u D sqrt(n) T``). An ill-conditioned run (Adam with
+        ``beta2 = 0`` dividing by a gradient element that cancels to ``1e-10``, a chaotic learning
+        rate) amplifies the last bit of a sum into the leading digits, and two correct
+        implementations part by as much. Each side that can run again does so in float64 from
+        initial weights and inputs moved by one float64 ulp (a built-in also adding its sums in
+        another order, :func:`_resummed`): its spread ``s`` is what one rounding of every input
+        becomes, so the run's own ``D sqrt(n)`` roundings a step over ``T`` steps can become
+        ``2 D sqrt(n) T s`` (the float64 bound's envelope, ``D = 20``, ``n = 1e4``, with ``u``
+        replaced by the measured ``s``). A stable run spreads by about ``1e-16`` and the bound
+        stays far below any divergence, which then stands. Where the gap is within it the float64
+        runs cannot tell a difference from amplified rounding: the pair is ``inconclusive``, and
+        the detail says to judge it with ``--lockstep`` (every step from the same state).
+        Returns the verdict and a line for the report.
+        """
+        from parity_tests.session.spread import nondeterministic
+
+        if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
+            return verdict, ""  # noise, not conditioning: judged against that spread already (judging.spread)
+        runs, needs, cases = [], [], []
+        for name, suffix in sides:
+            key = RunKey(name, FLOAT64, suffix)
+            found = _declared(name)
+            if key not in self.trajs or (found is not None and not found.rerunnable):
+                return verdict, ""
+            c = self.mapped_cases.get(key) or self.variants[FLOAT64]
+            seed = c.spec.get("seed", 0)
+            moved = dataclasses.replace(c, init=perturb_ulp(c.init, seed, np.float64),
+                                        x=c.x if np.asarray(c.x).dtype.kind != "f"
+                                        else perturb_ulp({"x": c.x}, seed, np.float64)["x"])
+            if _reorders(name) and _reorderable(c.replace(dtype="float32")):
+                # on its own devices: the spread of this computation, not of the full batch's
+                moved = _resummed(moved, one_device=False)
+            runs.append(self.trajs[key])
+            needs.append(Need(RunKey(name, MOVED64, suffix), lambda m=moved: m, stored=False))
+            cases.append((c, moved))
+        # asked for after the float64 divergence that needs them (each side's moved rerun, made once)
+        reruns = self.runs.make(needs)
+        factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
+        checked = judge_perturbation(runs[0], runs[1], a32p=reruns[0], b32p=reruns[1], rule=RULE_CONDITIONING,
+                                     perturbed="float64 reruns from weights and inputs moved by one float64 ulp",
+                                     dtype=np.float64, abs_floor=FLOAT64_RTOL, factor=factor,
+                                     known_differences=verdict.known_differences)
+        spread = max(checked.floor_a or 0.0, checked.floor_b or 0.0)
+        if checked.status != "parity":
+            return verdict, (f"the float64 runs are well conditioned here: one float64 ulp of the inputs moves them"
+                             f" by at most {spread:.2g}, which rounding cannot amplify to the gap")
+        unsteady = self.unreproduced(verdict, sides, runs, reruns, cases)
+        if unsteady is not None:
+            return unsteady
+        return dataclasses.replace(checked, status="inconclusive", detail=(
+            f"inconclusive: ill-conditioned float64 runs: one float64 ulp of the weights and inputs moves each run by"
+            f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
+            f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
+            f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
+
+
+    def unreproduced(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]],
+                     runs: list[dict[str, np.ndarray]],
+                     reruns: list[dict[str, np.ndarray]], cases: list[tuple[Case, Case]],
+                     ) -> tuple[Verdict, str] | None:
+        """Whether the conditioning floor measured a side that does not reproduce itself, and the verdict then.
+
+        A one-ulp rerun measures conditioning only if the run is a function of its inputs. A
+        plugin with an order left to thread timing (the TF1 cifar10 trainer's moving averages,
+        grouped with the update but not after it: each average reads its variable before or
+        after the step) may take another order in that rerun, and its spread is then the race's,
+        not rounding's: the pair would be called ill-conditioned for a program that is merely
+        not deterministic. So, before that answer, each side runs the same moved case again and,
+        where that repeats bit for bit, the case as judged again. Deterministic runs repeat bit
+        for bit (the frameworks' op determinism is on; a built-in's resummed order is fixed by
+        its seed). Where a repeat differs, the side is nondeterministic, the two runs' gap from
+        the same inputs is its run-to-run spread, and the divergence is judged against that
+        spread as a plugin declared ``deterministic=False`` is (``spread``). Both repeats, not
+        one: a rare order seen in the moved rerun is unlikely to recur in its repeat, and a rare
+        order in the judged run unlikely to recur in its own (a test plugin alternating two
+        orders run by run is caught by the first).
+
+        Returns ``None`` (every side reproduces itself: the conditioning answer stands) or the
+        verdict and the report's line.
+        """
+        from parity_tests.session.spread import spread_rows, within_spread
+
+        spreads, named = [], []
+        for (name, suffix), run, moved_run, (case, moved) in zip(sides, runs, reruns, cases, strict=True):
+            # each repeat asked for only after the one before it repeated bit for bit, side by side in order
+            again = self.runs.make([Need(RunKey(name, MOVED64_AGAIN, suffix), lambda m=moved: m, stored=False)])[0]
+            pair = [moved_run, again]  # the moved run first: a reran order shows there most
+            if _same_run(*pair):
+                pair = [run, self.runs.make([Need(RunKey(name, AGAIN64, suffix), lambda c=case: c, stored=False)])[0]]
+                if _same_run(*pair):
+                    spreads.append(None)
+                    continue
+            spreads.append(spread_rows(pair))
+            named.append(name)
+        if not named:
+            return None
+        zero = next(s for s in spreads if s is not None)
+        spreads = [s if s is not None else (np.zeros_like(zero[0]), None) for s in spreads]
+        greatest = max(float(np.nanmax(s[0], initial=0.0)) for s in spreads)
+        line = (f"{' and '.join(named)} does not reproduce itself: two float64 runs from the same inputs differ by up"
+                f" to {greatest:.2g} (an order left to thread timing?), so its one-ulp rerun measured that, not"
+                f" conditioning; judged against its run-to-run spread (declare it deterministic=False, or fix the race)")
+        judged = within_spread(verdict, spreads[0], spreads[1],
+                               f"{' and '.join(named)} rerun from the same inputs")
+        return dataclasses.replace(judged, detail=f"{line}; {judged.detail}"), line
+
+
+def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two runs of the same case recorded the same numbers, bit for bit (NaN equal to NaN)."""
+    if a.keys() != b.keys():
+        return False
+    return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k]),
+                              equal_nan=np.asarray(a[k]).dtype.kind in "fc") for k in a)
+
+
+def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[Variant, Case], dtype: str,
+                   runs: Runs) -> Verdict:
+    """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``).
+
+    Its needs (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are
+    asked for only after the divergence that needs them, and made by ``runs`` before the spread is judged.
+    """
+    from parity_tests.session.spread import SPREAD_RERUNS, judge_with_spread, nondeterministic
+
+    trajs = runs.trajs
+    d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64) in trajs else dtype
+    if RunKey(ref, as_given(d)) not in trajs or RunKey(impl, as_given(d)) not in trajs:
+        return verdict
+    if verdict.diverged:
+        case = variants[as_given(d)]
+        runs.make([Need(RunKey(name, repeat(d, i)), lambda: case) for name in (ref, impl) if nondeterministic(name)
+                   for i in range(SPREAD_RERUNS)])
+    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]),
+                             lambda name, i: trajs[RunKey(name, repeat(d, i))])
+
+
+
+def judge_pairs(judged: _Judged, impls: list[str], refused: Mapping[str, str], preds: Mapping[str, Prediction],
+                mappings: Mapping[str, SideMapping | None], exact: dict[str, tuple[ExactScale, ...]],
+                unmappable: Mapping[tuple[str, str], str]) -> list[PairResult]:
+    """Every pair ``(impls[0], impl)`` judged from the runs made: ``unsupported`` where ``impl`` refused the case; a
+    mapping or exact rerun that could not be made is dropped (the pair is judged without it, and says so)."""
+    ref, dtype, trajs = impls[0], judged.case.spec["dtype"], judged.trajs
+    for impl, ex in exact.items():  # a rerun that could not be made: that pair's loss scale is not mapped
+        if any(e.ident in unmappable or RunKey(e.side, as_given(dtype), e.key) not in trajs for e in ex):
+            exact[impl] = ()
+    pairs = []
+    for impl in impls[1:]:
+        if impl in refused:
+            nan = float("nan")
+            verdict = Verdict(UNSUPPORTED, "not implemented", nan, nan, None, None, np.array([]), None,
+                              f"{impl} does not run this case: {refused[impl]}")
+            pairs.append(PairResult(ref, impl, verdict, preds[impl]))
+            continue
+        m = mappings.get(impl)
+        note = ()
+        if m is not None and (m.ident in unmappable or RunKey(m.runs_as, as_given(dtype), m.key) not in trajs):
+            note = (f"could not map the predicted difference ({unmappable.get(m.ident, m.text)})",)
+            m = None
+        pair = judged.pair(ref, impl, preds[impl], m, exact.get(impl, ()))
+        pairs.append(dataclasses.replace(pair, notes=pair.notes + note))
+    return pairs

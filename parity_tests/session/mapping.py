@@ -1,0 +1,348 @@
+"""Mapping a predicted difference away: which side runs with the other side's semantics, and through what.
+
+A built-in runs mapped itself; a plugin through the built-in of its kind (:data:`STAND_INS`), only once
+that stand-in is shown to compute what the plugin computes (:func:`stand_in_leg`). What each run's
+optimizer held and which rule it follows are read from the runs (:func:`held_roundings`, :func:`own_rules`,
+:func:`follows_its_class`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from parity_tests.contract.case import Case
+from parity_tests.judging.theory import LOSS_SCALE, Prediction, engine, mapping_changes
+from parity_tests.judging.verdict import Verdict
+from parity_tests.protocol.errors import CaseError
+from parity_tests.session.declared import declared as _declared
+from parity_tests.session.executor import Need, Runs
+from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
+
+__all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'SideMapping', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_leg', 'residual_unjudged']
+
+
+MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
+#: what a pair's line and report.json say when its mapping ran on a stand-in that does not compute what the
+#: plugin computes (``_Judged.residual``)
+NOT_EQUIVALENT = "residual not judged: no equivalent run"
+
+
+#: the built-in that computes what a plugin of each kind computes (framework, splits the batch)
+STAND_INS = {("tf", True): "tf.towers", ("tf", False): "tf.single", ("torch", True): "torch.ddp",
+             ("torch", False): "torch.single"}
+
+
+@dataclass(frozen=True)
+class SideMapping:
+    """Make ``side`` compute what ``other`` computes: run ``runs_as`` with ``changes`` (``theory.mapping_changes``).
+
+    ``runs_as`` is ``side`` itself when it is a built-in. When ``side`` is a plugin (the tool
+    never asks a plugin to read a mapped value), it is the built-in of the same kind
+    (:data:`STAND_INS`), and the residual is judged through it: ``side`` against the built-in
+    as it runs, and ``other`` against the built-in mapped. Both at parity means the pair's gap
+    is the predicted one (the triangle inequality through the built-in's two runs).
+    """
+
+    side: str
+    other: str
+    changes: dict[str, Any]
+    runs_as: str
+    #: a stand-in's own changes, so that as it runs it computes what the plugin computes (a TensorFlow
+    #: plugin's Keras optimizer holds its own float32 hyperparameters, or none): ``None`` for none
+    plain: SideMapping | None = None
+
+    @property
+    def stand_in(self) -> bool:
+        return self.runs_as != self.side
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        return self.runs_as, self.key
+
+    @property
+    def key(self) -> str:
+        """The trajectory key suffix of the mapped runs (one per mapping: pairs may map the same side differently)."""
+        digest = hashlib.sha256(repr(sorted((k, repr(v)) for k, v in self.changes.items())).encode()).hexdigest()[:8]
+        return f"{MAPPED}:{digest}"
+
+    @property
+    def text(self) -> str:
+        shown = ", ".join(f"{k} {'removed' if v is ... else v}" for k, v in self.changes.items()
+                          if not (v is ... and k.startswith("parallel.") and k != "parallel.clip"))
+        through = f" (standing in for {self.side})" if self.stand_in else ""
+        return f"{self.runs_as}{through} run with {shown}"
+
+    def apply(self, case: Case) -> Case:
+        return case.replace(**self.changes)
+
+
+def keras_rounding_of(impl: str, traj: Any) -> str | None:
+    """What a TensorFlow plugin's Keras optimizer held in float32, from what its run saw.
+
+    ``floatx_float32`` / ``floatx_float64``: every Keras optimizer it made was made under that
+    ``keras.config.floatx()`` (its learning-rate variable's dtype, ``tfpar.keras_seen``); ``none``: it
+    made no Keras optimizer (its own rule, hyperparameters exact); ``ambiguous``: optimizers of
+    both kinds. ``None`` for a built-in or an implementation that does not report it.
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "tf":
+        return None
+    seen = getattr(traj, "meta", {}).get("keras_optimizers")
+    if seen is None:
+        return None
+    # Keras' classes only: a tf.compat.v1 optimizer (``family``) holds what it was given (as before it was seen)
+    dtypes = {o.get("lr_dtype") for o in seen if not o.get("family")}
+    if not dtypes:
+        return "none"
+    if len(dtypes) > 1:
+        return "ambiguous"
+    return {"float32": "floatx_float32", "float64": "floatx_float64"}.get(dtypes.pop(), "ambiguous")
+
+
+def held_roundings(impls: list[str], trajs: Mapping[RunKey, Any], dtype: str) -> dict[str, str | None]:
+    """:func:`keras_rounding_of` for each implementation, read from the run whose numbers decide.
+
+    A float32 case is decided by its float64 runs where they exist: what a plugin's optimizer held
+    there (a plugin that follows docs/plugins.md's Keras recipe, ``set_floatx(run.dtype)``, holds its
+    learning rate in float64 in its float64 run, and in float32 in its float32 run, where every
+    number is float32 anyway) is what the mapping must reproduce. Without a float64 run (a
+    float32-only plugin, judged by the perturbation), the case dtype's run.
+    """
+    return {impl: keras_rounding_of(impl, trajs.get(RunKey(impl, FLOAT64), trajs.get(RunKey(impl, as_given(dtype)), {})))
+            for impl in impls}
+
+
+def writes_own_rule(impl: str, traj: Any) -> bool:
+    """Whether the TensorFlow plugin ``impl`` made no optimizer of a framework's class in the run ``traj``.
+
+    Neither a Keras optimizer nor a ``tf.compat.v1`` one (``tfpar.keras_seen``): its update rule is
+    what its code writes out (``theory.predict``'s ``own``). ``False`` for a built-in, a torch side
+    or a run that does not report it (:func:`torch_rule_of` says it for a torch plugin).
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "tf":
+        return False
+    seen = getattr(traj, "meta", {}).get("keras_optimizers")
+    return seen is not None and not seen
+
+
+def torch_rule_of(impl: str, traj: Any) -> str | None:
+    """Why the torch plugin ``impl``'s update rule is not torch's class for the case, from its run; ``None`` if it is.
+
+    Read from what the run made (``torchref.torch_seen``): the optimizer handed to
+    ``run.use_optimizer`` where there is one, else every ``torch.optim`` optimizer it made. No
+    ``torch.optim`` class at all: its rule is its own code's (Keras' Adam written out, a
+    ``torch.optim.Optimizer`` subclass with its own ``step``); one whose class or values are not
+    what the case's optimizer makes (``torch.optim.Adam`` where the case says ``adamw``, another
+    ``eps``): its rule is another. ``None`` also for a built-in, a TensorFlow side, and a run that
+    does not report it (a recorded run).
+    """
+    found = _declared(impl)
+    if found is None or found.kind == "builtin" or found.framework != "torch":
+        return None
+    seen = getattr(traj, "meta", {}).get("torch_optimizers")
+    return None if seen is None else torch_rule_from(seen)
+
+
+def torch_rule_from(seen: list[dict[str, Any]]) -> str | None:
+    """:func:`torch_rule_of` from a run's records (``torchref.torch_seen``): ``None`` where it runs torch's class
+    for the case at the case's values (the handed optimizer where there is one, else every ``torch.optim`` one)."""
+    handed = [o for o in seen if o.get("handed")]
+    steps = handed or [o for o in seen if o.get("family") == "torch.optim"]
+    if all(o.get("family") != "torch.optim" for o in steps):  # none, or a handed one with a step of its own
+        made = ", ".join(sorted({o["rule"] for o in (steps or seen)}))
+        return ("made no torch.optim optimizer" + (f" (only {made}, with a step of its own)" if made else "")
+                + ", so its update rule is its own code's")
+    other = next((o for o in steps if not o.get("case_rule")), None)
+    if other is not None:
+        return f"made {other['differs']}: its update rule is not torch's for the case's optimizer"
+    return None
+
+
+def own_rules(impls: list[str], trajs: Mapping[RunKey, Any], dtype: str) -> dict[str, str]:
+    """The implementations of ``impls`` whose update rule is not their framework's class for the case, and why.
+
+    A TensorFlow plugin that made no Keras or ``tf.compat.v1`` optimizer (:func:`writes_own_rule`);
+    a torch plugin that made no ``torch.optim`` optimizer, or one that is not the case's
+    (:func:`torch_rule_of`). Read from the run whose numbers decide (its float64 run where it made one).
+    """
+    out: dict[str, str] = {}
+    for impl in impls:
+        traj = trajs.get(RunKey(impl, FLOAT64), trajs.get(RunKey(impl, as_given(dtype)), {}))
+        if writes_own_rule(impl, traj):
+            out[impl] = "made no Keras or tf.compat.v1 optimizer, so its update rule is its own code's"
+        elif (why := torch_rule_of(impl, traj)) is not None:
+            out[impl] = why
+    return out
+
+
+def rule_runs(runs: Runs, case64: Case) -> Callable[[str, Mapping[str, Any]], Any]:
+    """``float64_run(name, changes)`` for :func:`follows_its_class`: ``name``'s float64 run of ``case64`` with
+    ``changes``, declared to ``runs`` (which makes it once, into its runs): the pair's own float64 run where
+    there is one and nothing changes; else under a key of its own (``name@float64+rule``: a built-in with its
+    class's rule, a plugin judged without a float64 run), so that no other rule reads it as the pair's. A
+    TensorFlow built-in's run goes to the server's child where this process has not imported TensorFlow
+    (a compare of plugins alone keeps it free of TensorFlow's import and memory)."""
+    def float64_run(name: str, changes: Mapping[str, Any]) -> Any:
+        if not changes and RunKey(name, FLOAT64) in runs.trajs:
+            return runs.trajs[RunKey(name, FLOAT64)]
+        return runs.make([Need(RunKey(name, RULE64), lambda: case64.replace(**changes), in_server=True)])[0]
+
+    return float64_run
+
+
+#: the case changes that make the built-in of each framework run that framework's own class's rule with the
+#: case's numbers exact, as a rule written out by hand holds them (``contract.optimizer``)
+CLASS_RULE = {"tf": {"optimizer.semantics": "tf", "optimizer.keras_rounding": "none"},
+              "torch": {"optimizer.semantics": "torch"}}
+
+
+def follows_its_class(own: Mapping[str, str], float64_run: Callable[[str, Mapping[str, Any]], Mapping[str, Any]],
+                      spec: Mapping[str, Any]) -> dict[str, str]:
+    """``own`` without the plugins whose own code computes what their framework's class does for the case.
+
+    A plugin that makes no optimizer of its framework (``own_rules``) may still write out exactly
+    that framework's rule (a TF program with Keras' Adam by hand, as the hunt's rewrites do):
+    theory's optimizer predictions then hold for it as for the class. Read from the runs, not
+    assumed: the plugin's float64 run against the built-in of its kind (:data:`STAND_INS`) running
+    that class's rule with exact numbers (:data:`CLASS_RULE`), every parameter at every step by the
+    float64 rule (``float64_run(name, changes)``: each made once, also where the pair itself is
+    judged in float32). At parity its rule is the class's (it
+    leaves ``own``); apart, or where it cannot run float64, its rule stays its own (a TF program
+    with torch's AdamW by hand parts from Keras' AdamW at the first update). A plugin whose run
+    parts from the built-in for another reason (a loss term the case cannot express) stays too:
+    theory then predicts no optimizer difference for it, as before this check. Under a
+    learning-rate schedule the built-in's class rule follows the case's curve, as a rule written out
+    does: parity there says the plugin's update rule is the class's and its rate the curve, not
+    Keras' ``CosineDecay`` (one step late), so its schedule stays its own (theory's ``own_schedule``:
+    every plugin of ``own_rules``, whatever this check finds).
+    """
+    from parity_tests.judging.rules import judge_float64
+
+    out = dict(own)
+    for impl in own:
+        found = _declared(impl)
+        if found is None or found.kind == "builtin" or "float64" not in found.dtypes or not found.rerunnable:
+            continue
+        run = float64_run(impl, {})
+        try:
+            stand = float64_run(STAND_INS[(found.framework, found.parallel)], CLASS_RULE[found.framework])
+        except CaseError:  # a case the built-in cannot run so (an optimizer only plugins know): stays its own
+            continue
+        keys = [k for k in run if k.startswith("param/") and k in stand]
+        if keys and judge_float64(stand, run, keys=keys, loss=False).status == "parity":
+            del out[impl]
+    return out
+
+
+def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
+                   rounding: dict[str, str | None], own: Collection[str] = ()) -> SideMapping | None:
+    """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
+
+    A side can be mapped when every *expected* difference has a mapping onto it
+    (``theory.mapping_changes``); known differences are mapped where they can be. A built-in
+    side runs mapped itself; a plugin side through its stand-in (:class:`SideMapping`), unless
+    the model is external (no built-in runs it). The judged implementation is tried first, then
+    the reference, built-ins before stand-ins. ``rounding``: per TensorFlow plugin, what its Keras
+    optimizer held (:func:`keras_rounding_of`); ``own``: the plugins whose rule is their code's (:func:`own_rules`).
+    """
+    if not any(d.mapping for d in pred.differences):
+        return None
+    direct, through = [], []
+    for side, other in ((impl, ref), (ref, impl)):
+        found = _declared(side)
+        if found is None:
+            continue
+        if found.kind == "builtin":
+            direct.append((side, other, side))
+        elif "external" not in spec["model"]:  # a plugin or a recorded run: through a built-in of its kind
+            through.append((side, other, STAND_INS[(found.framework, found.parallel)]))
+    for side, other, runs_as in direct + through:
+        changes: dict[str, Any] = {}
+        fits = True
+        for d in pred.differences:
+            if d.mapping == LOSS_SCALE:  # mapped on the program itself (loss_scale.ExactScale), beside this mapping
+                continue
+            held = rounding.get(other)
+            c = (None if d.mapping is None or held == "ambiguous"
+                 else mapping_changes(d.mapping, spec, engine(runs_as), engine(other), held, own))
+            if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
+                if d.expected:
+                    fits = False
+                    break
+                continue
+            changes.update(c)
+        if fits and changes:
+            # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
+            plain = (mapping_changes("optimizer", spec, engine(runs_as), engine(side), rounding.get(side), own)
+                     if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
+            if plain and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
+                             for k, v in plain.items()):
+                plain = None  # the stand-in as the case is given already computes so (else the same run twice)
+            merged = {**(plain or {}), **changes}
+            if merged.get("optimizer.semantics", spec["optimizer"]["semantics"]) != "tf" \
+                    and merged.get("optimizer.keras_rounding", "none") != "none":
+                # the plugin's own Keras roundings belong to Keras' rule: mapped onto the other framework's rule
+                # (``semantics: torch``, exact numbers) they go with it (else the mapped case is invalid and the
+                # pair loses its mapping: a model.fit program against a torch port under native Adam)
+                merged["optimizer.keras_rounding"] = "none"
+            return SideMapping(side, other, merged, runs_as, SideMapping(side, side, plain, runs_as) if plain else None)
+    return None
+
+
+def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
+                 m: SideMapping, apart: str | None = None) -> tuple[Verdict | None, str | None]:
+    """What the stand-in's leg says of a residual judged through it: ``(decides, not_judged)``.
+
+    ``plain``: the plugin ``m.side`` judged against its stand-in ``m.runs_as`` as it runs (the
+    plugin's own roundings, :attr:`SideMapping.plain`), by the pair's rule; ``stage()``: where
+    they part (``localise``'s stage), asked only when they do. The free compare
+    (:meth:`_Judged.residual`) and ``--lockstep`` (each step's one-step runs) both decide by it:
+
+    * ``(None, None)``: at parity (inconclusive, nothing moving, shows nothing): the stand-in computes what the plugin
+      computes, and the mapped leg is the pair's residual;
+    * ``(verdict, None)``: they part at the update, from the same gradient: the plugin's optimizer
+      step is not the rule of its kind that theory predicted from (a torch port that decays every
+      parameter), so no predicted optimizer difference explains its gap: that leg is the
+      residual, a divergence naming the plugin;
+    * ``(None, reason)``: they part before it (the loss, the gradients: a loss term no case field
+      expresses): the stand-in computes another program, its mapped leg says nothing about the
+      pair, and no residual is judged (``reason`` starts with :data:`NOT_EQUIVALENT`). Likewise
+      where they part anywhere and theory predicts that they do (``apart``: its expected
+      differences between the stand-in and the plugin, e.g. Keras' ``CosineDecay`` a step late in
+      the built-in, the plugin's own rate on the curve): a known difference of the stand-in is not
+      the plugin's fault, and the stand-in is no equivalent run.
+    """
+    if plain.status == "parity":
+        return None, None
+    if apart and plain.status != "inconclusive":  # the stand-in differs by what theory predicts: not equivalent
+        return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
+                      f" computes, as predicted ({apart}; {plain.status} by {plain.rule}, gap {plain.gap:.3g})")
+    # inconclusive is no showing: where nothing moves the vacuity rule reports a loss that differs (a loss term
+    # the stand-in lacks: the L2 program at lr 1e-7, whose stand-in's mapped leg then made a divergence)
+    if plain.status != "inconclusive" and stage() == "update":
+        return dataclasses.replace(plain, detail=(
+            f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
+            f" is not the optimizer rule theory predicts for it: {plain.detail}")), None
+    first = plain.detail.splitlines()[0] if plain.detail else ""
+    # an error (both non-finite at the same place, an array missing) shows no difference, but no equivalence either
+    does = "cannot be shown to compute" if plain.status in ("error", "inconclusive") else "does not compute"
+    return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, {does} what {m.side}"
+                  f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}: {first})")
+
+
+def residual_unjudged(final: Verdict, not_judged: str | None) -> Verdict:
+    """``final`` (``pair.resolve``'s verdict) saying, once and with why, that no residual was judged (:func:`stand_in_leg`).
+
+    Only on a verdict that is not ``parity``, ``inconclusive`` or ``error``; it replaces
+    ``pair.resolve``'s own line for a pair without a mapping ("no side ... can map it away").
+    """
+    if not not_judged or final.status in ("parity", "inconclusive", "error"):
+        return final
+    kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+    return dataclasses.replace(final, unjudged=(*kept, f"whether the predicted difference explains the whole gap: {not_judged}"))
+
