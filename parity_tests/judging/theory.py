@@ -984,7 +984,8 @@ def _keras_rounded(spec: dict[str, Any], rounding: str = "floatx_float32") -> st
 
 
 def mapping_changes(kind: str, spec: dict[str, Any], side: Impl, other: Impl,
-                    keras_rounding: str | None = None, own: Collection[str] = ()) -> dict[str, Any] | None:
+                    keras_rounding: str | None = None, own: Collection[str] = (),
+                    own_schedule: Collection[str] = ()) -> dict[str, Any] | None:
     """Case changes that make ``side`` compute what ``other`` computes for one :class:`Difference`.
 
     ``None`` when ``side`` cannot: the change is a field of the case only the tool's own
@@ -995,6 +996,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: Impl, other: Impl,
     ``keras_rounding``; ``None``: ``other`` is a built-in, whose Keras optimizers are made with
     floatx float32). ``own``: the plugins whose rule is not their framework's class (:func:`predict`'s):
     a torch one among them is mapped onto as Keras' rule with exact numbers, never as torch's class.
+    ``own_schedule``: the plugins whose learning rate is their code's (:func:`predict`'s), which run no
+    ``CosineDecay``.
     """
     side, other = engine(side), engine(other)
     par = spec["parallel"]
@@ -1012,10 +1015,12 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: Impl, other: Impl,
         # side without one: Keras' rule with exact numbers, as the case's "native" says)
         rounding = keras_rounding or ("floatx_float32" if _builtin_keras(other) else "none")
         cosine = (spec["optimizer"].get("schedule") or {}).get("kind") == "warmup_cosine"
-        if cosine and spec["optimizer"]["semantics"] == "native" and _builtin_keras(side) and not _builtin_keras(other):
+        if (cosine and spec["optimizer"]["semantics"] == "native" and _builtin_keras(side) and not _builtin_keras(other)
+                and _runs_cosine_decay(spec, other, own_schedule)):
             # a Keras built-in under native runs Keras' CosineDecay, a step late; under semantics tf it runs the
-            # case's curve: the mapping would also map that lateness away, unnamed, against a side (a rule written
-            # out) whose schedule theory does not know (the schedule hunt: parity where the runs part by a step)
+            # case's curve. Against a side that runs CosineDecay too (a plugin's own Keras optimizer) the mapping
+            # would put a lateness in that neither had; against one whose rate is the curve (a rule written out,
+            # own_schedule) the lateness is predicted by name (_schedule_differences) and this maps it away
             return None
         if rounding != "none" and cosine:
             # Keras' CosineDecay computes cos in TensorFlow's float32 kernel, which is not correctly

@@ -146,7 +146,7 @@ def compare_case(
     scales = loss_scales(impls, trajs)
     preds = {impl: predict(theory_spec, engine(ref), engine(impl), held=rounding, kernels=tf_kernels, own=own,
                            own_schedule=own_schedule, scales=scales if rules.get(impl) == "float64" else None) for impl in impls[1:]}
-    second = second_round(case, impls, rules, refused, preds, rounding, own, scales, trajs, theory_spec)
+    second = second_round(case, impls, rules, refused, preds, rounding, own, scales, trajs, theory_spec, own_schedule)
     runs.expect(len(second.runs))
     runs.run(second.runs)
     runs.close()

@@ -738,7 +738,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     pairs = []
     for impl in impls[1:]:
         pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own, own_schedule=own_schedule)
-        mapping = choose_mapping(f64.spec, ref, impl, pred, held, own)
+        mapping = choose_mapping(f64.spec, ref, impl, pred, held, own, own_schedule)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
         if dtype == "float64":
             runs["a"], runs["b"] = runs["a64"], runs["b64"]

@@ -240,7 +240,8 @@ def follows_its_class(own: Mapping[str, str], float64_run: Callable[[str, Mappin
 
 
 def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
-                   rounding: dict[str, str | None], own: Collection[str] = ()) -> SideMapping | None:
+                   rounding: dict[str, str | None], own: Collection[str] = (),
+                   own_schedule: Collection[str] = ()) -> SideMapping | None:
     """The side of ``(ref, impl)`` to run with the predicted differences mapped away, and how (or ``None``).
 
     A side can be mapped when every *expected* difference has a mapping onto it
@@ -269,7 +270,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 continue
             held = rounding.get(other)
             c = (None if d.mapping is None or held == "ambiguous"
-                 else mapping_changes(d.mapping, spec, engine(runs_as), engine(other), held, own))
+                 else mapping_changes(d.mapping, spec, engine(runs_as), engine(other), held, own, own_schedule))
             if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
                 if d.expected:
                     fits = False
@@ -278,7 +279,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
             changes.update(c)
         if fits and changes:
             # a stand-in first computes as the plugin does (its own Keras roundings), then as the other side
-            plain = (mapping_changes("optimizer", spec, engine(runs_as), engine(side), rounding.get(side), own)
+            plain = (mapping_changes("optimizer", spec, engine(runs_as), engine(side), rounding.get(side), own, own_schedule)
                      if runs_as != side and spec["optimizer"]["semantics"] in ("native", "tf") else None)
             if plain and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
                              for k, v in plain.items()):

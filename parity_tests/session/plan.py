@@ -137,7 +137,8 @@ class SecondRound:
 
 def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: Mapping[str, str],
                  preds: Mapping[str, Prediction], rounding: dict[str, str | None], own: Collection[str],
-                 scales: Mapping[str, float | None], trajs: Mapping[RunKey, Any], theory_spec: dict[str, Any]) -> SecondRound:
+                 scales: Mapping[str, float | None], trajs: Mapping[RunKey, Any], theory_spec: dict[str, Any],
+                 own_schedule: Collection[str] = ()) -> SecondRound:
     """The mapped runs (a TensorFlow plugin's Keras optimizer says what it held), the programs rerun with
     Keras' loss scale exact, and a gradient for the loss channel where no side records one; float64 first."""
     ref, dtype = impls[0], case.spec["dtype"]
@@ -147,7 +148,7 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
     for impl in impls[1:]:
         if impl in refused:
             continue
-        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding, own)
+        m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding, own, own_schedule)
         needed = [FLOAT64] if dtype == "float64" else (
             [as_given(dtype), FLOAT64] if rules[impl] == "float64" else
             [as_given(dtype), FLOAT64, ROUNDED64, *BF16_RERUNS_RUN, *BF16_RERUNS64_RUN] if dtype == MIXED_BFLOAT16

@@ -314,14 +314,19 @@ def test_keras_cosine_decay_against_a_tensorflow_rule_written_out_is_the_expecte
     """The default hunt's 8 schedule false alarms (docs/error-rates.md): a Keras optimizer (tf.towers, or a plugin's
     own Keras optimizer) against a TensorFlow rule written out on the curve (tf_side's add_n) part by CosineDecay's
     step of lateness, which theory named only between a TensorFlow and a torch side: divergence (and parity where a
-    mapping swapped CosineDecay for the curve unnamed). The right verdict is expected_difference, by that name,
-    with nothing mapped onto the Keras side; the curve against torch's rule stays parity (SGD: one rule)."""
+    mapping swapped CosineDecay for the curve unnamed). The right verdict is expected_difference, by that name, its
+    residual judged with the Keras side run on the curve (semantics tf, exact numbers): parity for the written-out
+    rule, divergence for the same rule with a bug behind the lateness (every third step updated twice, the hunt's
+    3 misses when no residual was judged); the curve against torch's rule stays parity (SGD: one rule)."""
     opt = {"name": "sgd", "lr": 0.05, "semantics": "native", "schedule": COSINE}
     case = make(MLP, **BASE, optimizer=opt)
     for keras_side in ("tf.towers", tf("keras_model")):
         pair = _judge(case, [keras_side, tf("add_n")]).pairs[0]
         assert pair.verdict.status == "expected_difference", (keras_side, pair.verdict.detail)
         assert "as predicted (warmup_cosine one step late in Keras' CosineDecay)" in pair.verdict.detail
+        assert pair.residual is not None and pair.residual.status == "parity", (keras_side, pair.mapping)
+        bug = _judge(case, [keras_side, tf("extra_update_on_log_steps")]).pairs[0]
+        assert bug.verdict.status == "divergence", (keras_side, bug.verdict.detail)
     assert _judge(case, ["torch.ddp", tf("add_n")]).pairs[0].verdict.status == "parity"
 
 
@@ -329,15 +334,34 @@ def test_keras_cosine_decay_against_a_tensorflow_rule_written_out_is_the_expecte
 def test_a_stand_in_that_differs_as_predicted_makes_no_divergence():
     """The default hunt of 2adafb3's 13 schedule false alarms: a rule written out (tf_side's stack_mean, its rate on the
     curve) against torch at parity (gap 0), where theory names a possible difference (clip_grad_norm_'s 1e-6) and
-    maps it through tf.towers standing in for the plugin. The stand-in runs Keras' CosineDecay, a step late: it parts
+    maps it through tf.towers standing in for the plugin. The stand-in ran Keras' CosineDecay, a step late: it parted
     from the plugin at the update, which the stand-in leg called the plugin's own wrong rule, a divergence. Theory
-    predicts that lateness between them: the stand-in is no equivalent run, and the pair stays at parity."""
+    now knows the plugin's rate is its own (own_schedule): the stand-in runs as the plugin does (on the curve,
+    Keras' rule with exact numbers), its leg is at parity, and the residual is judged: parity."""
     opt = {"name": "sgd", "lr": 0.001, "semantics": "native", "schedule": COSINE}
     case = make(MLP, **{**BASE, "steps": 1, "dtype": "float32"}, optimizer=opt,
                 parallel__clip={"global_norm": 0.5, "where": "after_combine"})
     pair = _judge(case, [torch("single"), tf("stack_mean")]).pairs[0]
     assert pair.verdict.status == "parity", pair.verdict.detail
-    assert "as predicted (warmup_cosine one step late in Keras' CosineDecay" in (pair.residual_not_judged or "")
+    assert "standing in for" in (pair.mapping or "") and pair.residual is not None and pair.residual.status == "parity"
+    assert pair.residual_not_judged is None
+
+
+def test_a_stand_in_leg_that_parts_as_theory_predicts_judges_no_residual():
+    """comparison.stand_in_leg: where the stand-in parts from its plugin at the update, the plugin's own rule is
+    wrong (a divergence naming it), unless theory predicts that difference between the two (``apart``: e.g. the
+    built-in's CosineDecay a step late against the plugin's own rate): then the stand-in is no equivalent run."""
+    from parity_tests.judging.verdict import Verdict
+    from parity_tests.session.comparison import NOT_EQUIVALENT, SideMapping, stand_in_leg
+
+    m = SideMapping("p.py:own", "torch.ddp", {"optimizer.semantics": "torch"}, "tf.towers")
+    parted = Verdict("divergence", "float64 bound", 1e-3, 1e-10, None, None, np.array([]), None, "apart at step 1")
+    decides, why = stand_in_leg(parted, lambda: "update", m)
+    assert decides is not None and decides.status == "divergence" and why is None
+    decides, why = stand_in_leg(parted, lambda: "update", m, "warmup_cosine one step late in Keras' CosineDecay")
+    assert decides is None and why.startswith(NOT_EQUIVALENT) and "as predicted (warmup_cosine one step late" in why
+    at_parity = Verdict("parity", "float64 bound", 0.0, 1e-10, None, None, np.array([]), None, "")
+    assert stand_in_leg(at_parity, lambda: "update", m, "anything") == (None, None)
 
 
 @pytest.mark.usefixtures("pool")

@@ -134,7 +134,14 @@ def test_warmup_cosine_lateness_is_predicted_across_frameworks_only_and_never_ma
     # a Keras built-in is never mapped onto a rule written out under native warmup_cosine: semantics tf would swap
     # its CosineDecay (a step late) for the curve, mapping away a lateness theory does not name for that pair
     own = f"{Path(__file__).parent / 'plugins' / 'mapping_tf.py'}:own_adamw"
+    from parity_tests.running.registry import resolve
+
+    resolve(own, "impls")  # a TensorFlow plugin (its framework decides whether it can run CosineDecay)
     assert mapping_changes("optimizer", spec, "tf.towers", own, "none") is None
+    # ... but where the plugin's rate is its own (own_schedule: it runs no CosineDecay), the lateness is predicted by
+    # name, and the mapping onto the curve maps exactly that away (the residual then judges the rest)
+    assert mapping_changes("optimizer", spec, "tf.towers", own, "none", own_schedule=[own]) == {
+        "optimizer.semantics": "tf", "optimizer.keras_rounding": "none"}
     assert mapping_changes("optimizer", make(MLP).spec, "tf.towers", own, "none") == {
         "optimizer.semantics": "tf", "optimizer.keras_rounding": "none"}  # without a schedule it maps as before
 
