@@ -47,6 +47,7 @@ from pathlib import Path
 
 import psutil
 from bench_scale import (  # this folder is first on sys.path when run as a script
+    LAST_CPU,
     LAST_PSS,
     LAST_TREE,
     watch,
@@ -232,17 +233,27 @@ def runs_per_compare(docs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children and the descendants they waited for
+    (``RUSAGE_CHILDREN``): the compare's whole tree (its TensorFlow children, torch ranks) once it has
+    exited. On a shared machine CPU time moves far less with the load than wall time does."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def plain(framework: str, model: str, dtype: str, steps: int, batch: int, seq: int) -> dict:
     """One plain training process; its JSON line plus ``wall_s`` (process start to exit)."""
     code = (_KERAS if framework == "keras" else _TORCH).format(args=(*CONFIGS[model], dtype, steps, batch, seq))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), children_cpu()
     out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=7200)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     if out.returncode != 0:
         raise SystemExit(f"plain {framework} {dtype} failed:\n{out.stderr[-3000:]}")
     doc = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    return {**doc, "wall_s": wall}
+    return {**doc, "wall_s": wall, "cpu_s": cpu}
 
 
 def make_case(folder: Path, model: str, steps: int, devices: int, batch: int, seq: int) -> Path:
@@ -349,8 +360,9 @@ def main() -> int:
             runs = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
         lines = [line for line in tail.strip().splitlines() if line.strip()]
         print("\n".join(lines[-12:]) if lines else "(no output)")
-        print(f"compare ({args.devices} devices, float32 case): exit {rc}, {wall:.1f} s wall; "
-              f"load average {os.getloadavg()[0]:.2f} at the end")
+        cpu = sum(LAST_CPU.values())
+        print(f"compare ({args.devices} devices, float32 case): exit {rc}, {wall:.1f} s wall, {cpu:.1f} CPU seconds "
+              f"(every process of its tree); load average {os.getloadavg()[0]:.2f} at the end")
         print(runs_per_compare(runs))
         print("  per process (maxima over the compare; PSS sampled every 0.2 s, resident the kernel's high-water mark):")
         for pid, (role, peak) in sorted(peaks.items(), key=lambda kv: -LAST_PSS.get(kv[0], 0)):
@@ -362,19 +374,22 @@ def main() -> int:
               f"{LAST_TREE['least_available'] / 1e9:.2f} GB of {psutil.virtual_memory().total / 1e9:.2f} GB")
     if args.no_plain:
         return 0
-    total = steps_total = 0.0
+    total = steps_total = plain_cpu = 0.0
     for framework in ("keras", "torch"):
         for dtype in ("float32", "float64"):
             r = plain(framework, args.model, dtype, args.steps, args.batch, seq)
             total += r["wall_s"]
+            plain_cpu += r["cpu_s"]
             steps_total += r["steps_s"]
-            print(f"  plain {framework} {dtype}: {r['params'] / 1e6:.2f} M parameters, process {r['wall_s']:.1f} s, "
+            print(f"  plain {framework} {dtype}: {r['params'] / 1e6:.2f} M parameters, process {r['wall_s']:.1f} s "
+                  f"({r['cpu_s']:.1f} CPU seconds), "
                   f"training steps {r['steps_s']:.1f} s ({r['after_first_s']:.1f} s after the first), "
                   f"peak resident {r['peak'] / 1e9:.2f} GB, last loss {r['loss']:.3f}", flush=True)
-    print(f"plain, four processes one after another: {total:.1f} s ({steps_total:.1f} s of training steps); "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"plain, four processes one after another: {total:.1f} s ({steps_total:.1f} s of training steps), "
+          f"{plain_cpu:.1f} CPU seconds; load average {os.getloadavg()[0]:.2f}")
     if wall is not None:
-        print(f"compare / plain = {wall / total:.2f}x (processes), {wall / steps_total:.2f}x (training steps)")
+        print(f"compare / plain = {wall / total:.2f}x (processes), {wall / steps_total:.2f}x (training steps), "
+              f"{cpu / plain_cpu:.2f}x (CPU seconds: what moves least with the machine's load)")
     return 0
 
 
