@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_gpt.py --plain-only             # the plain Keras / torch runs alone
     .venv/bin/python benchmarks/bench_gpt.py --model gpt2-small --seq 128 --steps 2 --no-plain
     .venv/bin/python benchmarks/bench_gpt.py --profile                # where the main process's memory goes
+    .venv/bin/python benchmarks/bench_gpt.py --no-plain --no-capture  # the compare without its capture runs
 
 The model is ``examples/architectures/<model>/case.json`` (``gpt-29m``: vocabulary 8192, context
 256, width 512, 8 pre-LN blocks of 8 heads, tied embeddings; ``gpt2-small``: 50257, 1024, 768, 12,
@@ -11,9 +12,14 @@ The model is ``examples/architectures/<model>/case.json`` (``gpt-29m``: vocabula
 for ``--steps`` steps. It prints
 
 * the compare: ``tfpar compare CASE --impls tf.towers,torch.ddp`` (float32 case, ``--devices``
-  devices) in a fresh process: wall time, verdict line, and the peak resident memory (``VmHWM``,
-  the kernel's high-water mark, sampled every 0.2 s) of the main process and of every child
-  (torch ranks, the forkserver);
+  devices) in a fresh process: wall time, verdict line, and for every process of its tree (the
+  main process, the TensorFlow server and the children it forks, the torch forkserver and its
+  ranks) the greatest proportional set size (PSS: pages a forked child shares with its parent
+  counted once, split between them; sampled every 0.2 s) with the maximum resident set beside it
+  (``VmHWM``, the kernel's high-water mark), and the whole tree's greatest PSS at one sample;
+* the runs per compare: every run the compare made (its default runner counted where it calls
+  ``harness.run_impl``; nothing else changes), by implementation, dtype, mapped or not (the
+  sections of the case the mapping changed) and capture run or training, with its time;
 * the plain runs: the same model, batch and steps written plainly -- Keras (``Embedding``,
   ``MultiHeadAttention(use_causal_mask=True)``, ``LayerNormalization``, ``Dense``, ``Add``, the
   logits ``h @ embeddings.T``, ``SparseCategoricalCrossentropy``, ``Adam``, ``train_on_batch``) and
@@ -40,7 +46,12 @@ import time
 from pathlib import Path
 
 import psutil
-from bench_scale import LAST_TREE, watch  # this folder is first on sys.path when run as a script
+from bench_scale import (  # this folder is first on sys.path when run as a script
+    LAST_CPU,
+    LAST_PSS,
+    LAST_TREE,
+    watch,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -158,17 +169,91 @@ print(json.dumps({{"params": sum(p.numel() for p in model.parameters()), "steps_
 """
 
 
+#: ``tfpar compare`` (``parity_tests.cli.main``) with every run it makes written to a file, one JSON line
+#: each: the session's default runner calls ``comparison.run_impl`` through the module's global at each
+#: call (the pair's runs, the mapped ones, the localisation's capture runs, reruns), so counting there
+#: changes no run and no verdict
+_COUNTED = r"""
+import json, sys, time
+from parity_tests.contract.case import load_case
+from parity_tests.session import comparison
+from parity_tests import cli
+
+case_path, record, stages, *argv = sys.argv[1:]
+if stages == "0":  # --no-capture: the localisation's stage chain (its capture runs) off, all else the same
+    compare_case = comparison.compare_case
+    comparison.compare_case = lambda *a, **k: compare_case(*a, **k, stages=False)
+base = load_case(case_path).spec
+run_impl = comparison.run_impl
+
+def counted(c, impl):
+    # a mapping changes these (a dtype variant also rewrites data and init: not a mapping)
+    changed = [k for k in ("model", "optimizer", "parallel") if c.spec.get(k) != base.get(k)]
+    doc = {"impl": impl, "dtype": c.spec["dtype"], "mapped": changed, "capture": c.capture,
+           "steps": c.spec["steps"], "kind": type(c).__name__, "start": time.time()}
+    t0 = time.perf_counter()
+    try:
+        return run_impl(c, impl)
+    finally:
+        doc["seconds"] = time.perf_counter() - t0
+        with open(record, "a") as f:
+            f.write(json.dumps(doc) + "\n")
+
+comparison.run_impl = counted
+sys.exit(cli.main(argv))
+"""
+
+
+def run_label(doc: dict) -> str:
+    """One run of the compare in words: implementation, dtype, mapped or not, capture or not."""
+    label = f"{doc['impl']} {doc['dtype']}"
+    if doc["mapped"]:
+        label += f" mapped ({', '.join(doc['mapped'])})"
+    if doc["kind"] != "Case":
+        label += f" ({doc['kind']})"
+    if doc["capture"]:
+        label += f" capture of step {doc['capture']} ({doc['steps']} steps run)"
+    return label
+
+
+def runs_per_compare(docs: list[dict]) -> str:
+    """``runs per compare: N (T trainings, C capture runs)`` and one line per run, in the order they began."""
+    captures = sum(1 for d in docs if d["capture"])
+    lines = [f"runs per compare: {len(docs)} ({len(docs) - captures} trainings, {captures} capture runs; "
+             f"{sum(1 for d in docs if d['mapped'])} mapped)"]
+    t0 = min((d["start"] for d in docs), default=0.0)
+    lines += [f"  run {i}: {run_label(d)}, {d['seconds']:.1f} s (from {d['start'] - t0:.1f} s after the first run began)"
+              for i, d in enumerate(sorted(docs, key=lambda d: d["start"]), 1)]
+    spans = sorted((d["start"], d["start"] + d["seconds"]) for d in docs)
+    busy, end = 0.0, t0
+    for a, b in spans:  # the time at least one run was in flight (runs beside each other overlap)
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    lines.append(f"  runs in flight {busy:.1f} s of the {end - t0:.1f} s from the first run's start to the last's end")
+    return "\n".join(lines)
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children and the descendants they waited for
+    (``RUSAGE_CHILDREN``): the compare's whole tree (its TensorFlow children, torch ranks) once it has
+    exited. On a shared machine CPU time moves far less with the load than wall time does."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def plain(framework: str, model: str, dtype: str, steps: int, batch: int, seq: int) -> dict:
     """One plain training process; its JSON line plus ``wall_s`` (process start to exit)."""
     code = (_KERAS if framework == "keras" else _TORCH).format(args=(*CONFIGS[model], dtype, steps, batch, seq))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), children_cpu()
     out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=7200)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     if out.returncode != 0:
         raise SystemExit(f"plain {framework} {dtype} failed:\n{out.stderr[-3000:]}")
     doc = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    return {**doc, "wall_s": wall}
+    return {**doc, "wall_s": wall, "cpu_s": cpu}
 
 
 def make_case(folder: Path, model: str, steps: int, devices: int, batch: int, seq: int) -> Path:
@@ -248,6 +333,10 @@ def main() -> int:
     ap.add_argument("--report", type=Path, default=None, help="the compare's report folder (tfpar compare --report)")
     ap.add_argument("--plain-only", action="store_true", help="only the plain Keras / torch runs")
     ap.add_argument("--no-plain", action="store_true", help="only the compare")
+    ap.add_argument("--no-capture", action="store_true",
+                    help="the compare without the localisation's capture runs (compare_case(stages=False)): what"
+                         " they cost where the verdict does not need them (the report's localisation then stops at"
+                         " the recorded channels)")
     ap.add_argument("--profile", action="store_true",
                     help="only the compare, in this process: resident memory by the runs in flight")
     args = ap.parse_args()
@@ -262,35 +351,45 @@ def main() -> int:
     if not args.plain_only:
         with tempfile.TemporaryDirectory() as tmp:
             case = make_case(Path(tmp), args.model, args.steps, args.devices, args.batch, seq)
+            record = Path(tmp) / "runs.jsonl"
+            record.touch()
             wall, peaks, rc, tail = watch(
-                [PY, "-m", "parity_tests.cli", "compare", str(case), "--impls", "tf.towers,torch.ddp",
+                [PY, "-c", _COUNTED, str(case), str(record), "0" if args.no_capture else "1", "compare", str(case), "--impls", "tf.towers,torch.ddp",
                  *(["--report", str(args.report)] if args.report else [])],
                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, floor_bytes=int(args.floor_gb * 1e9))
+            runs = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
         lines = [line for line in tail.strip().splitlines() if line.strip()]
         print("\n".join(lines[-12:]) if lines else "(no output)")
-        print(f"compare ({args.devices} devices, float32 case): exit {rc}, {wall:.1f} s wall; "
-              f"load average {os.getloadavg()[0]:.2f} at the end")
-        for pid, (role, peak) in sorted(peaks.items(), key=lambda kv: -kv[1][1]):
+        cpu = sum(LAST_CPU.values())
+        print(f"compare ({args.devices} devices, float32 case): exit {rc}, {wall:.1f} s wall, {cpu:.1f} CPU seconds "
+              f"(every process of its tree); load average {os.getloadavg()[0]:.2f} at the end")
+        print(runs_per_compare(runs))
+        print("  per process (maxima over the compare; PSS sampled every 0.2 s, resident the kernel's high-water mark):")
+        for pid, (role, peak) in sorted(peaks.items(), key=lambda kv: -LAST_PSS.get(kv[0], 0)):
             if peak > 100e6:
-                print(f"  peak resident {peak / 1e9:6.2f} GB  pid {pid} {role}")
-        print(f"  greatest peak in any process: {max(p for _, p in peaks.values()) / 1e9:.2f} GB; all processes "
-              f"together at most {LAST_TREE['tree_peak'] / 1e9:.2f} GB (PSS); least available on the machine "
+                print(f"  PSS {LAST_PSS.get(pid, 0) / 1e9:6.2f} GB  max resident {peak / 1e9:6.2f} GB  pid {pid} {role}")
+        print(f"  greatest PSS in any process: {max(LAST_PSS.values(), default=0) / 1e9:.2f} GB (max resident "
+              f"{max(p for _, p in peaks.values()) / 1e9:.2f} GB); the whole tree at one sample at most "
+              f"{LAST_TREE['tree_peak'] / 1e9:.2f} GB (PSS); least available on the machine "
               f"{LAST_TREE['least_available'] / 1e9:.2f} GB of {psutil.virtual_memory().total / 1e9:.2f} GB")
     if args.no_plain:
         return 0
-    total = steps_total = 0.0
+    total = steps_total = plain_cpu = 0.0
     for framework in ("keras", "torch"):
         for dtype in ("float32", "float64"):
             r = plain(framework, args.model, dtype, args.steps, args.batch, seq)
             total += r["wall_s"]
+            plain_cpu += r["cpu_s"]
             steps_total += r["steps_s"]
-            print(f"  plain {framework} {dtype}: {r['params'] / 1e6:.2f} M parameters, process {r['wall_s']:.1f} s, "
+            print(f"  plain {framework} {dtype}: {r['params'] / 1e6:.2f} M parameters, process {r['wall_s']:.1f} s "
+                  f"({r['cpu_s']:.1f} CPU seconds), "
                   f"training steps {r['steps_s']:.1f} s ({r['after_first_s']:.1f} s after the first), "
                   f"peak resident {r['peak'] / 1e9:.2f} GB, last loss {r['loss']:.3f}", flush=True)
-    print(f"plain, four processes one after another: {total:.1f} s ({steps_total:.1f} s of training steps); "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"plain, four processes one after another: {total:.1f} s ({steps_total:.1f} s of training steps), "
+          f"{plain_cpu:.1f} CPU seconds; load average {os.getloadavg()[0]:.2f}")
     if wall is not None:
-        print(f"compare / plain = {wall / total:.2f}x (processes), {wall / steps_total:.2f}x (training steps)")
+        print(f"compare / plain = {wall / total:.2f}x (processes), {wall / steps_total:.2f}x (training steps), "
+              f"{cpu / plain_cpu:.2f}x (CPU seconds: what moves least with the machine's load)")
     return 0
 
 

@@ -66,15 +66,39 @@ def _pss(pid: int) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
 
 
+def _role(p: psutil.Process) -> str:
+    """What a process of the compare's tree is, from its command line and its parent's."""
+    line = " ".join(p.cmdline())
+    parent = " ".join(p.parent().cmdline()) if p.parent() is not None else ""
+    if "tf_worker" in line:  # the TensorFlow server, and the children it forks (one per large run)
+        return "TensorFlow child (forked by the server)" if "tf_worker" in parent else "TensorFlow server"
+    if "forkserver" in line:  # torch's pool: the forkserver, and the ranks it forks
+        return "torch rank (forked by the forkserver)" if "forkserver" in parent else "torch forkserver"
+    return " ".join(p.cmdline()[1:3])[:40]
+
+
 #: the last :func:`watch`'s whole-tree figures: the greatest sum of the processes' PSS at one sample, the
 #: least memory the machine had available, and whether the guard stopped the command
 LAST_TREE: dict[str, float] = {}
 
 
+#: the last :func:`watch`'s greatest proportional set size (PSS, bytes) of each process, by pid, beside the
+#: resident peaks it returns: a forked child's pages shared with its parent (the TensorFlow server's, the
+#: forkserver's) count once, split between them, where each one's resident set counts them whole
+LAST_PSS: dict[int, int] = {}
+#: the last :func:`watch`'s CPU seconds (user + system, the process's own) of each process at its last sample:
+#: summed, the tree's CPU time, short by at most one 0.2 s interval per process
+LAST_CPU: dict[int, float] = {}
+
+
 def watch(cmd: list[str], env: dict[str, str] | None = None, *,
           floor_bytes: int = 0) -> tuple[float, dict[int, tuple[str, int]], int, str]:
-    """Run ``cmd``; ``(wall seconds, {pid: (role, peak bytes)}, exit status, output tail)``.
+    """Run ``cmd``; ``(wall seconds, {pid: (role, peak resident bytes)}, exit status, output tail)``.
 
+    Every process of the tree (the main process, its children and theirs: TensorFlow children,
+    torch ranks, the forkserver) is sampled every 0.2 s: its resident high-water mark (``VmHWM``,
+    the kernel's own maximum, so nothing is missed between samples) and its PSS (sampled: a peak
+    shorter than 0.2 s can be missed), whose per-process maxima go to :data:`LAST_PSS`.
     ``floor_bytes``: stop the whole process tree (SIGKILL to its session) when the machine's
     available memory falls under it, before the kernel's OOM killer picks a process of its own.
     The tree's greatest summed PSS at one sample and the least available memory go to ``LAST_TREE``.
@@ -86,6 +110,8 @@ def watch(cmd: list[str], env: dict[str, str] | None = None, *,
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     peaks: dict[int, tuple[str, int]] = {}
+    LAST_PSS.clear()
+    LAST_CPU.clear()
     main = psutil.Process(proc.pid)
     out: list[str] = []
     tree_peak, least_available, stopped = 0, psutil.virtual_memory().available, False
@@ -102,10 +128,14 @@ def watch(cmd: list[str], env: dict[str, str] | None = None, *,
             try:
                 with open(f"/proc/{p.pid}/status") as f:
                     hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
-                role = "main" if p.pid == proc.pid else " ".join(p.cmdline()[1:3])[:40]
-                tree += _pss(p.pid)
+                role = peaks[p.pid][0] if p.pid in peaks else "main" if p.pid == proc.pid else _role(p)
+                pss = _pss(p.pid)
+                cpu = p.cpu_times()
             except (OSError, StopIteration, psutil.Error):
                 continue
+            tree += pss
+            LAST_PSS[p.pid] = max(pss, LAST_PSS.get(p.pid, 0))
+            LAST_CPU[p.pid] = cpu.user + cpu.system
             peaks[p.pid] = (role, max(hwm, peaks.get(p.pid, ("", 0))[1]))
         tree_peak = max(tree_peak, tree)
         available = psutil.virtual_memory().available
