@@ -28,7 +28,11 @@ gap against the float32 rule's loss bound, ``FLOAT32_FACTOR * max(floor_A, floor
 FLOAT32_ABS_FLOOR`` with ``floor_X = |L_X32 - L_X64| / d_L`` (the float32 runs' own loss error;
 the leaky side's float64 loss differs from its exact loss by one float32 evaluation, at most
 what its float32 run's loss differs by, plus the absolute floor of four float32 unit
-roundoffs). The parameters keep the float64 rule. In a float64 case there are no float32 runs:
+roundoffs). The parameters keep the float64 rule unless it finds them apart: the cast is
+differentiated too (a cast's gradient casts back), so the leaky side's gradients and parameters
+carry float32 rounding as well, and their float64 gap is then held to the float32 rule's parameter
+bound (the float32 runs' own floors; ``rules.float32_floor.judge_float32``): parity within it, the
+float64 divergence above it. In a float64 case there are no float32 runs:
 the leak is named beside the verdict, which stands (the program does not compute in float64).
 """
 

@@ -211,6 +211,41 @@ def test_loss_in_float32_reads_the_low_bits():
     assert not loss_in_float32({"loss": np.zeros(5), **params})  # no bits to read
 
 
+def test_a_leaky_loss_holds_the_float64_parameters_to_the_float32_noise_too():
+    """Unit (judge_float32): tf.compat.v1.losses' float32 cast is differentiated too, so a float64 run whose loss is
+    float32 carries float32 rounding into its gradients and parameters (the hunt's 2 v1_losses false alarms at lr 10:
+    parameters 7.9e-8 and 1.35e-7 apart, far above the float64 bound, within float32 noise). Its parameters' gap is
+    held to the float32 floor: within it parity, above it the float64 divergence stands; without the leak the float64
+    rule decides as before."""
+    from parity_tests.judging.rules import judge_float32
+
+    rng = np.random.default_rng(1)
+    steps = 3
+    p64 = rng.standard_normal((steps + 1, 4, 3))
+    loss32 = rng.random(steps).astype(np.float32).astype(np.float64)   # float32 numbers: the leak
+    loss64 = loss32 * (1 + 1e-13)                                    # the same, with float64's low bits
+
+    def runs(gap: float, leaky: bool) -> dict:
+        a64 = {"loss": loss32 if leaky else loss64, "param/w": p64}
+        b64 = {"loss": a64["loss"].copy(), "param/w": p64 * (1 + gap)}
+        # each side's float32 run: its own float32 rounding (about 6e-8 relative), the floor the float32 rule measures
+        a32 = {"loss": a64["loss"].astype(np.float32), "param/w": p64.astype(np.float32)}
+        b32 = {"loss": b64["loss"].astype(np.float32), "param/w": b64["param/w"].astype(np.float32)}
+        return {"a32": a32, "b32": b32, "a64": a64, "b64": b64}
+
+    def judged(gap: float, leaky: bool):
+        r = runs(gap, leaky)
+        return judge_float32(r["a32"], r["b32"], a64=r["a64"], b64=r["b64"])
+
+    assert loss_in_float32(runs(0.0, True)["a64"]) and not loss_in_float32(runs(0.0, False)["a64"])
+    within = judged(1e-8, leaky=True)      # above the float64 bound (1e-10), below the float32 floor (2 x ~6e-8)
+    assert within.status == "parity", within.detail
+    assert "held to the float32 noise" in within.detail and "float32's precision" in within.detail
+    assert judged(1e-8, leaky=False).status == "divergence"            # no leak: the float64 rule decides
+    above = judged(1e-5, leaky=True)                                      # far above float32 noise: a difference
+    assert above.status == "divergence" and above.key.startswith("param/"), above.detail
+
+
 @pytest.mark.usefixtures("pool")
 def test_a_stand_in_that_lacks_a_loss_term_is_no_equivalent_run_even_where_nothing_moves():
     """The L2 program's stand-in (tf.towers, no L2 term) parts from it on the loss at step 1 by the L2 term; at
