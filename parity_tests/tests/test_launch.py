@@ -52,28 +52,47 @@ class Launch:
         self.case = tmp / "case.json"
         self.case.write_text(json.dumps(set_path(CASE, "parallel.devices", 2 * nproc)))
         self.out = tmp / "run.npz"
-        self.port = _free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
         env["PYTHONUNBUFFERED"] = "1"
         self.logs = [tmp / f"node{n}.log" for n in (0, 1)]
         self.procs = []
-        start = time.monotonic()
-        for n in (0, 1):
-            cmd = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", str(nproc), "--node-rank", str(n),
-                   "--master-addr", "127.0.0.1", "--master-port", str(self.port),
-                   # torchrun's per-call log folders go under this test's tmp, not /tmp
-                   "--log-dir", str(tmp / f"torchelastic{n}"),
-                   "-m", "parity_tests.launch.torch", str(self.case), "--impl", impl, "--out", str(self.out), *extra]
-            with open(self.logs[n], "wb") as log:
-                self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
         self.seen: dict[int, psutil.Process] = {}  # every process of both trees, sampled while they ran
         self.listening: list[tuple[int, str, int]] = []  # (pid, address, port) of every listening socket
         self.parent: dict[int, int] = {}  # pid -> its parent's pid, as sampled
+        start = time.monotonic()
+
+        def launch() -> None:
+            self.port = _free_port()
+            self.procs = []
+            for n in (0, 1):
+                cmd = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", str(nproc), "--node-rank", str(n),
+                       "--master-addr", "127.0.0.1", "--master-port", str(self.port),
+                       # torchrun's per-call log folders go under this test's tmp, not /tmp
+                       "--log-dir", str(tmp / f"torchelastic{n}"),
+                       "-m", "parity_tests.launch.torch", str(self.case), "--impl", impl, "--out", str(self.out),
+                       *extra]
+                with open(self.logs[n], "wb") as log:
+                    self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                       start_new_session=True))
+
+        def port_taken() -> bool:
+            # the free port was taken between _free_port() closing it and torchrun's store binding it (another
+            # test's or process's socket, under load): node 0 ends at once and node 1 would wait on its rendezvous
+            return self.procs[0].poll() is not None and "EADDRINUSE" in self.logs[0].read_text(errors="replace")
+
+        launch()
+        tries = 1
         try:
             while any(p.poll() is None for p in self.procs):
                 if time.monotonic() - start > limit:
                     raise AssertionError(f"the torchrun calls did not end within {limit} s")
+                if port_taken() and tries < 5:  # not the code under test: the same launch on another port
+                    for p in self.procs:
+                        if p.poll() is None:
+                            os.killpg(p.pid, 9)
+                            p.wait()
+                    launch()
+                    tries += 1
                 self._sample()
                 time.sleep(0.2)
         finally:
