@@ -214,9 +214,7 @@ def judge_float32(
         # their gap is held to the float32 rule's parameter bound (the float32 runs' own floors); above it the
         # divergence stands, by the float64 rule (precision_leak, "Bound")
         p32 = _judge_floor(a64, b64, judged64, scales, fa_rows, fb_rows, factor, RULE_FLOAT32,
-                           f"float64 runs held to the float32 noise: {' and '.join(leaky)}'s float64 loss has float32's"
-                           " precision at every step, and its gradients flow through that float32 computation",
-                           label="float64 runs")
+                           f"float64 runs {_held_to_float32(leaky)}", label="float64 runs")
         if p32.status == "parity":
             v64, held32 = p32, p32
     if with_loss and leaky:
@@ -236,9 +234,7 @@ def judge_float32(
         return _finished(v64, expect_difference, known)
 
     agree64 = (f"float64 runs agree (gap {v64.gap:.2e} <= {FLOAT64_RTOL:.2g})" if held32 is None else
-               f"float64 runs within the float32 noise (gap {held32.gap:.2e} <= {held32.bound:.2e}; held to the float32"
-               f" noise: {' and '.join(leaky)}'s float64 loss has float32's precision at every step, and its gradients"
-               " flow through that float32 computation)")
+               f"float64 runs within the float32 noise (gap {held32.gap:.2e} <= {held32.bound:.2e}; {_held_to_float32(leaky)})")
     v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, RULE_FLOAT32, agree64)
     if with_loss:
         scale = _loss_scale(a64, b64)
@@ -246,6 +242,12 @@ def judge_float32(
                                  factor, RULE_FLOAT32, "float32")
         v = _with_loss(v, ch)
     return _finished(v, expect_difference, known)
+
+
+def _held_to_float32(leaky: list[str]) -> str:
+    """Why the float64 parameters of a pair with a leaky loss (``leaky``: its sides) are held to the float32 noise."""
+    return (f"held to the float32 noise: {' and '.join(leaky)}'s float64 loss has float32's precision at every step,"
+            " and its gradients flow through that float32 computation")
 
 
 def _visibility_note(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["curve"]
+__all__ = ["curve", "drawn"]
 
 
 def curve(schedule: dict, lr: float, t: int) -> float:
@@ -29,3 +29,13 @@ def curve(schedule: dict, lr: float, t: int) -> float:
     if t > k + d:
         return m
     return m + (lr - m) * (1.0 + math.cos(math.pi * (t - k) / d)) / 2.0
+
+
+def drawn(opt: dict) -> dict | None:
+    """The case's ``warmup_cosine`` schedule, ``None`` for a constant rate (the only two the hunt draws)."""
+    s = opt.get("schedule") or {"kind": "constant"}
+    if s["kind"] == "constant":
+        return None
+    if s["kind"] != "warmup_cosine":
+        raise ValueError(f"optimizer.schedule: the hunt's rewrites run constant or warmup_cosine, got {s['kind']!r}")
+    return s

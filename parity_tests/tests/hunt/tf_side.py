@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfpar
-from parity_tests.tests.hunt.schedule import curve
+from parity_tests.tests.hunt.schedule import curve, drawn
 
 __all__ = ["curve", "keras_cosine", "keras_load", "keras_optimizer", "shards"]
 
@@ -74,16 +74,6 @@ def keras_cosine(schedule: dict, lr: float):
 
     return keras.optimizers.schedules.CosineDecay(0.0, schedule["decay_steps"], alpha=schedule["min_lr"] / lr,
                                                   warmup_target=lr, warmup_steps=schedule["warmup_steps"])
-
-
-def _schedule(opt: dict) -> dict | None:
-    """The case's ``warmup_cosine`` schedule, ``None`` for a constant rate (the only two the hunt draws)."""
-    s = opt.get("schedule") or {"kind": "constant"}
-    if s["kind"] == "constant":
-        return None
-    if s["kind"] != "warmup_cosine":
-        raise ValueError(f"optimizer.schedule: the hunt's rewrites run constant or warmup_cosine, got {s['kind']!r}")
-    return s
 
 
 def _forward(w: dict, x: tf.Tensor, layers: list, bug: str | None) -> tf.Tensor:
@@ -131,7 +121,7 @@ class _Rule:
         self.opt, self.rule, self.dt, self.bug = opt, rule, dt, bug
         self.slots = {k: (tf.Variable(tf.zeros_like(v)), tf.Variable(tf.zeros_like(v))) for k, v in w.items()}
         self.t = 0
-        self.schedule = _schedule(opt)
+        self.schedule = drawn(opt)
 
     def rate(self) -> float:
         """Step ``self.t``'s learning rate: ``lr``, or the contract's ``warmup_cosine`` curve ``f(t)``."""
@@ -339,7 +329,7 @@ def keras_optimizer(opt: dict):
     ``warmup_cosine`` schedule as Keras' own ``CosineDecay`` (:func:`keras_cosine`)."""
     import keras
 
-    sched = _schedule(opt)
+    sched = drawn(opt)
     lr = opt["lr"] if sched is None else keras_cosine(sched, opt["lr"])
     if opt["name"] == "adam":
         return keras.optimizers.Adam(learning_rate=lr, beta_1=opt["beta1"], beta_2=opt["beta2"],

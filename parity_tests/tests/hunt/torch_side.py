@@ -35,22 +35,12 @@ import torch.nn.functional as F  # noqa: N812
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
 import torchref
-from parity_tests.tests.hunt.schedule import curve
+from parity_tests.tests.hunt.schedule import curve, drawn
 
 __all__: list[str] = []
 
 DTYPES = ("float32", "float64")
 _ACT = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid}
-
-
-def _schedule(opt: dict) -> dict | None:
-    """The case's ``warmup_cosine`` schedule, ``None`` for a constant rate (the only two the hunt draws)."""
-    s = opt.get("schedule") or {"kind": "constant"}
-    if s["kind"] == "constant":
-        return None
-    if s["kind"] != "warmup_cosine":
-        raise ValueError(f"optimizer.schedule: the hunt's rewrites run constant or warmup_cosine, got {s['kind']!r}")
-    return s
 
 
 def _build(run) -> tuple[torch.nn.Module, dict]:
@@ -98,7 +88,7 @@ class _KerasRule:
 
     def __init__(self, params: list, opt: dict) -> None:
         self.params, self.opt, self.t = params, opt, 0
-        self.schedule = _schedule(opt)
+        self.schedule = drawn(opt)
         self.a = [torch.zeros_like(p) for p in params]
         self.b = [torch.zeros_like(p) for p in params]
 
@@ -146,7 +136,7 @@ def _scheduler(optimizer, opt: dict, how: str):
     climbs back after ``T_max``); elsewhere a ``LambdaLR`` whose factor after ``e`` steps is
     ``f(e + 1) / lr``.
     """
-    sched = _schedule(opt)
+    sched = drawn(opt)
     if sched is None or opt["semantics"] == "tf":
         return None
     lr = opt["lr"]
