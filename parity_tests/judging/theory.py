@@ -1016,7 +1016,7 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: Impl, other: Impl,
         rounding = keras_rounding or ("floatx_float32" if _builtin_keras(other) else "none")
         cosine = (spec["optimizer"].get("schedule") or {}).get("kind") == "warmup_cosine"
         if (cosine and spec["optimizer"]["semantics"] == "native" and _builtin_keras(side) and not _builtin_keras(other)
-                and _runs_cosine_decay(spec, other, own_schedule)):
+                and _runs_cosine_decay(spec, other, {*own, *own_schedule})):
             # a Keras built-in under native runs Keras' CosineDecay, a step late; under semantics tf it runs the
             # case's curve. Against a side that runs CosineDecay too (a plugin's own Keras optimizer) the mapping
             # would put a lateness in that neither had; against one whose rate is the curve (a rule written out,
