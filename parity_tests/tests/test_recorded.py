@@ -163,6 +163,23 @@ def test_a_findings_data_survives_its_manifest(tmp_path):
     assert traj.findings == ["replicas diverged at step 2: rank 1"] and traj.findings[0].data == data
 
 
+@pytest.mark.parametrize("bad", [5, "x", [{"kind": "replicas", "rank": 1, "name": "0.kernel"}],
+                                 [{"kind": "replicas", "step": "2", "rank": 1, "name": "0.kernel"}],
+                                 [{"kind": "replicas", "step": 2, "rank": 1, "name": "0.kernel", "norms": [[0]]}]])
+def test_a_hand_edited_findings_data_is_dropped_not_read(tmp_path, bad):
+    # a manifest whose finding_data is not what the tool writes keeps the finding's line (still a divergence) without
+    # the data, never a traceback when the judge reads it
+    import json
+
+    out = _fake_record(tmp_path, make(MLP), findings=["replicas diverged at step 2: rank 1"])
+    mpath = tmp_path / f"{out.stem}.manifest.json"
+    m = json.loads(mpath.read_text())
+    m["finding_data"] = bad
+    mpath.write_text(json.dumps(m))
+    traj = resolve(f"recorded:{out}").run(make(MLP), None)
+    assert traj.findings == ["replicas diverged at step 2: rank 1"] and traj.findings[0].data == {}
+
+
 def test_keras_rounding_is_accepted_from_a_keras_run_only(tmp_path):
     case = make(MLP)
     rounded = case.replace(**{"optimizer.lr": float(np.float32(0.01))})  # what the judge's Keras mapping asks for
