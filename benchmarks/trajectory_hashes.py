@@ -29,11 +29,18 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(f"{a.dtype.str}{a.shape}".encode() + a.tobytes()).hexdigest()
 
 
-def hashes(quick: bool, impls: tuple[str, ...] = IMPLS) -> dict[str, dict[str, str] | str]:
+def hashes(quick: bool, impls: tuple[str, ...] = IMPLS, capture: int | None = None) -> dict[str, dict[str, str] | str]:
+    """``capture``: every run of an engine that captures made with ``capture = k``, its per-device ``device/...``
+    arrays left out: whether such a run trains as the plain run does, bit for bit (the session takes a
+    pair's float64 run and its capture of step 1 from one run where the engine declares so,
+    ``EngineSpec.captures_in_place``)."""
+    import dataclasses
+
     from tqdm import tqdm
 
     from parity_tests.protocol.errors import CaseError
     from parity_tests.reporting.matrix import matrix_cases
+    from parity_tests.running import registry
     from parity_tests.running.harness import run_impl
 
     # --quick: 1 and 2 devices, no 16-64 device rows (the large worlds need a 64-rank pool)
@@ -44,11 +51,14 @@ def hashes(quick: bool, impls: tuple[str, ...] = IMPLS) -> dict[str, dict[str, s
     for case, impl, dtype in tqdm(jobs, unit="run", file=sys.stderr):
         key = f"{case.name}|{impl}|{dtype}"
         try:
-            traj = run_impl(case if case.spec["dtype"] == dtype else case.replace(dtype=dtype), impl)
+            run = case if case.spec["dtype"] == dtype else case.replace(dtype=dtype)
+            if capture is not None and registry.resolve(impl, "impls").captures and capture <= run.spec["steps"]:
+                run = dataclasses.replace(run, capture=capture)
+            traj = run_impl(run, impl)
         except CaseError as e:
             out[key] = f"refused: {e.field}"
             continue
-        out[key] = {k: _digest(v) for k, v in sorted(traj.items())}
+        out[key] = {k: _digest(v) for k, v in sorted(traj.items()) if not k.startswith("device/")}
     return out
 
 
@@ -59,15 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 and 2 devices only, no large-world rows")
     ap.add_argument("--impls", default=",".join(IMPLS),
                     help="comma-separated built-ins to hash (default all); --check then compares their runs only")
+    ap.add_argument("--capture", type=int, metavar="K",
+                    help="make every run of an engine that captures with capture = K, its device/ arrays left out"
+                         " (--check then says whether a run with a capture trains as the plain run does)")
     args = ap.parse_args(argv)
     impls = tuple(args.impls.split(","))
     t0 = time.perf_counter()
-    now = hashes(args.quick, impls)
+    now = hashes(args.quick, impls, args.capture)
     print(f"{len(now)} runs hashed in {time.perf_counter() - t0:.0f} s")
     if args.out:
         args.out.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
     if args.check:
         before = json.loads(args.check.read_text())
+        if args.capture is not None:  # a capture run's device/ arrays are its own
+            before = {k: {a: h for a, h in v.items() if not a.startswith("device/")} if isinstance(v, dict) else v
+                      for k, v in before.items()}
         keys = set(now) | {k for k in before if k.split("|")[1] in impls}
         moved = [k for k in sorted(keys) if before.get(k) != now.get(k)]
         for k in moved[:50]:

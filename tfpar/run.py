@@ -157,5 +157,6 @@ def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, dev
         # per-example extras (dropout masks, sample weights) are split with the batch by the lockstep path
         towers_fn=towers_fn if needs_towers_fn(model["layers"]) or weighted else None,
         accumulate=par.get("accumulate", 1),
+        state=state,
     )
     return Built(trainer, state)

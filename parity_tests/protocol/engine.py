@@ -63,6 +63,11 @@ class EngineSpec:
     #: whether it runs ``parallel.accumulate`` > 1 (micro-batches per step); ``None``: not declared (a
     #: plugin reads the field from the spec itself)
     accumulate: bool | None = None
+    #: a run with ``capture = k`` trains bit for bit as the run without it (its per-device values computed from
+    #: the same parameters beside the step, not by another trace of it): the session makes a pair's float64 run
+    #: and the capture of its step 1 as one run (``session.plan.in_place_captures``); the proof on every engine
+    #: that declares it is ``benchmarks/trajectory_hashes.py --capture 1 --check`` against its plain runs' hashes
+    captures_in_place: bool = False
     #: where its runner lives, ``module:function`` (for docs and listings)
     entry: str = ""
     #: listed among the built-ins the matrix and ``compare`` run in one process (``tf.multiworker`` is

@@ -15,14 +15,9 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES
 from parity_tests.running import registry
 from parity_tests.session.executor import Need, Runs
-from parity_tests.session.keys import RunKey, capture
+from parity_tests.session.keys import capture_run
 
 __all__ = ['inside_step']
-
-
-def _capture_key(name: str, case: Case) -> str:
-    return f"{name}|{case.spec['dtype']}|{sorted((k, str(v)) for k, v in case.spec['optimizer'].items())}" \
-           f"|{sorted((k, str(v)) for k, v in case.spec['parallel'].items())}|{case.spec['model'].get('loss_semantics')}"
 
 
 def _up_to(case: Case, name: str, step: int) -> Case:
@@ -70,9 +65,9 @@ def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str,
     def made(name: str, c: Case) -> Callable[[], Case]:
         return lambda: dataclasses.replace(_up_to(c, name, step) if stop else c, capture=step)
 
-    # a capture's identity is the case it captures (``_capture_key``), not a mapping's key: ``lockstep``'s cases
-    # are its own start states
-    needs = [Need(RunKey(name, capture(step), _capture_key(name, c)), made(name, c), stored=False) for name, c in sides]
+    # a capture's identity is the case it captures (``keys.capture_run``): a pair's float64 run that captured this
+    # step in place (``plan.in_place_captures``) is found by it, and two pairs capturing one side share its run
+    needs = [Need(capture_run(name, step, c.spec), made(name, c), stored=False) for name, c in sides]
     trajs = runs.make(needs, beside=beside)
     chain = stage_chain(trajs[0], trajs[1], step, bound_at(verdict, step), sides[0][1].spec)
     if chain is None:

@@ -62,7 +62,14 @@ from parity_tests.session.mapping import (
     torch_rule_of,
     writes_own_rule,
 )
-from parity_tests.session.plan import FLOORS, _floor_rules, first_round, refusals, second_round
+from parity_tests.session.plan import (
+    FLOORS,
+    _floor_rules,
+    first_round,
+    in_place_captures,
+    refusals,
+    second_round,
+)
 from parity_tests.session.results import CaseResult, PairResult
 from parity_tests.session.variants import (
     BF16_CHECK,
@@ -131,7 +138,7 @@ def compare_case(
                   " in float64, %.1f GB available (docs/memory.md)", case.name, need, available_bytes() / 1e9)
     runs = Executor(case, ref, variants, runner, beside=beside, progress=progress, skip_unsupported=skip_unsupported,
                     refused=refused)
-    first = first_round(case, impls, rules, refused)
+    first = first_round(case, impls, rules, refused, in_place_captures(case, impls, rules, refused, preds, stages))
     runs.expect(len(first))
     runs.run(first)
     # second round: what the first runs decide. The mapped runs (a TensorFlow plugin's Keras

@@ -6,6 +6,7 @@ Which runs to make is ``session.plan``'s business; how a pair is judged from the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
@@ -19,7 +20,7 @@ import numpy as np
 from parity_tests.contract.case import Case
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
-from parity_tests.session.keys import RunKey, Variant
+from parity_tests.session.keys import RunKey, Variant, capture_run
 from parity_tests.session.variants import _rerun_of, _variants
 
 __all__ = ["Runner", "Mapped", "Need", "Runs", "Executor"]
@@ -73,7 +74,9 @@ class _Run:
 
     ``serves``: the mapping this run is made for (a mapped run, or a stand-in's own run): if it
     cannot be made, that mapping's pairs are judged without a residual. ``required``: a run whose
-    refusal is an error of the comparison (not for the loss channel's extra gradient).
+    refusal is an error of the comparison (not for the loss channel's extra gradient). ``capture``:
+    the step whose per-device values the run also records, in place (``plan.in_place_captures``):
+    kept apart as that step's capture run (``keys.capture_run``), the run itself without them.
     """
 
     impl: str
@@ -81,6 +84,7 @@ class _Run:
     mapping: Mapped | None = None
     serves: Mapped | None = None
     required: bool = True
+    capture: int | None = None
 
 
 
@@ -201,7 +205,10 @@ class Executor(Runs):
                     c = self.case_for(impl, d, mapping)
                     started = time.perf_counter()
                     _log.debug("%s: run %s started", self.case.name, key)
-                    trajs[key] = self.runner(c, impl)
+                    if item.capture is None:
+                        trajs[key] = self.runner(c, impl)
+                    else:
+                        trajs[key] = self._in_place(c, impl, item.capture)
                     _log.debug("%s: run %s finished in %.2f s", self.case.name, key, time.perf_counter() - started)
                     if mapping is not None:
                         self.mapped_cases[key] = c
@@ -220,6 +227,16 @@ class Executor(Runs):
                 raise
             if bar is not None:
                 bar.update(1)
+
+    def _in_place(self, c: Case, impl: str, step: int) -> dict[str, Any]:
+        """``impl``'s run of ``c`` recording step ``step``'s per-device values in place: the run without them
+        (returned) and, where it recorded them, the whole run as that step's capture run (``capture.inside_step``
+        finds it by ``keys.capture_run``, as the run it would make; for a check alone, not stored)."""
+        traj = self.runner(dataclasses.replace(c, capture=step), impl)
+        if "device/step" not in traj:  # a runner that does not capture: inside_step makes its own run, if asked
+            return traj
+        self.extra[capture_run(impl, step, c.spec)] = traj
+        return {k: v for k, v in traj.items() if not k.startswith("device/")}
 
     def run(self, plan: list[_Run]) -> None:
         """Make every run of ``plan`` not made yet."""

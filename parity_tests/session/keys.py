@@ -8,10 +8,13 @@ Inside the session every run is named by a :class:`RunKey`; its legacy text
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Variant", "RunKey", "FLOAT64", "PERTURBED_RUN", "STEP1", "ROUNDED64", "RULE64", "BF16_RERUNS_RUN",
-           "BF16_RERUNS64_RUN", "bf16_reruns", "as_given", "repeat", "MOVED64", "MOVED64_AGAIN", "AGAIN64", "capture"]
+           "BF16_RERUNS64_RUN", "bf16_reruns", "as_given", "repeat", "MOVED64", "MOVED64_AGAIN", "AGAIN64", "capture",
+           "capture_run"]
 
 #: a variant's kinds: the case in a dtype; a rerun from moved numbers (the ``index``-th, from 0); the float64 run of
 #: such a moved case; the float64 run from inputs and weights rounded to bfloat16; a mixed case's one-step float32
@@ -132,3 +135,15 @@ class RunKey:
 
     def __str__(self) -> str:
         return self.text
+
+
+def capture_run(impl: str, step: int, spec: Mapping[str, Any]) -> RunKey:
+    """The key of ``impl``'s run recording step ``step``'s per-device values of the case whose spec is ``spec``.
+
+    A capture's identity is the case it captures (its dtype, optimizer, parallel section and loss
+    semantics), not a mapping's key: ``lockstep``'s cases are its own start states, and a pair's
+    float64 run that captured its step 1 in place (``EngineSpec.captures_in_place``) is found by it.
+    """
+    return RunKey(impl, capture(step), f"{impl}|{spec['dtype']}|{sorted((k, str(v)) for k, v in spec['optimizer'].items())}"
+                                       f"|{sorted((k, str(v)) for k, v in spec['parallel'].items())}"
+                                       f"|{spec['model'].get('loss_semantics')}")

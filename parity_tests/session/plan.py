@@ -14,6 +14,7 @@ from parity_tests.judging.theory import LOSS_SCALE, Prediction
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
 from parity_tests.running.harness import refusal
+from parity_tests.session.declared import declared as _declared
 from parity_tests.session.declared import rerunnable as _rerunnable
 from parity_tests.session.declared import runs_float64 as _runs_float64
 from parity_tests.session.executor import _Run
@@ -31,7 +32,7 @@ from parity_tests.session.keys import (
 from parity_tests.session.loss_scale import ExactScale
 from parity_tests.session.mapping import SideMapping, choose_mapping
 
-__all__ = ["FLOORS", "first_round", "second_round"]
+__all__ = ["FLOORS", "first_round", "second_round", "in_place_captures"]
 
 
 #: how a float32 case's noise floor is measured: ``auto`` (float64 runs where both sides of a pair
@@ -120,9 +121,42 @@ def _grads_source(case: Case, impls: list[str], rules: dict[str, str], trajs: Ma
     return "tf.single"
 
 
-def first_round(case: Case, impls: list[str], rules: dict[str, str], refused: Mapping[str, str]) -> list[_Run]:
-    """The runs every pair's rule needs (:func:`_plan`), of the implementations that did not refuse the case."""
-    return [_Run(impl, d) for impl, d in _plan(case, *_unrefused(impls, rules, refused))]
+def in_place_captures(case: Case, impls: list[str], rules: Mapping[str, str], refused: Mapping[str, str],
+                      preds: Mapping[str, Prediction], stages: bool) -> set[str]:
+    """The implementations whose float64 run of the case records step 1's per-device values in place.
+
+    A pair with an expected difference is not at parity, and its localisation (``judge_pair``, read
+    from the float64 runs where the float64 rule judges) refines the first bad step from both sides'
+    per-device values (``capture.inside_step``), which for a difference theory predicts is step 1
+    wherever it acts from the start. Where both sides' engines capture in place
+    (``EngineSpec.captures_in_place``: a run with a capture trains bit for bit as without), their
+    float64 runs record step 1 as they go, and no run of its own is made for the capture: the
+    29.5 M GPT's compare makes 6 runs, not 8 (docs/benchmarks.md). A first bad step after step 1
+    still gets its own capture runs, as before.
+    """
+    dtype, ref = case.spec["dtype"], impls[0]
+    if not stages or dtype not in ("float32", "float64"):
+        return set()
+
+    def in_place(name: str) -> bool:
+        found = _declared(name)
+        return found is not None and found.spec.captures_in_place
+
+    out: set[str] = set()
+    for impl in impls[1:]:
+        if impl in refused or not preds[impl].expected or (dtype == "float32" and rules.get(impl) != "float64"):
+            continue
+        if in_place(ref) and in_place(impl):
+            out |= {ref, impl}
+    return out
+
+
+def first_round(case: Case, impls: list[str], rules: dict[str, str], refused: Mapping[str, str],
+                capture: Collection[str] = ()) -> list[_Run]:
+    """The runs every pair's rule needs (:func:`_plan`), of the implementations that did not refuse the case;
+    the float64 runs of ``capture`` (:func:`in_place_captures`) record step 1's per-device values as they go."""
+    return [_Run(impl, d, capture=1 if d == FLOAT64 and impl in capture else None)
+            for impl, d in _plan(case, *_unrefused(impls, rules, refused))]
 
 
 @dataclass

@@ -131,3 +131,50 @@ def test_a_known_difference_at_an_earlier_stage_is_named_where_the_runs_part_fir
                                          " where the known difference 'float64 GELU constants' acts")
     elsewhere = _against_theory({"stage": "loss", "explanation": "step 1: the loss differs"}, pred)
     assert not elsewhere["as_predicted"] and elsewhere["explanation"].endswith("it appeared first at loss")
+
+
+def _resnet_case():
+    """The matrix's small ResNet (convolutions, batch norm with moving statistics, residual blocks) in float64, 1
+    device: the case whose gradients another trace of the step moved in the last bits (trajectory_hashes.py
+    --quick --capture 1, 2026-11-29: 13 tf.towers and tf.single runs of ResNet, ViT and GPT cases moved)."""
+    from parity_tests.reporting.matrix import matrix_cases
+
+    return next(c for c in matrix_cases(devices=(1,), dtypes=("float64",), combines=("grad_mean",))
+                if c.name == "resnet-a-native:n1:grad_mean:float64")
+
+
+@pytest.mark.parametrize("impl", ["tf.towers", "tf.single", "torch.ddp", "torch.single"])
+def test_a_run_that_captures_in_place_trains_bit_for_bit_as_without(pool, impl):
+    """``EngineSpec.captures_in_place``: the session makes a pair's float64 run and its step-1 capture as one run,
+    so the run with the capture must be the run without it, every array bit for bit (the moving statistics too)."""
+    from parity_tests.running import registry
+
+    assert registry.resolve(impl).spec.captures_in_place
+    case = _resnet_case()
+    free, captured = run_impl(case, impl), run_impl(dataclasses.replace(case, capture=1), impl)
+    assert int(captured["device/step"]) == 1
+    assert sorted(free) == sorted(k for k in captured if not k.startswith("device/"))
+    moved = [k for k in free if not np.array_equal(np.asarray(free[k]), np.asarray(captured[k]))]
+    assert moved == []
+
+
+def test_a_pairs_float64_runs_capture_step_1_in_place(pool):
+    """A pair with an expected difference (sum reduction, at combined_grads) whose engines capture in place: its
+    float64 runs record step 1 as they go and no capture run of its own is made (each side runs once, whole),
+    and the localisation is the one the separate capture runs gave (the stage chain, as theory predicts)."""
+    calls = []
+
+    def runner(case, impl):
+        calls.append((impl, case.capture, case.spec["steps"], case.spec["dtype"]))
+        return run_impl(case, impl)
+
+    case = make(MLP, model__reduction="sum", parallel__devices=2, steps=2, dtype="float64")
+    result = compare_case(case, ["tf.towers", "torch.single"], runner=runner)
+    pair = result.pairs[0]
+    assert pair.verdict.status == "expected_difference"
+    assert sorted(c for c in calls if c[1] is not None) == [("tf.towers", 1, 2, "float64"), ("torch.single", 1, 2, "float64")]
+    where = pair.localisation
+    assert where["stage"] == "combined_grads" and where["as_predicted"]
+    assert [c["stage"] for c in where["chain"]] == ["inputs", "forward", "combined_grads"]
+    # the trajectories kept with the comparison hold no per-device values (the capture is kept apart)
+    assert result.trajectories and not any(k.startswith("device/") for t in result.trajectories.values() for k in t)
