@@ -190,7 +190,7 @@ def counted(c, impl):
     # a mapping changes these (a dtype variant also rewrites data and init: not a mapping)
     changed = [k for k in ("model", "optimizer", "parallel") if c.spec.get(k) != base.get(k)]
     doc = {"impl": impl, "dtype": c.spec["dtype"], "mapped": changed, "capture": c.capture,
-           "steps": c.spec["steps"], "kind": type(c).__name__, "start": time.time()}
+           "steps": c.spec["steps"], "of_steps": base["steps"], "kind": type(c).__name__, "start": time.time()}
     t0 = time.perf_counter()
     try:
         return run_impl(c, impl)
@@ -211,16 +211,29 @@ def run_label(doc: dict) -> str:
         label += f" mapped ({', '.join(doc['mapped'])})"
     if doc["kind"] != "Case":
         label += f" ({doc['kind']})"
-    if doc["capture"]:
+    if doc["capture"] and doc.get("own_capture", True):
         label += f" capture of step {doc['capture']} ({doc['steps']} steps run)"
+    elif doc["capture"]:
+        label += f", recording step {doc['capture']}'s per-device values as it goes (capture in place)"
     return label
+
+
+def _own_capture(d: dict, docs: list[dict]) -> bool:
+    """A capture run of its own (cut after its step, or beside the same run without a capture), not a training that
+    records the step in place (``EngineSpec.captures_in_place``)."""
+    same = (d["impl"], d["dtype"], d["mapped"])
+    return bool(d["capture"]) and (d["steps"] < d.get("of_steps", d["steps"]) or any(
+        o is not d and not o["capture"] and (o["impl"], o["dtype"], o["mapped"]) == same for o in docs))
 
 
 def runs_per_compare(docs: list[dict]) -> str:
     """``runs per compare: N (T trainings, C capture runs)`` and one line per run, in the order they began."""
-    captures = sum(1 for d in docs if d["capture"])
-    lines = [f"runs per compare: {len(docs)} ({len(docs) - captures} trainings, {captures} capture runs; "
-             f"{sum(1 for d in docs if d['mapped'])} mapped)"]
+    for d in docs:
+        d["own_capture"] = _own_capture(d, docs)
+    captures = sum(1 for d in docs if d["own_capture"])
+    in_place = sum(1 for d in docs if d["capture"] and not d["own_capture"])
+    lines = [f"runs per compare: {len(docs)} ({len(docs) - captures} trainings, {in_place} of them capturing a step in"
+             f" place; {captures} capture runs; {sum(1 for d in docs if d['mapped'])} mapped)"]
     t0 = min((d["start"] for d in docs), default=0.0)
     lines += [f"  run {i}: {run_label(d)}, {d['seconds']:.1f} s (from {d['start'] - t0:.1f} s after the first run began)"
               for i, d in enumerate(sorted(docs, key=lambda d: d["start"]), 1)]

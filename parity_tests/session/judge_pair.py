@@ -30,6 +30,8 @@ from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve
 from parity_tests.judging.perturbation import bfloat16_signature, judge_perturbation, perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, loss_in_float32
+from parity_tests.judging.rules import Can, Planned
+from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.theory import (
     Prediction,
     engine,
@@ -119,8 +121,8 @@ def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[RunKey, dict[
 
 def _bf16_sides(trajs: dict[RunKey, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
     """Whether ``impl`` has the runs ``judging.bfloat16`` holds a mixed side by: its float64 run and its reruns."""
-    return all(RunKey(impl, v, suffix) in trajs
-               for v in (as_given(MIXED_BFLOAT16), FLOAT64, ROUNDED64, *BF16_RERUNS_RUN, *BF16_RERUNS64_RUN))
+    # what the bfloat16 rule needs of a side that declares every run (``judging.rules.BFloat16.needs``)
+    return all(RunKey(impl, v, suffix) in trajs for v in rule_needs(Planned(MIXED_BFLOAT16, "perturbation", Can(), Can()))[1])
 
 
 def _tf_kernels(spec: dict[str, Any]) -> dict[str, Any] | None:

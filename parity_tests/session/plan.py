@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
+from parity_tests.judging.rules import Can, Planned
+from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.theory import LOSS_SCALE, Prediction
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
@@ -62,21 +64,36 @@ def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, st
     return [i for i in impls if i not in refused], {i: r for i, r in rules.items() if i not in refused}
 
 
+#: the order of the runs after each implementation's run as given (float64 first, then: :func:`_float64_first`)
+_ORDER = (PERTURBED_RUN, STEP1, FLOAT64, ROUNDED64, *BF16_RERUNS_RUN[1:], *BF16_RERUNS64_RUN)
+
+
+def _can(impl: str) -> Can:
+    """What ``impl`` declares it can run, as the rules read it before any run (``judging.rules.Planned``)."""
+    return Can(float64=_runs_float64(impl), rerunnable=_rerunnable(impl))
+
+
+def side_needs(dtype: str, rule: str, ref: str, impl: str) -> tuple[tuple[Variant, ...], tuple[Variant, ...]]:
+    """The variants of ``ref`` and of ``impl`` the pair's rule judges from (``judging.rules.needs``)."""
+    return rule_needs(Planned(dtype, rule, _can(ref), _can(impl)))
+
+
 def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, Variant]]:
-    """The runs to make, ``(impl, variant)``: the case dtype, float64, the perturbed reruns, the mixed-precision extras."""
+    """The runs to make, ``(impl, variant)``: every implementation's run as given, then the union of what each
+    pair's rule needs (``judging.rules.needs``) and what the session's own checks need (a mixed case's bfloat16
+    signature, ``judge_pair._bf16_guard``: each side's one-step float32 run); float64 first."""
     ref, dtype = impls[0], case.spec["dtype"]
     plan: list[tuple[str, Variant]] = [(impl, as_given(dtype)) for impl in impls]
     for impl, rule in rules.items():
-        for side in (ref, impl):
-            if rule == "float64" and dtype == "float32":
-                plan.append((side, FLOAT64))
-            elif rule == "perturbation" and _rerunnable(side):
-                plan.append((side, PERTURBED_RUN))
-    if dtype == MIXED_BFLOAT16:  # each side's bfloat16 signature (_bf16_guard), float64 run and further reruns
+        a, b = side_needs(dtype, rule, ref, impl)
+        plan += [(ref, v) for v in a] + [(impl, v) for v in b]
+    if dtype == MIXED_BFLOAT16:
         plan.extend((impl, STEP1) for impl in impls if _rerunnable(impl))
-        plan.extend((impl, key) for key in (FLOAT64, ROUNDED64) for impl in impls if _runs_float64(impl))
-        plan.extend((impl, key) for key in BF16_RERUNS_RUN[1:] for impl in impls if _rerunnable(impl))
-        plan.extend((impl, key) for key in BF16_RERUNS64_RUN for impl in impls if _rerunnable(impl) and _runs_float64(impl))
+    # in a fixed order (the runs are the same in any order): each variant for every implementation in turn, the
+    # variants as _ORDER lists them
+    order = {v: i for i, v in enumerate((as_given(dtype), *_ORDER))}
+    index = {impl: i for i, impl in enumerate(impls)}
+    plan = sorted(dict.fromkeys(plan), key=lambda item: (order.get(item[1], len(order)), index[item[0]]))
     return _float64_first(plan)
 
 
@@ -183,10 +200,8 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
         if impl in refused:
             continue
         m = mappings[impl] = choose_mapping(theory_spec, ref, impl, preds[impl], rounding, own, own_schedule)
-        needed = [FLOAT64] if dtype == "float64" else (
-            [as_given(dtype), FLOAT64] if rules[impl] == "float64" else
-            [as_given(dtype), FLOAT64, ROUNDED64, *BF16_RERUNS_RUN, *BF16_RERUNS64_RUN] if dtype == MIXED_BFLOAT16
-            else [as_given(dtype), PERTURBED_RUN])
+        # a mapped side runs as a built-in (everything declared): what the pair's rule needs of such a side
+        needed = list(rule_needs(Planned(dtype, rules[impl], Can(), Can()))[1])
         if any(d.mapping == LOSS_SCALE for d in preds[impl].differences) and rules[impl] == "float64":
             exact[impl] = tuple(ExactScale(x, f) for x in (ref, impl) if (f := scales.get(x)) is not None)
             second.extend(_Run(e.side, d, e, serves=e) for e in exact[impl] for d in needed)

@@ -118,3 +118,38 @@ def test_float32_argument_validation(kwargs, error, pattern) -> None:
     with pytest.raises(error, match=pattern):
         judge_float32(a32, b32, a64=a64, b64=b64, **kwargs)
 
+
+
+# ---------------------------------------------------------------- the runs each rule declares it needs
+
+def test_each_rule_declares_the_runs_it_judges_from() -> None:
+    """``needs(planned)``: the first rule that declares needs for the pair, from what each side declares alone."""
+    from parity_tests.judging.rules import Can, Planned, needs
+    from parity_tests.judging.run_kinds import FLOAT64, PERTURBED_RUN, ROUNDED64, Variant, as_given
+
+    f32, mixed = as_given("float32"), as_given("mixed_bfloat16")
+    full, f32_only, recorded = Can(), Can(float64=False), Can(float64=False, rerunnable=False)
+    assert needs(Planned("float64", "float64", full, full)) == ((FLOAT64,), (FLOAT64,))
+    assert needs(Planned("float32", "float64", full, full)) == ((f32, FLOAT64), (f32, FLOAT64))
+    assert needs(Planned("float32", "perturbation", full, recorded)) == ((f32, PERTURBED_RUN), (f32,))
+    second, moved64 = Variant("perturbed", index=1), (Variant("perturbed64"), Variant("perturbed64", index=1))
+    a, b = needs(Planned("mixed_bfloat16", "perturbation", full, f32_only))
+    assert a == (mixed, FLOAT64, ROUNDED64, PERTURBED_RUN, second, *moved64)
+    # a side without float64 runs is judged by the perturbation rule after the bfloat16 one: its reruns only
+    assert b == (mixed, PERTURBED_RUN, second)
+
+
+def test_the_plan_is_the_union_of_the_rules_needs_each_run_once_float64_first() -> None:
+    """Three implementations of a float32 case, one of them a float32-only plugin: the float64 floor for the pair
+    of built-ins, the perturbation for the plugin's pair (its reference rerun once, shared)."""
+    from pathlib import Path
+
+    from parity_tests.session.plan import _floor_rules, _plan
+    from parity_tests.tests.helpers import MLP, make
+
+    plugin = f"{Path(__file__).parent / 'hunt' / 'torch_side.py'}:ddp_f32"
+    case = make(MLP, dtype="float32", parallel__devices=2)
+    impls = ["tf.towers", "torch.ddp", plugin]
+    plan = [f"{i}@{v}" for i, v in _plan(case, impls, _floor_rules(case, impls, "auto"))]
+    assert plan == ["tf.towers@float64", "torch.ddp@float64", "tf.towers@float32", "torch.ddp@float32",
+                    f"{plugin}@float32", "tf.towers@float32+perturbed", f"{plugin}@float32+perturbed"]

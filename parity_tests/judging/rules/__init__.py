@@ -28,7 +28,10 @@ What is judged:
     a bounded one. A semantic difference in a gradient shows in the parameters one step
     later. When both channels break, the first to break names the verdict's ``key``.
 
-**One list.** ``pair.judge_sides`` tries :data:`RULES` in order, as ``torch.testing``'s comparison
+**One list.** Before any run, each rule says which runs of each side it judges from
+(``needs(planned)``, typed by ``judging.run_kinds.Variant``; ``None`` where it does not apply), and the
+session makes the union of the first declaring rule's needs over every pair (:func:`needs`,
+``session.plan``). ``pair.judge_sides`` then tries :data:`RULES` in order, as ``torch.testing``'s comparison
 pairs are tried: the first whose ``applies(pair)`` holds judges the pair (``judge(pair) -> Verdict``),
 and then every check of :data:`CHECKS`, in order, may change that verdict (``judge(pair, verdict)``).
 Each rule and check is one module of this package: ``float64_bound``, ``bfloat16``, ``perturbation``,
@@ -41,15 +44,16 @@ bfloat16 signature) are the session's (``session.judge_pair``), which declares t
 from __future__ import annotations
 
 from parity_tests.judging.rules.bfloat16 import BFloat16
-from parity_tests.judging.rules.context import PairRuns, Side
+from parity_tests.judging.rules.context import Can, PairRuns, Planned, Side
 from parity_tests.judging.rules.float32_floor import Float32Floor, _judge_floor, judge_float32
 from parity_tests.judging.rules.float64_bound import Float64Bound, _check_factor, judge_float64
 from parity_tests.judging.rules.nonfinite import BothNonFinite, NonFinite
 from parity_tests.judging.rules.perturbation import Perturbation
 from parity_tests.judging.rules.replicas_in_sync import RULE_REPLICAS, ReplicasInSync
 from parity_tests.judging.rules.vacuity import RULE_VACUOUS, Vacuity, vacuity
+from parity_tests.judging.run_kinds import Variant
 
-__all__ = ["judge_float64", "judge_float32", "RULES", "CHECKS", "PairRuns", "Side", "RULE_REPLICAS", "RULE_VACUOUS",
+__all__ = ["judge_float64", "judge_float32", "RULES", "CHECKS", "needs", "Planned", "Can", "PairRuns", "Side", "RULE_REPLICAS", "RULE_VACUOUS",
            "vacuity", "Float64Bound", "BFloat16", "Perturbation", "Float32Floor", "NonFinite", "BothNonFinite",
            "ReplicasInSync", "Vacuity", "_check_factor", "_judge_floor"]
 
@@ -57,3 +61,10 @@ __all__ = ["judge_float64", "judge_float32", "RULES", "CHECKS", "PairRuns", "Sid
 RULES = (Float64Bound(), BFloat16(), Perturbation(), Float32Floor())
 #: the checks every verdict then goes through, in order (each may change it)
 CHECKS = (NonFinite(), BothNonFinite(), ReplicasInSync(), Vacuity())
+
+
+def needs(p: Planned) -> tuple[tuple[Variant, ...], tuple[Variant, ...]]:
+    """The runs of each side (reference, judged) the pair's rule judges from: the first rule of :data:`RULES` that
+    declares needs for ``p`` (``needs(p)`` not ``None``: decided from the sides' declarations alone, before any run
+    is made). The session makes their union over every pair, each run once (``session.plan``)."""
+    return next(n for r in RULES if (n := r.needs(p)) is not None)

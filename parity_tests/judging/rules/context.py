@@ -1,4 +1,6 @@
-"""What a rule of ``judging.rules`` is handed: one pair's runs (:class:`Side` each) and what the session knows of it."""
+"""What a rule of ``judging.rules`` is handed: before the runs, what each side declares (:class:`Planned`, from
+which the rule says the runs it needs); after them, one pair's runs (:class:`Side` each) and what the session
+knows of it (:class:`PairRuns`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,26 @@ from typing import Any
 
 from parity_tests.judging.zero_gradient import ZeroGradients
 
-__all__ = ["Side", "PairRuns"]
+__all__ = ["Side", "PairRuns", "Can", "Planned"]
+
+
+@dataclass(frozen=True)
+class Can:
+    """What one side of a pair declares it can run (its ``EngineSpec``), all a rule reads before any run is made."""
+
+    float64: bool = True  # it runs the case in float64
+    rerunnable: bool = True  # it can be run again from moved numbers (not a recorded run)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One pair before its runs: the case dtype, how the session measures a float32 case's floor (``rule``:
+    ``float64`` or ``perturbation``) and what each side declares (``a`` the reference, ``b`` the judged side)."""
+
+    dtype: str
+    rule: str
+    a: Can
+    b: Can
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,14 @@ from parity_tests.judging.loss_channel import (
     _with_loss,
 )
 from parity_tests.judging.precision_leak import loss_in_float32
-from parity_tests.judging.rules.context import PairRuns
+from parity_tests.judging.rules.context import PairRuns, Planned
 from parity_tests.judging.rules.float64_bound import (
     _check_factor,
     _judge64,
     _with_zero,
     _without_zero,
 )
+from parity_tests.judging.run_kinds import FLOAT64, Variant, as_given
 from parity_tests.judging.verdict import (
     RULE_FLOAT32,
     RULE_FLOAT64,
@@ -278,6 +279,10 @@ class Float32Floor:
     """The rule of a float32 case whose sides both ran float64: :func:`judge_float32` (tried last: it always applies)."""
 
     name = "float32 noise floor"
+
+    def needs(self, p: Planned) -> tuple[tuple[Variant, ...], tuple[Variant, ...]] | None:
+        """Each side's float32 run and its float64 run (the floor of each side is its float32 run's gap to it)."""
+        return ((as_given(p.dtype), FLOAT64),) * 2
 
     def applies(self, pair: PairRuns) -> bool:
         return True

@@ -29,7 +29,8 @@ from parity_tests.judging.loss_channel import (
     _loss_structure,
     _with_loss,
 )
-from parity_tests.judging.rules.context import PairRuns
+from parity_tests.judging.rules.context import PairRuns, Planned
+from parity_tests.judging.run_kinds import FLOAT64, Variant
 from parity_tests.judging.verdict import (
     RULE_FLOAT64,
     RULE_STRUCTURE,
@@ -191,6 +192,10 @@ class Float64Bound:
     """The rule of a float64 case: :func:`judge_float64` on the two sides' float64 runs (or the runs as given)."""
 
     name = "float64 bound"
+
+    def needs(self, p: Planned) -> tuple[tuple[Variant, ...], tuple[Variant, ...]] | None:
+        """Each side's float64 run (the case as given), where the case is float64."""
+        return ((FLOAT64,), (FLOAT64,)) if p.dtype == "float64" else None
 
     def applies(self, pair: PairRuns) -> bool:
         return pair.dtype == "float64"
