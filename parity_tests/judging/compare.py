@@ -373,6 +373,18 @@ def relative_gap(a: Any, b: Any, *, scale: Any = None, scale_floor: float = TINY
     a2, b2 = a_arr.reshape(rows, -1), b_arr.reshape(rows, -1)
     if a2.shape[1] == 0:
         return np.zeros(rows)
+    # every difference finite means both sides finite everywhere (inf - x and nan - x are not): then
+    # max |a - b| and max |b| are each the larger magnitude of a row's max and min, five passes over
+    # the rows where the general path below makes a dozen (a large model's rows are 0.3 GB each), the
+    # same numbers bit for bit
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.subtract(a2, b2)
+        num = np.maximum(np.abs(d.max(axis=1)), np.abs(d.min(axis=1)))
+    del d
+    if np.isfinite(num).all():
+        den = (np.maximum(np.abs(b2.max(axis=1)), np.abs(b2.min(axis=1))) if scale is None
+               else np.broadcast_to(np.asarray(scale, dtype=np.float64), (rows,)))
+        return num / np.maximum(den, scale_floor)
     fa, fb = np.isfinite(a2), np.isfinite(b2)
     finite_row = (fa & fb).all(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -329,6 +329,27 @@ def test_relative_gap_rows() -> None:
         relative_gap(a, b[:2])
 
 
+@given(st.integers(1, 4), st.integers(1, 7), st.integers(0, 2**32 - 1), st.sampled_from([None, 3.0]),
+       st.sampled_from(["finite", "overflow", "nan", "inf"]))
+def test_relative_gap_is_the_definition_on_every_path(rows, cols, seed, scale, kind) -> None:
+    """``max_j |a_kj - b_kj| / max(s_k, floor)``, written out here elementwise, bit for bit: on the fast path (every
+    difference finite) and the general one (a non-finite value, or a difference that overflows)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=(rows, cols)) * 10.0 ** rng.integers(-20, 20), rng.normal(size=(rows, cols))
+    if kind == "overflow":
+        a[0, 0], b[0, 0] = 1e308, -1e308  # both finite, their difference is not
+    elif kind != "finite":
+        a[0, -1] = np.nan if kind == "nan" else np.inf
+    want = np.empty(rows)
+    for k in range(rows):
+        both = np.isfinite(a[k]) & np.isfinite(b[k])
+        num = max(abs(float(x) - float(y)) if ok else 0.0 for x, y, ok in zip(a[k], b[k], both, strict=True))
+        den = max(abs(float(y)) if np.isfinite(y) else 0.0 for y in b[k]) if scale is None else scale
+        want[k] = num / max(den, 1e-30) if both.all() else np.inf
+    got = relative_gap(a, b, scale=scale, scale_floor=1e-30)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_step_of_row() -> None:
     assert [step_of_row("loss", 0), step_of_row("grad/0.bias", 2)] == [1, 3]
     assert [step_of_row("param/0.bias", 0), step_of_row("state/3.moving_mean", 2)] == [0, 2]
