@@ -266,8 +266,9 @@ class _Judged:
         if m.stand_in:
             own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
             plain = self.verdict(ref, impl, stand, own)
+            leaky = any(loss_in_float32(self.trajs.get(RunKey(n, FLOAT64, x))) for n, x in (stand, own))
             decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m,
-                                               self.apart.get((m.runs_as, m.side)))
+                                               self.apart.get((m.runs_as, m.side)), leaky)
             if decides is not None:
                 return decides, (stand, own), None
             if not_judged is not None:
