@@ -10,6 +10,7 @@ and one where it must not.
 from __future__ import annotations
 
 import dataclasses
+import json
 from fractions import Fraction
 from pathlib import Path
 
@@ -97,6 +98,7 @@ def test_a_shard_mean_behind_the_sum_reduction_is_a_divergence():
     assert bug.residual_not_judged.startswith(NOT_EQUIVALENT), summary
     assert "predicted 0.5x (1/2)" in bug.verdict.detail and "measured 0.02083x" in bug.verdict.detail, summary
     assert bug.localisation["predicted_scale"]["measured"] == pytest.approx(1 / 48), summary
+    assert json.loads(json.dumps(bug.to_dict()))["verdict"]["localisation"]["predicted_scale"]["predicted_exact"] == "1/2"
 
 
 @pytest.mark.usefixtures("pool")
