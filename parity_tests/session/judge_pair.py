@@ -30,6 +30,7 @@ from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve
 from parity_tests.judging.perturbation import bfloat16_signature, judge_perturbation, perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, loss_in_float32
+from parity_tests.judging.predicted_scale import SUM_REDUCTION, check_scale, predicted_scale
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.theory import (
@@ -268,8 +269,9 @@ class _Judged:
         if m.stand_in:
             own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
             plain = self.verdict(ref, impl, stand, own)
+            leaky = any(loss_in_float32(self.trajs.get(RunKey(n, FLOAT64, x))) for n, x in (stand, own))
             decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m,
-                                               self.apart.get((m.runs_as, m.side)))
+                                               self.apart.get((m.runs_as, m.side)), leaky)
             if decides is not None:
                 return decides, (stand, own), None
             if not_judged is not None:
@@ -308,6 +310,7 @@ class _Judged:
         where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
         res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=text)
         final = residual_unjudged(res.verdict, not_judged)
+        final, scale = self.scale_checked(final, v, ref, impl, pred, residual, exact)
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -316,6 +319,8 @@ class _Judged:
             where = self.localised(v, *as_ran)
         if where is not None and pred.expected:
             where = _against_theory(where, pred)
+        if where is not None and scale is not None:  # theory's constant against the one measured at step 1
+            where = {**where, "predicted_scale": scale, "explanation": f"{where['explanation']}; {scale['text']}"}
         notes = res.notes
         if final.status == "divergence" and final.rule == RULE_FLOAT64:
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
@@ -327,6 +332,32 @@ class _Judged:
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
         return PairResult(ref, impl, final, pred, text, v.gap if mapped_any else None, where, residual,
                           notes + leaks, decided if res.from_residual else None, not_judged)
+
+    def scale_checked(self, final: Verdict, v: Verdict, ref: str, impl: str, pred: Prediction,
+                      residual: Verdict | None, exact: tuple[ExactScale, ...]) -> tuple[Verdict, dict[str, Any] | None]:
+        """An ``expected_difference`` with no residual judged, held against the constant theory predicts for it.
+
+        Where theory's expected difference makes step 1's combined gradient an exact constant
+        multiple of the reference's (``judging.predicted_scale``: the sum reduction's ``1/N``), the
+        two float64 runs' recorded step-1 gradients are checked for it: a gradient that is not that
+        multiple (another constant, or none) is a difference the prediction does not explain, and
+        the pair is a divergence with both factors in its line. Returns the verdict and what the
+        check found (``None`` where it did not apply or the prediction holds).
+        """
+        if final.status != "expected_difference" or residual is not None or exact:
+            return final, None
+        scale = predicted_scale(self.case.spec, pred, engine(ref), engine(impl))
+        runs = [self.trajs.get(RunKey(name, FLOAT64)) for name in (ref, impl)]
+        if scale is None or any(r is None or loss_in_float32(r) for r in runs):
+            return final, None
+        found = check_scale(runs[0], runs[1], scale[0])
+        if found is None:
+            return final, None
+        said = next(d.text for d in pred.differences if d.text.startswith(SUM_REDUCTION))
+        kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+        detail = (f"theory predicted {said} ({scale[1]}), which does not explain the gap: {found['text']}; as it"
+                  f" ran: {v.detail}")
+        return dataclasses.replace(final, status="divergence", unjudged=kept, detail=detail), found
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).

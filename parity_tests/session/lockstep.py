@@ -71,6 +71,7 @@ from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
+from parity_tests.judging.precision_leak import loss_in_float32
 from parity_tests.judging.theory import Prediction, engine, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
@@ -583,8 +584,10 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
             if mapping.stand_in:
                 own = "b" if mapping.side == impl else "a"
                 plain = judge_sides(dtype, side("s", k), side(own, k), rule=rule, zero=zero)
+                # a float64 one-step run whose loss is float32 (judging.precision_leak): a loss-only parting is no wrong loss
+                leaky = any(loss_in_float32(_judged(runs[n + "64"][k])) for n in ("s", own) if n + "64" in runs)
                 decides, why = stand_in_leg(plain, lambda own=own, plain=plain, k=k: stage("s", own, k, plain, True),
-                                            mapping)
+                                            mapping, leaky=leaky)
                 residual = decides if decides is not None else None if why is not None else residual
         # without a residual, the stage where the pair parts is theory's only check (pair.resolve)
         where = stage("a", "b", k, v) if residual is None and v.status not in ("parity", "inconclusive", "error") \

@@ -296,7 +296,7 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
 
 
 def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
-                 m: SideMapping, apart: str | None = None) -> tuple[Verdict | None, str | None]:
+                 m: SideMapping, apart: str | None = None, leaky: bool = False) -> tuple[Verdict | None, str | None]:
     """What the stand-in's leg says of a residual judged through it: ``(decides, not_judged)``.
 
     ``plain``: the plugin ``m.side`` judged against its stand-in ``m.runs_as`` as it runs (the
@@ -316,7 +316,19 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
       where they part anywhere and theory predicts that they do (``apart``: its expected
       differences between the stand-in and the plugin, e.g. Keras' ``CosineDecay`` a step late in
       the built-in, the plugin's own rate on the curve): a known difference of the stand-in is not
-      the plugin's fault, and the stand-in is no equivalent run.
+      the plugin's fault, and the stand-in is no equivalent run;
+    * ``(verdict, None)`` also where they part at the logged loss alone (``localise``'s stage
+      ``record``: every parameter, and every gradient both recorded, agrees at every step by the
+      pair's rule, and only the loss differs, a divergence): the stand-in trains as the plugin
+      does (the parameters are the training's outcome: the same at every step is the same
+      training, whatever each logs), so it is an equivalent run for everything the mapping
+      judges, and the plugin logs a loss other than the loss of the step it trains on (the loss
+      after the update, one micro-batch's, one rank's): a divergence naming its loss. A loss
+      term the case cannot express (an L2 regularizer) changes the gradients too, so its
+      parameters part as well (stage ``loss``): not this branch. Nor where a float64 run of
+      the two computes its loss in float32 (``leaky``: ``precision_leak.loss_in_float32``, a
+      ``tf.compat.v1.losses`` program): such a loss differs from the stand-in's by float32
+      rounding with the parameters agreeing, which is no wrong loss.
     """
     if plain.status == "parity":
         return None, None
@@ -325,10 +337,17 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
                       f" computes, as predicted ({apart}; {plain.status} by {plain.rule}, gap {plain.gap:.3g})")
     # inconclusive is no showing: where nothing moves the vacuity rule reports a loss that differs (a loss term
     # the stand-in lacks: the L2 program at lr 1e-7, whose stand-in's mapped leg then made a divergence)
-    if plain.status != "inconclusive" and stage() == "update":
+    where = stage() if plain.status != "inconclusive" else None
+    if where == "update":
         return dataclasses.replace(plain, detail=(
             f"{m.side} against {m.runs_as}, the built-in of its kind, from the same gradient: its update"
             f" is not the optimizer rule theory predicts for it: {plain.detail}")), None
+    if where == "record" and plain.status == "divergence" and not leaky:
+        return dataclasses.replace(plain, detail=(
+            f"{m.side} against {m.runs_as}, the built-in of its kind: every parameter agrees at every step and only"
+            f" the logged loss differs, so {m.runs_as} trains as {m.side} does and {m.side} logs a loss other than"
+            f" the loss of the step it trains on (the loss after the update, one micro-batch's or one rank's?):"
+            f" {plain.detail}")), None
     first = plain.detail.splitlines()[0] if plain.detail else ""
     # an error (both non-finite at the same place, an array missing) shows no difference, but no equivalence either
     does = "cannot be shown to compute" if plain.status in ("error", "inconclusive") else "does not compute"

@@ -113,3 +113,18 @@ def test_lockstep_keeps_a_seeded_optimizer_bug_a_divergence_through_the_stand_in
     assert bad.status == "divergence" and bad.first_bad_step == 1, result.summary()
     assert "its update is not the optimizer rule theory predicts for it" in bad.detail, result.summary()
     assert bad.residual_not_judged is None
+
+
+def test_lockstep_names_a_loss_logged_after_the_update_through_the_stand_in():
+    """The stand-in leg's loss-only branch under ``--lockstep``: a DDP port that logs its batch's loss after the
+    update, against one device under ``sum`` reduction (the predicted difference maps only through torch.ddp,
+    standing in for the port): at each step the port and its stand-in agree on every parameter and part only at
+    the logged loss, so that leg decides, a divergence at step 1 on the loss (was: "residual not judged"); the
+    faithful port is the predicted sum reduction with its residual judged."""
+    case = make(MLP, dtype="float64", parallel__devices=2, steps=2, model__reduction="sum", optimizer=ADAM_EPS)
+    result = ls.lockstep_compare(case, ["torch.single", f"{MAPPING_TORCH}:adam",
+                                        f"{MAPPING_TORCH}:adam_loss_after_update"], free=False)
+    good, bad = result.pairs
+    assert good.status == "expected_difference" and good.residual_not_judged is None, result.summary()
+    assert bad.status == "divergence" and bad.first_bad_step == 1 and bad.key == "loss", result.summary()
+    assert "only the logged loss differs" in bad.detail and bad.residual_not_judged is None, result.summary()

@@ -15,6 +15,7 @@ a real difference:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,46 @@ def test_a_stand_in_that_is_another_program_judges_no_residual(dtype):
     assert eps.verdict.status == "divergence", summary
     assert not eps.prediction.expected, summary
     assert any("eps=1e-08" in a and "not torch's for the case's optimizer" in a for a in eps.prediction.absent), summary
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_stand_in_that_parts_at_the_logged_loss_alone_decides_the_residual():
+    """A DDP port that logs its batch's loss after the update (the hunt's ``loss_after_update_torch``, pairs 1026
+    and 1027) against one device, ``sum`` reduction: the predicted difference (2 devices average per-device sums)
+    maps only onto the DDP side, a plugin, so through its stand-in torch.ddp, which agrees with it on every
+    parameter at every step and parts only at the logged loss: the stand-in trains as it does and the plugin
+    logs the wrong loss, a divergence on the loss naming it (was: expected_difference, "residual not judged: no
+    equivalent run", the predicted difference hiding the bug). The port that logs the loss it trains on:
+    expected_difference, its residual judged at parity."""
+    case = make(MLP, dtype="float64", parallel__devices=2, model__reduction="sum", optimizer=ADAM)
+    pairs, summary = _pairs(case, ["torch.single", f"{TORCH}:adam", f"{TORCH}:adam_loss_after_update"])
+    assert pairs["adam"].verdict.status == "expected_difference", summary
+    assert pairs["adam"].residual.status == "parity" and pairs["adam"].residual_not_judged is None, summary
+    after = pairs["adam_loss_after_update"]
+    assert after.verdict.status == "divergence" and after.verdict.key == "loss", summary
+    assert after.residual_not_judged is None, summary
+    assert "only the logged loss differs" in after.verdict.detail, summary
+
+
+def test_the_stand_in_leg_decides_a_loss_only_parting_unless_the_loss_is_float32():
+    """Unit (``mapping.stand_in_leg``): a divergence where the stand-in and its plugin part at the logged loss
+    alone (stage ``record``) decides, naming the plugin; not where a float64 run of the two computes its loss in
+    float32 (``leaky``: float32 rounding on the loss is no wrong loss), nor where they part at the loss and the
+    parameters follow (``loss``: a loss term the case cannot express, no equivalent run)."""
+    from parity_tests.judging.verdict import Verdict
+    from parity_tests.session.mapping import SideMapping, stand_in_leg
+
+    m = SideMapping("p.py:logs", "tf.towers", {"optimizer.semantics": "tf"}, "torch.ddp")
+    parted = Verdict("divergence", "float64 bound", 0.5, 1e-10, "loss", 1, np.array([]), 1, "loss apart at step 1")
+    decides, why = stand_in_leg(parted, lambda: "record", m)
+    assert why is None and decides.status == "divergence" and "p.py:logs logs a loss other than" in decides.detail
+    decides, why = stand_in_leg(parted, lambda: "record", m, leaky=True)
+    assert decides is None and why.startswith(NOT_EQUIVALENT)
+    decides, why = stand_in_leg(parted, lambda: "loss", m)
+    assert decides is None and why.startswith(NOT_EQUIVALENT)
+    # the vacuity rule's inconclusive (nothing moves) shows no equivalence, whatever the loss does
+    idle = dataclasses.replace(parted, status="inconclusive")
+    assert stand_in_leg(idle, lambda: "record", m)[0] is None
 
 
 # ------------------------------------------------------------------ precision leaks: a float64 run's float32 loss

@@ -28,7 +28,8 @@ class Net(torch.nn.Module):
         return self.l1(torch.relu(self.l0(x)))
 
 
-def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 0.0) -> None:
+def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 0.0, after: bool = False,
+           reduction: str | None = None) -> None:
     net = Net().to(run.torch_dtype)
     net.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
     model = DDP(net, process_group=run.group) if wrap and run.group is not None else net
@@ -41,9 +42,12 @@ def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 
         return {k: run.to_tf(named[v]) for k, v in NAMES.items()}
 
     run.begin(params())
+    # each rank's loss over its shard, as the case reduces it (DDP averages the ranks' gradients); ``reduction``: a bug
+    reduction = reduction or run.spec["model"]["reduction"]
     for x, y in run.batches():
         opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(model(torch.as_tensor(x)), torch.as_tensor(y))
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+        loss = F.binary_cross_entropy_with_logits(model(x), y, reduction=reduction)
         if l2:  # the L2 term of every rank's loss: DDP averages its gradient to itself
             loss = loss + l2 * (net.l0.weight.pow(2).sum() + net.l1.weight.pow(2).sum())
         loss.backward()
@@ -54,6 +58,9 @@ def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 
                 for p in net.parameters():
                     p.mul_(1 - run.spec["optimizer"]["lr"] * decay)
         logged = loss.detach().clone()
+        if after:  # a seeded bug: the loss logged is the batch's loss after the update, not the one trained on
+            with torch.no_grad():
+                logged = F.binary_cross_entropy_with_logits(net(x), y, reduction=reduction)
         if run.group is not None:
             dist.all_reduce(logged, group=run.group)
             logged /= run.world_size
@@ -152,3 +159,28 @@ def adam_decayed(run):
 def adam_l2_default_eps(run):
     """``adam_l2`` with ``adam_default_eps``'s bug: the L2 term right, torch's default epsilon 1e-8."""
     _train(run, lambda params, o: torch.optim.Adam(params, lr=o["lr"], betas=(o["beta1"], o["beta2"])), l2=L2)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def adam_loss_after_update(run):
+    """``adam`` with a seeded logging bug: the loss it logs is its batch's loss after the update (its parameters,
+    and the gradients it records, are ``adam``'s)."""
+    _train(run, _adam, after=True)
+
+
+def _sgd(params, o):
+    return torch.optim.SGD(params, lr=o["lr"])
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd(run):
+    """DDP with ``torch.optim.SGD``, each rank's loss reduced as the case says."""
+    _train(run, _sgd)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_shard_mean(run):
+    """DDP with ``torch.optim.SGD`` and a seeded porting bug: each rank's loss is its shard's mean whatever the case
+    says (the hunt's ``reduction_flipped``): under ``reduction: sum`` its gradient is 1/B of the full-batch sum on even
+    shards, not the 1/N theory predicts for a correct DDP port."""
+    _train(run, _sgd, reduction="mean")
