@@ -22,17 +22,18 @@ import numpy as np
 
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.judging.bfloat16 import Side as BF16Side
-from parity_tests.judging.bfloat16 import signature_bound
-from parity_tests.judging.bounds import FLOAT64_RTOL
 from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve
-from parity_tests.judging.perturbation import bfloat16_signature, judge_perturbation, perturb_ulp
+from parity_tests.judging.perturbation import perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, loss_in_float32
 from parity_tests.judging.predicted_scale import SUM_REDUCTION, check_scale, predicted_scale
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
+from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
+from parity_tests.judging.rules.conditioning import CONDITIONING_ROUNDINGS, Conditioning
+from parity_tests.judging.rules.spread import Spread
 from parity_tests.judging.theory import (
     Prediction,
     engine,
@@ -42,8 +43,6 @@ from parity_tests.judging.theory import (
 )
 from parity_tests.judging.verdict import (
     RULE_BF16_PERTURBATION,
-    RULE_BF16_SIGNATURE,
-    RULE_CONDITIONING,
     RULE_FLOAT64,
     Verdict,
 )
@@ -57,7 +56,6 @@ from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
-    MOVED64,
     MOVED64_AGAIN,
     PERTURBED_RUN,
     ROUNDED64,
@@ -65,7 +63,6 @@ from parity_tests.session.keys import (
     RunKey,
     Variant,
     as_given,
-    repeat,
 )
 from parity_tests.session.loss_scale import ExactScale
 from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
@@ -79,10 +76,8 @@ from parity_tests.session.variants import (
 
 __all__ = ["CONDITIONING_ROUNDINGS"]
 
-
-#: roundings a step of the float64 bound's envelope holds (``D sqrt(n)``, ``bounds``): how far one rounding
-#: of every input, measured, can grow in a step (``_Judged.conditioned``)
-CONDITIONING_ROUNDINGS = 20 * 100
+#: the session's checks with runs of their own (``judging.rules``: each declares them, the executor makes them)
+CONDITIONING, SPREAD, SIGNATURE = Conditioning(), Spread(), BFloat16Signature()
 
 
 def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
@@ -96,28 +91,10 @@ def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.n
 
 
 def _bf16_guard(verdict: Verdict, ref: str, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]]) -> Verdict:
-    """A side of a mixed_bfloat16 pair whose run matches its float32 run at step 1 does not compute in bfloat16.
-
-    ``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16
-    arithmetic, so the bfloat16 rule cannot find it; this check does. Its mixed run must part
-    from its float32 run at step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32
-    run's own distance from float64 (``perturbation.BF16_SIGNATURE`` where no float64 run was made).
-    """
-    if verdict.status in ("error", "inconclusive", UNSUPPORTED):  # nothing moved: no signature to read either
-        return verdict
-    for side in (ref, impl):
-        mixed, f32 = trajs.get(RunKey(side, as_given(MIXED_BFLOAT16))), trajs.get(RunKey(side, STEP1))
-        if mixed is None or f32 is None:
-            continue
-        gap, key = bfloat16_signature(mixed, f32)
-        bound, how = signature_bound(f32, trajs.get(RunKey(side, FLOAT64)))
-        if gap <= bound:
-            detail = (f"{side} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at step 1"
-                      f" (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between the"
-                      f" implementations: {verdict.detail}")
-            return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap, bound=bound,
-                                       detail=detail, key=key, step=1, first_step=1)
-    return verdict
+    """``judging.rules.bfloat16_signature`` on both sides of a mixed pair, from the runs its ``needs`` planned."""
+    return SIGNATURE.judge(verdict, [SignatureSide(side, trajs.get(RunKey(side, as_given(MIXED_BFLOAT16))),
+                                                  trajs.get(RunKey(side, STEP1)), trajs.get(RunKey(side, FLOAT64)))
+                                     for side in (ref, impl)])
 
 
 def _bf16_sides(trajs: dict[RunKey, dict[str, np.ndarray]], impl: str, suffix: str = "") -> bool:
@@ -322,7 +299,7 @@ class _Judged:
         if where is not None and scale is not None:  # theory's constant against the one measured at step 1
             where = {**where, "predicted_scale": scale, "explanation": f"{where['explanation']}; {scale['text']}"}
         notes = res.notes
-        if final.status == "divergence" and final.rule == RULE_FLOAT64:
+        if CONDITIONING.applies(final):
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
@@ -360,23 +337,10 @@ class _Judged:
         return dataclasses.replace(final, status="divergence", unjudged=kept, detail=detail), found
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
-        """A float64 divergence held against how far one float64 ulp of the inputs moves each run (``RULE_CONDITIONING``).
-
-        The float64 bound assumes a stable run: rounding carried from step to step without
-        growing (``bounds``: ``gap <= 2 u D sqrt(n) T``). An ill-conditioned run (Adam with
-        ``beta2 = 0`` dividing by a gradient element that cancels to ``1e-10``, a chaotic learning
-        rate) amplifies the last bit of a sum into the leading digits, and two correct
-        implementations part by as much. Each side that can run again does so in float64 from
-        initial weights and inputs moved by one float64 ulp (a built-in also adding its sums in
-        another order, :func:`_resummed`): its spread ``s`` is what one rounding of every input
-        becomes, so the run's own ``D sqrt(n)`` roundings a step over ``T`` steps can become
-        ``2 D sqrt(n) T s`` (the float64 bound's envelope, ``D = 20``, ``n = 1e4``, with ``u``
-        replaced by the measured ``s``). A stable run spreads by about ``1e-16`` and the bound
-        stays far below any divergence, which then stands. Where the gap is within it the float64
-        runs cannot tell a difference from amplified rounding: the pair is ``inconclusive``, and
-        the detail says to judge it with ``--lockstep`` (every step from the same state).
-        Returns the verdict and a line for the report.
-        """
+        """A float64 divergence held against how far one float64 ulp of the inputs moves each run
+        (``judging.rules.conditioning``): each side's moved rerun (the check's ``needs``) made here, once, after the
+        divergence that asks for it; a side that does not reproduce itself is judged by its spread instead
+        (:meth:`unreproduced`). Returns the verdict and a line for the report."""
         from parity_tests.session.spread import nondeterministic
 
         if any(nondeterministic(name) for name, _ in sides):  # its reruns would measure its own run-to-run
@@ -396,27 +360,17 @@ class _Judged:
                 # on its own devices: the spread of this computation, not of the full batch's
                 moved = _resummed(moved, one_device=False)
             runs.append(self.trajs[key])
-            needs.append(Need(RunKey(name, MOVED64, suffix), lambda m=moved: m, stored=False))
+            needs.append(Need(RunKey(name, CONDITIONING.needs[0], suffix), lambda m=moved: m, stored=False))
             cases.append((c, moved))
         # asked for after the float64 divergence that needs them (each side's moved rerun, made once)
         reruns = self.runs.make(needs)
-        factor = 2 * CONDITIONING_ROUNDINGS * self.case.spec["steps"]
-        checked = judge_perturbation(runs[0], runs[1], a32p=reruns[0], b32p=reruns[1], rule=RULE_CONDITIONING,
-                                     perturbed="float64 reruns from weights and inputs moved by one float64 ulp",
-                                     dtype=np.float64, abs_floor=FLOAT64_RTOL, factor=factor,
-                                     known_differences=verdict.known_differences)
-        spread = max(checked.floor_a or 0.0, checked.floor_b or 0.0)
+        checked, spread = CONDITIONING.judge(verdict, (runs[0], runs[1]), (reruns[0], reruns[1]), self.case.spec["steps"])
         if checked.status != "parity":
-            return verdict, (f"the float64 runs are well conditioned here: one float64 ulp of the inputs moves them"
-                             f" by at most {spread:.2g}, which rounding cannot amplify to the gap")
+            return verdict, CONDITIONING.well_conditioned(spread)
         unsteady = self.unreproduced(verdict, sides, runs, reruns, cases)
         if unsteady is not None:
             return unsteady
-        return dataclasses.replace(checked, status="inconclusive", detail=(
-            f"inconclusive: ill-conditioned float64 runs: one float64 ulp of the weights and inputs moves each run by"
-            f" up to {spread:.2g}, and the run's own rounding can grow as far as the two runs are apart (judge it"
-            f" with --lockstep, every step from the same state); {checked.detail}; by the float64 bound:"
-            f" {verdict.detail.splitlines()[0]}")), "ill-conditioned: the float64 rule cannot separate the gap from rounding"
+        return CONDITIONING.inconclusive(verdict, checked, spread)
 
 
     def unreproduced(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]],
@@ -485,18 +439,18 @@ def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[Variant
     Its needs (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are
     asked for only after the divergence that needs them, and made by ``runs`` before the spread is judged.
     """
-    from parity_tests.session.spread import SPREAD_RERUNS, judge_with_spread, nondeterministic
+    from parity_tests.session.spread import judge_with_spread, nondeterministic
 
     trajs = runs.trajs
     d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64) in trajs else dtype
     if RunKey(ref, as_given(d)) not in trajs or RunKey(impl, as_given(d)) not in trajs:
         return verdict
-    if verdict.diverged:
+    if SPREAD.applies(verdict):
         case = variants[as_given(d)]
-        runs.make([Need(RunKey(name, repeat(d, i)), lambda: case) for name in (ref, impl) if nondeterministic(name)
-                   for i in range(SPREAD_RERUNS)])
+        runs.make([Need(RunKey(name, v), lambda: case) for name in (ref, impl) if nondeterministic(name)
+                   for v in SPREAD.needs(d)])
     return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]),
-                             lambda name, i: trajs[RunKey(name, repeat(d, i))])
+                             lambda name, i: trajs[RunKey(name, SPREAD.needs(d)[i])])
 
 
 

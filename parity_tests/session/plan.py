@@ -12,6 +12,7 @@ from typing import Any
 from parity_tests.contract.case import MIXED_BFLOAT16, Case
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
+from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature
 from parity_tests.judging.theory import LOSS_SCALE, Prediction
 from parity_tests.protocol.errors import CaseError
 from parity_tests.running import registry
@@ -64,6 +65,7 @@ def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, st
     return [i for i in impls if i not in refused], {i: r for i, r in rules.items() if i not in refused}
 
 
+SIGNATURE = BFloat16Signature()
 #: the order of the runs after each implementation's run as given (float64 first, then: :func:`_float64_first`)
 _ORDER = (PERTURBED_RUN, STEP1, FLOAT64, ROUNDED64, *BF16_RERUNS_RUN[1:], *BF16_RERUNS64_RUN)
 
@@ -80,15 +82,15 @@ def side_needs(dtype: str, rule: str, ref: str, impl: str) -> tuple[tuple[Varian
 
 def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str, Variant]]:
     """The runs to make, ``(impl, variant)``: every implementation's run as given, then the union of what each
-    pair's rule needs (``judging.rules.needs``) and what the session's own checks need (a mixed case's bfloat16
-    signature, ``judge_pair._bf16_guard``: each side's one-step float32 run); float64 first."""
+    pair's rule needs (``judging.rules.needs``) and what the bfloat16 signature check needs before any verdict
+    (``judging.rules.bfloat16_signature``: each side's one-step float32 run in a mixed case); float64 first."""
     ref, dtype = impls[0], case.spec["dtype"]
     plan: list[tuple[str, Variant]] = [(impl, as_given(dtype)) for impl in impls]
     for impl, rule in rules.items():
-        a, b = side_needs(dtype, rule, ref, impl)
-        plan += [(ref, v) for v in a] + [(impl, v) for v in b]
-    if dtype == MIXED_BFLOAT16:
-        plan.extend((impl, STEP1) for impl in impls if _rerunnable(impl))
+        planned = Planned(dtype, rule, _can(ref), _can(impl))
+        for checked in (rule_needs(planned), SIGNATURE.needs(planned)):  # the rule's, then the signature check's
+            if checked is not None:
+                plan += [(ref, v) for v in checked[0]] + [(impl, v) for v in checked[1]]
     # in a fixed order (the runs are the same in any order): each variant for every implementation in turn, the
     # variants as _ORDER lists them
     order = {v: i for i, v in enumerate((as_given(dtype), *_ORDER))}

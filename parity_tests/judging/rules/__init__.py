@@ -36,31 +36,40 @@ pairs are tried: the first whose ``applies(pair)`` holds judges the pair (``judg
 and then every check of :data:`CHECKS`, in order, may change that verdict (``judge(pair, verdict)``).
 Each rule and check is one module of this package: ``float64_bound``, ``bfloat16``, ``perturbation``,
 ``float32_floor`` (the last always applies); ``nonfinite``, ``replicas_in_sync``, ``vacuity``. The
-zero-gradient and loss-channel checks run inside the float rules (``zero_gradient``, ``loss_channel``),
-and the checks that need runs of their own (the conditioning, a nondeterministic plugin's spread, the
-bfloat16 signature) are the session's (``session.judge_pair``), which declares their runs to its executor.
+checks that need runs of their own are modules here too, each declaring its runs (``needs``) and
+judging them, while the session makes the runs (:data:`SESSION_CHECKS`): ``conditioning`` (a float64
+divergence against each side's one-ulp rerun, asked for after it), ``spread`` (a nondeterministic
+plugin's repeats, after a divergence) and ``bfloat16_signature`` (each mixed side's one-step float32
+run, planned with the rules' runs). The zero-gradient and loss-channel checks run inside the float
+rules (``judging.zero_gradient``, ``judging.loss_channel``): they change the bound, not the verdict after it.
 """
 
 from __future__ import annotations
 
 from parity_tests.judging.rules.bfloat16 import BFloat16
+from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature
+from parity_tests.judging.rules.conditioning import Conditioning
 from parity_tests.judging.rules.context import Can, PairRuns, Planned, Side
 from parity_tests.judging.rules.float32_floor import Float32Floor, _judge_floor, judge_float32
 from parity_tests.judging.rules.float64_bound import Float64Bound, _check_factor, judge_float64
 from parity_tests.judging.rules.nonfinite import BothNonFinite, NonFinite
 from parity_tests.judging.rules.perturbation import Perturbation
 from parity_tests.judging.rules.replicas_in_sync import RULE_REPLICAS, ReplicasInSync
+from parity_tests.judging.rules.spread import Spread
 from parity_tests.judging.rules.vacuity import RULE_VACUOUS, Vacuity, vacuity
 from parity_tests.judging.run_kinds import Variant
 
 __all__ = ["judge_float64", "judge_float32", "RULES", "CHECKS", "needs", "Planned", "Can", "PairRuns", "Side", "RULE_REPLICAS", "RULE_VACUOUS",
            "vacuity", "Float64Bound", "BFloat16", "Perturbation", "Float32Floor", "NonFinite", "BothNonFinite",
-           "ReplicasInSync", "Vacuity", "_check_factor", "_judge_floor"]
+           "ReplicasInSync", "Vacuity", "Conditioning", "Spread", "BFloat16Signature", "SESSION_CHECKS", "_check_factor",
+           "_judge_floor"]
 
 #: the rules, tried in order: the first that applies judges the pair (the float32 floor always applies)
 RULES = (Float64Bound(), BFloat16(), Perturbation(), Float32Floor())
 #: the checks every verdict then goes through, in order (each may change it)
 CHECKS = (NonFinite(), BothNonFinite(), ReplicasInSync(), Vacuity())
+#: the checks whose runs the session makes (each declares them: ``needs``) and then hands them to the check
+SESSION_CHECKS = (Conditioning(), Spread(), BFloat16Signature())
 
 
 def needs(p: Planned) -> tuple[tuple[Variant, ...], tuple[Variant, ...]]:

@@ -1,0 +1,66 @@
+"""The bfloat16 signature check: a side of a mixed_bfloat16 pair whose run matches its float32 run does not compute in bfloat16.
+
+``judging.bfloat16.signature_bound``: such a side is *closer* to float64 than bfloat16 arithmetic, so
+the bfloat16 rule cannot find it; this check does. Its mixed run must part from its float32 run at
+step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32 run's own distance from float64
+(``perturbation.BF16_SIGNATURE`` where no float64 run was made). It needs one run of its own per
+side, the case's first step in float32 (:meth:`BFloat16Signature.needs`), which the session makes
+with the first round, before any verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from parity_tests.contract.case import MIXED_BFLOAT16
+from parity_tests.judging.rules.context import Planned
+from parity_tests.judging.run_kinds import STEP1, Variant
+from parity_tests.judging.verdict import RULE_BF16_SIGNATURE, Verdict
+
+__all__ = ["BFloat16Signature", "SignatureSide"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureSide:
+    """One side's runs the check reads: its mixed run, its one-step float32 run, its float64 run (each or ``None``)."""
+
+    name: str
+    mixed: Mapping[str, Any] | None
+    step1: Mapping[str, Any] | None
+    f64: Mapping[str, Any] | None
+
+
+class BFloat16Signature:
+    """The check of each side of a mixed pair: does it compute in bfloat16 at all (module docstring)."""
+
+    name = RULE_BF16_SIGNATURE
+
+    def needs(self, p: Planned) -> tuple[tuple[Variant, ...], tuple[Variant, ...]] | None:
+        """Each side's one-step float32 run, where the case is mixed_bfloat16 and the side can be run again."""
+        if p.dtype != MIXED_BFLOAT16:
+            return None
+        return tuple((STEP1,) if c.rerunnable else () for c in (p.a, p.b))
+
+    def judge(self, verdict: Verdict, sides: Sequence[SignatureSide]) -> Verdict:
+        """``verdict``, or a divergence naming the first side whose mixed run matches its float32 run at step 1."""
+        from parity_tests.judging.bfloat16 import (
+            signature_bound,  # (imports this package's float64 rule)
+        )
+        from parity_tests.judging.perturbation import bfloat16_signature
+
+        if verdict.status in ("error", "inconclusive", "unsupported"):  # nothing moved: no signature to read either
+            return verdict
+        for side in sides:
+            if side.mixed is None or side.step1 is None:
+                continue
+            gap, key = bfloat16_signature(side.mixed, side.step1)
+            bound, how = signature_bound(side.step1, side.f64)
+            if gap <= bound:
+                detail = (f"{side.name} does not compute in bfloat16: its mixed_bfloat16 run matches its float32 run at"
+                          f" step 1 (greatest relative gap {gap:.2e} at {key}, expected > {bound:.2e}: {how}); between"
+                          f" the implementations: {verdict.detail}")
+                return dataclasses.replace(verdict, status="divergence", rule=RULE_BF16_SIGNATURE, gap=gap,
+                                           bound=bound, detail=detail, key=key, step=1, first_step=1)
+        return verdict
