@@ -240,3 +240,57 @@ def test_the_hunts_shared_rounding_pair_is_parity_and_a_one_sided_bfloat16_bug_o
                      stages=False).pairs[0].verdict
     assert (v.status, v.rule) == ("divergence", RULE_BF16_FLOAT64), v.detail  # must fire, on the buggy side
     assert v.detail.startswith("torch.single is farther"), v.detail
+
+
+def _with_loss_rows(side: Side, offsets: np.ndarray, *, repeat_rows: np.ndarray | None = None,
+                    grads: bool = False) -> Side:
+    """``side`` whose run's loss is moved by ``offsets`` per row; its mixed reruns log the run's loss bit for bit
+    at ``repeat_rows`` (their float64 reruns' losses moved by 1e-4 there); ``grads``: every run records
+    ``grad/w`` (ones: the loss's condition number is then 3 x 1 / |L|)."""
+    run = {**side.run, "loss": (side.run["loss"] + offsets).astype(np.float32)}
+    reruns, reruns64 = [], []
+    for r, r64 in zip(side.reruns, side.reruns64, strict=True):
+        loss, loss64 = (r["loss"] + offsets).astype(np.float32), r64["loss"].copy()
+        if repeat_rows is not None:
+            loss[repeat_rows] = run["loss"][repeat_rows]
+            loss64[repeat_rows] += 1e-4
+        reruns.append({**r, "loss": loss})
+        reruns64.append({**r64, "loss": loss64})
+    out = Side(side.name, run, side.float64, reruns, reruns64, side.rho, side.kernels)
+    if grads:
+        g = {"grad/w": np.ones((STEPS, 3))}
+        out = Side(out.name, {**out.run, **g}, {**out.float64, **g}, [{**r, **g} for r in out.reruns],
+                   [{**r, **g} for r in out.reruns64], out.rho, out.kernels)
+    return out
+
+
+def test_a_loss_rounding_no_rerun_reached_is_not_judged_at_that_step():
+    # the hunt's pairs 464 and 465: step 1's loss 20 times its bound, where the reruns log the run's mixed loss
+    # bit for bit (sigmoid outputs near 0.5: the move never crosses a bfloat16 step there). Must not fire there
+    offsets = np.zeros(STEPS)
+    offsets[0] = 20 * _bound(1e-3)
+    first = np.arange(STEPS) == 0
+    b = _with_loss_rows(_side("B", 0.0, 1e-3), offsets, repeat_rows=first)
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), b)
+    assert v.status == "parity", v.detail
+    assert any("the loss at step(s) 1" in u and "log the run's loss bit for bit" in u for u in v.unjudged), v.unjudged
+    # must fire: the same gap where the reruns did re-round the loss (sampled: 1e-3 apart)
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), _with_loss_rows(_side("B", 0.0, 1e-3), offsets))
+    assert (v.status, v.key, v.first_step) == ("divergence", "loss", 1), v.detail
+    # must fire: a loss wrong at every step is still judged at the steps whose rounding the reruns sampled
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), _with_loss_rows(_side("B", 0.0, 1e-3), offsets + 20 * _bound(1e-3),
+                                                               repeat_rows=first))
+    assert (v.status, v.key, v.first_step) == ("divergence", "loss", 2), v.detail
+
+
+def test_the_parameters_gap_is_carried_into_the_loss():
+    # sides 0.9 E from float64 on either side (the pair's parameter gap 1.8 E, accepted) whose losses from step 2
+    # part by 2 E: the loss's condition number 3 / |L| ~ 1.6 carries 1.8 E x 1.6 ~ 2.9 E. Must not fire
+    d = 0.9 * _bound(1e-3)
+    offsets = np.where(np.arange(STEPS) >= 1, 2 * _bound(1e-3) * 1.8, 0.0)  # |L| ~ 1.8: relative 2 E
+    a = _with_loss_rows(_side("A", d, 1e-3), np.zeros(STEPS), grads=True)
+    v = judge_bfloat16(a, _with_loss_rows(_side("B", -d, 1e-3), offsets, grads=True))
+    assert v.status == "parity" and "S x (parameter gap of the step before)" in v.detail, v.detail
+    # must fire: three times that gap, beyond what the carried term and the spread explain
+    v = judge_bfloat16(a, _with_loss_rows(_side("B", -d, 1e-3), 3 * offsets, grads=True))
+    assert (v.status, v.key, v.first_step) == ("divergence", "loss", 2), v.detail
