@@ -264,23 +264,42 @@ def _with_loss_rows(side: Side, offsets: np.ndarray, *, repeat_rows: np.ndarray 
     return out
 
 
+def _framework(side: Side, framework: str) -> Side:
+    """``side`` whose kernel line names ``framework``, as ``kernels.side_factor`` writes it."""
+    return Side(side.name, side.run, side.float64, side.reruns, side.reruns64, side.rho,
+                f"{framework}: every kernel of the recipe sums in float32 and rounds once here", side.rounded64)
+
+
 def test_a_loss_rounding_no_rerun_reached_is_not_judged_at_that_step():
-    # the hunt's pairs 464 and 465: step 1's loss 20 times its bound, where the reruns log the run's mixed loss
-    # bit for bit (sigmoid outputs near 0.5: the move never crosses a bfloat16 step there). Must not fire there
+    # the hunt's pairs 464 and 465 (a Keras and a torch side, a hidden dense layer with a bias that Keras rounds
+    # twice): step 1's loss 20 times its bound, where the reruns log the run's mixed loss bit for bit (sigmoid
+    # outputs near 0.5: the move never crosses a bfloat16 step there). Must not fire there
     offsets = np.zeros(STEPS)
     offsets[0] = 20 * _bound(1e-3)
     first = np.arange(STEPS) == 0
-    b = _with_loss_rows(_side("B", 0.0, 1e-3), offsets, repeat_rows=first)
-    v = judge_bfloat16(_side("A", 0.0, 1e-3), b)
+    a = _framework(_side("A", 0.0, 1e-3), "torch")
+    b = _framework(_with_loss_rows(_side("B", 0.0, 1e-3), offsets, repeat_rows=first), "tf")
+    v = judge_bfloat16(a, b)
     assert v.status == "parity", v.detail
     assert any("the loss at step(s) 1" in u and "log the run's loss bit for bit" in u for u in v.unjudged), v.unjudged
+    # must fire: the same pair of one recipe (two TensorFlow sides round the same values alike)
+    v = judge_bfloat16(_framework(a, "tf"), b)
+    assert (v.status, v.key, v.first_step) == ("divergence", "loss", 1), v.detail
     # must fire: the same gap where the reruns did re-round the loss (sampled: 1e-3 apart)
-    v = judge_bfloat16(_side("A", 0.0, 1e-3), _with_loss_rows(_side("B", 0.0, 1e-3), offsets))
+    v = judge_bfloat16(a, _framework(_with_loss_rows(_side("B", 0.0, 1e-3), offsets), "tf"))
     assert (v.status, v.key, v.first_step) == ("divergence", "loss", 1), v.detail
     # must fire: a loss wrong at every step is still judged at the steps whose rounding the reruns sampled
-    v = judge_bfloat16(_side("A", 0.0, 1e-3), _with_loss_rows(_side("B", 0.0, 1e-3), offsets + 20 * _bound(1e-3),
-                                                               repeat_rows=first))
+    v = judge_bfloat16(a, _framework(_with_loss_rows(_side("B", 0.0, 1e-3), offsets + 20 * _bound(1e-3),
+                                                     repeat_rows=first), "tf"))
     assert (v.status, v.key, v.first_step) == ("divergence", "loss", 2), v.detail
+
+
+def test_the_kernel_line_begins_with_the_sides_framework():
+    # the loss rule reads each side's framework from this line (judging.bfloat16._recipes_differ)
+    from parity_tests.running import kernels
+
+    for framework in ("tf", "torch"):
+        assert kernels.side_factor(MLP["model"]["layers"], framework)[1].startswith(f"{framework}: ")
 
 
 def test_the_parameters_gap_is_carried_into_the_loss():
