@@ -243,6 +243,12 @@ def bfloat16_signature(mixed: Mapping[str, Any], f32: Mapping[str, Any]) -> tupl
     run whose clipped gradient is 1.2e-3 from its float32 run, 4e4 times that run's own 2.9e-8).
     ``G`` keeps what the floor is for: an array that is small beside the rest of the gradient
     (a cancelled sum, ``0`` by symmetry) is measured against the gradient's own size, not its own.
+    A clipped gradient whose direction the model fixes (one weight; a two-class softmax over one
+    input, ``[g, -g]``) holds only the clip's own float32 rounding, in the mixed run and the
+    float32 run alike: it reads no signature and raises the bound to 16 times that rounding, and
+    the loss must carry the signature (the hunt's pair 265, where it cannot: docs/error-rates.md;
+    checked on 1-weight and two-class models clipped to 1e-6 under Adam: the same verdicts as
+    with the floor of 1e-2, parity at 3 seeds each).
     """
     best, where = 0.0, LOSS_KEY
     keys = [LOSS_KEY] + sorted(k for k in mixed if isinstance(k, str) and k.startswith("grad/") and k in f32)
