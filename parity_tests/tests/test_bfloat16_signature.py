@@ -1,0 +1,50 @@
+"""judging.rules.bfloat16_signature: each side of a mixed pair must show a bfloat16 rounding at step 1, where the
+case can show one at all."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity_tests.judging.perturbation import round_bfloat16
+from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
+from parity_tests.judging.rules.context import Can, Planned
+from parity_tests.judging.run_kinds import STEP1
+from parity_tests.judging.verdict import RULE_BF16_SIGNATURE, Verdict
+
+# a step-1 gradient in float64, its float32 run, and a mixed run that rounds it to bfloat16 (2^-9 relative: far above
+# float32's 2^-24, so 16 x the float32 run's own gap to float64 is below it)
+G64 = np.array([[0.8331925, -0.5060863, 0.2228609]])
+F64 = {"loss": np.array([0.6925160]), "grad/0.kernel": G64}
+F32 = {"loss": np.float32([0.6925160]), "grad/0.kernel": G64.astype(np.float32)}
+MIXED = {"loss": np.float32([0.6925160]), "grad/0.kernel": round_bfloat16(G64.astype(np.float32)).astype(np.float32)}
+PARITY = Verdict("parity", "bfloat16 computation", 0.0, 1e-6, None, None, np.zeros(1), None, "at parity")
+
+
+def _side(name: str, bf16: bool) -> SignatureSide:
+    return SignatureSide(name, MIXED if bf16 else dict(F32), F32, F64)
+
+
+def test_a_side_that_shows_no_bfloat16_rounding_beside_one_that_does_is_a_divergence():
+    v = BFloat16Signature().judge(PARITY, [_side("a", True), _side("b", False)])
+    assert (v.status, v.rule, v.step) == ("divergence", RULE_BF16_SIGNATURE, 1)
+    assert v.detail.startswith("b does not compute in bfloat16")
+
+
+def test_both_sides_computing_in_bfloat16_keep_the_verdict():
+    assert BFloat16Signature().judge(PARITY, [_side("a", True), _side("b", True)]) is PARITY
+
+
+def test_a_case_that_shows_bfloat16_on_neither_side_cannot_tell_and_says_so():
+    """The hunt's pair 265 (a 2-class model clipped to 1e-6: the clip turns [g, -g] into the same numbers whatever the
+    rounding, the loss of logits near 0 moves by 4.6 x float32's own rounding): neither side can show bfloat16, so
+    whether each computes in it is not read: inconclusive, not a divergence naming the first side."""
+    v = BFloat16Signature().judge(PARITY, [_side("a", False), _side("b", False)])
+    assert (v.status, v.rule) == ("inconclusive", RULE_BF16_SIGNATURE)
+    assert "shows no bfloat16 rounding at step 1 on either side" in v.detail
+    assert "a 0.00e+00 at" in v.detail and "b 0.00e+00 at" in v.detail  # each side's own reading, named
+
+
+def test_its_runs_are_each_sides_first_step_in_float32_in_a_mixed_case_only():
+    full, recorded = Can(), Can(float64=False, rerunnable=False)
+    assert BFloat16Signature().needs(Planned("mixed_bfloat16", "perturbation", full, recorded)) == ((STEP1,), ())
+    assert BFloat16Signature().needs(Planned("float32", "float64", full, full)) is None
