@@ -100,7 +100,8 @@ def judge_pair(pair) -> dict:
     v = p.verdict
     d = pair.raw["dtype"]
     trajs = result.trajectories
-    right, why = judgement(pair, v.status, trajs.get(f"{pair.reference}@{d}"), trajs.get(f"{pair.impl}@{d}"))
+    right, why = judgement(pair, v.status, trajs.get(f"{pair.reference}@{d}"), trajs.get(f"{pair.impl}@{d}"),
+                           trajs.get(f"{pair.reference}@float64"), trajs.get(f"{pair.impl}@float64"))
     row.update(status=v.status, rule=v.rule, gap=float(v.gap), bound=float(v.bound), key=v.key,
                first_step=v.first_step, detail=v.detail.splitlines()[0] if v.detail else "", right=right, why=why,
                expected=list(p.prediction.expected), seconds=time.perf_counter() - t0)
@@ -209,7 +210,10 @@ def replay(path: Path) -> None:
     pair = Pair(d["raw"], d["reference"], bug.impl if bug else d["impl"], bug)
     result = compare_case(pair.case(), [pair.reference, pair.impl], runner=mutated_runner(bug))
     print(result.summary())
-    ok, why = judgement(pair, result.pairs[0].verdict.status)
+    trajs, dt = result.trajectories, pair.raw["dtype"]
+    ok, why = judgement(pair, result.pairs[0].verdict.status,
+                        trajs.get(f"{pair.reference}@{dt}"), trajs.get(f"{pair.impl}@{dt}"),
+                        trajs.get(f"{pair.reference}@float64"), trajs.get(f"{pair.impl}@float64"))
     print(f"ground truth: {why} -> {'right' if ok else 'WRONG'}")
 
 

@@ -483,6 +483,20 @@ def test_drawn_pairs_the_truth_calls_identical_agree():
     assert checked >= 3
 
 
+def test_an_equivalent_pair_whose_float64_runs_both_overflow_is_right_as_an_error():
+    """The hunt's pair 976 (2026-11-29): Adam with epsilon 0 divides 0 by 0 at a gradient element that is exactly 0 in
+    float64 (NaN from step 1 on both sides), where float32's rounding left the float32 runs finite: the float64 runs,
+    the ones the verdict reads first, both undefined, is no parity to find; one side alone is."""
+    adam = {"name": "adam", "lr": 0.01, "semantics": "tf", "beta1": 0.9, "beta2": 0.999, "epsilon": 0.0}
+    pair = Pair(spec(optimizer=adam), "tf.towers", "torch.ddp")
+    finite = {"param/w": np.ones((2, 2)), "loss": np.ones(1)}
+    nan = {"param/w": np.array([[1.0, 1.0], [np.nan, np.nan]]), "loss": np.ones(1)}
+    assert judgement(pair, "error", finite, finite, nan, nan)[0]
+    assert not judgement(pair, "error", finite, finite, nan, finite)[0]  # one side alone: a difference, parity wanted
+    assert not judgement(pair, "error", finite, finite)[0]
+    assert judgement(pair, "parity", finite, finite, finite, finite)[0]
+
+
 def test_a_bug_where_nothing_moves_is_right_inconclusive_only_when_nothing_moved():
     """CONTRACT §8: no parameter that moves is inconclusive whatever the logged loss says (a logged-loss bug at
     lr 0 cannot be caught by contract); where the runs did move, inconclusive stays a miss."""

@@ -736,8 +736,13 @@ class Pair:
                 f"({hp}){cl}, {s['steps']} steps")
 
 
-def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: dict | None = None) -> tuple[bool, str]:
-    """``(right, why)`` for ``status``, the verdict of ``pair`` (the trajectories: for the overflow rule)."""
+def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: dict | None = None,
+              ref64: dict | None = None, impl64: dict | None = None) -> tuple[bool, str]:
+    """``(right, why)`` for ``status``, the verdict of ``pair`` (the trajectories in the case dtype and, for a
+    float32 case, in float64: for the overflow rule; the float64 runs are the ones a float32 case's verdict reads
+    first, and Adam with epsilon 0 divides 0 by 0 there wherever a gradient element is exactly 0, a dead unit's,
+    where float32's rounding may leave it a tiny nonzero: the hunt's pair 976 of 2026-11-29, both float64 runs NaN
+    from step 1 and the float32 ones finite)."""
     if pair.bug is not None:
         still = STILL[pair.raw["dtype"] == "float64"]
         if status == "inconclusive" and _vacuous_case(pair.raw) and not any(_moved(t, still) for t in (ref_traj, impl_traj)):
@@ -749,7 +754,7 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
         return True, pair.bug.why
     a, b = BY_NAME[pair.reference], BY_NAME[pair.impl]
     allowed, why = truth(pair.raw, a, b)
-    if _nonfinite(ref_traj) and _nonfinite(impl_traj):
+    if (_nonfinite(ref_traj) and _nonfinite(impl_traj)) or (_nonfinite(ref64) and _nonfinite(impl64)):
         # a difference certain at step 1 shows in its loss, computed before any update can overflow
         certain = differences(pair.raw, a, b)[0]
         allowed = ("error", "inconclusive") + (("expected_difference",) if certain else ())
