@@ -64,7 +64,7 @@ from parity_tests.session.keys import (
     Variant,
     as_given,
 )
-from parity_tests.session.loss_scale import ExactScale
+from parity_tests.session.loss_scale import ExactScale, without_loss_scale
 from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.variants import (
@@ -284,8 +284,19 @@ class _Judged:
         mapped_any = m is not None or bool(exact)
         residual, decided, not_judged = self.residual(ref, impl, m, exact) if mapped_any else (None, as_ran, None)
         text = "; ".join(([m.text] if m is not None else []) + [e.text for e in exact]) or None
-        where = self.localised(v, *as_ran) if v.status not in ("parity", "inconclusive") else None
-        res = resolve(v, pred, residual=residual, stage=(where or {}).get("stage"), mapping=text)
+        judged, staged = pred, (v, as_ran)  # the prediction the stage is held against, and where the stage is read
+        if residual is None and not_judged is not None and exact:
+            # the stand-in computes another program, but the loss scale is mapped on the programs themselves
+            # (session.loss_scale.without_loss_scale): their exact reruns, equivalent to them by construction
+            keys = {e.side: e.key for e in exact}
+            ea, eb = (ref, keys.get(ref, "")), (impl, keys.get(impl, ""))
+            ve = self.verdict(ref, impl, ea, eb)
+            if ve.status == "parity":  # the loss scale alone explains the pair: a residual judged on equivalent runs
+                residual, decided, not_judged, text = ve, (ea, eb), None, "; ".join(e.text for e in exact)
+            else:
+                judged, staged = without_loss_scale(pred), (ve, (ea, eb))
+        where = self.localised(staged[0], *staged[1]) if staged[0].status not in ("parity", "inconclusive") else None
+        res = resolve(v, judged, residual=residual, stage=(where or {}).get("stage"), mapping=text)
         final = residual_unjudged(res.verdict, not_judged)
         final, scale = self.scale_checked(final, v, ref, impl, pred, residual, exact)
         if final.status in ("parity", "inconclusive"):
@@ -294,8 +305,8 @@ class _Judged:
             where = self.localised(residual, *decided)  # where what the mapping does not explain parts
         elif where is None:
             where = self.localised(v, *as_ran)
-        if where is not None and pred.expected:
-            where = _against_theory(where, pred)
+        if where is not None and judged.expected:
+            where = _against_theory(where, judged)
         if where is not None and scale is not None:  # theory's constant against the one measured at step 1
             where = {**where, "predicted_scale": scale, "explanation": f"{where['explanation']}; {scale['text']}"}
         notes = res.notes

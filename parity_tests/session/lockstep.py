@@ -72,11 +72,13 @@ from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
 from parity_tests.judging.precision_leak import loss_in_float32
-from parity_tests.judging.theory import Prediction, engine, predict
+from parity_tests.judging.theory import LOSS_SCALE, Prediction, engine, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.hyper import keras_scale_factor
 from parity_tests.protocol.optimizer_state import nested_state
+from parity_tests.protocol.payload import EXACT_LOSS_SCALE
 from parity_tests.protocol.trajectory import Finding, Trajectory, finding_data
 from parity_tests.running import registry
 from parity_tests.running.builtins import SPECS
@@ -96,9 +98,10 @@ from parity_tests.session.comparison import (
 )
 from parity_tests.session.executor import Runs
 from parity_tests.session.keys import FLOAT64, RunKey, as_given
+from parity_tests.session.loss_scale import ExactScale, ExactScaleCase, without_loss_scale
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
-           "one_step_runs", "captured_step", "free_findings"]
+           "one_step_runs", "captured_step", "free_findings", "loss_scale_of_runs"]
 
 #: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`): as the engines declare
 STEPWISE = tuple(s.name for s in SPECS if s.stepwise)
@@ -178,8 +181,35 @@ def _judged(traj: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return with_findings(traj, {k: v for k, v in traj.items() if not k.startswith("opt/")})
 
 
+def _carried(case: Case) -> dict[str, Any]:
+    """The payload options of ``case`` that its one-step runs keep: Keras' loss scale made exact
+    (``session.loss_scale.ExactScaleCase``, the mapped rerun of a ``model.fit`` program)."""
+    return {EXACT_LOSS_SCALE: True} if isinstance(case, ExactScaleCase) else {}
+
+
+def _kept(out: Mapping[str, Any], traj: dict[str, Any], *, findings: bool = True) -> dict[str, Any]:
+    """``traj`` carrying what run ``out`` found of itself (replicas out of sync; not with ``findings=False``: one
+    step of a stepwise run, whose findings are the whole run's) and saw of itself (``meta``: the Keras loss
+    scale it applied, :func:`loss_scale_of_runs`)."""
+    meta = getattr(out, "meta", None)
+    kept = with_findings(out, traj) if findings else traj
+    if meta:
+        kept = kept if isinstance(kept, Trajectory) else Trajectory(kept)
+        kept.meta = dict(meta)
+    return kept
+
+
+def loss_scale_of_runs(runs: list[Mapping[str, Any]]) -> float | None:
+    """``float32(1/N) N``, the factor Keras' distribution loss scale put on these float64 one-step runs' losses and
+    gradients (``protocol.hyper.keras_scale_factor`` of what each run saw); ``None``: exact, or not a Keras run.
+
+    Read from the runs themselves, never assumed from the program's kind (``session.loss_scale``)."""
+    return keras_scale_factor([e for r in runs for e in getattr(r, "meta", {}).get("keras_loss_scales", ())])
+
+
 def _one_step(case: Case, k: int, start: Mapping[str, Any], masks: Mapping[str, np.ndarray]) -> _Lockstep:
-    """``case``'s step ``k`` (from 0) alone, from ``start``: data rows ``[kB, (k+1)B)``, ``steps: 1``."""
+    """``case``'s step ``k`` (from 0) alone, from ``start``: data rows ``[kB, (k+1)B)``, ``steps: 1``
+    (``case``'s own payload options kept: :func:`_carried`)."""
     b = case.spec["data"]["global_batch"]
     rows = slice(k * b, (k + 1) * b)
     spec = copy.deepcopy(case.spec)
@@ -187,7 +217,8 @@ def _one_step(case: Case, k: int, start: Mapping[str, Any], masks: Mapping[str, 
     init = {n: np.asarray(start["init"][n], np.float64) for n in case.init}
     return _Lockstep(spec=spec, x=case.x[rows], y=case.y[rows], init=init,
                      w=None if case.w is None else case.w[rows], masks={i: m[rows] for i, m in masks.items()},
-                     extra={"opt_state": start["opt"], "export_opt_state": True, "first_step": k + 1})
+                     extra={**_carried(case), "opt_state": start["opt"], "export_opt_state": True,
+                            "first_step": k + 1})
 
 
 def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
@@ -210,9 +241,10 @@ def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
     if impl in STEPWISE:
         plan = None if starts is None else [{"init": s["init"], "opt": s["opt"]} for s in starts]
         whole = _Lockstep(spec=case.spec, x=case.x, y=case.y, init=case.init, w=case.w,
-                          extra={"lockstep": {"starts": plan}})
+                          extra={**_carried(case), "lockstep": {"starts": plan}})
         out = runner(whole, impl)
-        return [{k[len("lockstep/"):]: v[i] for k, v in out.items() if k.startswith("lockstep/")} for i in range(steps)]
+        return [_kept(out, {k[len("lockstep/"):]: v[i] for k, v in out.items() if k.startswith("lockstep/")},
+                      findings=False) for i in range(steps)]
     masks = dropout_masks(case.spec)
     runs: list[dict[str, np.ndarray]] = []
     start = {"init": case.init, "opt": None}
@@ -220,7 +252,7 @@ def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
         if starts is not None:
             start = starts[k]
         out = runner(_one_step(case, k, start, masks), impl)
-        traj = with_findings(out, dict(out))  # what the run found of itself (replicas out of sync) stays
+        traj = _kept(out, dict(out))  # what the run found of itself (replicas out of sync) stays, and its meta
         runs.append(traj)
         if starts is None:
             start = _start(traj)
@@ -283,6 +315,11 @@ class LockstepPair:
     #: why no residual was judged at the first step where the stand-in's leg parted before the update
     #: (``mapping.stand_in_leg``: "residual not judged: no equivalent run: ..."), or ``None``
     residual_not_judged: str | None = None
+    #: what was mapped for the residual, one line (a stand-in's mapping; a ``model.fit`` program rerun with Keras'
+    #: distribution loss scale exact, ``session.loss_scale``), as the free pair's ``mapping``; ``None``: nothing
+    mapping: str | None = None
+    #: the sides whose first bad step is localised from their rerun with the loss scale exact (``first_runs``)
+    first_exact: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __repr__(self) -> str:
         first = "" if self.first_bad_step is None else f", first bad step {self.first_bad_step}"
@@ -304,7 +341,7 @@ class LockstepPair:
                 "one_step_gap": self.one_step_gap, "bound": self.bound, "step_status": self.step_status,
                 "free_gap": self.free_gap, "free_bound": self.free_bound, "first_bad_step": self.first_bad_step,
                 "key": self.key, "detail": self.detail, "localisation": self.localisation,
-                "residual_not_judged": self.residual_not_judged}
+                "residual_not_judged": self.residual_not_judged, "mapping": self.mapping}
 
 
 @dataclass
@@ -535,7 +572,8 @@ _WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
 
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
                  mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None,
-                 leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None) -> LockstepPair:
+                 leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None,
+                 exact: tuple[ExactScale, ...] = ()) -> LockstepPair:
     """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
 
     ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64), and with a mapping the
@@ -549,8 +587,18 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     part at the update, that leg decides. ``leg_refine(step, where, verdict)``: the stage chain of
     that leg's step (``capture.inside_step``), asked where the recorded channels cannot tell
     the stage (no gradient recorded); once per stage they name, the first step that needs it.
+
+    ``exact``: the pair's programs rerun with Keras' distribution loss scale exact (``session.loss_scale``),
+    whose one-step runs are ``ae``/``ae64`` (the reference) and ``be``/``be64`` from the same starts: such a
+    side is its exact rerun wherever the residual takes part, beside ``mapping`` (which may be ``None``: the
+    loss scale is then the only mapping), as the free compare's ``judge_pair._Judged.residual``.
     """
     steps = len(runs["b"])
+    # each side as the residual sees it: its rerun with the loss scale exact where it has one
+    own_a = "ae" if any(e.side == ref for e in exact) and runs.get("ae") is not None else "a"
+    own_b = "be" if any(e.side == impl for e in exact) and runs.get("be") is not None else "b"
+    text = "; ".join(([mapping.text] if mapping is not None else []) + [e.text for e in exact]) or None
+    decided: list[tuple[str, str]] = []  # per step, the runs whose verdict decided it
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
     rule = "float64"
     # each side's replicas as its free runs found them, at their step: the free compare's "replicas in sync" rule
@@ -560,7 +608,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
 
     def side(name: str, k: int) -> Side:
         run, f64 = runs.get(name), runs.get(name + "64")
-        extra = found.get(name, {}).get(k + 1, [])
+        extra = found.get(name[:1], {}).get(k + 1, [])  # an exact rerun (ae, be) is its side's program
         return Side(_with_found(_judged(run[k]), extra), None if f64 is None else _with_found(_judged(f64[k]), extra))
 
     def stage(x: str, y: str, k: int, verdict: Any, refine: bool = False) -> str | None:
@@ -577,23 +625,39 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     for k in range(steps):
         a, b = side("a", k), side("b", k)
         v = judge_sides(dtype, a, b, rule=rule, zero=zero)
-        residual, why = None, None
+        residual, why, by = None, None, ("a", "b")
+        if mapping is None and exact:  # the loss scale alone: the exact rerun(s) against the other side
+            by = (own_a, own_b)
+            residual = judge_sides(dtype, side(own_a, k), side(own_b, k), rule=rule, zero=zero)
         if mapping is not None:  # as the free compare judges it (session.judge_pair._Judged.residual)
-            residual = judge_sides(dtype, a, side("sm", k), rule=rule, zero=zero) if mapping.side == impl else \
-                judge_sides(dtype, side("sm", k), b, rule=rule, zero=zero)
+            by = (own_a, "sm") if mapping.side == impl else ("sm", own_b)
+            residual = judge_sides(dtype, side(by[0], k), side(by[1], k), rule=rule, zero=zero)
             if mapping.stand_in:
-                own = "b" if mapping.side == impl else "a"
+                own = own_b if mapping.side == impl else own_a
                 plain = judge_sides(dtype, side("s", k), side(own, k), rule=rule, zero=zero)
                 # a float64 one-step run whose loss is float32 (judging.precision_leak): a loss-only parting is no wrong loss
                 leaky = any(loss_in_float32(_judged(runs[n + "64"][k])) for n in ("s", own) if n + "64" in runs)
                 decides, why = stand_in_leg(plain, lambda own=own, plain=plain, k=k: stage("s", own, k, plain, True),
                                             mapping, leaky=leaky)
                 residual = decides if decides is not None else None if why is not None else residual
+        judged, staged, said = pred, (v, "a", "b"), text  # as the free compare (judge_pair._Judged.pair)
+        if residual is None and why is not None and exact:
+            # the stand-in computes another program, but the loss scale is mapped on the programs themselves
+            # (session.loss_scale.without_loss_scale): their exact reruns, equivalent to them by construction
+            ve = judge_sides(dtype, side(own_a, k), side(own_b, k), rule=rule, zero=zero)
+            if ve.status == "parity":  # the loss scale alone explains the step: a residual judged on equivalent runs
+                residual, why, said, by = ve, None, "; ".join(e.text for e in exact), (own_a, own_b)
+            else:
+                judged, staged = without_loss_scale(pred), (ve, own_a, own_b)
         # without a residual, the stage where the pair parts is theory's only check (pair.resolve)
-        where = stage("a", "b", k, v) if residual is None and v.status not in ("parity", "inconclusive", "error") \
-            else None
-        v = residual_unjudged(resolve(v, pred, residual=residual, stage=where,
-                                      mapping=mapping.text if mapping else None).verdict, why)
+        where = stage(staged[1], staged[2], k, staged[0]) if residual is None \
+            and staged[0].status not in ("parity", "inconclusive", "error") else None
+        res = resolve(v, judged, residual=residual, stage=where, mapping=said)
+        v = residual_unjudged(res.verdict, why)
+        # where what the loss scale's mapping does not explain parts, the exact reruns are the step's runs
+        # (localised from them: the unmapped runs part first at the loss, by the factor itself)
+        decided.append(by if mapping is None and residual is not None and res.from_residual
+                       and residual.status != "parity" else (staged[1], staged[2]))
         not_judged = not_judged or why
         gaps[k], bounds[k] = v.gap, v.bound
         status.append(v.status)
@@ -603,15 +667,17 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     overall = found or ("inconclusive" if status and all(st == "inconclusive" for st in status) else "parity")
     free_gap, free_bound = _free_curves(free, ref, impl, steps)
     pair = LockstepPair(ref, impl, overall, RULE_FLOAT64 if dtype == "float64" else RULE_FLOAT32, gaps, bounds,
-                        status, free_gap, free_bound, residual_not_judged=not_judged)
+                        status, free_gap, free_bound, residual_not_judged=not_judged, mapping=text)
     first = bad[0] if bad else next((k for k, st in enumerate(status) if st == "expected_difference"), None)
     if first is not None:
         k = first
         pair.first_bad_step, pair.key, pair.detail = k + 1, verdicts[k].key, _renumber(verdicts[k].detail, k + 1)
         # the arrays the deciding rule judged (as compare_case localises): float64 where the float64 rule decided
         f64 = dtype != "float64" and verdicts[k].rule == RULE_FLOAT64
-        a, b = (runs["a64"], runs["b64"]) if f64 else (runs["a"], runs["b"])
+        x, y = decided[k]
+        a, b = (runs[x + "64"], runs[y + "64"]) if f64 else (runs[x], runs[y])
         pair.first_runs = (a[k], b[k], verdicts[k])
+        pair.first_exact = tuple(name for name, run in ((ref, x), (impl, y)) if run.endswith("e"))
     return pair
 
 
@@ -693,9 +759,9 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
     starts = [{"init": case.init, "opt": None}] + [_start(t) for t in chain[:-1]]
     runs64: dict[tuple[str, str], list] = {}
 
-    def float64_runs(impl: str, mapping: SideMapping | None) -> list:
+    def float64_runs(impl: str, mapping: SideMapping | ExactScale | None) -> list:
         """``impl``'s float64 one-step runs from the reference's starts (float32 starts: exact in float64)."""
-        key = (impl, "" if mapping is None else str(mapping.changes))
+        key = (impl, "" if mapping is None else mapping.key)
         if key not in runs64:
             c = mapping.apply(f64) if mapping is not None else f64
             if dtype == "float64" and impl == ref and mapping is None:
@@ -705,22 +771,28 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                 runs64[key] = one_step_runs(c, impl, starts, runner=runner)
         return runs64[key]
 
-    captured: dict[int, Runs] = {}  # first bad step -> the capture runs capture.inside_step declared there
+    # first bad step and the sides captured as their rerun with the loss scale exact -> the capture runs
+    # capture.inside_step declared there (a capture's key is its side, step and spec: an exact rerun has its own)
+    captured: dict[tuple[int, tuple[str, ...]], Runs] = {}
 
-    def captures(step: int) -> Runs:
+    def captures(step: int, exact_sides: tuple[str, ...] = ()) -> Runs:
         """What makes ``step``'s capture runs: each side's one step from the reference's start, once."""
-        if step not in captured:
-            captured[step] = Runs(lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner))
-        return captured[step]
+        if (step, exact_sides) not in captured:
+            captured[step, exact_sides] = Runs(
+                lambda cc, name: captured_step(cc, name, step - 1, starts[step - 1], runner=runner))
+        return captured[step, exact_sides]
 
-    def chain_at(step: int, impl: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
-        """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured."""
+    def chain_at(step: int, impl: str, exact: tuple[ExactScale, ...] = ()) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+        """The stage chain of ``step`` for the pair (ref, impl): both sides from the reference's start, captured
+        (``exact``: those sides rerun with Keras' loss scale exact, as the runs that decided the step)."""
         def refine(where: dict[str, Any], verdict: Any) -> dict[str, Any]:
             # the dtype the deciding rule judged (compare_case does the same)
             d64 = dtype == "float64" or verdict.rule == RULE_FLOAT64
             c = f64 if d64 else case
+            mapped = {e.side: e.apply(c) for e in exact}
             note(f"{ref} and {impl}: step {step} captured")
-            return inside_step(where, verdict, ((ref, c), (impl, c)), captures(step))
+            return inside_step(where, verdict, ((ref, mapped.get(ref, c)), (impl, mapped.get(impl, c))),
+                               captures(step, tuple(sorted(mapped))))
 
         return refine
 
@@ -740,9 +812,21 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         own = follows_its_class(own, rule_runs(Runs(runner or run_impl, free_result.runs), f64), case.spec)
     pairs = []
     for impl in impls[1:]:
-        pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own, own_schedule=own_schedule)
-        mapping = choose_mapping(f64.spec, ref, impl, pred, held, own, own_schedule)
         runs: dict[str, list | None] = {"a64": float64_runs(ref, None), "b64": float64_runs(impl, None)}
+        # Keras' distribution loss scale, read from each side's float64 one-step runs (never assumed): the free
+        # compare's prediction and its mapping, the program rerun with the factor exact (session.loss_scale)
+        scales = {ref: loss_scale_of_runs(runs["a64"]), impl: loss_scale_of_runs(runs["b64"])}
+        pred = predict(f64.spec, engine(ref), engine(impl), held=held, own=own, own_schedule=own_schedule,
+                       scales=scales)
+        mapping = choose_mapping(f64.spec, ref, impl, pred, held, own, own_schedule)
+        exact: tuple[ExactScale, ...] = ()
+        if any(d.mapping == LOSS_SCALE for d in pred.differences):
+            exact = tuple(ExactScale(x, f) for x in (ref, impl) if (f := scales[x]) is not None)
+        for e in exact:  # each such side's one-step runs again, from the same starts, with the factor exact
+            name = "ae" if e.side == ref else "be"
+            runs[name + "64"] = float64_runs(e.side, e)
+            runs[name] = runs[name + "64"] if dtype == "float64" else one_step_runs(
+                e.apply(case), e.side, starts, runner=runner)
         if dtype == "float64":
             runs["a"], runs["b"] = runs["a64"], runs["b64"]
         else:
@@ -760,9 +844,10 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
             except CaseError:
                 mapping = None  # the side cannot run the mapped case: judged without a residual
         pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result, zero_gradients(case.spec),
-                            leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None)
+                            leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None, exact)
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
-        refine = chain_at(pair.first_bad_step, impl) if stages and pair.first_bad_step else None
+        refine = chain_at(pair.first_bad_step, impl, tuple(e for e in exact if e.side in pair.first_exact)) \
+            if stages and pair.first_bad_step else None
         _localise(pair, free_pair, refine, case.spec,
                   (free_result.runs.get(RunKey(ref, as_given(dtype))), free_result.runs.get(RunKey(impl, as_given(dtype)))))
         pairs.append(pair)

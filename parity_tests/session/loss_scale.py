@@ -13,6 +13,15 @@ be run with it; instead the program is rerun as it is, with that one factor made
 ``protocol.payload.EXACT_LOSS_SCALE``): the rerun computes what the program computes apart from the
 mapped difference by construction, so the pair's residual is the rerun against the other side, and
 a bug of the program (a learning rate off by 1e-3, a loss scaled by 1/N twice) is still in it.
+
+Where another mapping runs a built-in standing in for the program and that stand-in is shown not to
+compute what the program computes (``comparison.stand_in_leg``: "residual not judged"), the loss scale
+stays mapped on the program itself (:func:`without_loss_scale`): the pair's exact reruns against each
+other are its residual where they agree; where they part, the pair is resolved by the stage where the
+exact reruns part, against the prediction without the loss scale (which those runs no longer carry),
+so a predicted loss scale of ``2^-25`` never explains a loss that parts by 0.667 (a loss divided by N
+twice). The free compare (``judge_pair._Judged.pair``) and ``--lockstep`` (``lockstep._judge_steps``)
+apply the same rule.
 """
 
 from __future__ import annotations
@@ -22,11 +31,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from parity_tests.contract.case import Case
+from parity_tests.judging.theory import LOSS_SCALE, Prediction
 from parity_tests.protocol.hyper import keras_scale_factor
 from parity_tests.protocol.payload import EXACT_LOSS_SCALE
 from parity_tests.session.keys import FLOAT64, RunKey
 
-__all__ = ["EXACT_SCALE", "ExactScale", "ExactScaleCase", "loss_scale_of", "loss_scales"]
+__all__ = ["EXACT_SCALE", "ExactScale", "ExactScaleCase", "loss_scale_of", "loss_scales", "without_loss_scale"]
 
 #: the trajectory key suffix of a program's rerun with Keras' distribution loss scale exact
 EXACT_SCALE = "+exact-loss-scale"
@@ -86,3 +96,9 @@ class ExactScale:
 
     def apply(self, case: Case) -> Case:
         return ExactScaleCase.of(case)
+
+
+def without_loss_scale(pred: Prediction) -> Prediction:
+    """``pred`` without Keras' distribution loss scale (``theory.LOSS_SCALE``): what is left to explain a gap
+    between the pair's reruns with the loss scale exact, which no longer carry it."""
+    return Prediction.of([d for d in pred.differences if d.mapping != LOSS_SCALE], list(pred.absent))

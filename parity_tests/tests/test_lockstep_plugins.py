@@ -9,6 +9,7 @@ lockstep parity with the built-in that runs the same framework's class.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from parity_tests.protocol.errors import CaseError
 from parity_tests.session import lockstep as ls
 from parity_tests.session.comparison import NOT_EQUIVALENT
 from parity_tests.tests.helpers import MLP, make, set_path
+from parity_tests.tests.hunt.corpus import program
+from parity_tests.tests.hunt.corpus import torch as torch_port
 from parity_tests.tests.test_lockstep import _alternating
 
 HERE = Path(__file__).resolve().parent / "plugins"
@@ -128,3 +131,67 @@ def test_lockstep_names_a_loss_logged_after_the_update_through_the_stand_in():
     assert good.status == "expected_difference" and good.residual_not_judged is None, result.summary()
     assert bad.status == "divergence" and bad.first_bad_step == 1 and bad.key == "loss", result.summary()
     assert "only the logged loss differs" in bad.detail and bad.residual_not_judged is None, result.summary()
+
+
+# ---------------------------------------------------------------- Keras' distribution loss scale (issue 35, item 2)
+
+#: 0.05 is no float32 number: a learning rate rounded through float32 would show
+SGD_FIT = {"name": "sgd", "lr": 0.05, "semantics": "native"}
+
+
+def _fit_case(n: int, dtype: str = "float64") -> Any:
+    """N devices, 2 rows each (model.fit's even contiguous slices), 2 steps of SGD on the 5-10-1 MLP."""
+    return make(MLP, dtype=dtype, data__global_batch=2 * n, steps=2, parallel__devices=n,
+                parallel__weighting="equal", optimizer=SGD_FIT)
+
+
+def test_lockstep_maps_keras_distribution_loss_scale_on_the_program_itself_at_3_replicas():
+    """Must not fire: ``model.fit`` under ``MirroredStrategy(3)`` in float64 scales each replica's loss by
+    ``float32(1/3)``, so its losses and gradients are ``1 + 2^-25`` times a DDP port's (session.loss_scale). Lockstep
+    reads that factor from the program's own float64 one-step runs (``free=False``: no free run to read it from),
+    reruns them from the same starts with the factor exact, and judges the residual on those runs: each step is the
+    expected difference, its residual at float64 parity (was: a divergence at step 1, gap 2.98e-8, exit 1)."""
+    result = ls.lockstep_compare(_fit_case(3), [program("keras_fit"), torch_port("ddp")], free=False)
+    (pair,) = result.pairs
+    assert pair.step_status == ["expected_difference"] * 2, result.summary()
+    assert pair.mapping is not None and "distribution loss scale exact" in pair.mapping, result.summary()
+    assert "with it mapped" in pair.detail and "): parity, gap" in pair.detail, pair.detail
+    # unmapped, step 1's loss parts by the factor itself: 2^-25, to its float64 rounding (1e-6 of it: the loss is
+    # a sum of 6 terms, each rounded once in float64, far below 1e-6 relative of 2^-25)
+    assert pair.one_step_gap[0] == pytest.approx(2.0**-25, rel=1e-6)
+    assert result.exit_status == 0 and pair.to_dict()["mapping"] == pair.mapping
+
+
+def test_lockstep_maps_nothing_at_2_replicas_where_the_run_shows_no_factor():
+    """Must not map: at 2 replicas ``float32(1/2)`` is exact, the program's runs show no factor, and no loss scale is
+    predicted or mapped: the pair is at parity (a scale the runs did not show is never mapped)."""
+    result = ls.lockstep_compare(_fit_case(2), [program("keras_fit"), torch_port("ddp")], free=False)
+    (pair,) = result.pairs
+    assert pair.status == "parity" and "loss scale" not in (pair.mapping or ""), result.summary()
+    assert result.exit_status == 0
+
+
+@pytest.mark.parametrize("bug", ["keras_fit_lr_high", "keras_fit_loss_over_n"])
+def test_lockstep_keeps_a_bug_of_the_fit_program_a_divergence_at_3_replicas(bug):
+    """Must still fire: the learning rate 1.001 times the case's, or the loss divided by N once more than ``fit``
+    does. Their runs carry the same factor, so it is mapped, but the exact rerun still holds the bug: the
+    residual parts at step 1 (the program on the judged side this time: the exact rerun is ``be``)."""
+    result = ls.lockstep_compare(_fit_case(3), [torch_port("ddp"), program(bug)], free=False)
+    (pair,) = result.pairs
+    assert pair.status == "divergence" and pair.first_bad_step == 1, result.summary()
+    assert pair.mapping is not None and "distribution loss scale exact" in pair.mapping, result.summary()
+    assert result.exit_status == 1
+    # localised from the exact reruns, where the bug is (unmapped, the runs part first at the loss by 2^-25)
+    assert pair.localisation["stage"] == {"keras_fit_lr_high": "update", "keras_fit_loss_over_n": "loss"}[bug], \
+        pair.localisation
+
+
+def test_lockstep_maps_the_loss_scale_in_a_float32_case_at_3_replicas():
+    """Must not fire: in a float32 case each step's float32 bound is measured against one-step float64 runs, which
+    carry the factor; they are rerun with it exact too (float32 and float64 reruns, as the free compare makes them):
+    ``expected_difference``, exit 0 (was: a divergence at step 1 by the float64 runs, exit 1)."""
+    result = ls.lockstep_compare(_fit_case(3, "float32"), [program("keras_fit"), torch_port("ddp")], free=False)
+    (pair,) = result.pairs
+    assert pair.status == "expected_difference", result.summary()
+    assert "distribution loss scale exact" in (pair.mapping or ""), result.summary()
+    assert result.exit_status == 0

@@ -146,3 +146,31 @@ def test_under_native_adam_a_learning_rate_bug_is_a_divergence_at_4_replicas():
     assert p.verdict.status == "divergence", p.verdict.detail
     assert not any(d.mapping == LOSS_SCALE for d in p.prediction.differences)
 
+
+
+# ---------------------------------------------------------------- a stand-in that is not equivalent, beside the loss scale
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_loss_divided_by_n_twice_is_a_divergence_where_the_stand_in_is_not_equivalent():
+    """Must fire. Native Adam maps Keras' rule through tf.towers standing in for the program; the program's loss
+    divided by N once more than ``fit`` does (0.667 apart at the loss) makes that stand-in no equivalent run, so no
+    residual is judged through it. Resolved by the stage where the pair parts, the predicted loss scale (a loss
+    stage difference of 2^-25) once explained the whole gap: ``expected_difference``, exit 0. The loss scale is
+    still mapped on the program itself: its exact rerun parts at the loss, where nothing left in the prediction
+    (Adam's epsilon placement, at the update) explains it: a divergence."""
+    p = _pair(make(MLP, data__global_batch=6, steps=2, parallel__devices=3, parallel__weighting="equal",
+                   optimizer=ADAM), torch("ddp"), program("keras_fit_loss_over_n"))
+    assert p.verdict.status == "divergence", p.verdict.detail
+    assert "not the predicted difference" in p.verdict.detail and "appeared first at loss" in p.verdict.detail
+
+
+@pytest.mark.usefixtures("pool")
+def test_an_l2_term_the_stand_in_lacks_is_still_the_predicted_difference_at_3_replicas():
+    """Must not fire: the same set-up with a correct program and its port, both with an L2 term no case field
+    expresses (the stand-in trains without it: residual not judged). The exact rerun against the port parts first
+    at the update (Adam's epsilon placement, predicted there): ``expected_difference``."""
+    p = _pair(make(MLP, data__global_batch=6, steps=2, parallel__devices=3, parallel__weighting="equal",
+                   optimizer=ADAM), torch("ddp_l2"), program("keras_fit_l2"))
+    assert p.verdict.status == "expected_difference", p.verdict.detail
+    assert p.residual_not_judged is not None and "first at update" in p.verdict.detail, p.verdict.detail
