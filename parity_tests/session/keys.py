@@ -68,13 +68,16 @@ class RunKey:
         return self.text
 
 
-def capture_run(impl: str, step: int, spec: Mapping[str, Any]) -> RunKey:
+def capture_run(impl: str, step: int, spec: Mapping[str, Any], kind: str = "Case") -> RunKey:
     """The key of ``impl``'s run recording step ``step``'s per-device values of the case whose spec is ``spec``.
 
     A capture's identity is the case it captures (its dtype, optimizer, parallel section and loss
-    semantics), not a mapping's key: ``lockstep``'s cases are its own start states, and a pair's
-    float64 run that captured its step 1 in place (``EngineSpec.captures_in_place``) is found by it.
+    semantics, and ``kind``, the case's class: a program rerun with Keras' loss scale exact,
+    ``loss_scale.ExactScaleCase``, has its plain run's spec and is another computation), not a
+    mapping's key: ``lockstep``'s cases are its own start states, and a pair's float64 run that
+    captured its step 1 in place (``EngineSpec.captures_in_place``) is found by it.
     """
-    return RunKey(impl, capture(step), f"{impl}|{spec['dtype']}|{sorted((k, str(v)) for k, v in spec['optimizer'].items())}"
+    return RunKey(impl, capture(step), f"{impl}|{kind}|{spec['dtype']}"
+                                       f"|{sorted((k, str(v)) for k, v in spec['optimizer'].items())}"
                                        f"|{sorted((k, str(v)) for k, v in spec['parallel'].items())}"
                                        f"|{spec['model'].get('loss_semantics')}")

@@ -178,3 +178,15 @@ def test_a_pairs_float64_runs_capture_step_1_in_place(pool):
     assert [c["stage"] for c in where["chain"]] == ["inputs", "forward", "combined_grads"]
     # the trajectories kept with the comparison hold no per-device values (the capture is kept apart)
     assert result.trajectories and not any(k.startswith("device/") for t in result.trajectories.values() for k in t)
+
+
+def test_a_programs_exact_scale_rerun_has_a_capture_of_its_own():
+    """A program rerun with Keras' loss scale exact (``loss_scale.ExactScaleCase``) has its plain run's spec: its
+    capture must not be found as the plain run's (which a pair's float64 run may have recorded in place)."""
+    from parity_tests.session.keys import capture_run
+    from parity_tests.session.loss_scale import ExactScaleCase
+
+    case = make(MLP, dtype="float64")
+    exact = ExactScaleCase(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
+    assert exact.spec == case.spec
+    assert capture_run("p.py:fit", 1, exact.spec, type(exact).__name__) != capture_run("p.py:fit", 1, case.spec, "Case")
