@@ -25,7 +25,7 @@ from parity_tests.judging.bfloat16 import Side as BF16Side
 from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
-from parity_tests.judging.pair import Side, judge_sides, resolve
+from parity_tests.judging.pair import Side, judge_sides
 from parity_tests.judging.perturbation import perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, loss_in_float32
 from parity_tests.judging.predicted_scale import SUM_REDUCTION, check_scale, predicted_scale
@@ -64,8 +64,9 @@ from parity_tests.session.keys import (
     Variant,
     as_given,
 )
-from parity_tests.session.loss_scale import ExactScale, without_loss_scale
-from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
+from parity_tests.session.loss_scale import ExactScale
+from parity_tests.session.mapping import SideMapping
+from parity_tests.session.residual import resolve_pair
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.variants import (
     _perturbed_text,
@@ -152,6 +153,32 @@ def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
 
 
 
+class _FreeLegs:
+    """One pair's runs in the free compare, as ``residual.resolve_pair`` reads them: a leg is ``(name, mapping key)``."""
+
+    def __init__(self, judged: _Judged, ref: str, impl: str) -> None:
+        self.judged, self.ref, self.impl = judged, ref, impl
+        self._where: dict[tuple[int, Any, Any], tuple[Verdict, dict[str, Any]]] = {}  # (verdict, a, b) -> its localisation, once
+
+    def as_ran(self) -> Verdict:
+        return self.judged.verdict(self.ref, self.impl)  # (with a nondeterministic side's run-to-run spread)
+
+    def verdict(self, a: Any, b: Any) -> Verdict:
+        return self.judged.verdict(self.ref, self.impl, a, b)
+
+    def where(self, verdict: Verdict, a: Any, b: Any) -> dict[str, Any]:
+        key = (id(verdict), a, b)
+        if key not in self._where:
+            self._where[key] = (verdict, self.judged.localised(verdict, a, b))  # the verdict kept: its id stays its own
+        return self._where[key][1]
+
+    def stage(self, a: Any, b: Any, verdict: Verdict, refine: bool = False) -> str | None:
+        return self.where(verdict, a, b).get("stage")  # (refined by a capture wherever the compare localises so)
+
+    def leaky(self, legs: Any) -> bool:
+        return any(loss_in_float32(self.judged.trajs.get(RunKey(n, FLOAT64, x))) for n, x in legs)
+
+
 @dataclass
 class _Judged:
     """What :func:`compare_case` ran, and how to judge one pair from it."""
@@ -207,53 +234,9 @@ class _Judged:
             v = _bf16_guard(v, ref, impl, self.trajs)
         return v
 
-    def residual(self, ref: str, impl: str, m: SideMapping | None, exact: tuple[ExactScale, ...] = ()
-                 ) -> tuple[Verdict | None, tuple[tuple[str, str], tuple[str, str]], str | None]:
-        """The pair judged with ``m``'s differences mapped away, the runs that decided it, and why it was not.
-
-        A built-in side: the pair with that side's mapped runs. A plugin side, through its stand-in
-        ``S``: the other side against ``S`` mapped, judged only once ``S`` is shown to compute what
-        the plugin computes: the plugin against ``S`` as it runs (:attr:`SideMapping.plain`: the
-        plugin's own roundings) by the same rule. Parity there and parity of the mapped leg give
-        the pair's residual by the triangle inequality through ``S``'s two runs (each within the
-        rule's bound). Where ``S`` and the plugin part, where they part says which:
-
-        * at the update, from the same gradient (``localise``'s stage ``update``): the plugin's
-          optimizer step is not the rule of its kind that theory predicted from (a torch port
-          that decays every parameter), so no predicted optimizer difference explains its gap:
-          that leg is the residual, a divergence naming the plugin;
-        * before it (the loss, the gradients): ``S`` computes another loss (a loss term no case
-          field expresses, the TF2 custom-loop tutorial's kernel regularizers): its mapped leg
-          says nothing about the plugin, so no residual is judged (``None``, and the reason,
-          which the report gives as "residual not judged: no equivalent run"): the pair is then
-          resolved as one without a mapping (``pair.resolve``: the stage where it parts against
-          theory's). A stand-in that computes another program never makes a divergence of its own.
-
-        ``exact``: the programs of the pair rerun with Keras' distribution loss scale exact
-        (``session.loss_scale``): such a side is its exact rerun wherever it takes part, beside
-        ``m`` (which may be ``None``: the loss scale is then the only mapping).
-        """
-        keys = {e.side: e.key for e in exact}
-
-        def own_run(name: str) -> tuple[str, str]:
-            return name, keys.get(name, "")
-
-        if m is None:
-            a, b = own_run(ref), own_run(impl)
-            return self.verdict(ref, impl, a, b), (a, b), None
-        mapped = (m.runs_as, m.key)
-        a, b = (own_run(ref), mapped) if m.side == impl else (mapped, own_run(impl))
-        if m.stand_in:
-            own, stand = own_run(m.side), (m.runs_as, m.plain.key if m.plain else "")
-            plain = self.verdict(ref, impl, stand, own)
-            leaky = any(loss_in_float32(self.trajs.get(RunKey(n, FLOAT64, x))) for n, x in (stand, own))
-            decides, not_judged = stand_in_leg(plain, lambda: self.localised(plain, stand, own).get("stage"), m,
-                                               self.apart.get((m.runs_as, m.side)), leaky)
-            if decides is not None:
-                return decides, (stand, own), None
-            if not_judged is not None:
-                return None, ((ref, ""), (impl, "")), not_judged
-        return self.verdict(ref, impl, a, b), (a, b), None
+    def legs(self, ref: str, impl: str) -> _FreeLegs:
+        """The pair's runs as ``residual.resolve_pair`` reads them (a leg: ``(implementation, mapping key)``)."""
+        return _FreeLegs(self, ref, impl)
 
     def localised(self, verdict: Verdict, a: tuple[str, str], b: tuple[str, str]) -> dict[str, Any]:
         """The localisation (docs/localisation.md) of ``verdict`` from the arrays its rule judged (refined by a capture)."""
@@ -280,24 +263,20 @@ class _Judged:
         """The pair judged as it ran and, with ``m`` (and ``exact``: programs rerun with Keras' distribution loss
         scale exact), with the predicted differences mapped away (``pair.resolve``)."""
         as_ran = ((ref, ""), (impl, ""))
-        v = self.verdict(ref, impl)
         mapped_any = m is not None or bool(exact)
-        residual, decided, not_judged = self.residual(ref, impl, m, exact) if mapped_any else (None, as_ran, None)
-        text = "; ".join(([m.text] if m is not None else []) + [e.text for e in exact]) or None
-        judged, staged = pred, (v, as_ran)  # the prediction the stage is held against, and where the stage is read
-        if residual is None and not_judged is not None and exact:
-            # the stand-in computes another program, but the loss scale is mapped on the programs themselves
-            # (session.loss_scale.without_loss_scale): their exact reruns, equivalent to them by construction
-            keys = {e.side: e.key for e in exact}
-            ea, eb = (ref, keys.get(ref, "")), (impl, keys.get(impl, ""))
-            ve = self.verdict(ref, impl, ea, eb)
-            if ve.status == "parity":  # the loss scale alone explains the pair: a residual judged on equivalent runs
-                residual, decided, not_judged, text = ve, (ea, eb), None, "; ".join(e.text for e in exact)
-            else:
-                judged, staged = without_loss_scale(pred), (ve, (ea, eb))
-        where = self.localised(staged[0], *staged[1]) if staged[0].status not in ("parity", "inconclusive") else None
-        res = resolve(v, judged, residual=residual, stage=(where or {}).get("stage"), mapping=text)
-        final = residual_unjudged(res.verdict, not_judged)
+        keys = {e.side: e.key for e in exact}
+        legs = self.legs(ref, impl)
+        r = resolve_pair(  # as --lockstep resolves each step (session.residual)
+            legs, *as_ran, pred, impl_is_b=m is None or m.side == impl, mapping=m,
+            mapped=(m.runs_as, m.key) if m is not None else None,
+            stand=(m.runs_as, m.plain.key if m.plain else "") if m is not None and m.stand_in else None,
+            exact_a=(ref, keys[ref]) if ref in keys else None, exact_b=(impl, keys[impl]) if impl in keys else None,
+            exact_text="; ".join(e.text for e in exact) or None, apart=self.apart.get((m.runs_as, m.side)) if m else None,
+            stage_of=lambda verdict, x, y: legs.where(verdict, x, y).get("stage"))
+        v, res, final, residual, not_judged, judged, text = (r.as_ran, r.resolution, r.final, r.residual, r.not_judged,
+                                                             r.judged, r.text)
+        decided = r.decided if residual is not None else as_ran
+        where = legs.where(*r.staged) if r.staged[0].status not in ("parity", "inconclusive") else None
         final, scale = self.scale_checked(final, v, ref, impl, pred, residual, exact)
         if final.status in ("parity", "inconclusive"):
             where = None

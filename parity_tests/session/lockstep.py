@@ -70,7 +70,7 @@ from parity_tests.judging.compare import relative_gap
 from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
-from parity_tests.judging.pair import Side, judge_sides, resolve, with_findings
+from parity_tests.judging.pair import Side, judge_sides, with_findings
 from parity_tests.judging.precision_leak import loss_in_float32
 from parity_tests.judging.theory import LOSS_SCALE, Prediction, engine, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
@@ -92,13 +92,12 @@ from parity_tests.session.comparison import (
     held_roundings,
     inside_step,
     own_rules,
-    residual_unjudged,
     rule_runs,
-    stand_in_leg,
 )
 from parity_tests.session.executor import Runs
 from parity_tests.session.keys import FLOAT64, RunKey, as_given
-from parity_tests.session.loss_scale import ExactScale, ExactScaleCase, without_loss_scale
+from parity_tests.session.loss_scale import ExactScale, ExactScaleCase
+from parity_tests.session.residual import resolve_pair
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step", "free_findings", "loss_scale_of_runs"]
@@ -570,6 +569,28 @@ def _with_found(traj: Mapping[str, Any], found: list[str]) -> Mapping[str, Any]:
 _WORST = ("error", "divergence", "unexpected_parity", "expected_difference")
 
 
+class _StepLegs:
+    """One lockstep step's one-step runs, as ``residual.resolve_pair`` reads them: a leg names a run of the step (``a``,
+    ``b``, their exact reruns ``ae``, ``be``, the mapped built-in ``sm``, the stand-in ``s``)."""
+
+    def __init__(self, k: int, side: Callable[[str, int], Side], stage: Callable[..., str | None],
+                 runs: Mapping[str, Any], dtype: str, rule: str, zero: ZeroGradients | None) -> None:
+        self.k, self._side, self._stage, self.runs, self.dtype, self.rule, self.zero = k, side, stage, runs, dtype, rule, zero
+
+    def as_ran(self) -> Any:
+        return self.verdict("a", "b")
+
+    def verdict(self, a: str, b: str) -> Any:
+        return judge_sides(self.dtype, self._side(a, self.k), self._side(b, self.k), rule=self.rule, zero=self.zero)
+
+    def stage(self, a: str, b: str, verdict: Any, refine: bool = False) -> str | None:
+        return self._stage(a, b, self.k, verdict, refine)
+
+    def leaky(self, legs: Any) -> bool:
+        # a float64 one-step run whose loss is float32 (judging.precision_leak): a loss-only parting is no wrong loss
+        return any(loss_in_float32(_judged(self.runs[n + "64"][self.k])) for n in legs if n + "64" in self.runs)
+
+
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
                  mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None,
                  leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None,
@@ -623,41 +644,17 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
         return where.get("stage")
 
     for k in range(steps):
-        a, b = side("a", k), side("b", k)
-        v = judge_sides(dtype, a, b, rule=rule, zero=zero)
-        residual, why, by = None, None, ("a", "b")
-        if mapping is None and exact:  # the loss scale alone: the exact rerun(s) against the other side
-            by = (own_a, own_b)
-            residual = judge_sides(dtype, side(own_a, k), side(own_b, k), rule=rule, zero=zero)
-        if mapping is not None:  # as the free compare judges it (session.judge_pair._Judged.residual)
-            by = (own_a, "sm") if mapping.side == impl else ("sm", own_b)
-            residual = judge_sides(dtype, side(by[0], k), side(by[1], k), rule=rule, zero=zero)
-            if mapping.stand_in:
-                own = own_b if mapping.side == impl else own_a
-                plain = judge_sides(dtype, side("s", k), side(own, k), rule=rule, zero=zero)
-                # a float64 one-step run whose loss is float32 (judging.precision_leak): a loss-only parting is no wrong loss
-                leaky = any(loss_in_float32(_judged(runs[n + "64"][k])) for n in ("s", own) if n + "64" in runs)
-                decides, why = stand_in_leg(plain, lambda own=own, plain=plain, k=k: stage("s", own, k, plain, True),
-                                            mapping, leaky=leaky)
-                residual = decides if decides is not None else None if why is not None else residual
-        judged, staged, said = pred, (v, "a", "b"), text  # as the free compare (judge_pair._Judged.pair)
-        if residual is None and why is not None and exact:
-            # the stand-in computes another program, but the loss scale is mapped on the programs themselves
-            # (session.loss_scale.without_loss_scale): their exact reruns, equivalent to them by construction
-            ve = judge_sides(dtype, side(own_a, k), side(own_b, k), rule=rule, zero=zero)
-            if ve.status == "parity":  # the loss scale alone explains the step: a residual judged on equivalent runs
-                residual, why, said, by = ve, None, "; ".join(e.text for e in exact), (own_a, own_b)
-            else:
-                judged, staged = without_loss_scale(pred), (ve, own_a, own_b)
-        # without a residual, the stage where the pair parts is theory's only check (pair.resolve)
-        where = stage(staged[1], staged[2], k, staged[0]) if residual is None \
-            and staged[0].status not in ("parity", "inconclusive", "error") else None
-        res = resolve(v, judged, residual=residual, stage=where, mapping=said)
-        v = residual_unjudged(res.verdict, why)
+        r = resolve_pair(_StepLegs(k, side, stage, runs, dtype, rule, zero), "a", "b", pred,  # as the free compare
+                         impl_is_b=mapping is None or mapping.side == impl, mapping=mapping, mapped="sm",
+                         stand="s" if mapping is not None and mapping.stand_in else None,
+                         exact_a="ae" if own_a != "a" else None, exact_b="be" if own_b != "b" else None,
+                         exact_text="; ".join(e.text for e in exact) or None,
+                         stage_of=lambda verdict, x, y, k=k: stage(x, y, k, verdict))
+        v, residual, res, why = r.final, r.residual, r.resolution, r.not_judged
         # where what the loss scale's mapping does not explain parts, the exact reruns are the step's runs
         # (localised from them: the unmapped runs part first at the loss, by the factor itself)
-        decided.append(by if mapping is None and residual is not None and res.from_residual
-                       and residual.status != "parity" else (staged[1], staged[2]))
+        decided.append(r.decided if mapping is None and residual is not None and res.from_residual
+                       and residual.status != "parity" else (r.staged[1], r.staged[2]))
         not_judged = not_judged or why
         gaps[k], bounds[k] = v.gap, v.bound
         status.append(v.status)

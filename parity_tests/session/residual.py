@@ -1,0 +1,119 @@
+"""One pair resolved against theory, the same way in the free compare and in ``--lockstep`` (each of its steps).
+
+The pair as it ran, its residual with the predicted differences mapped away (a built-in's mapped
+runs, a stand-in's shown equivalent first: ``mapping.stand_in_leg``; the programs rerun with
+Keras' distribution loss scale exact: ``loss_scale``), and ``pair.resolve`` of the one against
+the other. What differs between the two callers is only where their runs live: the free
+compare's are whole trajectories by ``keys.RunKey`` (``judge_pair._Judged``), lockstep's are one
+step's runs from a shared start (``lockstep._judge_steps``). Each hands its runs over as
+:class:`Legs`: a run of the pair is named by a *leg* (any hashable: ``(impl, mapping key)`` there,
+``"a"``, ``"sm"``, ... here), and :func:`resolve_pair` asks the legs for verdicts and stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from parity_tests.judging.pair import Resolution, resolve
+from parity_tests.judging.theory import Prediction
+from parity_tests.judging.verdict import Verdict
+from parity_tests.session.loss_scale import without_loss_scale
+from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
+
+__all__ = ["Leg", "Legs", "Resolved", "resolve_pair"]
+
+Leg = Hashable
+
+
+class Legs(Protocol):
+    """A caller's runs of one pair, as :func:`resolve_pair` reads them."""
+
+    def as_ran(self) -> Verdict:
+        """The pair's rule (and every guard of the pair as it ran) on its own runs."""
+        ...
+
+    def verdict(self, a: Leg, b: Leg) -> Verdict:
+        """The pair's rule (and its guards) on the runs ``a`` (the reference's side) and ``b``."""
+        ...
+
+    def stage(self, a: Leg, b: Leg, verdict: Verdict, refine: bool = False) -> str | None:
+        """Where the runs ``a`` and ``b`` part (``localise``'s stage of ``verdict``), refined by a capture of the step
+        where ``refine`` asks and the recorded channels cannot tell."""
+        ...
+
+    def leaky(self, legs: Sequence[Leg]) -> bool:
+        """Whether a float64 run of ``legs`` computes its loss in float32 (``judging.precision_leak``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What :func:`resolve_pair` found of one pair (or one lockstep step)."""
+
+    as_ran: Verdict  # the pair's rule on its runs as they ran
+    resolution: Resolution  # pair.resolve of it against the prediction and the residual
+    final: Verdict  # the resolution's verdict, saying where no residual was judged and why
+    residual: Verdict | None  # the pair with the predicted differences mapped away, or None
+    decided: tuple[Leg, Leg]  # the legs whose verdict is the residual (the pair's own where none)
+    not_judged: str | None  # why no residual was judged ("residual not judged: no equivalent run: ...")
+    judged: Prediction  # the prediction the runs were held against (without the loss scale where it was mapped)
+    staged: tuple[Verdict, Leg, Leg]  # the verdict and legs where the pair's stage is read
+    text: str | None  # what was mapped, one line
+
+
+def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: bool = True,
+                 mapping: SideMapping | None = None, mapped: Leg | None = None, stand: Leg | None = None,
+                 exact_a: Leg | None = None, exact_b: Leg | None = None, exact_text: str | None = None,
+                 apart: str | None = None, stage_of: Callable[[Verdict, Leg, Leg], str | None] | None = None,
+                 ) -> Resolved:
+    """The pair ``(a, b)`` judged as it ran and with its predicted differences mapped away, resolved by theory.
+
+    ``mapping``: the side run with the other's semantics (``mapping.choose_mapping``), whose runs are
+    ``mapped``; where it stands in for a plugin, ``stand`` is the built-in as the plugin runs, and
+    the residual is judged through it only once it is shown to compute what the plugin computes
+    (``mapping.stand_in_leg``; ``apart``: what theory expects to differ between them). ``exact_a``,
+    ``exact_b``: a side's program rerun with Keras' loss scale exact (``loss_scale.ExactScale``),
+    which stands for that side wherever the residual takes part, beside ``mapping`` or alone; where a
+    stand-in is no equivalent run the exact reruns are still the programs themselves: at parity
+    they are the residual, else the stage where they part is held against the prediction without
+    the loss scale. ``stage_of(verdict, x, y)``: the stage ``pair.resolve`` holds against theory
+    where no residual is judged (default ``legs.stage``), asked only then.
+    """
+    ea, eb = exact_a if exact_a is not None else a, exact_b if exact_b is not None else b
+    exact = exact_a is not None or exact_b is not None
+    v = legs.as_ran()
+    residual: Verdict | None = None
+    decided: tuple[Leg, Leg] = (a, b)
+    not_judged: str | None = None
+    if mapping is None and exact:  # the loss scale alone: the exact rerun(s) against the other side
+        residual, decided = legs.verdict(ea, eb), (ea, eb)
+    if mapping is not None:
+        decided = (ea, mapped) if impl_is_b else (mapped, eb)
+        residual = legs.verdict(*decided)
+        if mapping.stand_in:
+            own = eb if impl_is_b else ea
+            plain = legs.verdict(stand, own)
+            decides, not_judged = stand_in_leg(plain, lambda: legs.stage(stand, own, plain, True), mapping, apart,
+                                               legs.leaky((stand, own)))
+            if decides is not None:
+                residual, decided = decides, (stand, own)
+            elif not_judged is not None:
+                residual, decided = None, (a, b)
+    text = "; ".join(([mapping.text] if mapping is not None else []) + ([exact_text] if exact_text else [])) or None
+    judged, staged = pred, (v, a, b)  # the prediction the stage is held against, and where the stage is read
+    if residual is None and not_judged is not None and exact:
+        # the stand-in computes another program, but the loss scale is mapped on the programs themselves
+        # (session.loss_scale.without_loss_scale): their exact reruns, equivalent to them by construction
+        ve = legs.verdict(ea, eb)
+        if ve.status == "parity":  # the loss scale alone explains the pair: a residual judged on equivalent runs
+            residual, decided, not_judged, text = ve, (ea, eb), None, exact_text
+        else:
+            judged, staged = without_loss_scale(pred), (ve, ea, eb)
+    stage = None
+    if residual is None and staged[0].status not in ("parity", "inconclusive"):
+        stage = (stage_of or (lambda x, y, z: legs.stage(y, z, x)))(*staged)
+    res = resolve(v, judged, residual=residual, stage=stage, mapping=text)
+    return Resolved(v, res, residual_unjudged(res.verdict, not_judged), residual, decided, not_judged, judged,
+                    staged, text)
