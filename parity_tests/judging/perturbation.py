@@ -134,6 +134,7 @@ from parity_tests.judging.loss_channel import (
 )
 from parity_tests.judging.rules.float32_floor import _judge_floor
 from parity_tests.judging.rules.float64_bound import _check_factor
+from parity_tests.judging.update_sensitivity import carried_by_gradients
 from parity_tests.judging.verdict import (
     RULE_PERTURBATION,
     RULE_STRUCTURE,
@@ -334,6 +335,18 @@ def shard_permutation(steps: int, batch: int, devices: int, shard: str, seed: in
     return idx
 
 
+def _carried_text(carried: Mapping[str, np.ndarray], scales: dict[str, np.ndarray]) -> str:
+    """The detail's clause for the gradients' carried gap: its greatest share of the scale, and where."""
+    best, where = 0.0, ""
+    for key, e in carried.items():
+        rel = e.reshape(e.shape[0], -1).max(axis=1) / np.maximum(scales[key], SCALE_FLOOR)
+        row = int(np.argmax(rel))
+        if rel[row] > best:
+            best, where = float(rel[row]), f"{key.removeprefix('param/')} at step {row}"
+    return (f"; parameter gaps less what the gradients' gap (accepted as rounding) carries through the update's "
+            f"slope measured by each side's rerun (up to {best:.2e} of the scale, {where})")
+
+
 def judge_perturbation(
     a32: Mapping[str, Any],
     b32: Mapping[str, Any],
@@ -412,7 +425,13 @@ def judge_perturbation(
         f" (side {borrowed[0]} cannot be re-run: it takes the other side's floor)" if borrowed else ""
     )
     label = np.dtype(dtype).name
-    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context, abs_floor, label)
+    # the float32 rule only: the bfloat16 floor and the float64 conditioning floor keep their own derivations
+    carried = (carried_by_gradients(a32, b32, a32p, b32p, judged, factor, abs_floor)
+               if rule == RULE_PERTURBATION else {})
+    if carried:
+        context += _carried_text(carried, scales)
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context, abs_floor, label,
+                     carried=carried)
     if with_loss:
         scale = _loss_scale(a32, b32)
         la = _spread(_loss_gap(a32, pa, scale) if own["A"] else _loss_gap(b32, pb, scale))
