@@ -37,7 +37,12 @@ Derivation of the perturbation rule:
     buggy side's perturbed rerun, so it does not enter that side's floor. The loss bound
     adds ``S[k] * pgap[k-1]`` (``loss_channel.loss_sensitivity``, the float32 runs' measured parameter
     gap): the sampled loss floors hold each side's own carried spread, not the other side's
-    parameters, which the parameter channel accepts as rounding.
+    parameters, which the parameter channel accepts as rounding. And the parameter channel
+    likewise takes the step one stage back: it does not count what the two sides' gradients,
+    where their gap is rounding, carry through the update's slope measured by each side's
+    rerun (``judging.update_sensitivity``): where the update amplifies one element's gradient
+    rounding (Adam with ``beta2 = 0`` at ``|g|`` of a few ``eps``), each floor is a single
+    draw of it and the factor 2 does not cover it (the error-rate hunt's pair 251).
 
 Warning:
     Reordering does not re-sample every rounding another kernel leaves: a sum whose terms
@@ -375,7 +380,9 @@ def judge_perturbation(
 
     divergence when ``gap_k(A32, B32) > bound[k]`` at any step, for the parameters
     or for the loss (whose bound adds ``S[k] * pgap[k-1]``, ``loss_channel._carried``). A side without a perturbed run (a recorded run cannot be run
-    again) takes the other side's floor.
+    again) takes the other side's floor. Under :data:`RULE_PERTURBATION` a parameter array whose
+    gradient both sides record is measured as ``(|A32 - B32| - E)+``, ``E`` what the gradients'
+    accepted gap carries through the update (``update_sensitivity.carried_by_gradients``).
 
     Args:
         a32, b32: the float32 trajectories of the two implementations.

@@ -20,7 +20,11 @@ import pytest
 from parity_tests.contract.case import Case, case_from_dict
 from parity_tests.judging.gaps import _gaps, _row_max, _scales
 from parity_tests.judging.perturbation import judge_perturbation
-from parity_tests.judging.update_sensitivity import carried_by_gradients, gradients_accepted, update_slope
+from parity_tests.judging.update_sensitivity import (
+    carried_by_gradients,
+    gradients_accepted,
+    update_slope,
+)
 from parity_tests.judging.verdict import RULE_PERTURBATION
 from parity_tests.running.harness import run_impl
 from parity_tests.session.comparison import compare_case
