@@ -367,6 +367,7 @@ def judge_perturbation(
     perturbed: str = "a one-ulp perturbation of the initial weights",
     dtype: type = np.float32,
     abs_floor: float = FLOAT32_ABS_FLOOR,
+    carry_gradients: bool | None = None,
 ) -> Verdict:
     """Judge two float32 trajectories without float64 runs: the perturbation floor.
 
@@ -394,6 +395,9 @@ def judge_perturbation(
         dtype, abs_floor: the runs' dtype and the bound's absolute floor; ``numpy.float64`` and
             ``FLOAT64_RTOL`` sample an ill-conditioned float64 run's own spread
             (:data:`RULE_CONDITIONING`).
+        carry_gradients: whether the parameter channel leaves out what the gradients' accepted gap
+            carries (``update_sensitivity``); by default for :data:`RULE_PERTURBATION` only
+            (``False``: the rule without it, as ``benchmarks/bench_update_sensitivity.py`` compares).
 
     Raises:
         ValueError: both perturbed runs are missing, ``factor`` is not finite and ``> 0``,
@@ -433,8 +437,9 @@ def judge_perturbation(
     )
     label = np.dtype(dtype).name
     # the float32 rule only: the bfloat16 floor and the float64 conditioning floor keep their own derivations
-    carried = (carried_by_gradients(a32, b32, a32p, b32p, judged, factor, abs_floor)
-               if rule == RULE_PERTURBATION else {})
+    if carry_gradients is None:
+        carry_gradients = rule == RULE_PERTURBATION
+    carried = carried_by_gradients(a32, b32, a32p, b32p, judged, factor, abs_floor) if carry_gradients else {}
     if carried:
         context += _carried_text(carried, scales)
     v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context, abs_floor, label,
