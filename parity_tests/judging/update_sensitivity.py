@@ -3,8 +3,9 @@ sides' parameter gap their gradients' rounding-sized gap carries through an ill-
 
 Why (the error-rate hunt's pair 251, docs/error-rates.md): Adam with ``beta2 = 0`` updates by
 ``u = alpha_t m / (|g| + eps)``, nearly ``sign(g)``, and where ``|g|`` is a few ``eps`` its slope
-``|du/dg| = alpha_t ((1 - beta1) / (|g| + eps) + |m| / (|g| + eps)**2)`` is large: measured 1.5e3 to
-1.6e3 on that pair's ``2.kernel[0, 3]`` at step 2, where ``g = -3.4e-3`` is a cancelled sum
+``du/dg = alpha_t ((1 - beta1) / (|g| + eps) - m sign(g) / (|g| + eps)**2)`` is large: 1.58e3 on that
+pair's ``2.kernel[0, 3]`` at step 2 (``alpha_2 = 5.26``, ``m = -6.3e-3`` carried from a step-1 gradient 20
+times larger; measured from the runs below: 1.57e3 and 1.39e3), where ``g = -3.4e-3`` is a cancelled sum
 (``h_1 d_1 + h_2 d_2``, terms of 0.46: its float32 rounding is ``~1e-7``, 2e-5 of ``g``). One element's
 gradient rounding, times 1.6e3, is then the whole parameter gap of its array, and each side's
 one-ulp floor is a *single draw* of that one element's rounding: six reruns of each side (seeds
