@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from parity_tests.contract.case import Case, case_from_dict
-from parity_tests.judging.gaps import _gaps, _row_max, _scales
 from parity_tests.judging.perturbation import judge_perturbation
 from parity_tests.judging.update_sensitivity import (
     carried_by_gradients,
@@ -103,17 +102,12 @@ def test_one_elements_amplified_gradient_rounding_is_parity() -> None:
     """Must not fire. At step 2, ``2.kernel[0, 3]``'s gradient is a cancelled sum (-3.4e-3 from terms of 0.46),
     its float32 rounding ~1e-7, and Adam's ``m / (|g| + eps)`` at ``|g| = 3.4 eps`` multiplies it by ~1.6e3: one
     element makes the array's gap, and each side's one-ulp floor is one draw of it (without the carried term:
-    divergence, 4.94e-5 > 3.29e-5 in the hunt)."""
+    divergence, 4.94e-5 > 3.29e-5 in the hunt, and in 18 of 49 combinations of other reruns,
+    ``benchmarks/bench_update_sensitivity.py``; the synthetic test above shows the same without a CPU's draw)."""
     r = compare_case(_case(), [DDP_F32, CONCAT])
     v = r.pairs[0].verdict
     assert (v.status, v.rule) == ("parity", RULE_PERTURBATION), r.summary()
     assert "carries through the update's slope measured by each side's rerun" in v.detail, v.detail
-    # the pair's raw gap (no carried term) is over the bound on this machine kind's CPU (4.94e-5 against 3.29e-5 in
-    # the hunt); where another CPU's rounding draws it inside, the parity above still must hold
-    a, b = (r.trajectories[f"{name}@float32"] for name in (DDP_F32, CONCAT))
-    keys = sorted(k for k in a if k.startswith("param/"))
-    raw, _ = _row_max(_gaps(a, b, keys, _scales(a, b, keys)))
-    assert v.per_step_bound is not None and raw.shape == v.per_step_bound.shape
 
 
 def _lr_off(case: Case, impl: str) -> dict[str, np.ndarray]:
