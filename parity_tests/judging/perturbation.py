@@ -37,7 +37,12 @@ Derivation of the perturbation rule:
     buggy side's perturbed rerun, so it does not enter that side's floor. The loss bound
     adds ``S[k] * pgap[k-1]`` (``loss_channel.loss_sensitivity``, the float32 runs' measured parameter
     gap): the sampled loss floors hold each side's own carried spread, not the other side's
-    parameters, which the parameter channel accepts as rounding.
+    parameters, which the parameter channel accepts as rounding. And the parameter channel
+    likewise takes the step one stage back: it does not count what the two sides' gradients,
+    where their gap is rounding, carry through the update's slope measured by each side's
+    rerun (``judging.update_sensitivity``): where the update amplifies one element's gradient
+    rounding (Adam with ``beta2 = 0`` at ``|g|`` of a few ``eps``), each floor is a single
+    draw of it and the factor 2 does not cover it (the error-rate hunt's pair 251).
 
 Warning:
     Reordering does not re-sample every rounding another kernel leaves: a sum whose terms
@@ -134,6 +139,7 @@ from parity_tests.judging.loss_channel import (
 )
 from parity_tests.judging.rules.float32_floor import _judge_floor
 from parity_tests.judging.rules.float64_bound import _check_factor
+from parity_tests.judging.update_sensitivity import carried_by_gradients
 from parity_tests.judging.verdict import (
     RULE_PERTURBATION,
     RULE_STRUCTURE,
@@ -334,6 +340,18 @@ def shard_permutation(steps: int, batch: int, devices: int, shard: str, seed: in
     return idx
 
 
+def _carried_text(carried: Mapping[str, np.ndarray], scales: dict[str, np.ndarray]) -> str:
+    """The detail's clause for the gradients' carried gap: its greatest share of the scale, and where."""
+    best, where = 0.0, ""
+    for key, e in carried.items():
+        rel = e.reshape(e.shape[0], -1).max(axis=1) / np.maximum(scales[key], SCALE_FLOOR)
+        row = int(np.argmax(rel))
+        if rel[row] > best:
+            best, where = float(rel[row]), f"{key.removeprefix('param/')} at step {row}"
+    return (f"; parameter gaps less what the gradients' gap (accepted as rounding) carries through the update's "
+            f"slope measured by each side's rerun (up to {best:.2e} of the scale, {where})")
+
+
 def judge_perturbation(
     a32: Mapping[str, Any],
     b32: Mapping[str, Any],
@@ -349,6 +367,7 @@ def judge_perturbation(
     perturbed: str = "a one-ulp perturbation of the initial weights",
     dtype: type = np.float32,
     abs_floor: float = FLOAT32_ABS_FLOOR,
+    carry_gradients: bool | None = None,
 ) -> Verdict:
     """Judge two float32 trajectories without float64 runs: the perturbation floor.
 
@@ -362,7 +381,9 @@ def judge_perturbation(
 
     divergence when ``gap_k(A32, B32) > bound[k]`` at any step, for the parameters
     or for the loss (whose bound adds ``S[k] * pgap[k-1]``, ``loss_channel._carried``). A side without a perturbed run (a recorded run cannot be run
-    again) takes the other side's floor.
+    again) takes the other side's floor. Under :data:`RULE_PERTURBATION` a parameter array whose
+    gradient both sides record is measured as ``(|A32 - B32| - E)+``, ``E`` what the gradients'
+    accepted gap carries through the update (``update_sensitivity.carried_by_gradients``).
 
     Args:
         a32, b32: the float32 trajectories of the two implementations.
@@ -374,6 +395,9 @@ def judge_perturbation(
         dtype, abs_floor: the runs' dtype and the bound's absolute floor; ``numpy.float64`` and
             ``FLOAT64_RTOL`` sample an ill-conditioned float64 run's own spread
             (:data:`RULE_CONDITIONING`).
+        carry_gradients: whether the parameter channel leaves out what the gradients' accepted gap
+            carries (``update_sensitivity``); by default for :data:`RULE_PERTURBATION` only
+            (``False``: the rule without it, as ``benchmarks/bench_update_sensitivity.py`` compares).
 
     Raises:
         ValueError: both perturbed runs are missing, ``factor`` is not finite and ``> 0``,
@@ -412,7 +436,14 @@ def judge_perturbation(
         f" (side {borrowed[0]} cannot be re-run: it takes the other side's floor)" if borrowed else ""
     )
     label = np.dtype(dtype).name
-    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context, abs_floor, label)
+    # the float32 rule only: the bfloat16 floor and the float64 conditioning floor keep their own derivations
+    if carry_gradients is None:
+        carry_gradients = rule == RULE_PERTURBATION
+    carried = carried_by_gradients(a32, b32, a32p, b32p, judged, factor, abs_floor) if carry_gradients else {}
+    if carried:
+        context += _carried_text(carried, scales)
+    v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, rule, context, abs_floor, label,
+                     carried=carried)
     if with_loss:
         scale = _loss_scale(a32, b32)
         la = _spread(_loss_gap(a32, pa, scale) if own["A"] else _loss_gap(b32, pb, scale))

@@ -70,13 +70,19 @@ def _judge_floor(
     context: str,
     abs_floor: float = FLOAT32_ABS_FLOOR,
     label: str = "float32",
+    carried: Mapping[str, np.ndarray] | None = None,
 ) -> Verdict:
     """A floor rule on the parameter channel: divergence when ``gap_k(A32, B32) > bound[k]``,
 
     ``bound[k] = factor * max(floor_A[k], floor_B[k]) + abs_floor``; ``context``
     is appended to the detail (what was established before, e.g. the float64 runs agree).
+    ``carried``: per key, the part of ``|A32 - B32|`` (elementwise, same shape) that the gradients'
+    accepted gap carries (``judging.update_sensitivity``): those keys' gaps are ``(|A - B| - carried)+``.
     """
-    per_step, arg = _row_max(_gaps(a32, b32, judged, scales))
+    gaps = _gaps(a32, b32, judged, scales)
+    if carried:
+        gaps = _less_carried(gaps, a32, b32, judged, scales, carried)
+    per_step, arg = _row_max(gaps)
     rows = per_step.shape[0]
     with np.errstate(invalid="ignore"):
         floor_rows = np.fmax(fa_rows, fb_rows)
@@ -132,6 +138,23 @@ def _judge_floor(
         f"{context}; greatest floors A {floor_a:.2e}, B {floor_b:.2e}"
     )
     return Verdict("parity", rule, gap, bound, detail=detail, step=step_at(worst), key=worst_key, **common)
+
+
+def _less_carried(gaps: np.ndarray, a32: Mapping[str, Any], b32: Mapping[str, Any], judged: list[str],
+                  scales: dict[str, np.ndarray], carried: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``gaps`` with each carried key's rows replaced by ``max (|A - B| - carried)+ / max(scale, SCALE_FLOOR)``
+    (rows whose gap is not finite keep it: the non-finite rule reads them)."""
+    out = gaps.copy()
+    for i, key in enumerate(judged):
+        if key not in carried:
+            continue
+        a, b = np.asarray(a32[key], dtype=np.float64), np.asarray(b32[key], dtype=np.float64)
+        rows = a.shape[0]
+        with np.errstate(invalid="ignore"):
+            left = np.maximum(np.abs(a - b) - carried[key], 0.0).reshape(rows, -1).max(axis=1, initial=0.0)
+        rel = left / np.maximum(scales[key], SCALE_FLOOR)
+        out[i] = np.where(np.isfinite(gaps[i]), rel, gaps[i])
+    return out
 
 
 def judge_float32(
