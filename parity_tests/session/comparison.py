@@ -57,6 +57,7 @@ from parity_tests.session.mapping import (
     own_rules,
     residual_unjudged,
     rule_runs,
+    stand_in_apart,
     stand_in_leg,
     torch_rule_from,
     torch_rule_of,
@@ -86,7 +87,7 @@ from parity_tests.session.variants import _Variants as _Variants
 __all__ = ["PairResult", "CaseResult", "compare_case", "perturbed_case", "OK_STATUSES", "FLOORS", "PERTURBED",
            "SideMapping", "STAND_INS", "choose_mapping", "keras_rounding_of", "held_roundings", "MAPPED", "inside_step",
            "NOT_EQUIVALENT", "writes_own_rule", "torch_rule_of", "torch_rule_from",
-           "own_rules", "follows_its_class", "rule_runs", "stand_in_leg", "residual_unjudged",
+           "own_rules", "follows_its_class", "rule_runs", "stand_in_apart", "stand_in_leg", "residual_unjudged",
            "BF16_CHECK", "BF16_RERUN_KEYS"]
 
 
@@ -161,12 +162,8 @@ def compare_case(
     grads = [trajs[RunKey(g, FLOAT64)]] if g is not None and RunKey(g, FLOAT64) in trajs else []
     apart = {}  # a stand-in and its plugin: what theory expects to differ between them as the stand-in runs
     for m in second.mappings.values():
-        if m is not None and m.stand_in:
-            plain_spec = m.plain.apply(case.replace(dtype=theory_spec["dtype"])).spec if m.plain else theory_spec
-            differs = predict(plain_spec, engine(m.runs_as), engine(m.side), held=rounding, kernels=tf_kernels,
-                              own=own, own_schedule=own_schedule).expected
-            if differs:
-                apart[(m.runs_as, m.side)] = "; ".join(t.split(":")[0] for t in differs)
+        if m is not None and (why := stand_in_apart(m, case, theory_spec, rounding, own, own_schedule, tf_kernels)):
+            apart[(m.runs_as, m.side)] = why
     judged = _Judged(case, variants, rules, runs, runs.mapped_cases, grads, stages, beside=beside, apart=apart)
     pairs = judge_pairs(judged, impls, refused, preds, second.mappings, second.exact, runs.unmappable)
     return CaseResult(case, list(impls), pairs, {key.text: traj for key, traj in trajs.items()},

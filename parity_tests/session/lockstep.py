@@ -93,6 +93,7 @@ from parity_tests.session.comparison import (
     inside_step,
     own_rules,
     rule_runs,
+    stand_in_apart,
 )
 from parity_tests.session.executor import Runs
 from parity_tests.session.keys import FLOAT64, RunKey, as_given
@@ -594,7 +595,7 @@ class _StepLegs:
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
                  mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None,
                  leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None,
-                 exact: tuple[ExactScale, ...] = ()) -> LockstepPair:
+                 exact: tuple[ExactScale, ...] = (), apart: str | None = None) -> LockstepPair:
     """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
 
     ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64), and with a mapping the
@@ -612,7 +613,8 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     ``exact``: the pair's programs rerun with Keras' distribution loss scale exact (``session.loss_scale``),
     whose one-step runs are ``ae``/``ae64`` (the reference) and ``be``/``be64`` from the same starts: such a
     side is its exact rerun wherever the residual takes part, beside ``mapping`` (which may be ``None``: the
-    loss scale is then the only mapping), as the free compare's ``judge_pair._Judged.residual``.
+    loss scale is then the only mapping), as the free compare's ``judge_pair._Judged.residual``. ``apart``: what
+    theory expects to differ between a stand-in and its plugin (``mapping.stand_in_apart``), as the free compare.
     """
     steps = len(runs["b"])
     # each side as the residual sees it: its rerun with the loss scale exact where it has one
@@ -648,7 +650,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
                          impl_is_b=mapping is None or mapping.side == impl, mapping=mapping, mapped="sm",
                          stand="s" if mapping is not None and mapping.stand_in else None,
                          exact_a="ae" if own_a != "a" else None, exact_b="be" if own_b != "b" else None,
-                         exact_text="; ".join(e.text for e in exact) or None,
+                         exact_text="; ".join(e.text for e in exact) or None, apart=apart,
                          stage_of=lambda verdict, x, y, k=k: stage(x, y, k, verdict))
         v, residual, res, why = r.final, r.residual, r.resolution, r.not_judged
         # where what the loss scale's mapping does not explain parts, the exact reruns are the step's runs
@@ -840,8 +842,10 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
                         mapping.plain.apply(case) if mapping.plain else case, mapping.runs_as, starts, runner=runner)
             except CaseError:
                 mapping = None  # the side cannot run the mapped case: judged without a residual
+        apart = stand_in_apart(mapping, case, f64.spec, held, own, own_schedule) if mapping is not None else None
         pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result, zero_gradients(case.spec),
-                            leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None, exact)
+                            leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None, exact,
+                            apart)
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl, tuple(e for e in exact if e.side in pair.first_exact)) \
             if stages and pair.first_bad_step else None

@@ -22,7 +22,7 @@ from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Need, Runs
 from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
 
-__all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'SideMapping', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_leg', 'residual_unjudged']
+__all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'SideMapping', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_apart', 'stand_in_leg', 'residual_unjudged']
 
 
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
@@ -293,6 +293,21 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 merged["optimizer.keras_rounding"] = "none"
             return SideMapping(side, other, merged, runs_as, SideMapping(side, side, plain, runs_as) if plain else None)
     return None
+
+
+def stand_in_apart(m: SideMapping, case: Case, theory_spec: Mapping[str, Any], held: Mapping[str, str | None],
+                   own: Collection[str], own_schedule: Collection[str], kernels: Any = None) -> str | None:
+    """What theory expects to differ between ``m``'s stand-in, as it runs for the plugin (:attr:`SideMapping.plain`),
+    and the plugin itself (:func:`stand_in_leg`'s ``apart``: e.g. Keras' ``CosineDecay`` a step late in the built-in,
+    the plugin's own rate on the curve), or ``None``; the free compare and ``--lockstep`` ask it alike."""
+    from parity_tests.judging.theory import predict
+
+    if not m.stand_in:
+        return None
+    plain_spec = m.plain.apply(case.replace(dtype=theory_spec["dtype"])).spec if m.plain else theory_spec
+    differs = predict(dict(plain_spec), engine(m.runs_as), engine(m.side), held=dict(held), kernels=kernels,
+                      own=own, own_schedule=own_schedule).expected
+    return "; ".join(t.split(":")[0] for t in differs) or None
 
 
 def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],

@@ -315,3 +315,24 @@ def test_a_stand_in_that_lacks_a_loss_term_is_no_equivalent_run_even_where_nothi
     p = compare_case(case, impls, stages=False).pairs[0]
     assert p.verdict.status != "divergence", p.verdict.detail
     assert any(NOT_EQUIVALENT in u for u in p.verdict.unjudged), p.verdict.unjudged
+
+
+def test_what_theory_expects_between_a_stand_in_and_its_plugin_is_asked_alike_by_both_modes():
+    """``mapping.stand_in_apart`` (the free compare's and ``--lockstep``'s ``apart``): tf.towers standing in for a
+    TensorFlow program whose rate is its own code's runs Keras' CosineDecay a step late against it under a
+    warmup_cosine schedule, so the stand-in parting from it is no fault of the program; with a constant rate
+    nothing is expected between them."""
+    from parity_tests.running.registry import resolve
+    from parity_tests.session.mapping import SideMapping, stand_in_apart
+    from parity_tests.tests.hunt.corpus import tf
+
+    plugin = tf("stack_mean")
+    resolve(plugin)
+    m = SideMapping(plugin, "torch.single", {"optimizer.semantics": "torch"}, "tf.towers")
+    cosine = {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 3, "min_lr": 0.0}
+    case = make(MLP, dtype="float64", optimizer={"name": "sgd", "lr": 0.01, "semantics": "native", "schedule": cosine})
+    apart = stand_in_apart(m, case, case.spec, {}, (plugin,), (plugin,))
+    assert apart is not None and "CosineDecay" in apart
+    flat = make(MLP, dtype="float64", optimizer={"name": "sgd", "lr": 0.01, "semantics": "native"})
+    assert stand_in_apart(m, flat, flat.spec, {}, (plugin,), (plugin,)) is None
+    assert stand_in_apart(dataclasses.replace(m, runs_as=plugin), case, case.spec, {}, (plugin,), (plugin,)) is None
