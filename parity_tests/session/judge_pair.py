@@ -28,7 +28,6 @@ from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides
 from parity_tests.judging.perturbation import perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, loss_in_float32
-from parity_tests.judging.predicted_scale import SUM_REDUCTION, check_scale, predicted_scale
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
@@ -66,7 +65,7 @@ from parity_tests.session.keys import (
 )
 from parity_tests.session.loss_scale import ExactScale
 from parity_tests.session.mapping import SideMapping
-from parity_tests.session.residual import resolve_pair
+from parity_tests.session.residual import resolve_pair, scale_checked
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.variants import (
     _perturbed_text,
@@ -277,7 +276,8 @@ class _Judged:
                                                              r.judged, r.text)
         decided = r.decided if residual is not None else as_ran
         where = legs.where(*r.staged) if r.staged[0].status not in ("parity", "inconclusive") else None
-        final, scale = self.scale_checked(final, v, ref, impl, pred, residual, exact)
+        final, scale = scale_checked(r, self.case.spec, engine(ref), engine(impl),
+                                     *(self.trajs.get(RunKey(name, FLOAT64)) for name in (ref, impl)), exact=bool(exact))
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -299,32 +299,6 @@ class _Judged:
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
         return PairResult(ref, impl, final, pred, text, v.gap if mapped_any else None, where, residual,
                           notes + leaks, decided if res.from_residual else None, not_judged)
-
-    def scale_checked(self, final: Verdict, v: Verdict, ref: str, impl: str, pred: Prediction,
-                      residual: Verdict | None, exact: tuple[ExactScale, ...]) -> tuple[Verdict, dict[str, Any] | None]:
-        """An ``expected_difference`` with no residual judged, held against the constant theory predicts for it.
-
-        Where theory's expected difference makes step 1's combined gradient an exact constant
-        multiple of the reference's (``judging.predicted_scale``: the sum reduction's ``1/N``), the
-        two float64 runs' recorded step-1 gradients are checked for it: a gradient that is not that
-        multiple (another constant, or none) is a difference the prediction does not explain, and
-        the pair is a divergence with both factors in its line. Returns the verdict and what the
-        check found (``None`` where it did not apply or the prediction holds).
-        """
-        if final.status != "expected_difference" or residual is not None or exact:
-            return final, None
-        scale = predicted_scale(self.case.spec, pred, engine(ref), engine(impl))
-        runs = [self.trajs.get(RunKey(name, FLOAT64)) for name in (ref, impl)]
-        if scale is None or any(r is None or loss_in_float32(r) for r in runs):
-            return final, None
-        found = check_scale(runs[0], runs[1], scale[0])
-        if found is None:
-            return final, None
-        said = next(d.text for d in pred.differences if d.text.startswith(SUM_REDUCTION))
-        kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
-        detail = (f"theory predicted {said} ({scale[1]}), which does not explain the gap: {found['text']}; as it"
-                  f" ran: {v.detail}")
-        return dataclasses.replace(final, status="divergence", unjudged=kept, detail=detail), found
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run

@@ -98,7 +98,7 @@ from parity_tests.session.comparison import (
 from parity_tests.session.executor import Runs
 from parity_tests.session.keys import FLOAT64, RunKey, as_given
 from parity_tests.session.loss_scale import ExactScale, ExactScaleCase
-from parity_tests.session.residual import resolve_pair
+from parity_tests.session.residual import resolve_pair, scale_checked
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step", "free_findings", "loss_scale_of_runs"]
@@ -652,7 +652,12 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
                          exact_a="ae" if own_a != "a" else None, exact_b="be" if own_b != "b" else None,
                          exact_text="; ".join(e.text for e in exact) or None, apart=apart,
                          stage_of=lambda verdict, x, y, k=k: stage(x, y, k, verdict))
-        v, residual, res, why = r.final, r.residual, r.resolution, r.not_judged
+        residual, res, why = r.residual, r.resolution, r.not_judged
+        # the sum reduction's exact ratio, where no residual was judged: both one-step runs start from one state, so
+        # it holds at every step (the free compare can read it at step 1 only)
+        v, _ = scale_checked(r, free.case.spec, engine(ref), engine(impl),
+                             *(_judged(runs[n][k]) if runs.get(n) is not None else None for n in ("a64", "b64")),
+                             exact=bool(exact))
         # where what the loss scale's mapping does not explain parts, the exact reruns are the step's runs
         # (localised from them: the unmapped runs part first at the loss, by the factor itself)
         decided.append(r.decided if mapping is None and residual is not None and res.from_residual

@@ -12,17 +12,21 @@ step's runs from a shared start (``lockstep._judge_steps``). Each hands its runs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from parity_tests.judging.pair import Resolution, resolve
+from parity_tests.judging.precision_leak import loss_in_float32
+from parity_tests.judging.predicted_scale import SUM_REDUCTION, check_scale, predicted_scale
 from parity_tests.judging.theory import Prediction
 from parity_tests.judging.verdict import Verdict
+from parity_tests.protocol.engine import EngineSpec
 from parity_tests.session.loss_scale import without_loss_scale
 from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
 
-__all__ = ["Leg", "Legs", "Resolved", "resolve_pair"]
+__all__ = ["Leg", "Legs", "Resolved", "resolve_pair", "scale_checked"]
 
 Leg = Hashable
 
@@ -117,3 +121,33 @@ def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: boo
     res = resolve(v, judged, residual=residual, stage=stage, mapping=text)
     return Resolved(v, res, residual_unjudged(res.verdict, not_judged), residual, decided, not_judged, judged,
                     staged, text)
+
+
+def scale_checked(r: Resolved, spec: Mapping[str, Any], a: EngineSpec, b: EngineSpec,
+                  a64: Mapping[str, Any] | None, b64: Mapping[str, Any] | None, *, exact: bool = False,
+                  ) -> tuple[Verdict, dict[str, Any] | None]:
+    """``r``'s verdict, an ``expected_difference`` with no residual judged held against the constant theory predicts.
+
+    Where theory's expected difference makes the step's combined gradient an exact constant multiple
+    of the reference's (``judging.predicted_scale``: the sum reduction's ``1/N``), the two float64
+    runs' recorded gradients of the step both start from (the free compare's step 1, each lockstep
+    step's one-step runs) are checked for it: a gradient that is not that multiple (another
+    constant, or none) is a difference the prediction does not explain, and the pair is a
+    divergence with both factors in its line. Not where the loss scale was mapped (``exact``: the
+    exact reruns decide) or a float64 run computes its loss in float32. Returns the verdict and what
+    the check found (``None`` where it did not apply or the prediction holds).
+    """
+    final = r.final
+    if final.status != "expected_difference" or r.residual is not None or exact:
+        return final, None
+    scale = predicted_scale(spec, r.judged, a, b)
+    if scale is None or any(x is None or loss_in_float32(x) for x in (a64, b64)):
+        return final, None
+    found = check_scale(a64, b64, scale[0])
+    if found is None:
+        return final, None
+    said = next(d.text for d in r.judged.differences if d.text.startswith(SUM_REDUCTION))
+    kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
+    detail = (f"theory predicted {said} ({scale[1]}), which does not explain the gap: {found['text']}; as it"
+              f" ran: {r.as_ran.detail}")
+    return dataclasses.replace(final, status="divergence", unjudged=kept, detail=detail), found

@@ -116,3 +116,19 @@ def test_a_correct_pair_with_no_residual_keeps_its_expected_difference():
     assert predicted_scale(case.spec, p.prediction, engine("tf.single"), engine("torch.ddp"))[0] == Fraction(1, 3)
     swapped = compare_case(dataclasses.replace(case), ["torch.ddp", "tf.single"]).pairs[0]
     assert swapped.verdict.status == "expected_difference", swapped.verdict.detail
+
+
+@pytest.mark.usefixtures("pool")
+def test_lockstep_holds_each_step_to_the_predicted_ratio_too():
+    """The same two ports under ``--lockstep``: each step's one-step runs start from one state, so the sum reduction's
+    ratio holds at every step; the shard-mean port is a divergence at step 1 there too (it was an expected
+    difference at every step: its stand-in parts at the loss, so no residual), the faithful one is not."""
+    from parity_tests.session.lockstep import lockstep_compare
+
+    case = make(MLP, dtype="float64", parallel__devices=2, model__reduction="sum")
+    result = lockstep_compare(case, ["torch.single", f"{TORCH}:sgd", f"{TORCH}:sgd_shard_mean"])
+    pairs = {p.impl.rsplit(":", 1)[-1]: p for p in result.pairs}
+    assert pairs["sgd"].status == "expected_difference", result.summary()
+    bug = pairs["sgd_shard_mean"]
+    assert (bug.status, bug.first_bad_step) == ("divergence", 1), result.summary()
+    assert "predicted 0.5x (1/2)" in bug.detail, bug.detail
