@@ -48,3 +48,10 @@ def test_its_runs_are_each_sides_first_step_in_float32_in_a_mixed_case_only():
     full, recorded = Can(), Can(float64=False, rerunnable=False)
     assert BFloat16Signature().needs(Planned("mixed_bfloat16", "perturbation", full, recorded)) == ((STEP1,), ())
     assert BFloat16Signature().needs(Planned("float32", "float64", full, full)) is None
+
+
+def test_a_pair_that_parts_keeps_its_verdict_where_neither_side_shows_bfloat16():
+    """The second seed's lr_times_n miss (2026-11-29): a divergence of 0.92 between the sides was turned into
+    ``inconclusive`` because neither side's step 1 showed a bfloat16 rounding; only a parity needs the signature."""
+    parted = Verdict("divergence", "bfloat16 against float64", 0.92, 1e-3, None, None, np.zeros(1), None, "apart")
+    assert BFloat16Signature().judge(parted, [_side("a", False), _side("b", False)]) is parted

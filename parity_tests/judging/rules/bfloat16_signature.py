@@ -66,7 +66,10 @@ class BFloat16Signature:
             # neither side's step 1 shows a bfloat16 rounding: the case itself cannot (a clip of fixed direction
             # turns every gradient into the same numbers whatever the rounding, a loss too flat to round visibly),
             # and two implementations that both skip bfloat16 are not told from a case that hides it; one side
-            # that shows it against one that does not is (below)
+            # that shows it against one that does not is (below). Only a parity needs the signature (it could be
+            # two float32 runs agreeing): a pair that parts, or parts as predicted, keeps its verdict
+            if verdict.status != "parity":
+                return verdict
             lines = "; ".join(f"{s.name} {gap:.2e} at {key} (a bfloat16 computation shows > {bound:.2e})"
                               for s, gap, key, bound, _ in missing)
             return dataclasses.replace(verdict, status="inconclusive", rule=RULE_BF16_SIGNATURE, detail=(
