@@ -67,7 +67,7 @@ def inside_step(where: dict[str, Any], verdict: Verdict, sides: tuple[tuple[str,
 
     # a capture's identity is the case it captures (``keys.capture_run``): a pair's float64 run that captured this
     # step in place (``plan.in_place_captures``) is found by it, and two pairs capturing one side share its run
-    needs = [Need(capture_run(name, step, c.spec, type(c).__name__), made(name, c), stored=False) for name, c in sides]
+    needs = [Need(capture_run(name, step, c), made(name, c), stored=False) for name, c in sides]
     trajs = runs.make(needs, beside=beside)
     chain = stage_chain(trajs[0], trajs[1], step, bound_at(verdict, step), sides[0][1].spec)
     if chain is None:

@@ -235,7 +235,7 @@ class Executor(Runs):
         traj = self.runner(dataclasses.replace(c, capture=step), impl)
         if "device/step" not in traj:  # a runner that does not capture: inside_step makes its own run, if asked
             return traj
-        self.extra[capture_run(impl, step, c.spec, type(c).__name__)] = traj
+        self.extra[capture_run(impl, step, c)] = traj
         return {k: v for k, v in traj.items() if not k.startswith("device/")}
 
     def run(self, plan: list[_Run]) -> None:

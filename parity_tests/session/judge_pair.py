@@ -270,8 +270,7 @@ class _Judged:
             mapped=(m.runs_as, m.key) if m is not None else None,
             stand=(m.runs_as, m.plain.key if m.plain else "") if m is not None and m.stand_in else None,
             exact_a=(ref, keys[ref]) if ref in keys else None, exact_b=(impl, keys[impl]) if impl in keys else None,
-            exact_text="; ".join(e.text for e in exact) or None, apart=self.apart.get((m.runs_as, m.side)) if m else None,
-            stage_of=lambda verdict, x, y: legs.where(verdict, x, y).get("stage"))
+            exact_text="; ".join(e.text for e in exact) or None, apart=self.apart.get((m.runs_as, m.side)) if m else None)
         v, res, final, residual, not_judged, judged, text = (r.as_ran, r.resolution, r.final, r.residual, r.not_judged,
                                                              r.judged, r.text)
         decided = r.decided if residual is not None else as_ran

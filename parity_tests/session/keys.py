@@ -11,7 +11,6 @@ Inside the session every run is named by a :class:`RunKey`; its legacy text
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,15 +67,16 @@ class RunKey:
         return self.text
 
 
-def capture_run(impl: str, step: int, spec: Mapping[str, Any], kind: str = "Case") -> RunKey:
-    """The key of ``impl``'s run recording step ``step``'s per-device values of the case whose spec is ``spec``.
+def capture_run(impl: str, step: int, case: Any) -> RunKey:
+    """The key of ``impl``'s run recording step ``step``'s per-device values of ``case`` (a ``contract.case.Case``).
 
     A capture's identity is the case it captures (its dtype, optimizer, parallel section and loss
-    semantics, and ``kind``, the case's class: a program rerun with Keras' loss scale exact,
+    semantics, and the case's class: a program rerun with Keras' loss scale exact,
     ``loss_scale.ExactScaleCase``, has its plain run's spec and is another computation), not a
     mapping's key: ``lockstep``'s cases are its own start states, and a pair's float64 run that
     captured its step 1 in place (``EngineSpec.captures_in_place``) is found by it.
     """
+    spec, kind = case.spec, type(case).__name__
     return RunKey(impl, capture(step), f"{impl}|{kind}|{spec['dtype']}"
                                        f"|{sorted((k, str(v)) for k, v in spec['optimizer'].items())}"
                                        f"|{sorted((k, str(v)) for k, v in spec['parallel'].items())}"

@@ -620,7 +620,8 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     # each side as the residual sees it: its rerun with the loss scale exact where it has one
     own_a = "ae" if any(e.side == ref for e in exact) and runs.get("ae") is not None else "a"
     own_b = "be" if any(e.side == impl for e in exact) and runs.get("be") is not None else "b"
-    text = "; ".join(([mapping.text] if mapping is not None else []) + [e.text for e in exact]) or None
+    exact_text = "; ".join(e.text for e in exact) or None
+    text = "; ".join(([mapping.text] if mapping is not None else []) + ([exact_text] if exact_text else [])) or None
     decided: list[tuple[str, str]] = []  # per step, the runs whose verdict decided it
     gaps, bounds, status, verdicts = np.zeros(steps), np.zeros(steps), [], []
     rule = "float64"
@@ -650,8 +651,7 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
                          impl_is_b=mapping is None or mapping.side == impl, mapping=mapping, mapped="sm",
                          stand="s" if mapping is not None and mapping.stand_in else None,
                          exact_a="ae" if own_a != "a" else None, exact_b="be" if own_b != "b" else None,
-                         exact_text="; ".join(e.text for e in exact) or None, apart=apart,
-                         stage_of=lambda verdict, x, y, k=k: stage(x, y, k, verdict))
+                         exact_text=exact_text, apart=apart)
         residual, res, why = r.residual, r.resolution, r.not_judged
         # the sum reduction's exact ratio, where no residual was judged: both one-step runs start from one state, so
         # it holds at every step (the free compare can read it at step 1 only)

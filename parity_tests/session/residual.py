@@ -13,7 +13,7 @@ step's runs from a shared start (``lockstep._judge_steps``). Each hands its runs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,8 +70,7 @@ class Resolved:
 def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: bool = True,
                  mapping: SideMapping | None = None, mapped: Leg | None = None, stand: Leg | None = None,
                  exact_a: Leg | None = None, exact_b: Leg | None = None, exact_text: str | None = None,
-                 apart: str | None = None, stage_of: Callable[[Verdict, Leg, Leg], str | None] | None = None,
-                 ) -> Resolved:
+                 apart: str | None = None) -> Resolved:
     """The pair ``(a, b)`` judged as it ran and with its predicted differences mapped away, resolved by theory.
 
     ``mapping``: the side run with the other's semantics (``mapping.choose_mapping``), whose runs are
@@ -82,8 +81,8 @@ def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: boo
     which stands for that side wherever the residual takes part, beside ``mapping`` or alone; where a
     stand-in is no equivalent run the exact reruns are still the programs themselves: at parity
     they are the residual, else the stage where they part is held against the prediction without
-    the loss scale. ``stage_of(verdict, x, y)``: the stage ``pair.resolve`` holds against theory
-    where no residual is judged (default ``legs.stage``), asked only then.
+    the loss scale. Where no residual is judged, ``pair.resolve`` holds the stage where the pair parts
+    (``legs.stage``) against theory's; it is asked only then.
     """
     ea, eb = exact_a if exact_a is not None else a, exact_b if exact_b is not None else b
     exact = exact_a is not None or exact_b is not None
@@ -117,7 +116,7 @@ def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: boo
             judged, staged = without_loss_scale(pred), (ve, ea, eb)
     stage = None
     if residual is None and staged[0].status not in ("parity", "inconclusive"):
-        stage = (stage_of or (lambda x, y, z: legs.stage(y, z, x)))(*staged)
+        stage = legs.stage(staged[1], staged[2], staged[0])
     res = resolve(v, judged, residual=residual, stage=stage, mapping=text)
     return Resolved(v, res, residual_unjudged(res.verdict, not_judged), residual, decided, not_judged, judged,
                     staged, text)

@@ -189,4 +189,4 @@ def test_a_programs_exact_scale_rerun_has_a_capture_of_its_own():
     case = make(MLP, dtype="float64")
     exact = ExactScaleCase(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
     assert exact.spec == case.spec
-    assert capture_run("p.py:fit", 1, exact.spec, type(exact).__name__) != capture_run("p.py:fit", 1, case.spec, "Case")
+    assert capture_run("p.py:fit", 1, exact) != capture_run("p.py:fit", 1, case)
