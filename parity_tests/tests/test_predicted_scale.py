@@ -51,8 +51,12 @@ def test_theory_predicts_the_sum_reductions_constant_only_where_it_is_one():
     assert _scale(make(MLP, model__reduction="sum", parallel__devices=5, parallel__weighting="by_size").spec) is None
     assert _scale(make(MLP, model__reduction="sum", parallel__devices=4, parallel__weighting="by_size").spec)[0] \
         == Fraction(1, 4)  # even shards: n_r / B = 1 / N
+    # a clip after the combine keeps the ratio before it (the check then bounds the clipped ratio); one per device
+    # clips each shard's own gradient, no constant multiple of anything
     assert _scale(make(MLP, model__reduction="sum", parallel__devices=4,
-                       parallel__clip={"global_norm": 1.0, "where": "after_combine"}).spec) is None
+                       parallel__clip={"global_norm": 1.0, "where": "after_combine"}).spec)[0] == Fraction(1, 4)
+    assert _scale(make(MLP, model__reduction="sum", parallel__devices=4,
+                       parallel__clip={"global_norm": 1.0, "where": "per_device"}).spec) is None
     assert _scale(make(MLP, parallel__devices=4).spec) is None  # mean: no sum reduction predicted
     assert _scale(spec, "torch.ddp", "tf.towers") is None
     bn = make(MLP, model__reduction="sum", parallel__devices=4,
@@ -80,6 +84,39 @@ def test_the_step_1_gradients_hold_the_predicted_constant_or_not():
     found = check_scale(run(full), run(flipped), Fraction(1, 3))
     assert found is not None and found["measured"] is None and "not a constant multiple" in found["text"]
     assert check_scale({"loss": np.ones(1)}, run(flipped), Fraction(1, 3)) is None
+
+
+def test_behind_a_clip_after_the_combine_the_direction_and_bounds_hold():
+    """Unit (check_scale with ``clip``): a clip after the combine scales each side by a positive factor, so the
+    gradients keep one direction and the parallel side's is 1/N to 1 times the single side's; where the single
+    side's norm is below the threshold (less torch's 1e-6) nothing was clipped and the ratio is 1/N exactly. Rank 0's
+    rows read by every rank (the hunt's ``same_shard``: another direction), a ratio below 1/N, and 1/2 where
+    nothing was clipped (N = 3) are not what theory predicts."""
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((9, 4, 3))
+    full = rows.sum(axis=0)
+    x = float(np.linalg.norm(full))
+    run = lambda g: {"grad/0.kernel": g[None], "param/0.kernel": g[None], "loss": np.ones(1)}  # noqa: E731
+
+    def clipped(g, c):  # TensorFlow's rule: g c / max(||g||, c)
+        return g * c / max(float(np.linalg.norm(g)), c)
+
+    third = Fraction(1, 3)
+    for c in (x / 10, x / 2, 2 * x):  # both clipped; only the single side; neither
+        assert check_scale(run(clipped(full, c)), run(clipped(full / 3, c)), third, clip=c) is None, c
+        assert check_scale(run(clipped(full / 3, c)), run(clipped(full, c)), Fraction(3), clip=c) is None, c
+    shard0 = rows[0::3].sum(axis=0)  # every rank reads rank 0's rows: another direction
+    found = check_scale(run(clipped(full, x / 2)), run(clipped(shard0, x / 2)), third, clip=x / 2)
+    assert found is not None and found["measured"] is None and "another direction" in found["text"]
+    found = check_scale(run(clipped(full, x / 2)), run(clipped(full, x / 2) / 4), third, clip=x / 2)
+    assert found is not None and found["measured"] == pytest.approx(0.25)  # below 1/N: no clip makes it
+    found = check_scale(run(full), run(full / 2), third, clip=2 * x)  # nothing clipped (norm x < 2x): exactly 1/3
+    assert found is not None and found["measured"] == pytest.approx(0.5) and "(1/3)" in found["text"]
+    # the same 1/2 where the single side was clipped is within the bounds: the clip may make it
+    assert check_scale(run(clipped(full, x / 2)), run(clipped(full, x / 2) / 2), third, clip=x / 2) is None
+    # a gradient not recorded for every parameter: its norm is not the clip's, so no exact 1/N is read from it
+    partial = {**run(full), "param/1.bias": np.zeros((1, 2))}
+    assert check_scale(partial, run(full / 2), third, clip=2 * x) is None
 
 
 @pytest.mark.usefixtures("pool")
@@ -132,3 +169,50 @@ def test_lockstep_holds_each_step_to_the_predicted_ratio_too():
     bug = pairs["sgd_shard_mean"]
     assert (bug.status, bug.first_bad_step) == ("divergence", 1), result.summary()
     assert "predicted 0.5x (1/2)" in bug.detail, bug.detail
+
+
+#: the hunt's pair 1096 of seed 1, as drawn: float32, 3 devices on 3 rows, sum reduction, a clip after the combine
+HUNT_1096 = {"schema": "parity-case/1", "name": "hunt", "dtype": "float32", "seed": 0,
+             "model": {"input_shape": [1], "layers": [{"type": "dense", "units": 3, "activation": "none",
+                                                       "use_bias": False}], "loss": "sigmoid_ce", "reduction": "sum"},
+             "init": {"seed": 0, "kind": "normal", "stddev": 0.1},
+             "data": {"generator": "gaussian", "seed": 0, "global_batch": 3},
+             "optimizer": {"name": "sgd", "semantics": "native", "lr": 1.0},
+             "parallel": {"devices": 3, "combine": "grad_mean", "shard": "strided", "weighting": "by_size",
+                          "clip": {"global_norm": 0.5, "where": "after_combine"}},
+             "steps": 1}
+HUNT_TORCH = str(Path(__file__).parent / "hunt" / "torch_side.py")
+
+
+@pytest.mark.usefixtures("pool")
+def test_every_rank_reading_rank_0s_rows_behind_a_clipped_sum_reduction_is_a_divergence():
+    """The hunt's pair 1096 (seed 1): ``same_shard`` (every rank reads rank 0's rows) against torch.single behind
+    theory's sum reduction, with a clip after the combine. torch.ddp, standing in for it, parts at the loss (no
+    equivalent run) and the plugin does not run ``weighting: sum``, so no residual is judged; the step-1 gradient
+    is not even in the full batch's direction (torch.single's norm 0.405 < 0.5: nothing clipped, so 1/3 exactly):
+    a divergence (was: expected_difference). The faithful DDP port keeps its expected difference (its stand-in is
+    equivalent and the residual is at parity)."""
+    case = case_from_dict(HUNT_1096)
+    r = compare_case(case, ["torch.single", f"{HUNT_TORCH}:ddp", f"{HUNT_TORCH}:same_shard"])
+    pairs, summary = {p.impl.rsplit(":", 1)[-1]: p for p in r.pairs}, r.summary()
+    assert pairs["ddp"].verdict.status == "expected_difference", summary
+    bug = pairs["same_shard"]
+    assert bug.verdict.status == "divergence", summary
+    assert "predicted 0.3333x (1/3)" in bug.verdict.detail and "not a constant multiple" in bug.verdict.detail, summary
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_correct_pair_with_a_clip_after_the_combine_keeps_its_expected_difference():
+    """Pair 332's sides (tf.single, torch.ddp; mixed_bfloat16, no residual) with a clip after the combine that the
+    step-1 gradient reaches on the single side only (threshold 30: its float64 norm is 52.6, the DDP side's 17.5,
+    so the ratio is 17.5 / 30 = 0.58, between 1/3 and 1) and on neither (1e3: 1/3 exactly): expected_difference
+    stays in both. (Where both are clipped, 1e-3, the two sides agree: parity, the prediction below the bound.)"""
+    for threshold in (30.0, 1e3):
+        raw = {**HUNT_332, "parallel": {**HUNT_332["parallel"],
+                                        "clip": {"global_norm": threshold, "where": "after_combine"}}}
+        case = case_from_dict(raw)
+        r = compare_case(case, ["tf.single", "torch.ddp"])
+        p = r.pairs[0]
+        assert p.verdict.status == "expected_difference", (threshold, r.summary())
+        assert p.residual is None and "predicted_scale" not in (p.localisation or {}), (threshold, r.summary())
+        assert predicted_scale(case.spec, p.prediction, engine("tf.single"), engine("torch.ddp")) is not None
