@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.protocol import plugin_mark
+from parity_tests.protocol.case_read import paths_read
 from parity_tests.protocol.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.payload import EXACT_LOSS_SCALE
 from parity_tests.protocol.plugin_mark import (
@@ -401,7 +402,8 @@ class Run(NamedLayouts, RunBase):
     def records(self) -> dict[str, Any]:
         """What was reported, as plain data (the parity tool checks and assembles it, then removes ``spill``)."""
         return {"begin": self._begun, "steps": self._steps, "device": self._device, "spill": self._store.close(),
-                "opt_export": self._export() if self._export_optimizer else None}
+                "opt_export": self._export() if self._export_optimizer else None,
+                "case_read": paths_read(self.spec)}  # which fields of its case it read (protocol.case_read)
 
 
 class PluginRaised(plugin_mark.PluginRaised):

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from parity_tests.protocol import plugin_mark
+from parity_tests.protocol.case_read import paths_read
 from parity_tests.protocol.errors import TfparError
 from parity_tests.protocol.layouts import LayoutError, NamedLayouts
 from parity_tests.protocol.plugin_mark import (
@@ -486,7 +487,8 @@ class Run(NamedLayouts, RunBase):
         if full:
             return {"begin": self._begun, "steps": self._steps, "digests": digests, "device": self._device,
                     "spill": spill, "opt_export": self._export() if self._export_optimizer else None,
-                    "grad_norms": self._grad_norms}
+                    "grad_norms": self._grad_norms,
+                    "case_read": paths_read(self.spec)}  # which fields of its case it read (protocol.case_read)
         remove_files(spill)
         return {"digests": digests, "begun": self._begun is not None, "steps": len(self._steps), "device": self._device,
                 "grad_norms": self._grad_norms}

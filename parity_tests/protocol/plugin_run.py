@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from parity_tests.protocol.case_read import ReadSpec
 from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.rows import RowStore
 
@@ -70,7 +71,8 @@ class RunBase:
     def __init__(self, payload: Mapping[str, Any]) -> None:
         check_payload(payload, "a plugin's run")  # every key declared (parity_tests.protocol.payload)
         spec = payload["spec"]
-        self.spec: dict[str, Any] = spec
+        # what the plugin reads of its case is recorded (protocol.case_read: the judge maps a difference on it only so)
+        self.spec: dict[str, Any] = ReadSpec(spec)
         self.dtype: str = spec["dtype"]
         self.steps: int = spec["steps"]
         # the case's number of the first step this run takes: 1, or k when lockstep runs step k alone

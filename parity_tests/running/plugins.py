@@ -597,6 +597,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
                                   hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
         traj.meta["keras_loss_scales"] = records.get("keras_loss_scales", [])
+        traj.meta["case_read"] = records.get("case_read")  # protocol.case_read: what of its case it read
         traj.update(optimizer_arrays(records, case, impl))
         if progress:
             progress(case.spec["steps"])
@@ -632,6 +633,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
                                   hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.update(optimizer_arrays(ranks[0], case, impl))
         traj.meta["torch_optimizers"] = ranks[0].get("torch_optimizers", [])  # torchref.torch_seen
+        traj.meta["case_read"] = ranks[0].get("case_read")  # protocol.case_read: what of its case it read
         finding = replica_divergence(ranks, impl)
         if finding:
             traj.findings.append(finding)
