@@ -54,6 +54,7 @@ from parity_tests.session.mapping import (
     follows_its_class,
     held_roundings,
     keras_rounding_of,
+    on_itself,
     own_rules,
     residual_unjudged,
     rule_runs,
@@ -164,7 +165,11 @@ def compare_case(
     for m in second.mappings.values():
         if m is not None and (why := stand_in_apart(m, case, theory_spec, rounding, own, own_schedule, tf_kernels)):
             apart[(m.runs_as, m.side)] = why
-    judged = _Judged(case, variants, rules, runs, runs.mapped_cases, grads, stages, beside=beside, apart=apart)
+    # a plugin's mapping made on itself, rerun only where its stand-in turns out no equivalent run (judge_pair)
+    itself = {impl: o for impl, m in second.mappings.items()
+              if (o := on_itself(m, theory_spec, preds[impl], rounding, own, own_schedule)) is not None}
+    judged = _Judged(case, variants, rules, runs, runs.mapped_cases, grads, stages, beside=beside, apart=apart,
+                     itself=itself)
     pairs = judge_pairs(judged, impls, refused, preds, second.mappings, second.exact, runs.unmappable)
     return CaseResult(case, list(impls), pairs, {key.text: traj for key, traj in trajs.items()},
                       time.perf_counter() - t0, runs=trajs)

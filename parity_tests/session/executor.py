@@ -178,6 +178,7 @@ class Executor(Runs):
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None  # a run made after the planned ones (a plugin's own mapped rerun) updates no closed bar
 
     def case_for(self, impl: str, d: Variant, mapping: Mapped | None) -> Case:
         """The case ``impl`` runs in variant ``d``, mapped by ``mapping``."""

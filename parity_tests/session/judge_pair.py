@@ -64,8 +64,8 @@ from parity_tests.session.keys import (
     as_given,
 )
 from parity_tests.session.loss_scale import ExactScale
-from parity_tests.session.mapping import SideMapping
-from parity_tests.session.residual import resolve_pair, scale_checked
+from parity_tests.session.mapping import NOT_EQUIVALENT, SideMapping, changed_fields, reads_mapping
+from parity_tests.session.residual import Resolved, resolve_pair, scale_checked
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.variants import (
     _perturbed_text,
@@ -192,6 +192,9 @@ class _Judged:
     beside: bool = False  # capture runs of a TensorFlow and a torch side at once (the default runner, room for both)
     #: (stand-in, plugin) -> the differences theory expects between them as the stand-in runs (:func:`stand_in_leg`)
     apart: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: per pair (its judged implementation), its mapping made on the plugin itself (``mapping.on_itself``): rerun
+    #: only where the stand-in is no equivalent run (:meth:`on_itself`)
+    itself: dict[str, SideMapping] = field(default_factory=dict)
 
     @property
     def trajs(self) -> dict[RunKey, dict[str, np.ndarray]]:
@@ -271,6 +274,12 @@ class _Judged:
             stand=(m.runs_as, m.plain.key if m.plain else "") if m is not None and m.stand_in else None,
             exact_a=(ref, keys[ref]) if ref in keys else None, exact_b=(impl, keys[impl]) if impl in keys else None,
             exact_text="; ".join(e.text for e in exact) or None, apart=self.apart.get((m.runs_as, m.side)) if m else None)
+        itself: tuple[str, ...] = ()
+        if r.not_judged is not None and not exact and impl in self.itself:
+            # the stand-in computes another program: the plugin itself, rerun with the mapped values of its case
+            through, r = r.not_judged, self.on_itself(legs, ref, impl, pred, self.itself[impl], r)
+            if r.not_judged is None:  # judged on the plugin's rerun: why not through its stand-in, for the report
+                itself = (f"mapped on the plugin itself, as {through.removeprefix(NOT_EQUIVALENT + ': ')}",)
         v, res, final, residual, not_judged, judged, text = (r.as_ran, r.resolution, r.final, r.residual, r.not_judged,
                                                              r.judged, r.text)
         decided = r.decided if residual is not None else as_ran
@@ -287,7 +296,7 @@ class _Judged:
             where = _against_theory(where, judged)
         if where is not None and scale is not None:  # theory's constant against the one measured at step 1
             where = {**where, "predicted_scale": scale, "explanation": f"{where['explanation']}; {scale['text']}"}
-        notes = res.notes
+        notes = res.notes + itself
         if CONDITIONING.applies(final):
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
@@ -298,6 +307,34 @@ class _Judged:
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
         return PairResult(ref, impl, final, pred, text, v.gap if mapped_any else None, where, residual,
                           notes + leaks, decided if res.from_residual else None, not_judged)
+
+    def on_itself(self, legs: _FreeLegs, ref: str, impl: str, pred: Prediction, m: SideMapping,
+                  through: Resolved) -> Resolved:
+        """The pair resolved with its mapping made on the plugin ``m.side`` itself (``mapping.on_itself``), where the
+        stand-in of ``through`` (the pair resolved through it) is no equivalent run; ``through`` itself, its reason
+        extended, where the plugin's rerun cannot be made or does not read the mapped values (``mapping.reads_mapping``).
+
+        Its runs are made here, after the stand-in's leg that asks for them (the runs the pair's rule needs of a
+        mapped side, as a built-in's mapped runs): a pair whose stand-in is equivalent makes none.
+        """
+        from parity_tests.session.executor import Executor
+        from parity_tests.session.plan import mapped_runs
+
+        if not isinstance(self.runs, Executor):
+            return through
+        self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+        run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
+        if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
+            why = self.runs.unmappable.get(m.ident, "its runs were not made")
+            return dataclasses.replace(through, not_judged=f"{through.not_judged}; nor {m.text} ({why})")
+        fields = changed_fields(self.case.spec, m.changes)
+        if not reads_mapping(run64, mapped64, fields):
+            said = ("it did not read " + ", ".join(fields) + " from its case"
+                    if getattr(mapped64, "meta", {}).get("case_read") is not None else
+                    "its float64 run is its run without it, by the float64 rule: it does not read the mapped value")
+            return dataclasses.replace(through, not_judged=f"{through.not_judged}; nor {m.text}: {said}")
+        return resolve_pair(legs, (ref, ""), (impl, ""), pred, impl_is_b=m.side == impl, mapping=m,
+                            mapped=(m.side, m.key))
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run

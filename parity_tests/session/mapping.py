@@ -1,7 +1,8 @@
 """Mapping a predicted difference away: which side runs with the other side's semantics, and through what.
 
 A built-in runs mapped itself; a plugin through the built-in of its kind (:data:`STAND_INS`), only once
-that stand-in is shown to compute what the plugin computes (:func:`stand_in_leg`). What each run's
+that stand-in is shown to compute what the plugin computes (:func:`stand_in_leg`); where it is not, on the
+plugin itself, rerun with the mapped values of its case (:func:`on_itself`, :func:`reads_mapping`). What each run's
 optimizer held and which rule it follows are read from the runs (:func:`held_roundings`, :func:`own_rules`,
 :func:`follows_its_class`).
 """
@@ -22,7 +23,8 @@ from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Need, Runs
 from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
 
-__all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'SideMapping', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_apart', 'stand_in_leg', 'residual_unjudged']
+__all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'CASE_MAPPINGS', 'SideMapping', 'on_itself',
+           'reads_mapping', 'changed_fields', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_apart', 'stand_in_leg', 'residual_unjudged']
 
 
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
@@ -54,6 +56,8 @@ class SideMapping:
     #: a stand-in's own changes, so that as it runs it computes what the plugin computes (a TensorFlow
     #: plugin's Keras optimizer holds its own float32 hyperparameters, or none): ``None`` for none
     plain: SideMapping | None = None
+    #: a plugin rerun itself with the mapped values of its case (:func:`on_itself`), not a built-in
+    itself: bool = False
 
     @property
     def stand_in(self) -> bool:
@@ -73,7 +77,8 @@ class SideMapping:
     def text(self) -> str:
         shown = ", ".join(f"{k} {'removed' if v is ... else v}" for k, v in self.changes.items()
                           if not (v is ... and k.startswith("parallel.") and k != "parallel.clip"))
-        through = f" (standing in for {self.side})" if self.stand_in else ""
+        through = (f" (standing in for {self.side})" if self.stand_in else
+                   " itself (a plugin, reading it from its case)" if self.itself else "")
         return f"{self.runs_as}{through} run with {shown}"
 
     def apply(self, case: Case) -> Case:
@@ -293,6 +298,98 @@ def choose_mapping(spec: dict[str, Any], ref: str, impl: str, pred: Prediction,
                 merged["optimizer.keras_rounding"] = "none"
             return SideMapping(side, other, merged, runs_as, SideMapping(side, side, plain, runs_as) if plain else None)
     return None
+
+
+#: the mappings a plugin can take on itself, through the case it reads (``run.spec``): its parallel set-up
+#: (theory's ``mapping_changes`` of these kinds change ``parallel.*`` fields alone). The others change what only
+#: the tool's own implementations read (``optimizer.keras_rounding``, a layer's ``semantics``) or the program
+#: (Keras' loss scale, ``session.loss_scale``). Not ``weighting: sum`` (the sum reduction's mapping): a value of the
+#: contract few programs run (one reading ``weighting`` as ``by_size`` or else ``equal`` would rerun ``equal``, read
+#: and unmapped); the sum reduction's residual is checked by its exact ratio instead (``judging.predicted_scale``).
+CASE_MAPPINGS = frozenset({"weighting", "clip", "combine", "batch_norm", "micro_batches"})
+
+
+def on_itself(m: SideMapping | None, spec: dict[str, Any], pred: Prediction, rounding: Mapping[str, str | None],
+              own: Collection[str] = (), own_schedule: Collection[str] = ()) -> SideMapping | None:
+    """``m``'s mapping made on the plugin ``m.side`` itself, for where its stand-in is no equivalent run; or ``None``.
+
+    Issue 35, item 1: a residual is judged only on a run shown to compute what the plugin
+    computes apart from the mapped difference. Where the built-in standing in for it does not
+    (:func:`stand_in_leg`), the plugin itself, rerun with the mapped values of its case, is that
+    run, provided it reads them (:func:`reads_mapping`, asked of its runs). Only where every
+    difference theory maps is a case value of the parallel set-up (:data:`CASE_MAPPINGS`) that
+    theory can map onto the plugin's side: a difference left unmapped would stay in the residual
+    and make a divergence of its own. Not for a plugin that cannot be rerun, has no float64 run
+    (the reading is shown by the float64 runs) or is nondeterministic (its rerun differs anyway).
+    """
+    from parity_tests.session.spread import nondeterministic
+
+    if m is None or not m.stand_in:
+        return None
+    found = _declared(m.side)
+    if (found is None or found.kind == "builtin" or not found.rerunnable or "float64" not in found.dtypes
+            or nondeterministic(m.side)):
+        return None
+    changes: dict[str, Any] = {}
+    for d in pred.differences:
+        if d.mapping is None:
+            continue
+        if d.mapping not in CASE_MAPPINGS:
+            return None
+        c = mapping_changes(d.mapping, spec, engine(m.side), engine(m.other), rounding.get(m.other), own, own_schedule)
+        if c is None or any(k in changes and changes[k] != v for k, v in c.items()):
+            return None
+        changes.update(c)
+    return SideMapping(m.side, m.other, changes, m.side, itself=True) if changes else None
+
+
+def changed_fields(spec: Mapping[str, Any], changes: Mapping[str, Any]) -> list[str]:
+    """The dotted fields of ``spec`` that ``changes`` (``Case.replace``'s, e.g. ``{"parallel.clip": {...}}``) change:
+    the leaves whose value differs (``parallel.clip.where``), a field it removes where the case has it."""
+    def at(node: Any, path: str) -> Any:
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        return node
+
+    def leaves(path: str, old: Any, new: Any) -> list[str]:
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            return [f for k in sorted({*old, *new}) for f in leaves(f"{path}.{k}", old.get(k), new.get(k))]
+        if new is ...:
+            return [path] if old is not None else []
+        return [path] if old != new else []
+
+    return [f for k, v in changes.items() for f in leaves(k, at(spec, k), v)]
+
+
+def reads_mapping(run64: Mapping[str, Any], mapped64: Mapping[str, Any], fields: Collection[str]) -> bool:
+    """Whether a plugin's float64 rerun with the mapped case values (:func:`on_itself`) read them: an equivalent run.
+
+    A plugin that does not read a value from its case (one that hard-codes ``equal`` weighting)
+    reruns the same computation: its rerun is then no mapping at all, and its gap to the other side
+    would be the predicted difference itself. Where the run reports what it read of its case (a
+    plugin's harness records ``run.spec``: ``protocol.case_read``, ``meta["case_read"]``), every
+    changed field (:func:`changed_fields`) must be among what its rerun read by name; it then runs
+    the mapped values as its own code does, and a rerun that computes what it did before is the
+    plugin's answer to the mapped case (a tower that updates its own copy clips it the same before
+    or after its "combine"). Where it does not report it (a runner that is no plugin's harness, such
+    as the hunt's mutants: a built-in run on a mutated case), the rerun counts only where it parts
+    from the run without the mapping by the float64 rule, on every array both recorded
+    (parameters, state, the gradients applied, the loss): a program that reads the value computes
+    another update wherever theory's difference acts (it acts here: the pair parts, or no residual
+    would be asked for).
+    """
+    from parity_tests.judging.rules import judge_float64
+    from parity_tests.protocol.case_read import reads
+
+    seen = getattr(mapped64, "meta", {}).get("case_read")
+    if seen is not None:
+        return bool(fields) and all(reads(seen, f) for f in fields)
+
+    def parts(prefixes: tuple[str, ...], loss: bool) -> bool:  # (a parameter has a row more than a gradient)
+        keys = [k for k in run64 if isinstance(k, str) and k.startswith(prefixes) and k in mapped64]
+        return bool(keys) and judge_float64(run64, mapped64, keys=keys, loss=loss).status == "divergence"
+
+    return parts(("param/", "state/"), "loss" in run64 and "loss" in mapped64) or parts(("grad/",), False)
 
 
 def stand_in_apart(m: SideMapping, case: Case, theory_spec: Mapping[str, Any], held: Mapping[str, str | None],

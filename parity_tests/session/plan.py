@@ -20,7 +20,7 @@ from parity_tests.running.harness import refusal
 from parity_tests.session.declared import declared as _declared
 from parity_tests.session.declared import rerunnable as _rerunnable
 from parity_tests.session.declared import runs_float64 as _runs_float64
-from parity_tests.session.executor import _Run
+from parity_tests.session.executor import Mapped, _Run
 from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
@@ -35,7 +35,7 @@ from parity_tests.session.keys import (
 from parity_tests.session.loss_scale import ExactScale
 from parity_tests.session.mapping import SideMapping, choose_mapping
 
-__all__ = ["FLOORS", "first_round", "second_round", "in_place_captures"]
+__all__ = ["FLOORS", "first_round", "second_round", "in_place_captures", "mapped_runs"]
 
 
 #: how a float32 case's noise floor is measured: ``auto`` (float64 runs where both sides of a pair
@@ -216,6 +216,12 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
     if grads_from is not None:
         second.append(_Run(grads_from, FLOAT64, required=False))
     return SecondRound(mappings, exact, _float64_first_runs(second), grads_from)
+
+
+def mapped_runs(m: Mapped, dtype: str, rule: str) -> list[_Run]:
+    """The runs of ``m``'s mapped side that the pair's rule ``rule`` needs (a mapped side is judged as one that
+    declares every run: ``judging.rules.needs``), float64 first."""
+    return _float64_first_runs([_Run(m.ident[0], d, m, serves=m) for d in rule_needs(Planned(dtype, rule, Can(), Can()))[1]])
 
 
 def refusals(case: Case, impls: list[str], skip_unsupported: bool) -> dict[str, str]:

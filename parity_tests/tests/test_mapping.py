@@ -336,3 +336,88 @@ def test_what_theory_expects_between_a_stand_in_and_its_plugin_is_asked_alike_by
     flat = make(MLP, dtype="float64", optimizer={"name": "sgd", "lr": 0.01, "semantics": "native"})
     assert stand_in_apart(m, flat, flat.spec, {}, (plugin,), (plugin,)) is None
     assert stand_in_apart(dataclasses.replace(m, runs_as=plugin), case, case.spec, {}, (plugin,), (plugin,)) is None
+
+
+# ------------------------------------------------------------------ a mapping made on the plugin itself
+
+
+def test_a_plugin_is_mapped_on_itself_only_through_case_values_of_its_parallel_set_up():
+    """Unit (``mapping.on_itself``): uneven shards with equal weighting maps onto the DDP plugin itself as
+    ``parallel.weighting: by_size`` (a case value it may read), and a per-device clip as the clip after the combine;
+    not a built-in (it runs mapped itself), not the sum reduction (``weighting: sum``, a value few programs run: its
+    ratio is checked instead), and not where another mapped difference is no case value (an optimizer's)."""
+    from parity_tests.judging.theory import predict
+    from parity_tests.running import registry
+    from parity_tests.session.mapping import choose_mapping, on_itself
+
+    def mapped(case, ref, impl):
+        for name in (ref, impl):  # declared (what theory reads of a plugin) once resolved
+            registry.resolve(name, "impls")
+        pred = predict(case.spec, ref, impl)
+        m = choose_mapping(case.spec, ref, impl, pred, {})
+        return m, on_itself(m, case.spec, pred, {})
+
+    uneven = make(MLP, parallel__devices=5)  # 48 rows on 5 devices, equal weighting
+    m, own = mapped(uneven, f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted")
+    assert m.stand_in and own is not None and not own.stand_in and own.itself, own
+    assert own.runs_as == f"{TORCH}:sgd_l2_weighted" and own.changes == {"parallel.weighting": "by_size"}
+    assert "itself" in own.text
+    clip = make(MLP, parallel__devices=4, parallel__clip={"global_norm": 0.1, "where": "per_device"})
+    own = mapped(clip, f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted")[1]
+    assert own is not None and own.changes["parallel.clip"]["where"] == "after_combine"
+    assert mapped(uneven, f"{TORCH}:sgd_l2_single", "torch.ddp")[1] is None  # a built-in side: no plugin to rerun
+    summed = make(MLP, parallel__devices=4, model__reduction="sum")
+    assert mapped(summed, f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted")[1] is None
+    adam = make(MLP, parallel__devices=5, optimizer={**ADAM, "semantics": "native"})
+    m, own = mapped(adam, f"{TF}:keras_l2", f"{TORCH}:adam_l2")  # Adam's epsilon placement: an optimizer's mapping
+    assert m is not None and own is None
+
+
+def test_what_a_mapping_changes_and_whether_a_rerun_read_it():
+    """Unit (``mapping.changed_fields``, ``mapping.reads_mapping``): the clip's mapping changes its ``where`` alone;
+    a run that reports what it read of its case read the changed field by name or not at all (its rerun counted
+    even where it computes what it did: a tower updating its own copy clips it alike before or after the
+    combine), and a run that reports nothing (a runner that is no plugin's harness) counts only where its rerun
+    parts from it by the float64 rule."""
+    from parity_tests.protocol.trajectory import Trajectory
+    from parity_tests.session.mapping import changed_fields, reads_mapping
+
+    spec = make(MLP, parallel__devices=4, parallel__clip={"global_norm": 0.1, "where": "per_device"}).spec
+    assert changed_fields(spec, {"parallel.clip": {"global_norm": 0.1, "where": "after_combine"}}) == ["parallel.clip.where"]
+    assert changed_fields(spec, {"parallel.weighting": "by_size", "parallel.period": ...}) == ["parallel.weighting"]
+
+    def run(p, seen=None):
+        t = Trajectory({"param/w": np.array([[1.0, 2.0], [p, 2.0]]), "loss": np.array([0.5])})
+        if seen is not None:
+            t.meta["case_read"] = seen
+        return t
+
+    fields = ["parallel.clip.where"]
+    assert reads_mapping(run(1.5, ["parallel.clip", "parallel.clip.where"]), run(1.5, ["parallel.clip.where"]), fields)
+    assert not reads_mapping(run(1.5, ["parallel.clip"]), run(1.7, ["parallel.clip"]), fields)  # parts, read nothing
+    assert reads_mapping(run(1.5), run(1.7), fields)  # no record: its rerun parts from it
+    assert not reads_mapping(run(1.5), run(1.5), fields)  # no record, the same run: nothing was mapped
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_stand_in_that_is_no_equivalent_run_gives_way_to_the_plugin_rerun_with_the_mapped_case():
+    """Issue 35, item 1: DDP ports with an L2 term no case field expresses, against one process with the same term,
+    on uneven shards with equal weighting. torch.ddp, standing in for them, trains without the term: no equivalent
+    run. The port that reads ``parallel.weighting`` reruns itself with ``by_size``: its residual is judged, at parity
+    (expected_difference). The same port summing its shard's loss (the hunt's ``reduction_flipped``, pairs 1084-1086
+    of seed 1 on a mutant) still parts with the mapping: a divergence (was: expected_difference, no residual). The
+    port that never reads the weighting cannot take the mapping: "residual not judged", saying why."""
+    case = make(MLP, parallel__devices=5)  # 48 rows on 5 devices: uneven
+    pairs, summary = _pairs(case, [f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted", f"{TORCH}:sgd_l2_equal",
+                                   f"{TORCH}:sgd_l2_weighted_shard_sum"])
+    weighted = pairs["sgd_l2_weighted"]
+    assert weighted.verdict.status == "expected_difference", summary
+    assert weighted.residual is not None and weighted.residual.status == "parity", summary
+    assert weighted.residual_not_judged is None and "sgd_l2_weighted itself" in weighted.mapping, summary
+    equal = pairs["sgd_l2_equal"]
+    assert equal.verdict.status == "expected_difference" and equal.residual is None, summary
+    assert equal.residual_not_judged.startswith(NOT_EQUIVALENT), summary
+    assert "did not read parallel.weighting from its case" in equal.residual_not_judged, summary
+    bug = pairs["sgd_l2_weighted_shard_sum"]
+    assert bug.verdict.status == "divergence", summary
+    assert "with it mapped" in bug.verdict.detail and "still parts" in bug.verdict.detail, summary

@@ -29,7 +29,7 @@ class Net(torch.nn.Module):
 
 
 def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 0.0, after: bool = False,
-           reduction: str | None = None) -> None:
+           reduction: str | None = None, weighted: bool = False) -> None:
     net = Net().to(run.torch_dtype)
     net.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
     model = DDP(net, process_group=run.group) if wrap and run.group is not None else net
@@ -44,10 +44,15 @@ def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 
     run.begin(params())
     # each rank's loss over its shard, as the case reduces it (DDP averages the ranks' gradients); ``reduction``: a bug
     reduction = reduction or run.spec["model"]["reduction"]
+    # ``weighted``: the case's weighting read and honoured (by_size: a rank's loss scaled by N n_r / B before DDP's
+    # mean); otherwise the plain mean over ranks, whatever the case says
+    share = (run.world_size * len(run.shard()) / run.spec["data"]["global_batch"]
+             if weighted and run.group is not None and run.spec["parallel"]["weighting"] == "by_size" else 1.0)
     for x, y in run.batches():
         opt.zero_grad()
         x, y = torch.as_tensor(x), torch.as_tensor(y)
         loss = F.binary_cross_entropy_with_logits(model(x), y, reduction=reduction)
+        loss = loss * share  # (the ranks' mean of it is the by_size-weighted loss)
         if l2:  # the L2 term of every rank's loss: DDP averages its gradient to itself
             loss = loss + l2 * (net.l0.weight.pow(2).sum() + net.l1.weight.pow(2).sum())
         loss.backward()
@@ -184,3 +189,29 @@ def sgd_shard_mean(run):
     says (the hunt's ``reduction_flipped``): under ``reduction: sum`` its gradient is 1/B of the full-batch sum on even
     shards, not the 1/N theory predicts for a correct DDP port."""
     _train(run, _sgd, reduction="mean")
+
+
+@torchref.plugin.single(dtypes=BOTH)
+def sgd_l2_single(run):
+    """One process, the whole batch: ``torch.optim.SGD`` on the loss plus the L2 term no case field expresses."""
+    _train(run, _sgd, l2=L2)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2_weighted(run):
+    """DDP port of :func:`sgd_l2_single` that reads the case's ``parallel.weighting`` and honours it."""
+    _train(run, _sgd, l2=L2, weighted=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2_equal(run):
+    """DDP port of :func:`sgd_l2_single` with the plain mean over ranks: right for ``equal`` weighting, the only one
+    it knows (it never reads ``parallel.weighting``)."""
+    _train(run, _sgd, l2=L2)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2_weighted_shard_sum(run):
+    """:func:`sgd_l2_weighted` with a seeded porting bug: each rank's loss is its shard's sum whatever the case says
+    (the hunt's ``reduction_flipped`` under ``reduction: mean``)."""
+    _train(run, _sgd, l2=L2, weighted=True, reduction="sum")
