@@ -42,11 +42,12 @@ STAND_INS = {("tf", True): "tf.towers", ("tf", False): "tf.single", ("torch", Tr
 class SideMapping:
     """Make ``side`` compute what ``other`` computes: run ``runs_as`` with ``changes`` (``theory.mapping_changes``).
 
-    ``runs_as`` is ``side`` itself when it is a built-in. When ``side`` is a plugin (the tool
-    never asks a plugin to read a mapped value), it is the built-in of the same kind
-    (:data:`STAND_INS`), and the residual is judged through it: ``side`` against the built-in
-    as it runs, and ``other`` against the built-in mapped. Both at parity means the pair's gap
-    is the predicted one (the triangle inequality through the built-in's two runs).
+    ``runs_as`` is ``side`` itself when it is a built-in. When ``side`` is a plugin, it is first
+    the built-in of the same kind (:data:`STAND_INS`), and the residual is judged through it:
+    ``side`` against the built-in as it runs, and ``other`` against the built-in mapped. Both at
+    parity means the pair's gap is the predicted one (the triangle inequality through the
+    built-in's two runs). Where that built-in is no equivalent run, ``runs_as`` is the plugin
+    itself, rerun with the mapped values of its case (``itself``: :func:`on_itself`).
     """
 
     side: str
