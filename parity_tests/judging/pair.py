@@ -54,14 +54,17 @@ OK_STATUSES = ("parity", "expected_difference")
 
 
 def with_findings(src: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` carrying ``src``'s ``findings`` (a copy of a trajectory must not drop what the run found)."""
+    """``out`` carrying ``src``'s ``findings`` and ``meta`` (a copy of a trajectory must not drop what the run
+    found, nor what it read of itself: ``precision_leak`` asks a float64 run's ``meta`` for float32 constants)."""
     from parity_tests.protocol.trajectory import Trajectory
 
     found = list(getattr(src, "findings", ()))
-    if not found:
+    meta = dict(getattr(src, "meta", None) or {})
+    if not found and not meta:
         return out
     t = Trajectory(out)
     t.findings.extend(found)
+    t.meta.update(meta)
     return t
 
 

@@ -27,7 +27,7 @@ from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides
 from parity_tests.judging.perturbation import perturb_ulp
-from parity_tests.judging.precision_leak import leak_text, loss_in_float32
+from parity_tests.judging.precision_leak import leak_text, not_float64
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
@@ -175,7 +175,7 @@ class _FreeLegs:
         return self.where(verdict, a, b).get("stage")  # (refined by a capture wherever the compare localises so)
 
     def leaky(self, legs: Any) -> bool:
-        return any(loss_in_float32(self.judged.trajs.get(RunKey(n, FLOAT64, x))) for n, x in legs)
+        return any(not_float64(self.judged.trajs.get(RunKey(n, FLOAT64, x))) for n, x in legs)
 
 
 @dataclass
@@ -292,7 +292,7 @@ class _Judged:
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
-        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(RunKey(name, FLOAT64))))
+        leaks = tuple(leak_text(name, t) for name in (ref, impl) if not_float64(t := self.trajs.get(RunKey(name, FLOAT64))))
         if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
             first, _, rest = final.detail.partition("\n")
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))

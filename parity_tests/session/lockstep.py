@@ -71,7 +71,7 @@ from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, with_findings
-from parity_tests.judging.precision_leak import loss_in_float32
+from parity_tests.judging.precision_leak import not_float64
 from parity_tests.judging.theory import LOSS_SCALE, Prediction, engine, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
@@ -589,7 +589,7 @@ class _StepLegs:
 
     def leaky(self, legs: Any) -> bool:
         # a float64 one-step run whose loss is float32 (judging.precision_leak): a loss-only parting is no wrong loss
-        return any(loss_in_float32(_judged(self.runs[n + "64"][self.k])) for n in legs if n + "64" in self.runs)
+        return any(not_float64(self.runs[n + "64"][self.k]) for n in legs if n + "64" in self.runs)
 
 
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,

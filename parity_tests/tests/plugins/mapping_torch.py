@@ -184,3 +184,17 @@ def sgd_shard_mean(run):
     says (the hunt's ``reduction_flipped``): under ``reduction: sum`` its gradient is 1/B of the full-batch sum on even
     shards, not the 1/N theory predicts for a correct DDP port."""
     _train(run, _sgd, reduction="mean")
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2(run):
+    """The port of ``mapping_tf.keras_regularized``: ``torch.optim.SGD``, the same L2 term in every rank's loss
+    (``1e-2 * w.pow(2).sum()``: the factor exact in float64, float32(1e-2) in float32, as torch multiplies)."""
+    _train(run, _sgd, l2=L2)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2_off(run):
+    """``sgd_l2`` with a seeded bug: the L2 factor 1% too large (the loss 4e-4 relative apart: far above the
+    float32 noise, so a float32 constant on the other side must not hide it)."""
+    _train(run, _sgd, l2=1.01 * L2)
