@@ -146,6 +146,9 @@ def test_programs_are_drawn_only_where_they_honour_the_case():
     assert not fit.runs(spec(optimizer={**native, "semantics": "torch"}, data__global_batch=16))
     assert not v1.runs(even) and v1.runs(spec(optimizer=native, dtype="float32", data__global_batch=16))
     assert BY_NAME[program("keras_fit_l2")].group == BY_NAME[torch("ddp_l2")].group == "l2"
+    user = BY_NAME[program("keras_fit_l2_user")]
+    assert user.group == BY_NAME[torch("ddp_l2_user")].group == "l2_user"
+    assert user.runs(spec(optimizer=native, dtype="float32", data__global_batch=16)) and not user.runs(even)
 
 
 COSINE = {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 3, "min_lr": 0.0}

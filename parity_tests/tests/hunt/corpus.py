@@ -189,6 +189,12 @@ def _fits_keras_fit(spec: dict) -> bool:
             and par.get("clip") is None and par["shard"] == "contiguous" and b % n == 0)
 
 
+def _fits_keras_fit_float32(spec: dict) -> bool:
+    """``_fits_keras_fit`` in a float32 case: ``programs.keras_fit_l2_user``'s float64 run holds Keras' float32
+    factor, its port's the exact one, so the two compute the same numbers only in float32."""
+    return spec["dtype"] == "float32" and _fits_keras_fit(spec)
+
+
 def _fits_v1_losses(spec: dict) -> bool:
     """What ``programs.v1_losses`` honours, in float32 cases: ``np.array_split`` clones, each clone's mean loss
     times 1/N (equal weighting, or even shards), no clip, TensorFlow's Adam rule (``tf``/``native``)."""
@@ -213,7 +219,8 @@ class Impl:
             in a float64 ``native`` run.
         runs: ``runs(spec)``: whether it honours every field of that (validated) case.
         group: what it computes beyond the case: ``"case"`` nothing; ``"l2"`` the case's loss plus the
-            programs' own L2 term (``programs.L2``), which no built-in computes. Pairs are drawn within a group.
+            programs' own L2 term (``programs.L2``), which no built-in computes; ``"l2_user"`` the same with the
+            factor users write (``programs.L2_USER``). Pairs are drawn within a group.
         exact_lr: Keras made under floatx float64 (docs/plugins.md's recipe): ``learning_rate`` a float64 variable.
         fit: ``model.fit`` under ``MirroredStrategy``: each replica's loss scaled by Keras' float32(1/N)
             (``keras/src/losses/loss.py`` ``scale_loss_for_distribution``), so a float64 run's loss and
@@ -280,6 +287,10 @@ IMPLS: list[Impl] = [
     Impl(program("keras_fit_l2"), "prog:keras_fit_l2", "tf", True, True, _fits_keras_fit, group="l2", exact_lr=True,
          fit=True),
     Impl(torch("ddp_l2"), "torch:ddp_l2", "torch", True, False, _fits_keras_fit, group="l2"),
+    # the factor users write (1e-3), which Keras holds as float32(1e-3) in a float64 run: float32 cases only
+    Impl(program("keras_fit_l2_user"), "prog:keras_fit_l2_user", "tf", True, True, _fits_keras_fit_float32,
+         group="l2_user", exact_lr=True, fit=True),
+    Impl(torch("ddp_l2_user"), "torch:ddp_l2_user", "torch", True, False, _fits_keras_fit_float32, group="l2_user"),
 ]
 BY_NAME = {i.name: i for i in IMPLS}
 
