@@ -225,8 +225,9 @@ class _Judged:
             bf16 = tuple(_bf16_side(self.case, n, self.trajs, x, both_tf) for n, x in sides)
         v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
                         bfloat16=bf16, zero=zero_gradients(self.case.spec))
-        if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
-            v = _within_spread(v, ref, impl, self.variants, dtype, self.runs)
+        # a plugin declared deterministic=False, on a leg of its own runs (as it ran, or against a built-in's mapped
+        # runs: a residual is judged against the plugin's run-to-run spread as the pair is): against that spread
+        v = _within_spread(v, a or (ref, ""), b or (impl, ""), self.variants, dtype, self.runs)
         if loss_differs:
             v = _loss_reported(v, sa.run, sb.run)
         if mixed:
@@ -395,25 +396,30 @@ def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
                               equal_nan=np.asarray(a[k]).dtype.kind in "fc") for k in a)
 
 
-def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[Variant, Case], dtype: str,
+def _within_spread(verdict: Verdict, a: tuple[str, str], b: tuple[str, str], variants: dict[Variant, Case], dtype: str,
                    runs: Runs) -> Verdict:
     """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``).
 
-    Its needs (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are
-    asked for only after the divergence that needs them, and made by ``runs`` before the spread is judged.
+    ``a``, ``b``: each side's leg, ``(implementation, mapping key)``. Only a leg of a plugin's own runs (key
+    ``""``) has a spread: its reruns are of the case it ran; a built-in's mapped runs are deterministic. Its needs
+    (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are asked for only
+    after the divergence that needs them, and made by ``runs`` before the spread is judged.
     """
     from parity_tests.session.spread import judge_with_spread, nondeterministic
 
     trajs = runs.trajs
-    d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64) in trajs else dtype
-    if RunKey(ref, as_given(d)) not in trajs or RunKey(impl, as_given(d)) not in trajs:
+    (ref, ka), (impl, kb) = a, b
+    own = [name for name, key in (a, b) if key == "" and nondeterministic(name)]
+    if not own:
+        return verdict
+    d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64, ka) in trajs else dtype
+    if RunKey(ref, as_given(d), ka) not in trajs or RunKey(impl, as_given(d), kb) not in trajs:
         return verdict
     if SPREAD.applies(verdict):
         case = variants[as_given(d)]
-        runs.make([Need(RunKey(name, v), lambda: case) for name in (ref, impl) if nondeterministic(name)
-                   for v in SPREAD.needs(d)])
-    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]),
-                             lambda name, i: trajs[RunKey(name, SPREAD.needs(d)[i])])
+        runs.make([Need(RunKey(name, v), lambda: case) for name in own for v in SPREAD.needs(d)])
+    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d), ka)], trajs[RunKey(impl, as_given(d), kb)]),
+                             lambda name, i: trajs[RunKey(name, SPREAD.needs(d)[i])], own=(ka == "", kb == ""))
 
 
 
