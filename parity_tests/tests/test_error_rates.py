@@ -514,6 +514,25 @@ def test_a_bug_where_nothing_moves_is_right_inconclusive_only_when_nothing_moved
     assert not judgement(moving, "inconclusive", unmoved, unmoved)[0]  # the case moves: the judge is asked to see it
 
 
+def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():
+    """The seed-1 hunt's pairs 1161-1163: ``next_batch@torch.ddp`` against ``tf.single`` under Adam with epsilon 0,
+    where the correct reference (and the clean torch.ddp) divide 0 by 0 at a dead unit's gradient from step 1 on
+    in float64, as the mutant does: the case leaves nothing to compare, so ``error`` is no miss. One side alone
+    non-finite is a difference the judge must report (a divergence): ``error`` stays a miss there."""
+    bug = next(b for b in BUGS if b.name == "next_batch" and b.base == "torch.ddp")
+    adam = {"name": "adam", "lr": 1.0, "semantics": "tf", "beta1": 0.9, "beta2": 0.999, "epsilon": 0.0}
+    pair = Pair(spec(optimizer=adam), "tf.single", bug.impl, bug)
+    finite = {"param/w": np.ones((3, 2)), "loss": np.ones(2)}
+    nan = {"param/w": np.array([[1.0, 1.0], [np.nan, 1.0], [np.nan, np.nan]]), "loss": np.array([1.0, np.nan])}
+    assert judgement(pair, "error", nan, nan)[0] and judgement(pair, "inconclusive", finite, finite, nan, nan)[0]
+    assert judgement(pair, "divergence", nan, nan)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "parity", nan, nan)[0] and not judgement(pair, "expected_difference", nan, nan)[0]
+    assert not judgement(pair, "error", finite, nan)[0]  # the bug's side alone: the bug overflowed, not the case
+    assert not judgement(pair, "error", nan, finite)[0]  # the reference alone: the bug changed what is computed
+    assert not judgement(pair, "error", finite, finite, nan, finite)[0]
+    assert not judgement(pair, "error")[0]  # runs not known: not taken as overflowing
+
+
 def test_both_runs_overflowing_allow_the_difference_certain_at_step_1():
     """Both runs NaN after step 1's update: step 1's loss, computed before it, shows a certain difference."""
     adam = {"name": "adam", "lr": 1.0, "semantics": "tf", "beta1": 0.9, "beta2": 0.999, "epsilon": 0.0}

@@ -30,7 +30,9 @@ from the judge's theory (``docs/error-rates.md``, "The ground truth"):
   hidden behind a predicted difference) are misses, and so are ``inconclusive`` and ``error``
   unless the bug itself makes the run vacuous (issue 35, item 8), or the case does: where nothing moves on
   either side (lr 0, or updates below the dtype), CONTRACT §8 makes every pair ``inconclusive`` whatever the
-  logged loss says, so ``inconclusive`` is right there (counted apart). Both runs overflowing, the
+  logged loss says, so ``inconclusive`` is right there (counted apart); where both runs overflow (the correct
+  reference too: the case does), ``error`` and ``inconclusive`` are right for a bug as well (counted apart).
+  Both runs of an equivalent pair overflowing, the
   right verdict is ``error`` or ``inconclusive``, or ``expected_difference`` where a difference is certain
   (it shows in step 1's loss, computed before any update can overflow). Each bug is drawn only
   on cases where it changes what is computed, by an amount the float64 bound
@@ -689,6 +691,13 @@ def _nonfinite(traj: dict | None) -> bool:
                if np.asarray(traj[k]).size and not np.all(np.isfinite(np.asarray(traj[k], np.float64))))
 
 
+def _overflow(ref_traj: dict | None, impl_traj: dict | None, ref64: dict | None, impl64: dict | None) -> bool:
+    """Both runs non-finite, in the case dtype or in float64 (the runs a float32 case's verdict reads first): the
+    reference is correct code, so the case itself leaves the numbers (Adam with epsilon 0 divides 0 by 0 wherever a
+    gradient element is exactly 0, a dead unit's), whatever the other side is."""
+    return (_nonfinite(ref_traj) and _nonfinite(impl_traj)) or (_nonfinite(ref64) and _nonfinite(impl64))
+
+
 def truth(spec: dict, a: Impl, b: Impl) -> tuple[tuple[str, ...], str]:
     """The right verdicts of the equivalent pair ``(a, b)`` on ``spec`` and why (before looking at any run)."""
     if _lr(spec) == 0:
@@ -749,12 +758,18 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
             # CONTRACT §8: where no parameter moves nothing was compared, whatever the logged loss says; the case
             # (lr 0, or updates below the dtype), not the judge, leaves the bug unseen (counted apart in the table)
             return True, f"nothing moves on either side (CONTRACT §8: inconclusive): {pair.bug.why}"
+        if status in ("error", "inconclusive") and _overflow(ref_traj, impl_traj, ref64, impl64):
+            # rule 3, the equivalent pairs' predicate: the correct reference overflows too, so the case, not the bug,
+            # leaves nothing to compare (the seed-1 hunt's pairs 1161-1163: next_batch under Adam epsilon 0, tf.single
+            # and the clean torch.ddp NaN from step 1 in float64 as the mutant is); one side alone non-finite is a
+            # divergence the judge must find (rules/nonfinite.py), a miss as before
+            return True, f"both runs overflow, the correct one too (error or inconclusive right): {pair.bug.why}"
         if status not in pair.bug.caught_by():
             return False, f"missed ({status}): {pair.bug.why}"
         return True, pair.bug.why
     a, b = BY_NAME[pair.reference], BY_NAME[pair.impl]
     allowed, why = truth(pair.raw, a, b)
-    if (_nonfinite(ref_traj) and _nonfinite(impl_traj)) or (_nonfinite(ref64) and _nonfinite(impl64)):
+    if _overflow(ref_traj, impl_traj, ref64, impl64):
         # a difference certain at step 1 shows in its loss, computed before any update can overflow
         certain = differences(pair.raw, a, b)[0]
         allowed = ("error", "inconclusive") + (("expected_difference",) if certain else ())
