@@ -514,6 +514,19 @@ def test_a_bug_where_nothing_moves_is_right_inconclusive_only_when_nothing_moved
     assert not judgement(moving, "inconclusive", unmoved, unmoved)[0]  # the case moves: the judge is asked to see it
 
 
+def test_a_zero_initialised_bias_moved_below_the_contracts_scale_is_unmoved():
+    """The seed-1 hunt's pairs 1064 and 1065 (lr 1e-7 behind a clip of 1e-6): every array within 2e-13 of its start
+    but a zero-initialised bias, moved by 1e-14, counted as moved (1e-14 / 0): a relative movement is measured
+    against the contract's 1e-2 floor (CONTRACT.md, d_p), as every relative gap is; 1e-4 of it is movement."""
+    bug = next(b for b in BUGS if b.name == "last_tower_loss")
+    tiny = Pair(spec(optimizer={"name": "momentum", "semantics": "native", "lr": 1e-7, "momentum": 0.5},
+                     parallel__clip={"global_norm": 1e-6, "where": "after_combine"}), "tf.single", bug.impl, bug)
+    still = {"param/w": np.ones((3, 2)), "param/b": np.array([[0.0], [1e-14], [3e-14]]), "loss": np.ones(2)}
+    assert judgement(tiny, "inconclusive", still, still)[0]
+    moved = {"param/w": np.ones((3, 2)), "param/b": np.array([[0.0], [1e-7], [2e-7]]), "loss": np.ones(2)}
+    assert not judgement(tiny, "inconclusive", still, moved)[0]  # 2e-7 / 1e-2 = 2e-5 > 1e-5: moved
+
+
 def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():
     """The seed-1 hunt's pairs 1161-1163: ``next_batch@torch.ddp`` against ``tf.single`` under Adam with epsilon 0,
     where the correct reference (and the clean torch.ddp) divide 0 by 0 at a dead unit's gradient from step 1 on

@@ -60,7 +60,7 @@ from parity_tests.testing.strategies import (
 )
 from parity_tests.tests.hunt.schedule import curve
 
-__all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
+__all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "RELATIVE_FLOOR", "Impl", "IMPLS",
            "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
            "mutated_runner", "specs", "pairs", "bug_weights", "behind", "shard_sizes", "update_scale", "differences",
            "cosine", "curve", "rates", "LATE", "MOMENTUM", "WARMUPS", "DECAYS", "FLOORS",
@@ -669,15 +669,23 @@ def _vacuous_case(spec: dict) -> bool:
     return _lr(spec) == 0 or update_scale(spec) * spec["steps"] < STILL[spec["dtype"] == "float64"]
 
 
+#: The contract's denominator floor of a relative gap (CONTRACT.md, ``d_p = max(||A_p||, ||B_p||, 1e-2)``): an
+#: array below it, a zero-initialised bias, is measured against 1e-2, so "relative" here means what it means there.
+RELATIVE_FLOOR = 1e-2
+
+
 def _moved(traj: dict | None, still: float) -> bool:
-    """Whether a recorded parameter of ``traj`` ends more than ``still`` (relative) from where it started
-    (:data:`STILL`: below it the judge may call it unmoved); ``None`` (not known): yes."""
+    """Whether a recorded parameter of ``traj`` ends more than ``still`` (relative, against
+    :data:`RELATIVE_FLOOR` at least) from where it started (:data:`STILL`: below it the judge may call it
+    unmoved); ``None`` (not known): yes. A zero-initialised bias moved by 1e-14 has not moved 1e16 times its
+    size: it has moved 1e-12 of the contract's scale (the seed-1 hunt's pairs 1064 and 1065, lr 1e-7 behind a
+    clip of 1e-6, every array within 2e-13 of its start and the zero bias counted as moved)."""
     if traj is None:
         return True
     for k in traj:
         if k.startswith("param/"):
             r = np.asarray(traj[k], np.float64).reshape(len(traj[k]), -1)
-            scale = max(float(np.max(np.abs(r[0]), initial=0.0)), 1e-30)
+            scale = max(float(np.max(np.abs(r[0]), initial=0.0)), RELATIVE_FLOOR)
             with np.errstate(invalid="ignore"):
                 if len(r) > 1 and not float(np.max(np.abs(r[-1] - r[0]), initial=0.0)) / scale <= still:
                     return True  # (a NaN is movement: nothing vacuous about it)
