@@ -669,7 +669,7 @@ def _vacuous_case(spec: dict) -> bool:
     return _lr(spec) == 0 or update_scale(spec) * spec["steps"] < STILL[spec["dtype"] == "float64"]
 
 
-#: The contract's denominator floor of a relative gap (CONTRACT.md, ``d_p = max(||A_p||, ||B_p||, 1e-2)``): an
+#: The contract's denominator floor of a relative gap (docs/tolerance.md, ``d_p = max(||A_p||, ||B_p||, 1e-2)``): an
 #: array below it, a zero-initialised bias, is measured against 1e-2, so "relative" here means what it means there.
 RELATIVE_FLOOR = 1e-2
 
