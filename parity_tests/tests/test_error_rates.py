@@ -527,6 +527,22 @@ def test_a_zero_initialised_bias_moved_below_the_contracts_scale_is_unmoved():
     assert not judgement(tiny, "inconclusive", still, moved)[0]  # 2e-7 / 1e-2 = 2e-5 > 1e-5: moved
 
 
+def test_a_dead_network_is_every_gradient_of_both_sides_exactly_zero():
+    """The seed-1 hunt's pairs 857, 858: torch.ddp's combined gradient exactly 0 (two one-row devices whose gradients,
+    of opposite sign, are each clipped to 1e-6 before the mean) against tf.single's -1e-6 (the full batch clipped):
+    the per-device clip's difference, not a dead network; where both sides record only zeros, it is one."""
+    sgd = {"name": "momentum", "semantics": "tf", "lr": 0.05, "momentum": 0.9}
+    pair = Pair(spec(optimizer=sgd, parallel__devices=2, data__global_batch=2, steps=1,
+                     parallel__clip={"global_norm": 1e-6, "where": "per_device"}), "tf.single", "torch.ddp")
+    assert "expected_difference" in truth(pair.raw, BY_NAME[pair.reference], BY_NAME[pair.impl])[0]  # the premise
+    zero = {"param/w": np.ones((2, 1)), "grad/w": np.zeros((1, 1)), "loss": np.ones(1)}
+    live = {"param/w": np.array([[1.0], [1.0 + 1e-6]]), "grad/w": np.full((1, 1), -1e-6), "loss": np.ones(1)}
+    assert judgement(pair, "expected_difference", live, zero)[0] and judgement(pair, "expected_difference", zero, live)[0]
+    assert judgement(pair, "inconclusive", zero, zero)[0]
+    assert not judgement(pair, "expected_difference", zero, zero)[0] and not judgement(pair, "parity", zero, zero)[0]
+    assert not judgement(pair, "divergence", live, zero)[0]
+
+
 def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():
     """The seed-1 hunt's pairs 1161-1163: ``next_batch@torch.ddp`` against ``tf.single`` under Adam with epsilon 0,
     where the correct reference (and the clean torch.ddp) divide 0 by 0 at a dead unit's gradient from step 1 on

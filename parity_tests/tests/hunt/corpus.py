@@ -658,10 +658,15 @@ def differences(spec: dict, a: Impl, b: Impl) -> tuple[list[str], list[str]]:
 STILL = (1e-5, 1e-8)
 
 
-def _still(traj: dict | None) -> bool:
-    """Every recorded gradient exactly zero at every step (a dead network: nothing to compare)."""
-    grads = [k for k in (traj or {}) if k.startswith("grad/")]
-    return bool(grads) and all(not np.any(np.asarray(traj[k])) for k in grads)
+def _still(*trajs: dict | None) -> bool:
+    """Every gradient the runs ``trajs`` record exactly zero at every step (a dead network: nothing to compare).
+
+    Both sides of a pair: one side's combined gradient may be exactly zero where the other's is not, without a
+    dead network (the seed-1 hunt's pairs 857, 858: two devices of one row each, their gradients of opposite sign
+    each clipped to 1e-6 before the mean, which is then exactly 0 in torch.ddp, while tf.single clips the full
+    batch's gradient to -1e-6 and moves): that is the difference a per-device clip makes, not a dead network."""
+    grads = [np.asarray(t[k]) for t in trajs for k in (t or {}) if k.startswith("grad/")]
+    return bool(grads) and all(not np.any(g) for g in grads)
 
 
 def _vacuous_case(spec: dict) -> bool:
@@ -782,7 +787,7 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
         certain = differences(pair.raw, a, b)[0]
         allowed = ("error", "inconclusive") + (("expected_difference",) if certain else ())
         why = "both runs overflow" + (f" (after step 1's loss, where {'; '.join(certain)} shows)" if certain else "")
-    elif _still(ref_traj) or _still(impl_traj):
+    elif _still(ref_traj, impl_traj):
         allowed, why = ("inconclusive",), "every gradient is exactly zero (a dead network)"
     return status in allowed, f"{why}; right: {' or '.join(allowed)}"
 
