@@ -16,7 +16,8 @@ gradients and divides by ``N``), checked against the run, then again with one ki
 out at a time: the loss's gradient at the logits (``g = s_r dl_r/dz``, cast to bfloat16 by the
 backward of the loss's ``float()``), and each device's gradient result (its weight and bias
 gradients, rounded to bfloat16 before the float32 sum over devices). It prints each kind's share of
-the gradient's error; one bfloat16 rounding (2^-8 relative) of each device's gradient and of each row's
+the gradient's error (and, for the last line, a float64 computation that rounds only ``g`` and each device's
+gradient: what a float64 run rounding them would measure); one bfloat16 rounding (2^-8 relative) of each device's gradient and of each row's
 term, summed (``sum |G_dev|``, ``sum |G_row|``: what those roundings can reach where the terms cancel),
 against one rounding of the whole gradient; and per device the scale ``s_r`` at which it rounds ``g``
 (two sides round the same ``g`` alike only when their scales are a power of 2 apart) and how far one
@@ -136,9 +137,11 @@ def _emulate(case, side, devices: int, key: str) -> None:
     for label, kw in (("the loss gradient g rounded", dict(round_result=False, round_rest=False)),
                       ("each device's gradient result rounded", dict(round_g=False, round_rest=False)),
                       ("every other rounding", dict(round_g=False, round_result=False)),
-                      ("all but g's rounding", dict(round_g=False))):
+                      ("all but g's rounding", dict(round_g=False)),
+                      ("g and each device's gradient rounded", dict(round_rest=False))):
         e = _torch_step1(case, devices, **kw)[0][name] - exact[name]
-        print(f"      {label:42s} alone: relative {np.linalg.norm(e) / norm:.2e}")
+        print(f"      {label:42s} alone: relative {np.linalg.norm(e) / norm:.2e}"
+              f" (the rest of the error: {np.linalg.norm(err - e) / norm:.2e})")
     # one bfloat16 ulp of every input, up (a rerun moves each by one, with its own coins): how far that moves g
     xb = _bf(np.asarray(case.x, np.float64))
     _, moved, _, _ = _torch_step1(case, devices, x_moved=xb + _ulp_bf(xb))
