@@ -830,7 +830,7 @@ def bug_weights(raws: list[dict]) -> dict[str, float]:
     out = {}
     for name in {bg.name for bg in BUGS}:
         hits = sum(any(bg.applies(s) and BY_NAME[bg.base].runs(s) for bg in BUGS if bg.name == name) for s in valid)
-        out[name] = len(valid) / max(hits, 1)
+        out[name] = max(len(valid), 1) / max(hits, 1)  # no valid raw (an --only hunt that drew none): even weights
     return out
 
 
