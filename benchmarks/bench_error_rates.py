@@ -139,6 +139,8 @@ def table(rows: list[dict]) -> str:
         add(f"rule: {rule}", lambda r, rule=rule: r["rule"] == rule)
     b = [r for r in bugs if r["why"].startswith("nothing moves on either side")]
     lines.append(f"| bugs on cases where nothing moves, inconclusive by the verdict rules (counted right) | - | {len(b)} |")
+    b = [r for r in bugs if r["why"].startswith("both runs overflow, the correct one too")]
+    lines.append(f"| bugs on cases whose correct run overflows too, error or inconclusive (counted right) | - | {len(b)} |")
     b = [r for r in bugs if not r["behind"]]
     lines.append(f"| bugs, the reference computes what the bug's correct version does | - |"
                  f" {_frac(sum(not r['right'] for r in b), len(b))} |")

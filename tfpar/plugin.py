@@ -475,14 +475,20 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         PluginRaised: the function raised (when, its line, the user's frames).
     """
     from .devices import tower_devices
-    from .keras_seen import keras_loss_scales_seen, keras_optimizers_seen
+    from .keras_seen import (
+        keras_float32_constants_seen,
+        keras_loss_scales_seen,
+        keras_optimizers_seen,
+    )
 
     run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
     # the judge's mapped rerun of a Keras program on N replicas (N not a power of two): Keras' float32 1/N made exact
     exact = bool(payload.get(EXACT_LOSS_SCALE))
     try:
         # what its Keras optimizers hold in float32, and the factor Keras scaled its distributed loss by
-        with keras_optimizers_seen() as seen, keras_loss_scales_seen(exact=exact) as scales:
+        # and every regularizer factor Keras holds rounded to float32 in a float64 computation
+        with keras_optimizers_seen() as seen, keras_loss_scales_seen(exact=exact) as scales, \
+                keras_float32_constants_seen() as constants:
             fn(run)
     except LayoutError:  # run.to_torch / run.to_tf asked what cannot be told: bad input (tf_worker)
         remove_files(run._store.close())
@@ -495,4 +501,5 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         raise
     finally:
         run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
-    return {**run.records(), "keras_optimizers": seen, "keras_loss_scales": scales}
+    return {**run.records(), "keras_optimizers": seen, "keras_loss_scales": scales,
+            "keras_float32_constants": constants}

@@ -34,6 +34,18 @@ carry float32 rounding as well, and their float64 gap is then held to the float3
 bound (the float32 runs' own floors; ``rules.float32_floor.judge_float32``): parity within it, the
 float64 divergence above it. In a float64 case there are no float32 runs:
 the leak is named beside the verdict, which stands (the program does not compute in float64).
+
+**A float32 constant read from the run.** A float32 number inside an otherwise float64 computation
+need not clear any low bit: Keras' regularizers cast their Python-float factor through float32
+(``L2(1e-3)`` adds ``float32(1e-3) |w|^2`` to a float64 loss, ``1e-3 (1 + 4.7e-8)``; measured: a
+``model.fit`` with ``L2(1e-3)`` kernels and its DDP port, float64, part at step 1's loss by
+5.2957e-10 absolute, exactly ``(float32(1e-3) - 1e-3) |w|^2``). Such a run is not detected from
+its bits but read from the run itself (``tfpar.keras_seen.keras_float32_constants_seen``, the run's
+``meta["keras_float32_constants"]``), and it is judged as a leaky loss is: the factor is in the loss
+and, differentiated, in every gradient, so both channels of a float32 case are held to the float32
+noise (the float32 runs hold the same float32 factor on both sides: ``float32(1e-3)`` is what a
+torch port's ``1e-3 * w.pow(2).sum()`` multiplies by in float32 too). :func:`not_float64` is the
+one question every rule asks; :func:`leak_text` names the cause.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ import numpy as np
 
 from parity_tests.protocol.rows import iter_rows
 
-__all__ = ["loss_in_float32", "leak_text", "LEAK_ZERO_BITS"]
+__all__ = ["loss_in_float32", "float32_constants", "not_float64", "leak_text", "LEAK_ZERO_BITS"]
 
 
 #: low mantissa bits that must be zero at every step for a float64 run's loss to count as float32 (docstring)
@@ -78,8 +90,25 @@ def loss_in_float32(traj: Mapping[str, Any] | None) -> bool:
     return False
 
 
-def leak_text(name: str) -> str:
-    """The line a verdict gives for a side whose float64 run computes its loss in float32."""
+def float32_constants(traj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The float32-rounded constants the float64 run ``traj`` read of itself (module docstring, "A float32
+    constant read from the run"): ``[{"what": "keras.regularizers.L2", "name": "l2", "value", "held"}, ...]``."""
+    return list(getattr(traj, "meta", {}).get("keras_float32_constants") or ())
+
+
+def not_float64(traj: Mapping[str, Any] | None) -> bool:
+    """Whether the float64 run ``traj`` is not float64 throughout: its loss computed in float32
+    (:func:`loss_in_float32`) or a float32 constant in its computation (:func:`float32_constants`)."""
+    return bool(float32_constants(traj)) or loss_in_float32(traj)
+
+
+def leak_text(name: str, traj: Mapping[str, Any] | None = None) -> str:
+    """The line a verdict gives for a side ``name`` whose float64 run ``traj`` is not float64 throughout."""
+    held = float32_constants(traj)
+    if held:
+        what = ", ".join(f"{e['what']}({e['value']:g}) as {e['held']!r}" for e in held)
+        return (f"the float64 run of {name} holds float32 constants: {what} (Keras casts the Python float through"
+                " float32 whatever floatx says; no code of the plugin can make it exact)")
     return (f"the float64 run of {name} computes its loss in float32 (its loss has the low bits of float32 numbers"
             f" at every step, {LEAK_ZERO_BITS}+ zero bits, while its parameters are float64: a framework op reducing in float32, e.g. tf.compat.v1.losses,"
             " or a Keras loss made under floatx float32)")

@@ -36,7 +36,7 @@ __all__ = ["Difference", "Prediction", "predict", "is_parallel", "uneven_shards"
            "KERAS_ROUNDED", "KERAS_ROUNDING", "mapping_changes", "LINEAR_OPTIMIZERS", "stage_of", "BFLOAT16_OPS",
            "mixed_precision_differences", "reported_loss_differs", "native_gelus",
            "bias_add_differences", "keras_bias_add_layers", "keras_adds_bias", "BIAS_ADD_OPS", "decays_any",
-           "LOSS_SCALE", "loss_scale_difference"]
+           "LOSS_SCALE", "loss_scale_difference", "BFLOAT16_ONLY"]
 
 #: where each predicted cause must first show in a step (docs/localisation.md stages), by the words that name it
 _STAGE_OF = (
@@ -98,6 +98,11 @@ class Difference:
     #: combination of devices changes the logged (combined) loss of step 1, which a comparison without
     #: per-device values localises at ``loss``; per-device clipping changes the combined gradient
     earliest: str | None = None
+    #: the arithmetic that alone makes it: ``"bfloat16"`` for a difference of which values the two sides round
+    #: to bfloat16 (a ``mixed_bfloat16`` recipe: :func:`mixed_precision_differences`, :func:`bias_add_differences`),
+    #: which the float64 runs a mixed pair is held against compute none of, so it explains no gap between them
+    #: (``pair.resolve``); ``None``: a difference of the formulas, in every dtype's runs
+    only_in: str | None = None
 
     @property
     def first_visible(self) -> str:
@@ -160,9 +165,14 @@ _EARLIEST = (
 )
 
 
-def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: str | None = None) -> Difference:
+#: :attr:`Difference.only_in` of a difference of the bfloat16 roundings alone
+BFLOAT16_ONLY = "bfloat16"
+
+
+def _diff(text: str, *, expected: bool = True, certain: bool = False, mapping: str | None = None,
+          only_in: str | None = None) -> Difference:
     earliest = next((stage for words, stage in _EARLIEST if words in text), None)
-    return Difference(text, expected, stage_of(text), certain, mapping, earliest)
+    return Difference(text, expected, stage_of(text), certain, mapping, earliest, only_in)
 
 
 #: the ``kind`` theory gives a name no declaration was found for (:func:`engine`)
@@ -431,8 +441,8 @@ def predict(spec: dict[str, Any], a: Impl, b: Impl, *, held: Mapping[str, str | 
     found.extend(_token_differences(spec, a, b, one_parallel, moves, absent))
     mixed_expected, mixed_known = mixed_precision_differences(spec, a, b)
     found.extend(bias_add_differences(spec, a, b, absent, kernels))
-    found.extend(_diff(t) for t in mixed_expected)
-    found.extend(_diff(t, expected=False) for t in mixed_known)
+    found.extend(_diff(t, only_in=BFLOAT16_ONLY) for t in mixed_expected)
+    found.extend(_diff(t, expected=False, only_in=BFLOAT16_ONLY) for t in mixed_known)
     return Prediction.of(found, absent)
 
 
@@ -635,7 +645,7 @@ def bias_add_differences(spec: dict[str, Any], a: Impl, b: Impl, absent: list[st
     more = f" and {len(many) - 4} more" if len(many) > 4 else ""
     return [_diff(f"{name}: Keras adds these biases with tf.nn.bias_add, whose gradient BiasAddGrad sums the"
                   f" bfloat16 output gradient in bfloat16 here ({where}{more}); torch sums a float32 bias's gradient"
-                  " in float32", mapping="bias_semantics")]
+                  " in float32", mapping="bias_semantics", only_in=BFLOAT16_ONLY)]
 
 
 # optimizers whose update (and state) is linear in the gradient, for any schedule and weight decay:

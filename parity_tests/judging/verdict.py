@@ -117,6 +117,11 @@ class Verdict:
             mismatch message at the first failing step.
         known_differences: documented differences the caller attached; they explain,
             they never change the status.
+        float64_runs: where the rule judged the pair beside its float64 runs (the bfloat16
+            rule holds a mixed pair against each side's float64 run), the float64 rule on those
+            two runs with their logged loss judged (``pair.judge_sides``), else ``None``: what
+            ``pair.resolve`` reads to tell whether a difference theory says must show in exact
+            arithmetic is absent. Held in the process only (not in :meth:`to_dict`).
     """
 
     status: str
@@ -136,6 +141,7 @@ class Verdict:
     per_step_loss_gap: np.ndarray | None = None
     per_step_loss_bound: np.ndarray | None = None
     unjudged: tuple[str, ...] = ()
+    float64_runs: Verdict | None = None
 
     def __repr__(self) -> str:
         """One line a person reads (``Verdict(parity, float64 bound: gap 3.1e-16, bound 1e-10 at step 3,

@@ -52,7 +52,9 @@ class Trajectory(dict):
     no comparison with another would show (e.g. DDP replicas that stopped being bitwise
     identical). The judge turns any finding into a divergence of every pair it is in.
     ``meta``: what the run saw of itself that is not an array (``keras_optimizers``: every
-    Keras optimizer a TensorFlow plugin made, with its learning rate's dtype; ``torch_optimizers``: every
+    Keras optimizer a TensorFlow plugin made, with its learning rate's dtype; ``keras_loss_scales``: the factor
+    Keras scaled a distributed loss by; ``keras_float32_constants``: every regularizer factor Keras held rounded
+    to float32 in a float64 computation (``tfpar.keras_seen``); ``torch_optimizers``: every
     torch optimizer a torch plugin made, ``torchref.torch_seen``).
     """
 

@@ -597,6 +597,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
                                   hooks=hooks_line_up(case.spec), spec=case.spec))
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
         traj.meta["keras_loss_scales"] = records.get("keras_loss_scales", [])
+        traj.meta["keras_float32_constants"] = records.get("keras_float32_constants", [])  # (judging.precision_leak)
         traj.meta["case_read"] = records.get("case_read")  # protocol.case_read: what of its case it read
         traj.update(optimizer_arrays(records, case, impl))
         if progress:

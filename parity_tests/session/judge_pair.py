@@ -27,7 +27,7 @@ from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides
 from parity_tests.judging.perturbation import perturb_ulp
-from parity_tests.judging.precision_leak import leak_text, loss_in_float32
+from parity_tests.judging.precision_leak import leak_text, not_float64
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
@@ -175,7 +175,7 @@ class _FreeLegs:
         return self.where(verdict, a, b).get("stage")  # (refined by a capture wherever the compare localises so)
 
     def leaky(self, legs: Any) -> bool:
-        return any(loss_in_float32(self.judged.trajs.get(RunKey(n, FLOAT64, x))) for n, x in legs)
+        return any(not_float64(self.judged.trajs.get(RunKey(n, FLOAT64, x))) for n, x in legs)
 
 
 @dataclass
@@ -228,8 +228,9 @@ class _Judged:
             bf16 = tuple(_bf16_side(self.case, n, self.trajs, x, both_tf) for n, x in sides)
         v = judge_sides(dtype, sa, sb, rule=self.rules[impl], grads=self.grads, perturbation=perturbation,
                         bfloat16=bf16, zero=zero_gradients(self.case.spec))
-        if a is None and b is None:  # a plugin declared deterministic=False: against its run-to-run spread
-            v = _within_spread(v, ref, impl, self.variants, dtype, self.runs)
+        # a plugin declared deterministic=False, on a leg of its own runs (as it ran, or against a built-in's mapped
+        # runs: a residual is judged against the plugin's run-to-run spread as the pair is): against that spread
+        v = _within_spread(v, a or (ref, ""), b or (impl, ""), self.variants, dtype, self.runs)
         if loss_differs:
             v = _loss_reported(v, sa.run, sb.run)
         if mixed:
@@ -301,7 +302,7 @@ class _Judged:
             final, note = self.conditioned(final, decided if res.from_residual else as_ran)
             notes += (note,) if note else ()
             where = None if final.status == "inconclusive" else where
-        leaks = tuple(leak_text(name) for name in (ref, impl) if loss_in_float32(self.trajs.get(RunKey(name, FLOAT64))))
+        leaks = tuple(leak_text(name, t) for name in (ref, impl) if not_float64(t := self.trajs.get(RunKey(name, FLOAT64))))
         if leaks and final.key == "loss" and final.status not in ("parity", "inconclusive"):
             first, _, rest = final.detail.partition("\n")
             final = dataclasses.replace(final, detail=first + "; " + "; ".join(leaks) + (("\n" + rest) if rest else ""))
@@ -432,25 +433,30 @@ def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
                               equal_nan=np.asarray(a[k]).dtype.kind in "fc") for k in a)
 
 
-def _within_spread(verdict: Verdict, ref: str, impl: str, variants: dict[Variant, Case], dtype: str,
+def _within_spread(verdict: Verdict, a: tuple[str, str], b: tuple[str, str], variants: dict[Variant, Case], dtype: str,
                    runs: Runs) -> Verdict:
     """A divergence with a nondeterministic plugin on a side, judged against its run-to-run spread (``spread``).
 
-    Its needs (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are
-    asked for only after the divergence that needs them, and made by ``runs`` before the spread is judged.
+    ``a``, ``b``: each side's leg, ``(implementation, mapping key)``. Only a leg of a plugin's own runs (key
+    ``""``) has a spread: its reruns are of the case it ran; a built-in's mapped runs are deterministic. Its needs
+    (``SPREAD_RERUNS`` more runs of each nondeterministic side, kept with the comparison's runs) are asked for only
+    after the divergence that needs them, and made by ``runs`` before the spread is judged.
     """
     from parity_tests.session.spread import judge_with_spread, nondeterministic
 
     trajs = runs.trajs
-    d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64) in trajs else dtype
-    if RunKey(ref, as_given(d)) not in trajs or RunKey(impl, as_given(d)) not in trajs:
+    (ref, ka), (impl, kb) = a, b
+    own = [name for name, key in (a, b) if key == "" and nondeterministic(name)]
+    if not own:
+        return verdict
+    d = "float64" if verdict.rule == RULE_FLOAT64 and RunKey(ref, FLOAT64, ka) in trajs else dtype
+    if RunKey(ref, as_given(d), ka) not in trajs or RunKey(impl, as_given(d), kb) not in trajs:
         return verdict
     if SPREAD.applies(verdict):
         case = variants[as_given(d)]
-        runs.make([Need(RunKey(name, v), lambda: case) for name in (ref, impl) if nondeterministic(name)
-                   for v in SPREAD.needs(d)])
-    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d))], trajs[RunKey(impl, as_given(d))]),
-                             lambda name, i: trajs[RunKey(name, SPREAD.needs(d)[i])])
+        runs.make([Need(RunKey(name, v), lambda: case) for name in own for v in SPREAD.needs(d)])
+    return judge_with_spread(verdict, (ref, impl), (trajs[RunKey(ref, as_given(d), ka)], trajs[RunKey(impl, as_given(d), kb)]),
+                             lambda name, i: trajs[RunKey(name, SPREAD.needs(d)[i])], own=(ka == "", kb == ""))
 
 
 

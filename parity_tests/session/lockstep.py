@@ -71,7 +71,8 @@ from parity_tests.judging.factor import attach as attach_factor
 from parity_tests.judging.localise import localise, refinable, with_layer
 from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides, with_findings
-from parity_tests.judging.precision_leak import loss_in_float32
+from parity_tests.judging.precision_leak import not_float64
+from parity_tests.judging.rules.spread import Spread
 from parity_tests.judging.theory import LOSS_SCALE, Prediction, engine, predict
 from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, exit_status
 from parity_tests.judging.zero_gradient import ZeroGradients, zero_gradients
@@ -99,9 +100,13 @@ from parity_tests.session.executor import Runs
 from parity_tests.session.keys import FLOAT64, RunKey, as_given
 from parity_tests.session.loss_scale import ExactScale, ExactScaleCase
 from parity_tests.session.residual import resolve_pair, scale_checked
+from parity_tests.session.spread import SPREAD_RERUNS, judge_with_spread, nondeterministic
 
 __all__ = ["STEPWISE", "STATEFUL", "LockstepPair", "LockstepResult", "check_lockstep", "lockstep_compare",
            "one_step_runs", "captured_step", "free_findings", "loss_scale_of_runs"]
+
+#: the run-to-run spread check (``judging.rules.spread``), as the free compare makes it
+SPREAD = Spread()
 
 #: run every step in one trainer, loading each start state (:mod:`tfpar.lockstep`): as the engines declare
 STEPWISE = tuple(s.name for s in SPECS if s.stepwise)
@@ -257,6 +262,13 @@ def one_step_runs(case: Case, impl: str, starts: list[dict[str, Any]] | None, *,
         if starts is None:
             start = _start(traj)
     return runs
+
+
+def one_step_run(case: Case, impl: str, k: int, start: Mapping[str, Any], *,
+                 runner: Runner | None = None) -> dict[str, np.ndarray]:
+    """Step ``k`` of ``case`` on the plugin ``impl`` from ``start`` once more (a nondeterministic plugin's repeat)."""
+    out = (runner or run_impl)(_one_step(case, k, start, dropout_masks(case.spec)), impl)
+    return _kept(out, dict(out))
 
 
 def captured_step(case: Case, impl: str, k: int, start: Mapping[str, Any], *,
@@ -575,27 +587,33 @@ class _StepLegs:
     ``b``, their exact reruns ``ae``, ``be``, the mapped built-in ``sm``, the stand-in ``s``)."""
 
     def __init__(self, k: int, side: Callable[[str, int], Side], stage: Callable[..., str | None],
-                 runs: Mapping[str, Any], dtype: str, rule: str, zero: ZeroGradients | None) -> None:
+                 runs: Mapping[str, Any], dtype: str, rule: str, zero: ZeroGradients | None,
+                 spread: Callable[[Any, str, str, int], Any] | None = None) -> None:
         self.k, self._side, self._stage, self.runs, self.dtype, self.rule, self.zero = k, side, stage, runs, dtype, rule, zero
+        self._spread = spread
 
     def as_ran(self) -> Any:
         return self.verdict("a", "b")
 
     def verdict(self, a: str, b: str) -> Any:
-        return judge_sides(self.dtype, self._side(a, self.k), self._side(b, self.k), rule=self.rule, zero=self.zero)
+        v = judge_sides(self.dtype, self._side(a, self.k), self._side(b, self.k), rule=self.rule, zero=self.zero)
+        # a plugin declared deterministic=False on a leg of its own one-step runs: against its run-to-run spread, as
+        # the free compare judges it (judge_pair._within_spread)
+        return self._spread(v, a, b, self.k) if self._spread is not None else v
 
     def stage(self, a: str, b: str, verdict: Any, refine: bool = False) -> str | None:
         return self._stage(a, b, self.k, verdict, refine)
 
     def leaky(self, legs: Any) -> bool:
         # a float64 one-step run whose loss is float32 (judging.precision_leak): a loss-only parting is no wrong loss
-        return any(loss_in_float32(_judged(self.runs[n + "64"][self.k])) for n in legs if n + "64" in self.runs)
+        return any(not_float64(self.runs[n + "64"][self.k]) for n in legs if n + "64" in self.runs)
 
 
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
                  mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None,
                  leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None,
-                 exact: tuple[ExactScale, ...] = (), apart: str | None = None) -> LockstepPair:
+                 exact: tuple[ExactScale, ...] = (), apart: str | None = None,
+                 rerun: Callable[[str, int, bool, int], Mapping[str, Any]] | None = None) -> LockstepPair:
     """Every step's one-step runs judged through ``pair.judge_sides`` and ``pair.resolve``, as the free compare judges.
 
     ``runs``: ``a``, ``b`` (the case dtype), ``a64``, ``b64`` (float64), and with a mapping the
@@ -615,6 +633,9 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
     side is its exact rerun wherever the residual takes part, beside ``mapping`` (which may be ``None``: the
     loss scale is then the only mapping), as the free compare's ``judge_pair._Judged.residual``. ``apart``: what
     theory expects to differ between a stand-in and its plugin (``mapping.stand_in_apart``), as the free compare.
+    ``rerun(leg, k, float64, i)``: the ``i``-th more one-step run of step ``k`` of the side of ``leg`` (``"a"``,
+    ``"b"``) from the same start, made when asked: a divergence with a nondeterministic plugin on a leg of its own
+    runs is judged against the spread of step ``k``'s repeats (``spread.judge_with_spread``), as the free compare.
     """
     steps = len(runs["b"])
     # each side as the residual sees it: its rerun with the loss scale exact where it has one
@@ -646,8 +667,20 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
             return refined[where.get("stage")]
         return where.get("stage")
 
+    def spread(v: Any, x: str, y: str, k: int) -> Any:
+        """``v`` (legs ``x``, ``y`` of step ``k``) within a nondeterministic plugin's run-to-run spread at that step."""
+        own = (x in ("a", "b"), y in ("a", "b"))  # a side's own one-step runs (not a mapped or exact rerun)
+        names = tuple(ref if n[:1] == "a" else impl if n[:1] == "b" else n for n in (x, y))
+        if rerun is None or not SPREAD.applies(v) or not any(o and nondeterministic(n)
+                                                               for o, n in zip(own, names, strict=True)):
+            return v
+        d64 = dtype == "float64" or v.rule == RULE_FLOAT64
+        judged = tuple(_judged(runs[n + ("64" if d64 and dtype != "float64" else "")][k]) for n in (x, y))
+        legs = dict(zip(names, (x, y), strict=True))
+        return judge_with_spread(v, names, judged, lambda name, i: _judged(rerun(legs[name], k, d64, i)), own=own)
+
     for k in range(steps):
-        r = resolve_pair(_StepLegs(k, side, stage, runs, dtype, rule, zero), "a", "b", pred,  # as the free compare
+        r = resolve_pair(_StepLegs(k, side, stage, runs, dtype, rule, zero, spread), "a", "b", pred,  # as the free compare
                          impl_is_b=mapping is None or mapping.side == impl, mapping=mapping, mapped="sm",
                          stand="s" if mapping is not None and mapping.stand_in else None,
                          exact_a="ae" if own_a != "a" else None, exact_b="be" if own_b != "b" else None,
@@ -810,6 +843,20 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
 
         return refine
 
+    repeats: dict[tuple[str, int, bool], list] = {}
+
+    def spread_reruns(ref: str, impl: str) -> Callable[[str, int, bool, int], Mapping[str, Any]]:
+        """The pair's one-step repeats (``_judge_steps``' ``rerun``): made once per side, step and dtype, when asked."""
+        def rerun(leg: str, k: int, d64: bool, i: int) -> Mapping[str, Any]:
+            name = ref if leg == "a" else impl
+            if (name, k, d64) not in repeats:
+                note(f"{name}: step {k + 1} repeated for its run-to-run spread")
+                c = f64 if d64 else case
+                repeats[name, k, d64] = [one_step_run(c, name, k, starts[k], runner=runner) for _ in range(SPREAD_RERUNS)]
+            return repeats[name, k, d64][i]
+
+        return rerun
+
     held = held_roundings(impls, free_result.runs, dtype)
     own = own_schedule = own_rules(impls, free_result.runs, dtype)  # (theory.predict's own_schedule)
     if "external" not in case.spec["model"]:  # the free compare's runs of each rule's check, made there once
@@ -850,7 +897,7 @@ def lockstep_compare(case: Case, impls: list[str], *, runner: Runner | None = No
         apart = stand_in_apart(mapping, case, f64.spec, held, own, own_schedule) if mapping is not None else None
         pair = _judge_steps(ref, impl, dtype, runs, pred, mapping, free_result, zero_gradients(case.spec),
                             leg_at(mapping) if stages and mapping is not None and mapping.stand_in else None, exact,
-                            apart)
+                            apart, spread_reruns(ref, impl))
         free_pair = next((fp for fp in free_result.pairs if fp.impl == impl), None)
         refine = chain_at(pair.first_bad_step, impl, tuple(e for e in exact if e.side in pair.first_exact)) \
             if stages and pair.first_bad_step else None

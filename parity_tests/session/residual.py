@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from parity_tests.judging.pair import Resolution, resolve
-from parity_tests.judging.precision_leak import loss_in_float32
+from parity_tests.judging.precision_leak import not_float64
 from parity_tests.judging.predicted_scale import (
     SUM_REDUCTION,
     check_scale,
@@ -145,7 +145,7 @@ def scale_checked(r: Resolved, spec: Mapping[str, Any], a: EngineSpec, b: Engine
     if final.status != "expected_difference" or r.residual is not None or exact:
         return final, None
     scale = predicted_scale(spec, r.judged, a, b)
-    if scale is None or any(x is None or loss_in_float32(x) for x in (a64, b64)):
+    if scale is None or any(x is None or not_float64(x) for x in (a64, b64)):
         return final, None
     found = check_scale(a64, b64, scale[0], clip=clip_of(spec))  # a clip after the combine: a ratio between 1/N and 1
     if found is None:

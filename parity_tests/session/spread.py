@@ -36,14 +36,17 @@ def nondeterministic(impl: str) -> bool:
 
 
 def judge_with_spread(verdict: Verdict, pair: tuple[str, str], judged: tuple[Mapping[str, Any], Mapping[str, Any]],
-                      rerun: Callable[[str, int], Mapping[str, Any]]) -> Verdict:
+                      rerun: Callable[[str, int], Mapping[str, Any]],
+                      own: tuple[bool, bool] = (True, True)) -> Verdict:
     """For a pair whose side(s) are nondeterministic and whose verdict is a divergence: the verdict within the spread.
 
     Args:
         pair: ``(reference, impl)``; judged: their runs the verdict judged.
         rerun: ``rerun(impl, i)`` the ``i``-th more run of ``impl`` on the judged case (the judge caches them).
+        own: whether each side's judged run is that implementation's own run of the case (not a mapped run of
+            it, whose reruns are not made): only such a side has a spread.
     """
-    sides = [nondeterministic(x) for x in pair]
+    sides = [o and nondeterministic(x) for x, o in zip(pair, own, strict=True)]
     if not verdict.diverged or not any(sides):
         return verdict
     spreads, named = [], []

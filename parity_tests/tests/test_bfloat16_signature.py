@@ -55,3 +55,34 @@ def test_a_pair_that_parts_keeps_its_verdict_where_neither_side_shows_bfloat16()
     ``inconclusive`` because neither side's step 1 showed a bfloat16 rounding; only a parity needs the signature."""
     parted = Verdict("divergence", "bfloat16 against float64", 0.92, 1e-3, None, None, np.zeros(1), None, "apart")
     assert BFloat16Signature().judge(parted, [_side("a", False), _side("b", False)]) is parted
+
+
+# the seed-1 hunt's pair 857 (2026-11-29), as measured: one weight, two one-row devices whose gradients of opposite
+# sign are each clipped to 1e-6 before the mean: torch.ddp's combined gradient is 0 in exact arithmetic, recorded 0 in
+# float64 and bfloat16 and -5.7e-14 (rounding residue) in float32; tf.single clips the full batch's gradient to -1e-6
+LOSS = {"f64": np.array([0.6866548193931992]), "f32": np.float32([0.686654806137085]),
+        "mixed": np.float32([0.6866157650947571])}  # the mixed loss 5.7e-5 from float32's: bfloat16's rounding
+
+
+def _cancelled(bf16: bool) -> SignatureSide:
+    return SignatureSide("torch.ddp", {"loss": LOSS["mixed" if bf16 else "f32"], "grad/0.kernel": np.zeros((1, 1, 1))},
+                         {"loss": LOSS["f32"], "grad/0.kernel": np.full((1, 1, 1), -5.684341886080802e-14)},
+                         {"loss": LOSS["f64"], "grad/0.kernel": np.zeros((1, 1, 1))})
+
+
+def _clipped() -> SignatureSide:
+    g32 = np.full((1, 1, 1), -9.999999974752427e-07)
+    return SignatureSide("tf.single", {"loss": LOSS["mixed"], "grad/0.kernel": g32}, {"loss": LOSS["f32"], "grad/0.kernel": g32},
+                         {"loss": LOSS["f64"], "grad/0.kernel": np.full((1, 1, 1), -1e-6)})
+
+
+def test_a_gradient_zero_in_float64_reads_no_signature_and_the_loss_still_does():
+    """Pair 857: the residue of an exactly cancelled gradient (0 against -5.7e-14, measured against itself: a gap of
+    1.0 in the signature and in its bound, 16) hid the loss's bfloat16 rounding and called the correct torch.ddp one
+    that does not compute in bfloat16. Left out, the loss reads it (5.7e-5 > 16 x 1.9e-8 + 2.4e-7): the verdict
+    stands. A side whose mixed loss is its float32 loss still shows none: the divergence still fires."""
+    expected = Verdict("expected_difference", "float64 bound", 2.9e-7, 1e-10, None, None, np.zeros(1), None, "as predicted")
+    assert BFloat16Signature().judge(expected, [_clipped(), _cancelled(True)]) is expected
+    v = BFloat16Signature().judge(expected, [_clipped(), _cancelled(False)])
+    assert (v.status, v.rule, v.key) == ("divergence", RULE_BF16_SIGNATURE, "loss")
+    assert v.detail.startswith("torch.ddp does not compute in bfloat16")

@@ -146,6 +146,9 @@ def test_programs_are_drawn_only_where_they_honour_the_case():
     assert not fit.runs(spec(optimizer={**native, "semantics": "torch"}, data__global_batch=16))
     assert not v1.runs(even) and v1.runs(spec(optimizer=native, dtype="float32", data__global_batch=16))
     assert BY_NAME[program("keras_fit_l2")].group == BY_NAME[torch("ddp_l2")].group == "l2"
+    user = BY_NAME[program("keras_fit_l2_user")]
+    assert user.group == BY_NAME[torch("ddp_l2_user")].group == "l2_user"
+    assert user.runs(spec(optimizer=native, dtype="float32", data__global_batch=16)) and not user.runs(even)
 
 
 COSINE = {"kind": "warmup_cosine", "warmup_steps": 2, "decay_steps": 3, "min_lr": 0.0}
@@ -512,6 +515,54 @@ def test_a_bug_where_nothing_moves_is_right_inconclusive_only_when_nothing_moved
     assert not judgement(pair, "inconclusive")[0]  # runs not known: not taken as vacuous
     moving = Pair(spec(optimizer={"name": "sgd", "lr": 0.1}), "tf.single", bug.impl, bug)
     assert not judgement(moving, "inconclusive", unmoved, unmoved)[0]  # the case moves: the judge is asked to see it
+
+
+def test_a_zero_initialised_bias_moved_below_the_contracts_scale_is_unmoved():
+    """The seed-1 hunt's pairs 1064 and 1065 (lr 1e-7 behind a clip of 1e-6): every array within 2e-13 of its start
+    but a zero-initialised bias, moved by 1e-14, counted as moved (1e-14 / 0): a relative movement is measured
+    against the 1e-2 floor of docs/tolerance.md (d_p), as every relative gap is; 2e-5 of it is movement (above the 1e-5 of STILL)."""
+    bug = next(b for b in BUGS if b.name == "last_tower_loss")
+    tiny = Pair(spec(optimizer={"name": "momentum", "semantics": "native", "lr": 1e-7, "momentum": 0.5},
+                     parallel__clip={"global_norm": 1e-6, "where": "after_combine"}), "tf.single", bug.impl, bug)
+    still = {"param/w": np.ones((3, 2)), "param/b": np.array([[0.0], [1e-14], [3e-14]]), "loss": np.ones(2)}
+    assert judgement(tiny, "inconclusive", still, still)[0]
+    moved = {"param/w": np.ones((3, 2)), "param/b": np.array([[0.0], [1e-7], [2e-7]]), "loss": np.ones(2)}
+    assert not judgement(tiny, "inconclusive", still, moved)[0]  # 2e-7 / 1e-2 = 2e-5 > 1e-5: moved
+
+
+def test_a_dead_network_is_every_gradient_of_both_sides_exactly_zero():
+    """The seed-1 hunt's pairs 857, 858: torch.ddp's combined gradient exactly 0 (two one-row devices whose gradients,
+    of opposite sign, are each clipped to 1e-6 before the mean) against tf.single's -1e-6 (the full batch clipped):
+    the per-device clip's difference, not a dead network; where both sides record only zeros, it is one."""
+    sgd = {"name": "momentum", "semantics": "tf", "lr": 0.05, "momentum": 0.9}
+    pair = Pair(spec(optimizer=sgd, parallel__devices=2, data__global_batch=2, steps=1,
+                     parallel__clip={"global_norm": 1e-6, "where": "per_device"}), "tf.single", "torch.ddp")
+    assert "expected_difference" in truth(pair.raw, BY_NAME[pair.reference], BY_NAME[pair.impl])[0]  # the premise
+    zero = {"param/w": np.ones((2, 1)), "grad/w": np.zeros((1, 1)), "loss": np.ones(1)}
+    live = {"param/w": np.array([[1.0], [1.0 + 1e-6]]), "grad/w": np.full((1, 1), -1e-6), "loss": np.ones(1)}
+    assert judgement(pair, "expected_difference", live, zero)[0] and judgement(pair, "expected_difference", zero, live)[0]
+    assert judgement(pair, "inconclusive", zero, zero)[0]
+    assert not judgement(pair, "expected_difference", zero, zero)[0] and not judgement(pair, "parity", zero, zero)[0]
+    assert not judgement(pair, "divergence", live, zero)[0]
+
+
+def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():
+    """The seed-1 hunt's pairs 1161-1163: ``next_batch@torch.ddp`` against ``tf.single`` under Adam with epsilon 0,
+    where the correct reference (and the clean torch.ddp) divide 0 by 0 at a dead unit's gradient from step 1 on
+    in float64, as the mutant does: the case leaves nothing to compare, so ``error`` is no miss. One side alone
+    non-finite is a difference the judge must report (a divergence): ``error`` stays a miss there."""
+    bug = next(b for b in BUGS if b.name == "next_batch" and b.base == "torch.ddp")
+    adam = {"name": "adam", "lr": 1.0, "semantics": "tf", "beta1": 0.9, "beta2": 0.999, "epsilon": 0.0}
+    pair = Pair(spec(optimizer=adam), "tf.single", bug.impl, bug)
+    finite = {"param/w": np.ones((3, 2)), "loss": np.ones(2)}
+    nan = {"param/w": np.array([[1.0, 1.0], [np.nan, 1.0], [np.nan, np.nan]]), "loss": np.array([1.0, np.nan])}
+    assert judgement(pair, "error", nan, nan)[0] and judgement(pair, "inconclusive", finite, finite, nan, nan)[0]
+    assert judgement(pair, "divergence", nan, nan)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "parity", nan, nan)[0] and not judgement(pair, "expected_difference", nan, nan)[0]
+    assert not judgement(pair, "error", finite, nan)[0]  # the bug's side alone: the bug overflowed, not the case
+    assert not judgement(pair, "error", nan, finite)[0]  # the reference alone: the bug changed what is computed
+    assert not judgement(pair, "error", finite, finite, nan, finite)[0]
+    assert not judgement(pair, "error")[0]  # runs not known: not taken as overflowing
 
 
 def test_both_runs_overflowing_allow_the_difference_certain_at_step_1():

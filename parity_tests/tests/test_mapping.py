@@ -239,6 +239,30 @@ def test_a_float64_run_whose_loss_is_float32_is_detected_and_judged_at_the_float
     assert "computes its loss in float32" in p.verdict.detail, f64.summary()
 
 
+@pytest.mark.usefixtures("pool")
+def test_a_keras_regularizers_float32_factor_is_read_from_the_run_and_judged_at_the_float32_noise():
+    """Keras' ``L2(1e-2)`` holds ``float32(1e-2)`` in a float64 run (``ops.cast`` of a Python float), its DDP port
+    ``1e-2``: in a float32 case (both float32 runs hold float32(1e-2)) the pair is parity with the constant named
+    (was: a divergence on the loss, 1e-9 relative: the factor's rounding times the L2 term, nothing else); the port
+    with its factor 1% off is still a divergence; in a float64 case the program does not compute in float64: the
+    divergence stands, with the constant named."""
+    from parity_tests.judging.precision_leak import float32_constants
+
+    sgd = {"name": "sgd", "lr": 0.1}
+    case = make(MLP, dtype="float32", data__global_batch=32, parallel__devices=4, optimizer=sgd)
+    pairs, summary = _pairs(case, [f"{TF}:keras_regularized", f"{TORCH}:sgd_l2", f"{TORCH}:sgd_l2_off"])
+    named = "keras.regularizers.L2(0.01) as 0.009999999776482582"
+    assert pairs["sgd_l2"].verdict.status == "parity", summary
+    assert any(named in n for n in pairs["sgd_l2"].notes), summary
+    assert pairs["sgd_l2_off"].verdict.status == "divergence", summary
+    f64 = compare_case(make(MLP, dtype="float64", data__global_batch=32, parallel__devices=4, optimizer=sgd),
+                       [f"{TF}:keras_regularized", f"{TORCH}:sgd_l2"])
+    p = f64.pairs[0]
+    assert p.verdict.status == "divergence" and p.verdict.key == "loss", f64.summary()
+    assert named in p.verdict.detail, f64.summary()
+    assert float32_constants(None) == [] and float32_constants({"loss": np.zeros(2)}) == []
+
+
 def test_loss_in_float32_reads_the_low_bits():
     """Unit: a loss made of float32 numbers (a mean over 4 towers) with float64 parameters is a leak; a float64
     loss, or a run whose parameters are float32 numbers too, is not."""
@@ -408,13 +432,13 @@ def test_a_stand_in_that_is_no_equivalent_run_gives_way_to_the_plugin_rerun_with
     of seed 1 on a mutant) still parts with the mapping: a divergence (was: expected_difference, no residual). The
     port that never reads the weighting cannot take the mapping: "residual not judged", saying why."""
     case = make(MLP, parallel__devices=5)  # 48 rows on 5 devices: uneven
-    pairs, summary = _pairs(case, [f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted", f"{TORCH}:sgd_l2_equal",
+    pairs, summary = _pairs(case, [f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted", f"{TORCH}:sgd_l2",
                                    f"{TORCH}:sgd_l2_weighted_shard_sum"])
     weighted = pairs["sgd_l2_weighted"]
     assert weighted.verdict.status == "expected_difference", summary
     assert weighted.residual is not None and weighted.residual.status == "parity", summary
     assert weighted.residual_not_judged is None and "sgd_l2_weighted itself" in weighted.mapping, summary
-    equal = pairs["sgd_l2_equal"]
+    equal = pairs["sgd_l2"]  # the plain mean over ranks: right for equal weighting, and it never reads the weighting
     assert equal.verdict.status == "expected_difference" and equal.residual is None, summary
     assert equal.residual_not_judged.startswith(NOT_EQUIVALENT), summary
     assert "did not read parallel.weighting from its case" in equal.residual_not_judged, summary

@@ -365,3 +365,81 @@ def test_a_replica_divergence_is_never_a_predicted_difference():
             assert not r.explained
     # the same gap found between two programs (not within one) is explained by the prediction
     assert resolve(apart, _pred("update"), residual=same).verdict.status == "expected_difference"
+
+
+# ------------------------------------------------------------------ a certain difference the float64 runs lack
+
+
+def _mixed_parity(a64: dict, b64: dict):
+    """A parity verdict whose own loss was not judged (a mixed pair of two frameworks' recipes,
+    ``theory.reported_loss_differs``), held beside its float64 runs judged with their loss
+    (``pair.float64_runs``)."""
+    v = judge_float64(a64, dict(a64), loss=False)
+    assert v.status == "parity" and v.per_step_loss_bound is None
+    return dataclasses.replace(v, float64_runs=judge_float64(a64, b64, loss=True))
+
+
+def test_a_certain_difference_the_float64_runs_do_not_show_is_unexpected_parity_at_any_dtype():
+    """Uneven shards with equal weighting change step 1's logged loss in exact arithmetic: a mixed pair at parity
+    whose float64 runs agree, loss included, lacks it (s1-1281: ``weighting_flipped`` computing ``by_size``)."""
+    a = _traj()
+    r = resolve(_mixed_parity(a, dict(a)), _pred("combined_grads", certain=True)).verdict
+    assert r.status == "unexpected_parity" and "float64 runs agree, their loss included" in r.detail, r.detail
+    # no float64 runs beside the verdict (the perturbation rule): nothing judged the loss, the parity stands
+    bare = judge_float64(a, dict(a), loss=False)
+    assert resolve(bare, _pred("combined_grads", certain=True)).verdict.status == "parity"
+    # the float64 losses part while the parameters agree (a sum reduction under a scale-free update): the
+    # difference is there, the parity stands (hunt seed 1, rows 979-981)
+    summed = _mixed_parity(a, {**a, "loss": a["loss"] * 2})
+    assert summed.float64_runs.status == "divergence"
+    assert resolve(summed, _pred("combined_grads", certain=True)).verdict.status == "parity"
+    # the float64 loss judged at step 1 only (the parameters part by rounding after it and no gradient bounds the
+    # loss's sensitivity): not every step's loss was judged, the parity stands
+    drift = {**a, "param/0.kernel": a["param/0.kernel"] * (1 + np.r_[0, 1e-14, 1e-14, 1e-14])[:, None, None]}
+    late = _mixed_parity({k: x for k, x in a.items() if k != "grad/0.kernel"},
+                         {k: x for k, x in drift.items() if k != "grad/0.kernel"})
+    assert late.float64_runs.status == "parity" and not np.isfinite(late.float64_runs.per_step_loss_bound).all()
+    assert resolve(late, _pred("combined_grads", certain=True)).verdict.status == "parity"
+    # a difference whose size depends on the values: the parity stands
+    assert resolve(_mixed_parity(a, dict(a)), _pred("combined_grads")).verdict.status == "parity"
+
+
+def test_an_uncertain_difference_after_the_loss_cannot_hide_a_certain_one():
+    """A per-device clip that may not act (s0-1122: 1e6, never reached) comes after step 1's loss: it cannot cancel
+    the uneven shards' difference there. One that acts at the loss may, and the parity stands."""
+    same, _ = _verdicts()
+    shards = Difference("uneven shards with equal weighting: words", True, "combined_grads", True, "weighting", "loss")
+    clip = Difference("clipping before vs after averaging: words", True, "clip", False, "clip", "combined_grads")
+    counts = Difference("per-device labelled counts: words", True, "combined_grads", False, None, "loss")
+    r = resolve(same, Prediction.of([shards, clip], [])).verdict
+    assert r.status == "unexpected_parity" and "uneven shards" in r.detail and "clipping" not in r.detail, r.detail
+    assert resolve(same, Prediction.of([shards, counts], [])).verdict.status == "parity"
+    assert resolve(same, Prediction.of([clip], [])).verdict.status == "parity"
+
+
+# ------------------------------------------------------------------ a difference of bfloat16 alone explains no float64 gap
+
+
+def _bf16(stage: str = "device_grads") -> Difference:
+    return Difference("bias gradient summed in bfloat16: words", True, stage, False, "bias_semantics", None, "bfloat16")
+
+
+def test_a_bfloat16_only_prediction_explains_no_gap_between_float64_runs():
+    """The float64 runs of a mixed pair compute no bfloat16: where they part (the float64 rule decided), Keras'
+    bias gradient summed in bfloat16 explains nothing (s1-1168: a mutant summing a shard's loss where the case
+    means it, 1.16 apart in float64, was an expected difference by that prediction)."""
+    _, apart = _verdicts()
+    assert apart.rule == "float64 bound"
+    r = resolve(apart, Prediction.of([_bf16()], []), stage="combined_grads")
+    assert r.verdict.status == "divergence" and not r.explained, r.verdict.detail
+    assert "exists only in bfloat16 arithmetic" in r.verdict.detail, r.verdict.detail
+    assert "bias gradient summed in bfloat16: words" in r.verdict.known_differences  # still named beside it
+    # a difference of the formulas beside it still explains the float64 gap (hunt seed 1, rows 821-822: sum
+    # reduction), and the note says what the bfloat16 one does not
+    summed = Difference("sum reduction: words", True, "combined_grads", True, "sum_weighting", "loss")
+    both = resolve(apart, Prediction.of([summed, _bf16()], []), stage="combined_grads")
+    assert both.verdict.status == "expected_difference" and "(sum reduction)" in both.verdict.detail, both.verdict.detail
+    assert any("only in bfloat16 arithmetic" in n for n in both.notes)
+    # judged in bfloat16 (the mixed runs, which do compute it), the prediction explains the gap as before
+    mixed = dataclasses.replace(apart, rule="bfloat16 perturbation floor")
+    assert resolve(mixed, Prediction.of([_bf16()], []), stage="device_grads").verdict.status == "expected_difference"

@@ -96,6 +96,18 @@ def test_certain_predictions_are_those_the_loss_or_state_shows_at_step_1():
     assert not any(d.certain for d in adam.differences if d.expected)  # its size depends on the gradients
 
 
+def test_differences_of_the_bfloat16_roundings_alone_are_marked_so():
+    """Keras' bias gradient summed in bfloat16 and the recipes' known roundings exist only in bfloat16 arithmetic
+    (``Difference.only_in``): the float64 runs a mixed pair is held against compute none of them, so
+    ``pair.resolve`` lets none explain a gap between those runs. A difference of the formulas is in every dtype."""
+    mixed = make(MLP, dtype="mixed_bfloat16", parallel__devices=4, data__global_batch=50, optimizer=ADAM)
+    pred = predict(mixed.spec, "tf.towers", "torch.single")  # no kernel probe: the bias sum is assumed bfloat16
+    only = {d.text.split(":")[0]: d.only_in for d in pred.differences}
+    assert only["bias gradient summed in bfloat16"] == "bfloat16"
+    assert only["mixed precision, dense bias"] == "bfloat16"
+    assert only["uneven shards with equal weighting"] is None and only["Adam epsilon placement"] is None, only
+
+
 @pytest.mark.parametrize(("kind", "side", "other", "changes"), [
     ("optimizer", "tf.towers", "torch.ddp", {"optimizer.semantics": "torch"}),
     ("optimizer", "torch.ddp", "tf.towers", {"optimizer.semantics": "tf", "optimizer.keras_rounding": "floatx_float32"}),

@@ -6,6 +6,14 @@ step 1 by more than ``BF16_SIGNATURE_FACTOR`` times that float32 run's own dista
 (``perturbation.BF16_SIGNATURE`` where no float64 run was made). It needs one run of its own per
 side, the case's first step in float32 (:meth:`BFloat16Signature.needs`), which the session makes
 with the first round, before any verdict.
+
+A gradient array that is exactly zero in the side's float64 run at step 1 is zero in exact arithmetic (a
+dead unit's, or the mean of per-device gradients that cancel: two one-row devices whose gradients of opposite
+sign are each clipped to 1e-6) and reads no signature: its float32 and bfloat16 values are rounding residue
+of 0 (the seed-1 hunt's pair 857: 0 in bfloat16 and float64, -5.7e-14 in float32), measured against nothing but
+itself (the gradients' floor is then that residue), so a gap of 1.0 in both the signature and its bound, which
+left the loss's bfloat16 rounding (5.7e-5 against a bound of 5.5e-7) unread and called a correct torch.ddp one
+that "does not compute in bfloat16". Such arrays are left out of both (:func:`_live`); the loss still reads.
 """
 
 from __future__ import annotations
@@ -14,12 +22,23 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from parity_tests.contract.case import MIXED_BFLOAT16
 from parity_tests.judging.rules.context import Planned
 from parity_tests.judging.run_kinds import STEP1, Variant
 from parity_tests.judging.verdict import RULE_BF16_SIGNATURE, Verdict
 
 __all__ = ["BFloat16Signature", "SignatureSide"]
+
+
+def _live(run: Mapping[str, Any] | None, f64: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``run`` less the ``grad/*`` arrays whose step-1 row is exactly zero in ``f64`` (module docstring)."""
+    if run is None or f64 is None:
+        return run
+    dead = {k for k in f64 if isinstance(k, str) and k.startswith("grad/")
+            and np.asarray(f64[k][:1]).size and not np.any(np.asarray(f64[k][:1]))}
+    return {k: v for k, v in run.items() if k not in dead} if dead else run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +75,9 @@ class BFloat16Signature:
         for side in sides:
             if side.mixed is None or side.step1 is None:
                 continue
-            gap, key = bfloat16_signature(side.mixed, side.step1)
-            bound, how = signature_bound(side.step1, side.f64)
+            mixed, step1 = _live(side.mixed, side.f64), _live(side.step1, side.f64)
+            gap, key = bfloat16_signature(mixed, step1)
+            bound, how = signature_bound(step1, side.f64)
             read.append((side, gap, key, bound, how))
         missing = [r for r in read if r[1] <= r[3]]
         if not missing:

@@ -34,7 +34,7 @@ from parity_tests.judging.loss_channel import (
     _loss_structure,
     _with_loss,
 )
-from parity_tests.judging.precision_leak import loss_in_float32
+from parity_tests.judging.precision_leak import float32_constants, not_float64
 from parity_tests.judging.rules.context import PairRuns, Planned
 from parity_tests.judging.rules.float64_bound import (
     _check_factor,
@@ -229,7 +229,8 @@ def judge_float32(
     fb_rows, _ = _row_max(_gaps(b32, b64, judged, scales))
     found, judged64 = _without_zero(zero, a64, b64, judged)
     v64 = _judge64(a64, b64, judged64, label="float64 runs")
-    leaky = [side for side, t in (("A", a64), ("B", b64)) if loss_in_float32(t)]
+    leaky = [side for side, t in (("A", a64), ("B", b64)) if not_float64(t)]
+    constants = any(float32_constants(t) for t in (a64, b64))
     held32: Verdict | None = None  # the float64 parameters held to the float32 noise (a leaky loss), at parity there
     if leaky and v64.status == "divergence" and v64.rule == RULE_FLOAT64:
         # the float32 cast inside the loss is differentiated too (a cast's gradient casts back): the leaky side's
@@ -238,7 +239,7 @@ def judge_float32(
         # their gap is held to the float32 rule's parameter bound (the float32 runs' own floors); above it the
         # divergence stands, by the float64 rule (precision_leak, "Bound")
         p32 = _judge_floor(a64, b64, judged64, scales, fa_rows, fb_rows, factor, RULE_FLOAT32,
-                           f"float64 runs {_held_to_float32(leaky)}", label="float64 runs")
+                           f"float64 runs {_held_to_float32(leaky, constants)}", label="float64 runs")
         if p32.status == "parity":
             v64, held32 = p32, p32
     if with_loss and leaky:
@@ -246,9 +247,12 @@ def judge_float32(
         # channel below float32 rounding, so their loss gap is held to the float32 rule's loss bound
         scale = _loss_scale(a64, b64)
         ch = _loss_channel_floor(a64, b64, _loss_gap(a32, a64, scale), _loss_gap(b32, b64, scale), scale, factor,
-                                 RULE_FLOAT32, f"float64 runs (the loss of {' and '.join(leaky)} computed in float32)")
-        v64 = _with_loss(v64, replace(ch, how=ch.how + f"; {' and '.join(leaky)}'s float64 loss has float32's"
-                                                       " precision at every step: judged at the float32 noise"))
+                                 RULE_FLOAT32, f"float64 runs (the float64 run of {' and '.join(leaky)} not float64"
+                                                             " throughout)")
+        v64 = _with_loss(v64, replace(ch, how=ch.how + f"; {' and '.join(leaky)}'s float64 loss "
+                                                       + ("holds a float32 constant" if constants else
+                                                          "has float32's precision at every step")
+                                                       + ": judged at the float32 noise"))
     elif with_loss:
         v64 = _with_loss(v64, _loss_channel64(a64, b64, judged64, "float64 runs", tuple(grads)))
     v64 = _with_zero(v64, found, "float64 runs")
@@ -258,7 +262,7 @@ def judge_float32(
         return _finished(v64, expect_difference, known)
 
     agree64 = (f"float64 runs agree (gap {v64.gap:.2e} <= {FLOAT64_RTOL:.2g})" if held32 is None else
-               f"float64 runs within the float32 noise (gap {held32.gap:.2e} <= {held32.bound:.2e}; {_held_to_float32(leaky)})")
+               f"float64 runs within the float32 noise (gap {held32.gap:.2e} <= {held32.bound:.2e}; {_held_to_float32(leaky, constants)})")
     v = _judge_floor(a32, b32, judged, scales, fa_rows, fb_rows, factor, RULE_FLOAT32, agree64)
     if with_loss:
         scale = _loss_scale(a64, b64)
@@ -268,8 +272,12 @@ def judge_float32(
     return _finished(v, expect_difference, known)
 
 
-def _held_to_float32(leaky: list[str]) -> str:
-    """Why the float64 parameters of a pair with a leaky loss (``leaky``: its sides) are held to the float32 noise."""
+def _held_to_float32(leaky: list[str], constants: bool = False) -> str:
+    """Why the float64 parameters of a pair with a leaky side (``leaky``: its sides; ``constants``: a float32
+    constant read from a run, else a loss computed in float32) are held to the float32 noise."""
+    if constants:
+        return (f"held to the float32 noise: {' and '.join(leaky)}'s float64 run holds a float32 constant (a Keras"
+                " regularizer's factor), which its loss and every gradient carry")
     return (f"held to the float32 noise: {' and '.join(leaky)}'s float64 loss has float32's precision at every step,"
             " and its gradients flow through that float32 computation")
 

@@ -130,6 +130,16 @@ def within_spread(verdict: Verdict, spread_a: tuple[np.ndarray, np.ndarray | Non
         return dataclasses.replace(verdict, detail=f"beyond the run-to-run spread ({what}, bound x{SPREAD_FACTOR:g});"
                                                    f" {verdict.detail}")
     status = "unexpected_parity" if verdict.status == "expected_difference" else "parity"
+    # the pair's gap and bound columns: the parameters' widened bound at the step where the gap comes closest to it
+    # (a verdict within the spread must not print a bound its gap exceeds)
+    g = np.asarray(verdict.per_step_gap, np.float64) if verdict.per_step_gap is not None else np.zeros(0)
+    widened = (np.fmax(np.broadcast_to(np.asarray(bound, np.float64), g.shape), SPREAD_FACTOR * params[: len(g)])
+               if len(g) and len(params) >= len(g) else None)
+    if widened is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(widened > 0, g / widened, 0.0)
+        k = int(np.nanargmax(ratio)) if np.isfinite(ratio).any() else 0
+        verdict = dataclasses.replace(verdict, gap=float(g[k]), bound=float(widened[k]), per_step_bound=widened)
     return dataclasses.replace(verdict, status=status, rule=RULE_SPREAD, first_step=None,
                                detail=f"within the run-to-run spread ({what}; gap {verdict.gap:.3g} <="
                                       f" {SPREAD_FACTOR:g} x spread); without it: {verdict.detail}")

@@ -30,7 +30,9 @@ from the judge's theory (``docs/error-rates.md``, "The ground truth"):
   hidden behind a predicted difference) are misses, and so are ``inconclusive`` and ``error``
   unless the bug itself makes the run vacuous (issue 35, item 8), or the case does: where nothing moves on
   either side (lr 0, or updates below the dtype), CONTRACT §8 makes every pair ``inconclusive`` whatever the
-  logged loss says, so ``inconclusive`` is right there (counted apart). Both runs overflowing, the
+  logged loss says, so ``inconclusive`` is right there (counted apart); where both runs overflow (the correct
+  reference too: the case does), ``error`` and ``inconclusive`` are right for a bug as well (counted apart).
+  Both runs of an equivalent pair overflowing, the
   right verdict is ``error`` or ``inconclusive``, or ``expected_difference`` where a difference is certain
   (it shows in step 1's loss, computed before any update can overflow). Each bug is drawn only
   on cases where it changes what is computed, by an amount the float64 bound
@@ -58,7 +60,7 @@ from parity_tests.testing.strategies import (
 )
 from parity_tests.tests.hunt.schedule import curve
 
-__all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "Impl", "IMPLS",
+__all__ = ["HERE", "TF", "TORCH", "PROGRAMS", "program", "OK", "LRS", "EPSILONS", "CLIP_NORMS", "ALWAYS", "NEVER", "STILL", "RELATIVE_FLOOR", "Impl", "IMPLS",
            "BY_NAME", "Bug", "BUGS", "BUG_PLUGINS", "MUTATIONS", "Pair", "tf", "torch", "mutant", "register_mutants",
            "mutated_runner", "specs", "pairs", "bug_weights", "behind", "shard_sizes", "update_scale", "differences",
            "cosine", "curve", "rates", "LATE", "MOMENTUM", "WARMUPS", "DECAYS", "FLOORS",
@@ -189,6 +191,12 @@ def _fits_keras_fit(spec: dict) -> bool:
             and par.get("clip") is None and par["shard"] == "contiguous" and b % n == 0)
 
 
+def _fits_keras_fit_float32(spec: dict) -> bool:
+    """``_fits_keras_fit`` in a float32 case: ``programs.keras_fit_l2_user``'s float64 run holds Keras' float32
+    factor, its port's the exact one, so the two compute the same numbers only in float32."""
+    return spec["dtype"] == "float32" and _fits_keras_fit(spec)
+
+
 def _fits_v1_losses(spec: dict) -> bool:
     """What ``programs.v1_losses`` honours, in float32 cases: ``np.array_split`` clones, each clone's mean loss
     times 1/N (equal weighting, or even shards), no clip, TensorFlow's Adam rule (``tf``/``native``)."""
@@ -213,7 +221,8 @@ class Impl:
             in a float64 ``native`` run.
         runs: ``runs(spec)``: whether it honours every field of that (validated) case.
         group: what it computes beyond the case: ``"case"`` nothing; ``"l2"`` the case's loss plus the
-            programs' own L2 term (``programs.L2``), which no built-in computes. Pairs are drawn within a group.
+            programs' own L2 term (``programs.L2``), which no built-in computes; ``"l2_user"`` the same with the
+            factor users write (``programs.L2_USER``). Pairs are drawn within a group.
         exact_lr: Keras made under floatx float64 (docs/plugins.md's recipe): ``learning_rate`` a float64 variable.
         fit: ``model.fit`` under ``MirroredStrategy``: each replica's loss scaled by Keras' float32(1/N)
             (``keras/src/losses/loss.py`` ``scale_loss_for_distribution``), so a float64 run's loss and
@@ -280,6 +289,10 @@ IMPLS: list[Impl] = [
     Impl(program("keras_fit_l2"), "prog:keras_fit_l2", "tf", True, True, _fits_keras_fit, group="l2", exact_lr=True,
          fit=True),
     Impl(torch("ddp_l2"), "torch:ddp_l2", "torch", True, False, _fits_keras_fit, group="l2"),
+    # the factor users write (1e-3), which Keras holds as float32(1e-3) in a float64 run: float32 cases only
+    Impl(program("keras_fit_l2_user"), "prog:keras_fit_l2_user", "tf", True, True, _fits_keras_fit_float32,
+         group="l2_user", exact_lr=True, fit=True),
+    Impl(torch("ddp_l2_user"), "torch:ddp_l2_user", "torch", True, False, _fits_keras_fit_float32, group="l2_user"),
 ]
 BY_NAME = {i.name: i for i in IMPLS}
 
@@ -656,10 +669,15 @@ def differences(spec: dict, a: Impl, b: Impl) -> tuple[list[str], list[str]]:
 STILL = (1e-5, 1e-8)
 
 
-def _still(traj: dict | None) -> bool:
-    """Every recorded gradient exactly zero at every step (a dead network: nothing to compare)."""
-    grads = [k for k in (traj or {}) if k.startswith("grad/")]
-    return bool(grads) and all(not np.any(np.asarray(traj[k])) for k in grads)
+def _still(*trajs: dict | None) -> bool:
+    """Every gradient the runs ``trajs`` record exactly zero at every step (a dead network: nothing to compare).
+
+    Both sides of a pair: one side's combined gradient may be exactly zero where the other's is not, without a
+    dead network (the seed-1 hunt's pairs 857, 858: two devices of one row each, their gradients of opposite sign
+    each clipped to 1e-6 before the mean, which is then exactly 0 in torch.ddp, while tf.single clips the full
+    batch's gradient to -1e-6 and moves): that is the difference a per-device clip makes, not a dead network."""
+    grads = [np.asarray(t[k]) for t in trajs for k in (t or {}) if k.startswith("grad/")]
+    return bool(grads) and all(not np.any(g) for g in grads)
 
 
 def _vacuous_case(spec: dict) -> bool:
@@ -667,15 +685,23 @@ def _vacuous_case(spec: dict) -> bool:
     return _lr(spec) == 0 or update_scale(spec) * spec["steps"] < STILL[spec["dtype"] == "float64"]
 
 
+#: The contract's denominator floor of a relative gap (docs/tolerance.md, ``d_p = max(||A_p||, ||B_p||, 1e-2)``): an
+#: array below it, a zero-initialised bias, is measured against 1e-2, so "relative" here means what it means there.
+RELATIVE_FLOOR = 1e-2
+
+
 def _moved(traj: dict | None, still: float) -> bool:
-    """Whether a recorded parameter of ``traj`` ends more than ``still`` (relative) from where it started
-    (:data:`STILL`: below it the judge may call it unmoved); ``None`` (not known): yes."""
+    """Whether a recorded parameter of ``traj`` ends more than ``still`` (relative, against
+    :data:`RELATIVE_FLOOR` at least) from where it started (:data:`STILL`: below it the judge may call it
+    unmoved); ``None`` (not known): yes. A zero-initialised bias moved by 1e-14 has not moved 1e16 times its
+    size: it has moved 1e-12 of the contract's scale (the seed-1 hunt's pairs 1064 and 1065, lr 1e-7 behind a
+    clip of 1e-6, every array within 2e-13 of its start and the zero bias counted as moved)."""
     if traj is None:
         return True
     for k in traj:
         if k.startswith("param/"):
             r = np.asarray(traj[k], np.float64).reshape(len(traj[k]), -1)
-            scale = max(float(np.max(np.abs(r[0]), initial=0.0)), 1e-30)
+            scale = max(float(np.max(np.abs(r[0]), initial=0.0)), RELATIVE_FLOOR)
             with np.errstate(invalid="ignore"):
                 if len(r) > 1 and not float(np.max(np.abs(r[-1] - r[0]), initial=0.0)) / scale <= still:
                     return True  # (a NaN is movement: nothing vacuous about it)
@@ -687,6 +713,13 @@ def _nonfinite(traj: dict | None) -> bool:
         return False
     return any(k == "loss" or k.startswith(("param/", "grad/")) for k in traj
                if np.asarray(traj[k]).size and not np.all(np.isfinite(np.asarray(traj[k], np.float64))))
+
+
+def _overflow(ref_traj: dict | None, impl_traj: dict | None, ref64: dict | None, impl64: dict | None) -> bool:
+    """Both runs non-finite, in the case dtype or in float64 (the runs a float32 case's verdict reads first): the
+    reference is correct code, so the case itself leaves the numbers (Adam with epsilon 0 divides 0 by 0 wherever a
+    gradient element is exactly 0, a dead unit's), whatever the other side is."""
+    return (_nonfinite(ref_traj) and _nonfinite(impl_traj)) or (_nonfinite(ref64) and _nonfinite(impl64))
 
 
 def truth(spec: dict, a: Impl, b: Impl) -> tuple[tuple[str, ...], str]:
@@ -749,17 +782,23 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
             # CONTRACT §8: where no parameter moves nothing was compared, whatever the logged loss says; the case
             # (lr 0, or updates below the dtype), not the judge, leaves the bug unseen (counted apart in the table)
             return True, f"nothing moves on either side (CONTRACT §8: inconclusive): {pair.bug.why}"
+        if status in ("error", "inconclusive") and _overflow(ref_traj, impl_traj, ref64, impl64):
+            # rule 3, the equivalent pairs' predicate: the correct reference overflows too, so the case, not the bug,
+            # leaves nothing to compare (the seed-1 hunt's pairs 1161-1163: next_batch under Adam epsilon 0, tf.single
+            # and the clean torch.ddp NaN from step 1 in float64 as the mutant is); one side alone non-finite is a
+            # divergence the judge must find (rules/nonfinite.py), a miss as before
+            return True, f"both runs overflow, the correct one too (error or inconclusive right): {pair.bug.why}"
         if status not in pair.bug.caught_by():
             return False, f"missed ({status}): {pair.bug.why}"
         return True, pair.bug.why
     a, b = BY_NAME[pair.reference], BY_NAME[pair.impl]
     allowed, why = truth(pair.raw, a, b)
-    if (_nonfinite(ref_traj) and _nonfinite(impl_traj)) or (_nonfinite(ref64) and _nonfinite(impl64)):
+    if _overflow(ref_traj, impl_traj, ref64, impl64):
         # a difference certain at step 1 shows in its loss, computed before any update can overflow
         certain = differences(pair.raw, a, b)[0]
         allowed = ("error", "inconclusive") + (("expected_difference",) if certain else ())
         why = "both runs overflow" + (f" (after step 1's loss, where {'; '.join(certain)} shows)" if certain else "")
-    elif _still(ref_traj) or _still(impl_traj):
+    elif _still(ref_traj, impl_traj):
         allowed, why = ("inconclusive",), "every gradient is exactly zero (a dead network)"
     return status in allowed, f"{why}; right: {' or '.join(allowed)}"
 
@@ -791,7 +830,7 @@ def bug_weights(raws: list[dict]) -> dict[str, float]:
     out = {}
     for name in {bg.name for bg in BUGS}:
         hits = sum(any(bg.applies(s) and BY_NAME[bg.base].runs(s) for bg in BUGS if bg.name == name) for s in valid)
-        out[name] = len(valid) / max(hits, 1)
+        out[name] = max(len(valid), 1) / max(hits, 1)  # no valid raw (an --only hunt that drew none): even weights
     return out
 
 

@@ -19,6 +19,11 @@ runs, so a pair's right verdict is known by construction (``corpus.truth``):
 * :func:`keras_fit_l2` -- :func:`keras_fit` with ``kernel_regularizer=L2(L2)`` on every layer: a
   loss term the case cannot express. Its equivalent port is ``torch_side.ddp_l2``; a built-in
   trains without the term, so such a pair is never drawn against one.
+* :func:`keras_fit_l2_user` -- :func:`keras_fit_l2` with the factor users write, ``L2(1e-3)``, which Keras
+  holds as float32(1e-3) even in a float64 run (``L2.__call__`` casts it through float32): its port is
+  ``torch_side.ddp_l2_user`` (``1e-3`` exact in float64). Drawn in float32 cases only, where both float32
+  runs hold float32(1e-3) and the judge must read the constant from the run (``tfpar.keras_seen``) rather
+  than take the float64 runs' 1e-9 for a bug; in a float64 case the programs do differ.
 * :func:`v1_losses` -- a slim-style ``tf.compat.v1`` graph: clones under ``name_scope``, the loss
   from ``tf.compat.v1.losses`` (reduced in float32 even in a float64 graph: ``compute_weighted_loss``
   casts to float32), each clone's loss scaled by ``1/N`` and the clone gradients summed, a
@@ -35,8 +40,8 @@ import tensorflow as tf
 import tfpar
 from parity_tests.tests.hunt.tf_side import keras_load, keras_optimizer
 
-__all__ = ["L2", "keras_fit", "keras_fit_floatx", "keras_fit_l2", "keras_fit_lr_high", "keras_fit_loss_over_n",
-           "v1_losses"]
+__all__ = ["L2", "L2_USER", "keras_fit", "keras_fit_floatx", "keras_fit_l2", "keras_fit_l2_user", "keras_fit_lr_high",
+           "keras_fit_loss_over_n", "v1_losses"]
 
 DTYPES = ("float32", "float64")
 
@@ -45,6 +50,9 @@ DTYPES = ("float32", "float64")
 #: relative against an exact port), a difference of its own that this family does not test; what it tests is
 #: a loss term the case cannot express.
 L2 = 2.0**-10
+#: The factor users write (keras-io's examples use 1e-3 to 1e-4): not a float32 number, so Keras holds
+#: float32(1e-3) in a float64 run (:func:`keras_fit_l2_user`).
+L2_USER = 1e-3
 
 
 def _keras_loss(name: str):
@@ -115,6 +123,12 @@ def keras_fit_floatx(run):
 def keras_fit_l2(run):
     """:func:`keras_fit` with an L2 kernel regularizer (factor :data:`L2`) on every layer."""
     _fit(run, policy=True, l2=L2)
+
+
+@tfpar.plugin.tensorflow(dtypes=DTYPES)
+def keras_fit_l2_user(run):
+    """:func:`keras_fit` with ``kernel_regularizer=L2(1e-3)`` (:data:`L2_USER`) on every layer."""
+    _fit(run, policy=True, l2=L2_USER)
 
 
 @tfpar.plugin.tensorflow(dtypes=DTYPES)

@@ -272,6 +272,13 @@ def ddp_l2(run):
     _train(run, "ddp", l2=2.0**-10)
 
 
+@torchref.plugin.distributed(dtypes=DTYPES)
+def ddp_l2_user(run):
+    """:func:`ddp` with ``1e-3 sum ||W||^2`` over the kernels: the port of ``programs.keras_fit_l2_user``
+    (Keras' ``L2(1e-3)``, which Keras holds as float32(1e-3) in a float64 run; this port holds 1e-3)."""
+    _train(run, "ddp", l2=1e-3)
+
+
 @torchref.plugin.distributed(dtypes=("float32",))
 def ddp_f32(run):
     """:func:`ddp` declaring float32 only: a pair with it is judged by the perturbation floor."""

@@ -11,6 +11,10 @@ N towers as a user's code does it, each written the way a public program is:
   ``L2 * sum(kernel**2)`` on every kernel added to each tower's loss, as the TF2 custom-loop
   tutorial's kernel regularizers do: a loss term no case field expresses;
 * ``own_adamw``: torch's AdamW rule written out by hand (no optimizer class at all);
+* ``keras_regularized``: a Keras ``Sequential`` made under ``keras.config.set_floatx(run.dtype)`` with
+  ``kernel_regularizer=keras.regularizers.L2(L2)``, ``model.losses`` added to each tower's loss as the
+  TF2 custom-loop tutorial does, Keras' SGD: Keras casts the factor through float32 even in a float64 run
+  (``L2.__call__``: ``ops.cast(self.l2, x.dtype)``), which no user code can reach;
 * ``v1_losses``: a slim-style tower loop whose loss is ``tf.compat.v1.losses.sigmoid_cross_entropy``,
   which reduces in float32 even when its inputs are float64 (``compute_weighted_loss`` casts the
   per-example losses to float32, sums them and casts the mean back).
@@ -143,3 +147,33 @@ def v1_losses_lr_bug(run):
     lr = run.spec["optimizer"]["lr"]
     last = sorted(run.initial)[-1]
     _towers(run, lambda g, w: [w[k].assign_sub(lr * (1.001 if k == last else 1.0) * g[k]) for k in w], v1=True)
+
+
+@tfpar.plugin.tensorflow(dtypes=BOTH)
+def keras_regularized(run):
+    """Keras layers with ``L2(L2)`` kernel regularizers and Keras' SGD, ``model.losses`` in each tower's loss."""
+    import keras
+
+    keras.config.set_floatx(run.dtype)
+    reg = keras.regularizers.L2
+    model = keras.Sequential([keras.Input(shape=(5,)),
+                              keras.layers.Dense(10, activation="relu", kernel_regularizer=reg(L2)),
+                              keras.layers.Dense(1, kernel_regularizer=reg(L2))])
+    names = ("0.kernel", "0.bias", "1.kernel", "1.bias")
+    model.set_weights([run.initial[k] for k in names])
+    w = model.trainable_variables  # in ``names``' order
+    opt = keras.optimizers.SGD(run.spec["optimizer"]["lr"])
+    n = len(run.devices)
+    run.begin(dict(zip(names, w, strict=True)))
+    for x, y in run.batches():
+        grads, losses = [], []
+        for dev, xr, yr in zip(run.devices, np.array_split(x, n), np.array_split(y, n), strict=True):
+            with tf.device(dev), tf.GradientTape() as tape:
+                logits = model(tf.constant(xr))
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.constant(yr), logits=logits))
+                loss += tf.add_n(model.losses)
+            grads.append(tape.gradient(loss, w))
+            losses.append(loss)
+        g = [tf.add_n([gr[i] for gr in grads]) / n for i in range(len(w))]
+        opt.apply_gradients(zip(g, w, strict=True))
+        run.record(tf.add_n(losses) / n, dict(zip(names, w, strict=True)), grads=dict(zip(names, g, strict=True)))

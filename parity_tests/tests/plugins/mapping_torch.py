@@ -191,6 +191,20 @@ def sgd_shard_mean(run):
     _train(run, _sgd, reduction="mean")
 
 
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2(run):
+    """The port of ``mapping_tf.keras_regularized``: ``torch.optim.SGD``, the same L2 term in every rank's loss
+    (``1e-2 * w.pow(2).sum()``: the factor exact in float64, float32(1e-2) in float32, as torch multiplies)."""
+    _train(run, _sgd, l2=L2)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_l2_off(run):
+    """``sgd_l2`` with a seeded bug: the L2 factor 1% too large (the loss 4e-4 relative apart: far above the
+    float32 noise, so a float32 constant on the other side must not hide it)."""
+    _train(run, _sgd, l2=1.01 * L2)
+
+
 @torchref.plugin.single(dtypes=BOTH)
 def sgd_l2_single(run):
     """One process, the whole batch: ``torch.optim.SGD`` on the loss plus the L2 term no case field expresses."""
@@ -201,13 +215,6 @@ def sgd_l2_single(run):
 def sgd_l2_weighted(run):
     """DDP port of :func:`sgd_l2_single` that reads the case's ``parallel.weighting`` and honours it."""
     _train(run, _sgd, l2=L2, weighted=True)
-
-
-@torchref.plugin.distributed(dtypes=BOTH)
-def sgd_l2_equal(run):
-    """DDP port of :func:`sgd_l2_single` with the plain mean over ranks: right for ``equal`` weighting, the only one
-    it knows (it never reads ``parallel.weighting``)."""
-    _train(run, _sgd, l2=L2)
 
 
 @torchref.plugin.distributed(dtypes=BOTH)
