@@ -64,7 +64,13 @@ from parity_tests.session.keys import (
     as_given,
 )
 from parity_tests.session.loss_scale import ExactScale
-from parity_tests.session.mapping import NOT_EQUIVALENT, SideMapping, changed_fields, reads_mapping
+from parity_tests.session.mapping import (
+    NOT_EQUIVALENT,
+    SideMapping,
+    changed_fields,
+    reads_mapping,
+    residual_unjudged,
+)
 from parity_tests.session.residual import Resolved, resolve_pair, scale_checked
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.variants import (
@@ -321,19 +327,22 @@ class _Judged:
         from parity_tests.session.executor import Executor
         from parity_tests.session.plan import mapped_runs
 
+        def unjudged(why: str) -> Resolved:  # still no residual: its line and report.json say why, the rerun's too
+            said = f"{through.not_judged}; nor {m.text}{why}"
+            return dataclasses.replace(through, not_judged=said, final=residual_unjudged(through.resolution.verdict, said))
+
         if not isinstance(self.runs, Executor):
             return through
         self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
         run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
         if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
-            why = self.runs.unmappable.get(m.ident, "its runs were not made")
-            return dataclasses.replace(through, not_judged=f"{through.not_judged}; nor {m.text} ({why})")
+            return unjudged(f" ({self.runs.unmappable.get(m.ident, 'its runs were not made')})")
         fields = changed_fields(self.case.spec, m.changes)
         if not reads_mapping(run64, mapped64, fields):
-            said = ("it did not read " + ", ".join(fields) + " from its case"
-                    if getattr(mapped64, "meta", {}).get("case_read") is not None else
-                    "its float64 run is its run without it, by the float64 rule: it does not read the mapped value")
-            return dataclasses.replace(through, not_judged=f"{through.not_judged}; nor {m.text}: {said}")
+            return unjudged(": it did not read " + ", ".join(fields) + " from its case"
+                            if getattr(mapped64, "meta", {}).get("case_read") is not None else
+                            ": its float64 run is its run without it, by the float64 rule: it does not read the mapped"
+                            " value")
         return resolve_pair(legs, (ref, ""), (impl, ""), pred, impl_is_b=m.side == impl, mapping=m,
                             mapped=(m.side, m.key))
 

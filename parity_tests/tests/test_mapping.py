@@ -442,6 +442,7 @@ def test_a_stand_in_that_is_no_equivalent_run_gives_way_to_the_plugin_rerun_with
     assert equal.verdict.status == "expected_difference" and equal.residual is None, summary
     assert equal.residual_not_judged.startswith(NOT_EQUIVALENT), summary
     assert "did not read parallel.weighting from its case" in equal.residual_not_judged, summary
+    assert any("did not read parallel.weighting" in u for u in equal.verdict.unjudged), summary  # the line says it too
     bug = pairs["sgd_l2_weighted_shard_sum"]
     assert bug.verdict.status == "divergence", summary
     assert "with it mapped" in bug.verdict.detail and "still parts" in bug.verdict.detail, summary
