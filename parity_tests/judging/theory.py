@@ -999,7 +999,8 @@ def mapping_changes(kind: str, spec: dict[str, Any], side: Impl, other: Impl,
     """Case changes that make ``side`` compute what ``other`` computes for one :class:`Difference`.
 
     ``None`` when ``side`` cannot: the change is a field of the case only the tool's own
-    implementations read (a plugin is never asked to read a mapped value), and the
+    implementations read (a plugin is asked for a mapped value only by the session, and only where its
+    stand-in is no equivalent run: ``session.judge_pair``, "on the plugin itself"), and the
     structural mappings (weighting, clipping, combine, batch norm) apply to the side that
     splits the batch. ``keras_rounding``: what ``other``'s Keras optimizer held in float32
     when ``side`` is mapped onto a TensorFlow side (``contract.optimizer``'s
