@@ -345,8 +345,14 @@ def judge_bfloat16(
     known_differences: Iterable[str] = (),
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
+    grads: Iterable[Mapping[str, Any]] = (),
 ) -> Verdict:
     """Judge a ``mixed_bfloat16`` pair against its float64 runs (module docstring).
+
+    ``loss``: judge the mixed runs' loss between the sides (by default when ``keys`` is not given and every run
+    holds one); ``False`` (``theory.reported_loss_differs``) leaves the *float64* runs' loss judged all the same,
+    by the float64 rule (``FLOAT64_RTOL + S x`` the parameters' gap of the step before, ``S`` from the runs' or
+    ``grads``' recorded gradients: ``loss_channel.loss_sensitivity``).
 
     Returns the float64 rule's verdict when the float64 runs part; else a divergence naming
     the first side (``a`` first) that is farther from float64 than ``E_X`` allows; else parity
@@ -364,8 +370,12 @@ def judge_bfloat16(
     runs = [a.run, b.run, a.float64, b.float64, *a.reruns, *b.reruns, *a.reruns64, *b.reruns64]
     judged = _judged_keys(runs, keys)
     with_loss = _judges_loss(runs, keys, loss)
+    # the float64 runs' loss is judged by the float64 rule even where the mixed runs' is not (``loss=False``: two
+    # recipes whose logits are rounded differently, ``theory.reported_loss_differs``): they compute no bfloat16,
+    # so nothing but a difference of the programs parts their losses (module docstring, "The loss")
     v64 = judge_float64(a.float64, b.float64, expect_difference=expect_difference, known_differences=known,
-                        keys=judged, loss=with_loss)
+                        keys=judged, loss=_judges_loss((a.float64, b.float64), keys, None if loss is False else loss),
+                        grads=grads)
     if v64.status != "parity":  # a semantic difference (or an error), on any CPU
         return v64
     problem = _structure([("mixed runs A vs B", a.run, b.run), ("side A vs its float64 run", a.run, a.float64),

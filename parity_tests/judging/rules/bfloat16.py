@@ -42,4 +42,5 @@ class BFloat16:
         # judging.bfloat16 imports the float64 rule of this package: imported here, once both are loaded
         from parity_tests.judging.bfloat16 import judge_bfloat16
 
-        return judge_bfloat16(*pair.bfloat16, known_differences=pair.known, loss=(pair.perturbation or {}).get("loss"))
+        return judge_bfloat16(*pair.bfloat16, known_differences=pair.known, loss=(pair.perturbation or {}).get("loss"),
+                              grads=pair.grads)
