@@ -39,10 +39,15 @@ the verdict's ``unjudged`` names it): the move was absorbed by bfloat16 rounding
 it (the hunt's pairs 464 and 465: sigmoid outputs near 0.5, whose bfloat16 step 2^-9 the move's
 1e-5 does not cross), so the roundings that part the two sides' losses there were never sampled
 and ``S_L`` bounds nothing (step-1 losses 1.4e-5 apart against a spread of 1.5e-7). It is the
-reason ``theory.reported_loss_differs`` reports rather than judges the loss of a pair whose last
+reason ``theory.reported_loss_differs`` reports rather than judges the mixed loss of a pair whose last
 dense layer has a bias, at the steps where the runs show it. The parameters, and the loss at
 every sampled step, are still judged; a pair of one recipe rounds the same values alike, and
-its loss stays judged at every step (a logged-loss bug there is still caught).
+its loss stays judged at every step (a logged-loss bug there is still caught). The float64 runs'
+loss is judged in every pair, ``loss=False`` or not (``FLOAT64_RTOL + S x pgap``, docs/tolerance.md): those
+runs compute no bfloat16, so neither reason above is theirs, and a bug in the logged loss alone (a tower's
+loss logged for the towers' mean) parts them at step 1 by its full size (measured on 117 mixed
+TensorFlow-vs-torch cases of two hunts, ``benchmarks/bench_mixed_loss64.py``: correct sides at most 3.2e-16
+apart at step 1, 1.4e-14 at any step).
 
 **The sampled spread** ``S``. Each side is re-run ``R = BF16_RERUNS = 2`` times with its
 inputs ``x`` moved by one bfloat16 ulp and its initial weights and hyperparameters by one
@@ -345,8 +350,14 @@ def judge_bfloat16(
     known_differences: Iterable[str] = (),
     keys: Iterable[str] | None = None,
     loss: bool | None = None,
+    grads: Iterable[Mapping[str, Any]] = (),
 ) -> Verdict:
     """Judge a ``mixed_bfloat16`` pair against its float64 runs (module docstring).
+
+    ``loss``: judge the mixed runs' loss between the sides (by default when ``keys`` is not given and every run
+    holds one); ``False`` (``theory.reported_loss_differs``) leaves the *float64* runs' loss judged all the same,
+    by the float64 rule (``FLOAT64_RTOL + S x`` the parameters' gap of the step before, ``S`` from the runs' or
+    ``grads``' recorded gradients: ``loss_channel.loss_sensitivity``).
 
     Returns the float64 rule's verdict when the float64 runs part; else a divergence naming
     the first side (``a`` first) that is farther from float64 than ``E_X`` allows; else parity
@@ -364,8 +375,12 @@ def judge_bfloat16(
     runs = [a.run, b.run, a.float64, b.float64, *a.reruns, *b.reruns, *a.reruns64, *b.reruns64]
     judged = _judged_keys(runs, keys)
     with_loss = _judges_loss(runs, keys, loss)
+    # the float64 runs' loss is judged by the float64 rule even where the mixed runs' is not (``loss=False``: two
+    # recipes whose logits are rounded differently, ``theory.reported_loss_differs``): they compute no bfloat16,
+    # so nothing but a difference of the programs parts their losses (module docstring, "The loss")
     v64 = judge_float64(a.float64, b.float64, expect_difference=expect_difference, known_differences=known,
-                        keys=judged, loss=with_loss)
+                        keys=judged, loss=_judges_loss((a.float64, b.float64), keys, None if loss is False else loss),
+                        grads=grads)
     if v64.status != "parity":  # a semantic difference (or an error), on any CPU
         return v64
     problem = _structure([("mixed runs A vs B", a.run, b.run), ("side A vs its float64 run", a.run, a.float64),

@@ -105,8 +105,8 @@ def judge_sides(dtype: str, a: Side, b: Side, *, rule: str, known: Iterable[str]
 def float64_runs(pair: PairRuns) -> Verdict:
     """The float64 rule on the two float64 runs a mixed pair is held against (``pair.bfloat16``), the loss judged.
 
-    The bfloat16 rule judges those runs' parameters and state against the float64 bound, and their loss with
-    the mixed runs' (not where the two frameworks' mixed losses are different quantities,
+    The bfloat16 rule judges those runs' parameters, state and loss against the float64 bound (their loss also
+    where the two frameworks' *mixed* losses are different quantities and go unjudged,
     ``theory.reported_loss_differs``: a bfloat16 rounding of the logits, which the float64 runs do not have).
     Here the float64 loss is judged as in a float64 case (``FLOAT64_RTOL`` at step 1, where both start from
     the same parameters; the parameters' gap carried after it): what :func:`resolve` reads to tell whether a

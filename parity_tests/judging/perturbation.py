@@ -94,8 +94,9 @@ Mixed precision (``"bfloat16 perturbation floor"``, the perturbation rule for dt
 
     The *loss* of a Keras side and a torch side is not the same quantity when the last
     layer is a dense layer with a bias: Keras rounds those logits twice (the product, then
-    ``+ bias``), torch's ``nn.Linear`` once (``theory.reported_loss_differs``). For such pairs the loss channel
-    is reported beside the verdict, not judged; the parameters decide.
+    ``+ bias``), torch's ``nn.Linear`` once (``theory.reported_loss_differs``). For such pairs the mixed runs'
+    loss channel is reported beside the verdict, not judged; their float64 runs' loss, which rounds no logit, is
+    judged by the float64 rule (``judging.bfloat16.judge_bfloat16``).
 
     **The bfloat16 signature** (:func:`bfloat16_signature`; the bound is ``judging.bfloat16.signature_bound``,
     16 times the float32 run's own step-1 gap to float64, and ``BF16_SIGNATURE = 2**-12`` below only

@@ -494,8 +494,9 @@ def reported_loss_differs(spec: dict[str, Any], a: Impl, b: Impl) -> bool:
     Keras' last dense layer rounds ``h W`` to bfloat16 and then ``+ b`` again, and the loss is
     taken from those logits; torch's ``nn.Linear`` adds the bias inside the product and rounds
     once: the two losses differ by a bfloat16 rounding of every logit even where the gradients
-    agree to bfloat16 arithmetic. The judge then reports the loss beside the verdict instead of
-    judging it (``perturbation``, "Mixed precision").
+    agree to bfloat16 arithmetic. The judge then reports the mixed runs' loss beside the verdict
+    instead of judging it (``perturbation``, "Mixed precision"); the pair's float64 runs round no
+    logit, and their loss is judged by the float64 rule all the same (``judging.bfloat16.judge_bfloat16``).
     """
     layers = spec["model"]["layers"]
     return (spec["dtype"] == "mixed_bfloat16" and engine(a).framework != engine(b).framework

@@ -86,13 +86,18 @@ __all__ = ["CONDITIONING_ROUNDINGS"]
 CONDITIONING, SPREAD, SIGNATURE = Conditioning(), Spread(), BFloat16Signature()
 
 
-def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Verdict:
-    """A mixed pair whose losses are different quantities (``theory.reported_loss_differs``): say so, with the gap."""
+def _loss_reported(verdict: Verdict, a: dict[str, np.ndarray], b: dict[str, np.ndarray], float64: bool) -> Verdict:
+    """A mixed pair whose mixed losses are different quantities (``theory.reported_loss_differs``): say so, with the
+    gap (over the steps where both are finite). ``float64``: the bfloat16 rule held the pair against its float64
+    runs, which round no logit, and judged their loss (``judging.bfloat16.judge_bfloat16``)."""
     la, lb = np.asarray(a["loss"], np.float64), np.asarray(b["loss"], np.float64)
-    gap = float(np.max(np.abs(la - lb) / np.maximum(np.maximum(np.abs(la), np.abs(lb)), 1e-2))) if la.size else 0.0
+    with np.errstate(invalid="ignore"):
+        rel = np.abs(la - lb) / np.maximum(np.maximum(np.abs(la), np.abs(lb)), 1e-2)
+    finite = rel[np.isfinite(rel)]
+    gap = f"{float(np.max(finite)):.2e}" if finite.size else "none finite" if rel.size else "0.00e+00"
     first, _, rest = verdict.detail.partition("\n")
-    note = (f"; loss reported, not judged: Keras rounds the logits twice (product, then + bias), torch once"
-            f" (greatest relative loss gap {gap:.2e})")
+    note = (f"; mixed loss reported, not judged: Keras rounds the logits twice (product, then + bias), torch once"
+            f" (greatest relative loss gap {gap})" + ("; the float64 runs' loss judged by the float64 rule" if float64 else ""))
     return dataclasses.replace(verdict, detail=first + note + (("\n" + rest) if rest else ""))
 
 
@@ -238,7 +243,7 @@ class _Judged:
         # runs: a residual is judged against the plugin's run-to-run spread as the pair is): against that spread
         v = _within_spread(v, a or (ref, ""), b or (impl, ""), self.variants, dtype, self.runs)
         if loss_differs:
-            v = _loss_reported(v, sa.run, sb.run)
+            v = _loss_reported(v, sa.run, sb.run, bf16 is not None)
         if mixed:
             v = _bf16_guard(v, ref, impl, self.trajs)
         return v

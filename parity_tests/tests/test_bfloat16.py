@@ -36,12 +36,15 @@ def _traj(offset: float, dtype=np.float32, loss_offset: float = 0.0, semantic: f
 
 
 def _side(name: str, distance: float, spread: float, *, rho: float = 1.0, loss_distance: float = 0.0,
-          semantic: float = 0.0) -> Side:
-    """A side ``distance`` from its float64 run whose reruns are ``spread`` from it (both reruns)."""
-    run = _traj(distance, loss_offset=loss_distance)
-    reruns = [_traj(distance + spread, loss_offset=loss_distance + spread) for _ in range(2)]
-    reruns64 = [_traj(0.0, np.float64, semantic=semantic) for _ in range(2)]  # each rerun's error: spread from the run's
-    return Side(name, run, _traj(0.0, np.float64, semantic=semantic), reruns, reruns64, rho, f"{name}: kernels")
+          semantic: float = 0.0, loss64: float = 0.0) -> Side:
+    """A side ``distance`` from its float64 run whose reruns are ``spread`` from it (both reruns); ``loss64``: its
+    float64 runs' losses moved by that much (a difference of its program in the logged loss alone)."""
+    run = _traj(distance, loss_offset=loss_distance + loss64)
+    reruns = [_traj(distance + spread, loss_offset=loss_distance + loss64 + spread) for _ in range(2)]
+    # each rerun's error: spread from the run's
+    reruns64 = [_traj(0.0, np.float64, semantic=semantic, loss_offset=loss64) for _ in range(2)]
+    return Side(name, run, _traj(0.0, np.float64, semantic=semantic, loss_offset=loss64), reruns, reruns64, rho,
+                f"{name}: kernels")
 
 
 def _bound(spread: float, rho: float = 1.0) -> float:
@@ -99,6 +102,51 @@ def test_the_loss_channel_is_judged_per_side_unless_switched_off():
     v = judge_bfloat16(_side("A", 0.0, 1e-3), far)
     assert (v.status, v.key) == ("divergence", "loss") and v.first_step == 1, v.detail
     assert judge_bfloat16(_side("A", 0.0, 1e-3), far, loss=False).status == "parity"
+
+
+@pytest.mark.parametrize(("loss64", "status"), [(5e-11, "parity"), (1e-6, "divergence")])
+def test_the_float64_runs_loss_is_judged_where_the_mixed_loss_is_not(loss64, status):
+    """``loss=False`` (a TensorFlow and a torch recipe, whose logits are a bfloat16 rounding apart:
+    ``theory.reported_loss_differs``) leaves the mixed losses unjudged, not the float64 runs' losses: those round
+    no logit, and step 1's is bounded by FLOAT64_RTOL = 1e-10 (both start from the same parameters; the losses
+    are near 2, so an offset is its relative gap / 2). A logged-loss-only bug (a tower's loss logged for the mean)
+    moves them by far more; 5e-11 is below the bound."""
+    b = _side("B", 0.0, 1e-3, loss64=2 * loss64)  # relative: 2 * loss64 / 2
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), b, loss=False)
+    assert v.status == status, v.detail
+    if status == "divergence":
+        assert (v.rule, v.key, v.first_step) == (RULE_FLOAT64, "loss", 1), v.detail
+        assert v.detail.startswith("float64: loss relative gap"), v.detail
+
+
+def test_a_float64_loss_apart_before_both_runs_turn_nan_is_a_divergence_not_an_error():
+    """Both float64 runs NaN from step 1's update on (Adam with epsilon 0 divides 0 by 0), their step-1 losses,
+    computed from the initial parameters before any update, apart: a divergence found on finite values (the
+    non-finite checks turn only a non-finite divergence into ``error``); with the losses alike, ``error``. One
+    element turns NaN (a dead unit's bias: its gradient exactly 0), the others move as the case trains."""
+    from parity_tests.judging.pair import Side as PairSide
+    from parity_tests.judging.pair import judge_sides
+    from parity_tests.judging.verdict import RULE_NONFINITE
+
+    def nan_after_step_1(s: Side) -> Side:
+        def cut(t):
+            p = np.array(t["param/w"], copy=True)
+            p[1:, 1:] += 0.1 * np.arange(1, STEPS + 1)[:, None]  # training moves them, alike on every run
+            p[1:, 0] = np.nan
+            loss = np.array(t["loss"], copy=True)
+            loss[1:] = np.nan  # the loss of step 2 on is computed from a NaN parameter
+            return {"param/w": p, "loss": loss}
+
+        return Side(s.name, cut(s.run), cut(s.float64), [cut(r) for r in s.reruns], [cut(r) for r in s.reruns64],
+                    s.rho, s.kernels)
+
+    for loss64, status, rule in ((0.0, "error", RULE_NONFINITE), (0.1, "divergence", RULE_FLOAT64)):
+        a, b = nan_after_step_1(_side("A", 0.0, 1e-3)), nan_after_step_1(_side("B", 0.0, 1e-3, loss64=loss64))
+        v = judge_sides("mixed_bfloat16", PairSide(a.run, a.float64, None), PairSide(b.run, b.float64, None),
+                        rule="perturbation", perturbation={"loss": False}, bfloat16=(a, b))
+        assert (v.status, v.rule) == (status, rule), v.detail
+        if status == "divergence":
+            assert (v.key, v.first_step) == ("loss", 1), v.detail
 
 
 def test_bad_sides_are_refused():

@@ -27,7 +27,7 @@ from parity_tests.judging.perturbation import (
     round_bfloat16,
 )
 from parity_tests.judging.theory import BFLOAT16_OPS, predict, reported_loss_differs, stage_of
-from parity_tests.judging.verdict import RULE_BF16_SIGNATURE
+from parity_tests.judging.verdict import RULE_BF16_SIGNATURE, RULE_FLOAT64
 from parity_tests.protocol.errors import CaseError
 from parity_tests.reporting.matrix import matrix_cases
 from parity_tests.reporting.report import write_report
@@ -342,6 +342,42 @@ def test_bias_gradient_difference_appears_with_many_rows_and_vanishes_mapped(row
     # without the probe (theory alone, judging imports no runner) the difference is assumed possible
     assert [t.split(":")[0] for t in predict(case.spec, "tf.towers", "torch.ddp").expected] == [
         "bias gradient summed in bfloat16"]
+
+
+def _tower0_logged(c, impl):
+    """The seeded bug: ``tf.towers`` logs tower 0's loss for the towers' mean (``grad_mean``: the combined loss is
+    the log alone, every gradient is the towers'), in every run of that side, float64 ones included."""
+    if impl != "tf.towers":
+        return run_impl(c, impl)
+    import tfpar.towers
+    from tfpar import reuse
+
+    real = tfpar.towers.combine_losses
+    tfpar.towers.combine_losses = lambda losses, weights=None: losses[0]
+    try:
+        with reuse.disabled():  # the trainer traced afresh, through the bug
+            return run_impl(c, impl)
+    finally:
+        tfpar.towers.combine_losses = real
+
+
+def test_the_float64_runs_loss_of_a_tf_and_a_torch_side_is_judged():
+    """A TensorFlow and a torch side's mixed losses are different quantities (``reported_loss_differs``: a biased
+    last dense layer), their float64 runs' are not: judged by the float64 rule (1e-10 at step 1). Correct sides:
+    parity. ``tf.towers`` logging tower 0's loss (its parameters untouched): a divergence at step 1's loss."""
+    case = _mixed(parallel__devices=2, steps=2)
+    assert reported_loss_differs(case.spec, "tf.towers", "torch.ddp")
+    r = compare_case(case, ["tf.towers", "torch.ddp"], stages=False)
+    v = r.pairs[0].verdict
+    assert (v.status, v.rule) == ("parity", RULE_BF16_FLOAT64), r.summary()
+    assert "mixed loss reported, not judged" in v.detail and "the float64 runs' loss judged" in v.detail, v.detail
+    bad = compare_case(case, ["tf.towers", "torch.ddp"], runner=_tower0_logged, stages=False)
+    v = bad.pairs[0].verdict
+    assert (v.status, v.rule, v.key, v.first_step) == ("divergence", RULE_FLOAT64, "loss", 1), bad.summary()
+    assert "float64: loss relative gap" in v.detail, v.detail
+    # the parameters are the correct ones: the bug is in the log alone
+    for k in ("param/0.kernel", "param/1.bias"):
+        np.testing.assert_array_equal(bad.trajectories["tf.towers@float64"][k], r.trajectories["tf.towers@float64"][k])
 
 
 def test_accumulated_micro_batches_are_judged_in_mixed_precision():

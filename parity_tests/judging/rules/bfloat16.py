@@ -1,6 +1,8 @@
 """The bfloat16 rule (``"bfloat16 computation"``): a mixed_bfloat16 pair held against float64.
 
 Its derivation and the sides' ``judging.bfloat16.Side`` are in ``judging.bfloat16`` (docs/mixed-precision.md).
+The pair's ``perturbation["loss"]`` (``False`` where ``theory.reported_loss_differs``) is about the mixed runs'
+loss only: the float64 runs' loss is judged by the float64 rule either way.
 """
 
 from __future__ import annotations
@@ -42,4 +44,5 @@ class BFloat16:
         # judging.bfloat16 imports the float64 rule of this package: imported here, once both are loaded
         from parity_tests.judging.bfloat16 import judge_bfloat16
 
-        return judge_bfloat16(*pair.bfloat16, known_differences=pair.known, loss=(pair.perturbation or {}).get("loss"))
+        return judge_bfloat16(*pair.bfloat16, known_differences=pair.known, loss=(pair.perturbation or {}).get("loss"),
+                              grads=pair.grads)
