@@ -537,7 +537,8 @@ for _impl in ("tf.towers", "torch.ddp", "tf.single", "torch.single"):
             lambda s, p=_par: p and _n_gt1(s) and _uneven(s) and _gross(s) and s["model"]["reduction"] == "mean",
             "equal and by_size weighting swapped on uneven shards", _flip(("parallel", "weighting"), ("equal", "by_size"))),
         Bug("reduction_flipped", mutant("reduction_flipped", _impl), _impl,
-            # mixed_bfloat16 judges the parameters only (its logged loss is reported, not judged), and Adam with a
+            # mixed_bfloat16 judged the parameters only when this was written (its mixed loss is reported, not judged;
+            # since 2026-11-29 its float64 runs' loss is, so this keeps to cases both channels catch), and Adam with a
             # small epsilon, a clip after the combine that is reached, or a per-device clip always reached (each
             # device's gradient normalised before the combine) takes the flip's scale away from them (found by the
             # hunts of 2026-11-28: Adam with epsilon 0; momentum behind a 1e-6 per-device clip)
