@@ -574,6 +574,7 @@ def _with_found(traj: Mapping[str, Any], found: list[str]) -> Mapping[str, Any]:
     if not found or getattr(traj, "findings", None):
         return traj
     out = Trajectory(traj)
+    out.meta.update(getattr(traj, "meta", None) or {})  # what the run read of itself stays (as pair.with_findings)
     out.findings.extend(found)
     return out
 

@@ -256,3 +256,17 @@ def test_a_lockstep_result_reads_as_two_small_tables():
     assert lines[-1] == "lockstep verdict: DIVERGENCE (free 2.0 s, lockstep 3.0 s)"
     assert repr(pair) == "LockstepPair(tf.towers vs torch.ddp: divergence, float64 bound, first bad step 2)"
     assert pair.where_line() == "torch.ddp: where: update (0.kernel)"
+
+
+def test_a_step_run_carrying_its_free_findings_keeps_what_it_read_of_itself():
+    """Unit: lockstep's copy of a one-step run that takes its side's free findings keeps the run's ``meta`` (a float64
+    run's float32 constants, ``judging.precision_leak``), as ``pair.with_findings`` does."""
+    from parity_tests.judging.precision_leak import not_float64
+    from parity_tests.protocol.trajectory import Trajectory
+    from parity_tests.session.lockstep import _with_found
+
+    run = Trajectory({"loss": np.array([1.0])})
+    run.meta["keras_float32_constants"] = [{"what": "keras.regularizers.L2", "name": "l2", "value": 1e-3,
+                                            "held": float(np.float32(1e-3)), "dtype": "float64"}]
+    out = _with_found(run, ["replicas out of sync"])
+    assert out.findings == ["replicas out of sync"] and not_float64(out)
