@@ -214,6 +214,41 @@ def test_the_stand_in_leg_decides_a_loss_only_parting_unless_the_loss_is_float32
     assert stand_in_leg(idle, lambda: "record", m)[0] is None
 
 
+def test_a_stand_in_whose_float64_runs_move_and_agree_is_an_equivalent_run_where_float32_moves_nothing():
+    """Unit (``rules.vacuity.Vacuity``, ``mapping.stand_in_leg``): the 10,000-pair run's s6-0459 (keras_model
+    against concat_loss, Adam lr 1e-7, float32): the stand-in leg moves nothing beyond the float32 noise
+    (inconclusive) while its float64 runs move by 2.5e-7 and agree: that is a showing (the mapping changes what the
+    float64 runs compute), and the residual is judged. Float64 runs that part, or that move nothing either, show
+    nothing."""
+    from parity_tests.judging.rules import Vacuity
+    from parity_tests.judging.rules.context import PairRuns, Side
+    from parity_tests.judging.rules.float32_floor import judge_float32
+    from parity_tests.session.mapping import SideMapping, stand_in_leg
+
+    m = SideMapping("p.py:keras", "tf.towers", {"optimizer.keras_rounding": "none"}, "p.py:concat")
+    p0 = np.array([[0.4, -0.3]])
+    loss = np.array([0.7])
+
+    def leg(step64: float, gap64: float):
+        a64 = {"param/w": np.concatenate([p0, p0 * (1 + step64)]), "loss": loss}
+        b64 = {"param/w": np.concatenate([p0, p0 * (1 + step64 + gap64)]), "loss": loss}
+        a32 = {k: v.astype(np.float32) for k, v in a64.items()}
+        b32 = {k: v.astype(np.float32) for k, v in b64.items()}
+        pair = PairRuns("float32", Side(a32, a64), Side(b32, b64), "float64")
+        return Vacuity().judge(pair, judge_float32(a32, b32, a64=a64, b64=b64))
+
+    shown = leg(2.5e-7, 0.0)          # float32: moves by less than its noise; float64: moves, agrees
+    assert shown.status == "inconclusive" and shown.float64_runs is not None
+    assert stand_in_leg(shown, lambda: "update", m) == (None, None)
+    idle = leg(0.0, 0.0)                 # nothing moves in float64 either: no showing
+    assert idle.status == "inconclusive" and idle.float64_runs is None
+    decides, why = stand_in_leg(idle, lambda: "update", m)
+    assert decides is None and why.startswith(NOT_EQUIVALENT)
+    parted = leg(2.5e-7, 1e-9)           # the float64 runs part (1e-9 > 1e-10): the float64 rule's divergence
+    assert parted.status == "divergence" and parted.float64_runs is None
+    assert stand_in_leg(parted, lambda: "update", m) != (None, None)
+
+
 # ------------------------------------------------------------------ precision leaks: a float64 run's float32 loss
 
 #: 8 rows a tower: tf.compat.v1.losses' float32 mean divides by 8, exact, so only the logged loss holds float32
