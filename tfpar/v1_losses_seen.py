@@ -34,8 +34,8 @@ def v1_losses_seen() -> Iterator[list[dict[str, Any]]]:
     """Record every ``tf.compat.v1.losses`` reduction of a float64 loss (made in float32) inside the block.
 
     Yields ``[{"what": "tf.compat.v1.losses.compute_weighted_loss", "dtype": "float64", "computes_in":
-    "float32"}]``: one entry per input dtype, only for an input that is not float32 (a float32 loss is
-    reduced in its own precision; nothing leaks). ``losses_impl.compute_weighted_loss`` is replaced for
+    "float32"}]``: one entry, for a float64 input only (a float32 loss is reduced in its own precision:
+    nothing leaks). ``losses_impl.compute_weighted_loss`` is replaced for
     the block (the module's losses call it as a module global, at call time) and so is the
     ``tf.compat.v1.losses`` attribute a program may call directly; both are restored after it, also
     when the block raises.
@@ -49,9 +49,9 @@ def v1_losses_seen() -> Iterator[list[dict[str, Any]]]:
 
     def compute_weighted_loss(losses: Any, *args: Any, **kwargs: Any) -> Any:
         dtype = getattr(getattr(losses, "dtype", None), "name", None)
-        if dtype is None:  # a Python number or array: TensorFlow makes it a float32 tensor, which leaks nothing
-            dtype = getattr(tf.convert_to_tensor(losses).dtype, "name", None)
-        if dtype in ("float64",) and not any(e["dtype"] == dtype for e in seen):
+        if dtype is None:  # a Python number or a numpy array: the dtype TensorFlow's own conversion gives it, as the
+            dtype = getattr(tf.convert_to_tensor(losses).dtype, "name", None)  # function does first
+        if dtype == "float64" and not any(e["dtype"] == dtype for e in seen):
             seen.append({"what": V1_WEIGHTED_LOSS, "dtype": dtype, "computes_in": "float32"})
         return original(losses, *args, **kwargs)
 
