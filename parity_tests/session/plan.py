@@ -15,6 +15,7 @@ from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature
 from parity_tests.judging.theory import LOSS_SCALE, Prediction
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.grad_rounding import rounds_gradients
 from parity_tests.running import registry
 from parity_tests.running.harness import refusal
 from parity_tests.session.declared import declared as _declared
@@ -25,6 +26,7 @@ from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
+    GRADS64,
     PERTURBED_RUN,
     ROUNDED64,
     STEP1,
@@ -67,12 +69,17 @@ def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, st
 
 SIGNATURE = BFloat16Signature()
 #: the order of the runs after each implementation's run as given (float64 first, then: :func:`_float64_first`)
-_ORDER = (PERTURBED_RUN, STEP1, FLOAT64, ROUNDED64, *BF16_RERUNS_RUN[1:], *BF16_RERUNS64_RUN)
+_ORDER = (PERTURBED_RUN, STEP1, FLOAT64, ROUNDED64, GRADS64, *BF16_RERUNS_RUN[1:], *BF16_RERUNS64_RUN)
 
 
-def _can(impl: str) -> Can:
-    """What ``impl`` declares it can run, as the rules read it before any run (``judging.rules.Planned``)."""
-    return Can(float64=_runs_float64(impl), rerunnable=_rerunnable(impl))
+def _can(impl: str, case: Case | None = None) -> Can:
+    """What ``impl`` declares it can run, as the rules read it before any run (``judging.rules.Planned``); with
+    ``case``, also whether it makes that case's float64 run rounding the gradients (``protocol.grad_rounding``:
+    an engine that declares ``rounds_gradients``, on a case that run covers)."""
+    found = _declared(impl)
+    grads = (case is not None and case.spec["dtype"] == MIXED_BFLOAT16 and found is not None
+             and found.spec.rounds_gradients and rounds_gradients(case.spec))
+    return Can(float64=_runs_float64(impl), rerunnable=_rerunnable(impl), grads_bf16=grads)
 
 
 def side_needs(dtype: str, rule: str, ref: str, impl: str) -> tuple[tuple[Variant, ...], tuple[Variant, ...]]:
@@ -87,7 +94,7 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str
     ref, dtype = impls[0], case.spec["dtype"]
     plan: list[tuple[str, Variant]] = [(impl, as_given(dtype)) for impl in impls]
     for impl, rule in rules.items():
-        planned = Planned(dtype, rule, _can(ref), _can(impl))
+        planned = Planned(dtype, rule, _can(ref, case), _can(impl, case))
         for checked in (rule_needs(planned), SIGNATURE.needs(planned)):  # the rule's, then the signature check's
             if checked is not None:
                 plan += [(ref, v) for v in checked[0]] + [(impl, v) for v in checked[1]]
