@@ -216,19 +216,21 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
             second.extend(_Run(e.side, d, e, serves=e) for e in exact[impl] for d in needed)
         if m is None:
             continue
-        second.extend(_Run(m.runs_as, d, m, serves=m) for d in _mapped_needs(case, rules[impl], m))
+        second.extend(_Run(m.runs_as, d, m, serves=m) for d in _mapped_needs(case, rules[impl], m.runs_as, m))
         if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
-            second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in _mapped_needs(case, rules[impl], m.plain))
+            second.extend(_Run(m.runs_as, d, m.plain, serves=m)
+                          for d in _mapped_needs(case, rules[impl], m.runs_as, m.plain))
     grads_from = _grads_source(case, impls, rules, dict(trajs), dict(refused))
     if grads_from is not None:
         second.append(_Run(grads_from, FLOAT64, required=False))
     return SecondRound(mappings, exact, _float64_first_runs(second), grads_from)
 
 
-def _mapped_needs(case: Case, rule: str, m: SideMapping) -> list[Variant]:
-    """What the pair's rule needs of the mapped side ``m`` (it runs as a built-in: everything declared), the
-    gradient-rounding float64 run included where its built-in makes it on the mapped case (:func:`_can`)."""
-    grads = case.spec["dtype"] == MIXED_BFLOAT16 and _can(m.runs_as, m.apply(case)).grads_bf16
+def _mapped_needs(case: Case, rule: str, runs_as: str, m: SideMapping | None) -> list[Variant]:
+    """What the pair's rule needs of a mapped side, ``runs_as`` run with ``m`` (``None``: the stand-in's unmapped
+    run; either runs as a built-in: everything declared), the gradient-rounding float64 run included where
+    ``runs_as`` makes it on the case it runs (:func:`_can`)."""
+    grads = case.spec["dtype"] == MIXED_BFLOAT16 and _can(runs_as, case if m is None else m.apply(case)).grads_bf16
     return list(rule_needs(Planned(case.spec["dtype"], rule, Can(), Can(grads_bf16=grads)))[1])
 
 
