@@ -318,7 +318,11 @@ def _gradient_term(side: Side, keys: list[str], scales: dict[str, np.ndarray], l
     bfloat16 moves the updates (float64, from ``side.grads64``; zeros without it; module docstring)."""
     if side.grads64 is None:
         return np.zeros_like(like)
-    return _spread(_row_max(_gaps(_moved(side.float64, keys), _moved(side.grads64, keys), keys, scales))[0])
+    g = _row_max(_gaps(_moved(side.float64, keys), _moved(side.grads64, keys), keys, scales))[0]
+    # a gradient-rounding run that overflows (or turns NaN) where the float64 run does not measures no rounding's
+    # size: those rows and every later one count no gradient term (the rule as before), never an infinite bound
+    finite = np.logical_and.accumulate(np.isfinite(g))
+    return _spread(np.where(finite, g, 0.0))
 
 
 def _zeros(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -215,6 +215,12 @@ def test_the_gradient_term_explains_what_rounding_the_gradients_moves():
     assert v.detail.startswith("B is farther"), v.detail
     # without the run, the detail names no gradient term (the rule as before)
     assert "gradients" not in judge_bfloat16(_side("A", 0.0, 1e-3), b).detail
+    # a gradient-rounding run that overflows from step 2 measures nothing there: no infinite bound from it; step 1's
+    # G (enough for the distance, which does not grow) is carried, as every term's running maximum is
+    grads["param/w"][1] += 0.15 * far
+    grads["param/w"][2:] = np.inf
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), dataclasses.replace(b, grads64=grads))
+    assert v.status == "parity" and np.isfinite(v.per_step_bound).all(), (v.per_step_bound, v.detail)
 
 
 def _shared(name: str, distance: float, spread: float) -> Side:
