@@ -124,3 +124,17 @@ def test_a_pair_of_unsampled_gradient_roundings_is_parity_and_a_mixed_only_bug_o
     v = compare_case(case, ["torch.ddp", "torch.single"], runner=_lr_scaled("torch.ddp", 1.1), stages=False).pairs[0].verdict
     assert (v.status, v.rule) == ("divergence", RULE_BF16_FLOAT64), v.detail
     assert v.detail.startswith("torch.ddp is farther") and "x gradients" in v.detail, v.detail
+
+
+def test_the_session_asks_a_built_in_for_the_run_on_a_mixed_dense_case_only():
+    from parity_tests.judging.run_kinds import GRADS64
+    from parity_tests.session.plan import _can, _mapped_needs
+
+    mixed = make(LINEAR, dtype="mixed_bfloat16")
+    assert _can("tf.towers", mixed).grads_bf16 and _can("torch.ddp", mixed).grads_bf16
+    assert not _can("tf.v1", mixed).grads_bf16  # declares no such run (it runs no mixed_bfloat16)
+    assert not _can("tf.towers", make(LINEAR)).grads_bf16  # a float64 case: the bfloat16 rule does not judge it
+    assert not _can("tf.towers", make(CNN, dtype="mixed_bfloat16")).grads_bf16  # not a model of dense layers
+    # a mapped side, and a stand-in's unmapped run (no mapping: the case itself; was an AttributeError)
+    assert GRADS64 in _mapped_needs(mixed, "perturbation", "torch.ddp", None)
+    assert GRADS64 not in _mapped_needs(make(CNN, dtype="mixed_bfloat16"), "perturbation", "torch.ddp", None)
