@@ -92,10 +92,11 @@ to bfloat16 (``protocol.grad_rounding``; the built-ins that run ``mixed_bfloat16
 and ``G`` is how far that moves the updates. A value the mixed run rounds there sits within a fraction of a
 bfloat16 step of the float64 run's (the reason no rerun re-samples it), so that run makes nearly the same
 roundings; where the mixed run's value has moved by more, its rounding falls afresh, another sample of a rounding
-of the same size: it counts twice (``BF16_GRADIENT_FACTOR = 2``, ``T``'s argument). A bug cannot raise it: the
-run computes no bfloat16 op, and the bug is in both of its float64 runs alike (a seeded bug's run is the mutated
-case's, whose float64 run rounds nothing: ``G = 0`` there). A side without that run (a plugin, another model) has
-``G = 0``: the rule as it was. Measured on the 10,000-pair run's false alarms (docs/error-rates.md, "third
+of the same size: it counts twice (``BF16_GRADIENT_FACTOR = 2``, ``T``'s argument). A bug cannot raise it beyond
+the size of those roundings: the run computes no bfloat16 op, a semantic bug is in both of its float64 runs alike
+(its ``G`` is the rounding of the values the buggy program computes; the float64 rule judges the bug itself), and a
+bfloat16-only bug is in neither. A side without that run (a plugin, another model) has ``G = 0``: the rule as it
+was. Measured on the 10,000-pair run's false alarms (docs/error-rates.md, "third
 session"): the named side's error repeated 97-100 % by both reruns.
 
 **Shared error.** The side check holds each side's error *beyond the error both sides share*
