@@ -55,6 +55,7 @@ from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
+    GRADS64,
     MOVED64_AGAIN,
     PERTURBED_RUN,
     ROUNDED64,
@@ -138,7 +139,8 @@ def _bf16_side(case: Case, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]]
     return BF16Side(impl, trajs[RunKey(impl, as_given(MIXED_BFLOAT16), suffix)], trajs[RunKey(impl, FLOAT64, suffix)],
                     [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS_RUN],
                     [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS64_RUN], rho, why,
-                    trajs[RunKey(impl, ROUNDED64, suffix)])
+                    trajs[RunKey(impl, ROUNDED64, suffix)],
+                    trajs.get(RunKey(impl, GRADS64, suffix)))  # where the side makes it (judging.rules.BFloat16)
 
 
 
