@@ -28,6 +28,7 @@ from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides
 from parity_tests.judging.perturbation import perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, not_float64
+from parity_tests.judging.predicted_scale import SUM_REDUCTION
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
@@ -73,6 +74,7 @@ from parity_tests.session.mapping import (
 )
 from parity_tests.session.residual import Resolved, resolve_pair, scale_checked
 from parity_tests.session.results import UNSUPPORTED, PairResult
+from parity_tests.session.scale_rerun import ratio_rerun, ratio_verdict
 from parity_tests.session.variants import (
     _perturbed_text,
     _reorderable,
@@ -298,6 +300,10 @@ class _Judged:
         where = legs.where(*r.staged) if r.staged[0].status not in ("parity", "inconclusive") else None
         final, scale = scale_checked(r, self.case.spec, engine(ref), engine(impl),
                                      *(self.trajs.get(RunKey(name, FLOAT64)) for name in (ref, impl)), exact=bool(exact))
+        if final.status == "expected_difference" and residual is None and not exact and scale is None:
+            # the sum reduction's ratio, not exact on this case, checked on the parallel plugin rerun where it is
+            final, scale, line = self.ratio_on_rerun(r, ref, impl, final)
+            itself += (line,) if line else ()
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -350,6 +356,32 @@ class _Judged:
                             " value")
         return resolve_pair(legs, (ref, ""), (impl, ""), pred, impl_is_b=m.side == impl, mapping=m,
                             mapped=(m.side, m.key))
+
+    def ratio_on_rerun(self, r: Resolved, ref: str, impl: str, final: Verdict,
+                       ) -> tuple[Verdict, dict[str, Any] | None, str | None]:
+        """``final`` (an ``expected_difference`` of ``r`` with no residual judged) held against theory's sum-reduction
+        ratio on the parallel plugin rerun where that ratio is exact (``session.scale_rerun``); its rerun made here,
+        float64 only, once. Returns the verdict, what ``check_scale`` found and a line for the report (``None`` where
+        no rerun applies or it could not be made or read)."""
+        from parity_tests.session.executor import Executor, _Run
+
+        rr = ratio_rerun(self.case, r.judged, engine(ref), engine(impl))
+        if rr is None or not isinstance(self.runs, Executor):
+            return final, None, None
+        m = rr.mapping
+        other = ref if m.side == impl else impl
+        self.runs.run([_Run(m.side, FLOAT64, m, serves=m)])
+        run64, rerun64, other64 = (self.trajs.get(RunKey(n, FLOAT64, x)) for n, x in ((m.side, ""), (m.side, m.key),
+                                                                                      (other, "")))
+        if m.ident in self.runs.unmappable or run64 is None or rerun64 is None or other64 is None:
+            return final, None, None
+        if any(not_float64(t) for t in (run64, rerun64, other64)):
+            return final, None, None
+        if not reads_mapping(run64, rerun64, changed_fields(self.case.spec, m.changes)):
+            return final, None, (f"the predicted ratio not checked on {m.text}: it did not read"
+                                 f" {', '.join(changed_fields(self.case.spec, m.changes))} from its case")
+        said = next(d.text for d in r.judged.differences if d.text.startswith(SUM_REDUCTION))
+        return ratio_verdict(final, r.as_ran, said, rr, other64, rerun64)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run
