@@ -72,6 +72,7 @@ from parity_tests.session.mapping import (
     reads_mapping,
     residual_unjudged,
 )
+from parity_tests.session.partial_mapping import partial_mapping, partial_verdict
 from parity_tests.session.residual import Resolved, resolve_pair, scale_checked
 from parity_tests.session.results import UNSUPPORTED, PairResult
 from parity_tests.session.scale_rerun import ratio_rerun, ratio_verdict
@@ -304,6 +305,11 @@ class _Judged:
             # the sum reduction's ratio, not exact on this case, checked on the parallel plugin rerun where it is
             final, scale, line = self.ratio_on_rerun(r, ref, impl, final)
             itself += (line,) if line else ()
+        if final.status == "expected_difference" and residual is None and not exact and scale is None:
+            # differences no one side takes: those of the parallel set-up on the plugin itself, the rest by its stage
+            final, line, partial_where = self.partial_on_itself(legs, r, ref, impl, final)
+            itself += (line,) if line else ()
+            where = partial_where or where
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -382,6 +388,32 @@ class _Judged:
                                  f" {', '.join(changed_fields(self.case.spec, m.changes))} from its case")
         said = next(d.text for d in r.judged.differences if d.text.startswith(SUM_REDUCTION))
         return ratio_verdict(final, r.as_ran, said, rr, other64, rerun64)
+
+    def partial_on_itself(self, legs: _FreeLegs, r: Resolved, ref: str, impl: str, final: Verdict,
+                          ) -> tuple[Verdict, str | None, dict[str, Any] | None]:
+        """``final`` (an ``expected_difference`` of ``r`` with no residual judged) with the differences of the parallel
+        set-up mapped on the plugin itself and the rest of the prediction held to its stage
+        (``session.partial_mapping``); the rerun made here, once. Returns the verdict, a line for the report and,
+        where it is a divergence, where the rerun and the other side part (else ``None`` twice)."""
+        from parity_tests.session.executor import Executor
+        from parity_tests.session.plan import mapped_runs
+
+        p = partial_mapping(self.case, r.judged, engine(ref), engine(impl))
+        if p is None or not isinstance(self.runs, Executor):
+            return final, None, None
+        m = p.mapping
+        self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+        run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
+        if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
+            return final, None, None
+        fields = changed_fields(self.case.spec, m.changes)
+        if not reads_mapping(run64, mapped64, fields):
+            return final, f"not rerun with {', '.join(fields)} mapped: {m.side} did not read it from its case", None
+        a, b = ((m.side, m.key), (impl, "")) if m.side == ref else ((ref, ""), (m.side, m.key))
+        v = legs.verdict(a, b)
+        stage = legs.stage(a, b, v) if v.status not in ("parity", "inconclusive") else None
+        out, line = partial_verdict(final, p, v, stage)
+        return out, line, (legs.where(v, a, b) if out.status == "divergence" else None)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run
