@@ -15,7 +15,7 @@ the prediction (the 10,000-pair hunt of 2026-11-29: ``unshared_towers``, ``missi
   factor of its own norm before the combine.
 
 Both are values of the plugin's case (``parallel.weighting``, ``parallel.clip.where``) that every
-plugin honours, ``equal`` and ``after_combine`` included (CONTRACT.md section 1). So the parallel
+plugin honours, ``equal`` and ``after_combine`` included (docs/plugins.md, ``run.spec``). So the parallel
 plugin is rerun in float64 on the case with ``parallel.weighting: equal`` (where it was ``by_size``
 on uneven shards) and each other difference theory maps onto the parallel set-up
 (``mapping.CASE_MAPPINGS``: the clip after the combine) mapped, and, where it is shown to read
