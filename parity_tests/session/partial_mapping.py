@@ -104,12 +104,15 @@ def partial_verdict(final: Verdict, p: Partial, v: Verdict, stage: str | None) -
     Returns the verdict (a divergence where they part before :attr:`Partial.earliest`, or at the logged loss
     alone) and a line for the report.
     """
-    if v.status not in ("divergence", "unexpected_parity"):
-        return final, f"with {p.mapping.text}: {v.status} against the other side, as the rest of the prediction allows"
+    rest = "; ".join(t.split(":", 1)[0] for t in p.rest.expected)
+    if v.status != "divergence":  # nothing to hold to a stage: the verdict stays the pair's own
+        return final, f"with {p.mapping.text}: {v.status} against the other side (the rest of the prediction: {rest})"
+    if stage is None:
+        return final, f"with {p.mapping.text}: the runs part, at a stage the localiser cannot name"
     res = resolve(v, p.rest, stage=stage)
     if res.verdict.status != "divergence":
         return final, (f"with {p.mapping.text}: the runs part first at {stage}, where the rest of the prediction"
-                       f" ({'; '.join(t.split(':', 1)[0] for t in p.rest.expected)}) may show first ({p.earliest})")
+                       f" ({rest}) may show first ({p.earliest})")
     kept = tuple(u for u in final.unjudged if not u.startswith("whether the predicted difference explains"))
     detail = f"with {p.mapping.text} (the differences of its parallel set-up mapped on it): {res.verdict.detail}"
     return (dataclasses.replace(res.verdict, unjudged=kept, detail=detail),
