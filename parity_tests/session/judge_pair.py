@@ -48,6 +48,7 @@ from parity_tests.judging.verdict import (
 )
 from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.running import registry
+from parity_tests.running.backends import RunError
 from parity_tests.session.capture import inside_step
 from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Need, Runs
@@ -376,7 +377,10 @@ class _Judged:
             return final, None, None
         m = rr.mapping
         other = ref if m.side == impl else impl
-        self.runs.run([_Run(m.side, FLOAT64, m, serves=m)])
+        try:
+            self.runs.run([_Run(m.side, FLOAT64, m, serves=m)])
+        except RunError as e:  # a check of the prediction only: a plugin that fails on the rerun's case fails no compare
+            return final, None, f"the predicted ratio not checked on {m.text}: its rerun failed: {e}"
         run64, rerun64, other64 = (self.trajs.get(RunKey(n, FLOAT64, x)) for n, x in ((m.side, ""), (m.side, m.key),
                                                                                       (other, "")))
         if m.ident in self.runs.unmappable or run64 is None or rerun64 is None or other64 is None:
@@ -402,7 +406,10 @@ class _Judged:
         if p is None or self.rules[impl] != "float64" or not isinstance(self.runs, Executor):
             return final, None, None
         m = p.mapping
-        self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+        try:
+            self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+        except RunError as e:  # a check of the prediction only: a plugin that fails on the rerun's case fails no compare
+            return final, f"not rerun with {', '.join(changed_fields(self.case.spec, m.changes))} mapped: it failed: {e}", None
         run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
         if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
             return final, None, None

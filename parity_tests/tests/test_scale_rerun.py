@@ -21,8 +21,10 @@ from parity_tests.judging.theory import predict
 from parity_tests.running import registry
 from parity_tests.session.comparison import compare_case
 from parity_tests.session.scale_rerun import ratio_rerun
+from parity_tests.tests.helpers import MLP, make
 
 HUNT_TF = str(Path(__file__).parent / "hunt" / "tf_side.py")
+MAPPING_TORCH = str(Path(__file__).parent / "plugins" / "mapping_torch.py")
 
 #: two dense layers (tanh, so a forgotten activation changes the gradient), 3 devices on 4 rows (2, 1, 1: uneven),
 #: ``by_size``, ``reduction: sum``: the parallel side's step-1 gradient is sum_r (n_r / 4) g_r, no multiple of the
@@ -101,3 +103,23 @@ def test_bugs_behind_the_sum_reduction_on_uneven_shards_are_divergences_and_corr
     assert "run with parallel.weighting equal" in bug.verdict.detail, summary
     assert "predicted 0.3333x (1/3)" in bug.verdict.detail, summary
     assert bug.localisation["predicted_scale"]["rerun"].endswith("run with parallel.weighting equal"), summary
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_plugin_that_fails_on_the_rerun_keeps_its_verdict_and_one_that_runs_it_is_checked():
+    """DDP ports whose rank loss is its shard's mean where the case sums (the hunt's ``reduction_flipped``) on the
+    MLP case at 5 devices on 48 rows (10, 10, 10, 9, 9), ``by_size``, ``reduction: sum``: the stand-in torch.ddp
+    parts from them at the loss (no residual) and the ratio is no constant on these shards. The port that honours
+    ``weighting: equal`` is rerun so and its step-1 gradient is 1/B of the single side's where 1/5 is predicted: a
+    divergence. The one that raises on any weighting but ``by_size`` cannot be rerun: the compare still ends,
+    ``expected_difference`` with a note that the ratio was not checked (a check of the prediction fails no compare)."""
+    case = make(MLP, parallel__devices=5, parallel__weighting="by_size", model__reduction="sum", steps=1)
+    r = compare_case(case, ["torch.single", f"{MAPPING_TORCH}:sgd_shard_mean_weighted",
+                            f"{MAPPING_TORCH}:sgd_shard_mean_by_size_only"])
+    pairs, summary = {p.impl.rsplit(":", 1)[-1]: p for p in r.pairs}, r.summary()
+    checked = pairs["sgd_shard_mean_weighted"]
+    assert checked.verdict.status == "divergence", summary
+    assert "run with parallel.weighting equal" in checked.verdict.detail, summary
+    failed = pairs["sgd_shard_mean_by_size_only"]
+    assert failed.verdict.status == "expected_difference", summary
+    assert any("not checked" in n and "its rerun failed" in n for n in failed.notes), summary
