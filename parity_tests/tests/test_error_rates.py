@@ -546,6 +546,29 @@ def test_a_dead_network_is_every_gradient_of_both_sides_exactly_zero():
     assert not judgement(pair, "divergence", live, zero)[0]
 
 
+def test_a_logged_loss_bug_beside_a_dead_reference_is_right_inconclusive_only_where_nothing_moves():
+    """The 10,000-pair run's s2-1127 and s4-1104: a loss-only bug (no ``grads=``) against a correct reference whose
+    every recorded gradient is exactly 0 at every step, nothing moving on either side: CONTRACT §8 makes the pair
+    ``inconclusive`` (every gradient zero) whatever the logged loss says, as at lr 0, so the case leaves the bug
+    unseen. Not where the reference records no gradient (nothing says the network is dead), records one that is
+    not 0, or where a side moved (the bug's side training: something was compared)."""
+    bug = next(b for b in BUGS if b.name == "last_rank_loss")
+    pair = Pair(spec(optimizer={"name": "sgd", "semantics": "tf", "lr": 0.001}, parallel__devices=2), "tf.towers",
+                bug.impl, bug)
+    dead = {"param/w": np.ones((3, 2)), "grad/w": np.zeros((2, 2)), "loss": np.array([1.0, 1.0])}
+    logged = {"param/w": np.ones((3, 2)), "loss": np.array([1.3, 1.3])}  # the bug's side: its own loss, no grads=
+    right, why = judgement(pair, "inconclusive", dead, logged)
+    assert right and why.startswith("nothing moves on either side"), why  # counted apart, with lr 0's
+    assert judgement(pair, "divergence", dead, logged)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "parity", dead, logged)[0] and not judgement(pair, "expected_difference", dead, logged)[0]
+    live = {**dead, "grad/w": np.array([[0.0, 0.0], [1e-3, 0.0]])}
+    assert not judgement(pair, "inconclusive", live, logged)[0]
+    unrecorded = {k: v for k, v in dead.items() if k != "grad/w"}
+    assert not judgement(pair, "inconclusive", unrecorded, logged)[0]
+    moving = {**logged, "param/w": np.array([[1.0, 1.0], [1.0, 1.0], [1.5, 1.0]])}
+    assert not judgement(pair, "inconclusive", dead, moving)[0]
+
+
 def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():
     """The seed-1 hunt's pairs 1161-1163: ``next_batch@torch.ddp`` against ``tf.single`` under Adam with epsilon 0,
     where the correct reference (and the clean torch.ddp) divide 0 by 0 at a dead unit's gradient from step 1 on
