@@ -14,7 +14,7 @@ what makes them conditional: a pair at parity makes none of them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +206,9 @@ class _Judged:
     #: per pair (its judged implementation), its mapping made on the plugin itself (``mapping.on_itself``): rerun
     #: only where the stand-in is no equivalent run (:meth:`on_itself`)
     itself: dict[str, SideMapping] = field(default_factory=dict)
+    #: a plugin's name -> the built-in of its kind running the case as it runs, and what theory expects between them
+    #: (``mapping.kind_run``, ``mapping.stand_in_apart``): made only where :meth:`computes_case` asks
+    kind_of: Callable[[str], tuple[SideMapping, str | None] | None] | None = None
 
     @property
     def trajs(self) -> dict[RunKey, dict[str, np.ndarray]]:
@@ -292,12 +295,18 @@ class _Judged:
             through, r = r.not_judged, self.on_itself(legs, ref, impl, pred, self.itself[impl], r)
             if r.not_judged is None:  # judged on the plugin's rerun: why not through its stand-in, for the report
                 itself = (f"mapped on the plugin itself, as {through.removeprefix(NOT_EQUIVALENT + ': ')}",)
+        runs64 = [self.trajs.get(RunKey(name, FLOAT64)) for name in (ref, impl)]
+        if (r.not_judged is not None and r.final.status == "expected_difference" and not exact and m is not None
+                and m.stand_in and not self.apart.get((m.runs_as, m.side))
+                and scale_checked(r, self.case.spec, engine(ref), engine(impl), *runs64)[1] is None):
+            # still no equivalent run, and no constant ratio theory predicts is broken (that check says more: both
+            # factors): where the other side computes the case as given, the stand-in's leg decides
+            r = self.case_computed(legs, ref, impl, pred, m, r)
         v, res, final, residual, not_judged, judged, text = (r.as_ran, r.resolution, r.final, r.residual, r.not_judged,
                                                              r.judged, r.text)
         decided = r.decided if residual is not None else as_ran
         where = legs.where(*r.staged) if r.staged[0].status not in ("parity", "inconclusive") else None
-        final, scale = scale_checked(r, self.case.spec, engine(ref), engine(impl),
-                                     *(self.trajs.get(RunKey(name, FLOAT64)) for name in (ref, impl)), exact=bool(exact))
+        final, scale = scale_checked(r, self.case.spec, engine(ref), engine(impl), *runs64, exact=bool(exact))
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -350,6 +359,54 @@ class _Judged:
                             " value")
         return resolve_pair(legs, (ref, ""), (impl, ""), pred, impl_is_b=m.side == impl, mapping=m,
                             mapped=(m.side, m.key))
+
+    def case_computed(self, legs: _FreeLegs, ref: str, impl: str, pred: Prediction, m: SideMapping,
+                      through: Resolved) -> Resolved:
+        """The pair resolved with its stand-in's leg deciding (``mapping.stand_in_leg``'s ``computes``), where the
+        stand-in is no equivalent run (``through``, the pair resolved without it) because the plugin ``m.side`` parts
+        from it before the update, and the other side computes the case as given (:meth:`computes_case`); else
+        ``through``. The other side's runs are made only here, after the stand-in's leg parted (a divergence)."""
+        stand = (m.runs_as, m.plain.key if m.plain else "")
+        own = (m.side, "")
+        plain = legs.verdict(stand, own)  # as resolve_pair judges the stand-in's leg
+        if plain.status != "divergence" or legs.leaky((stand, own)):
+            return through
+        why = self.computes_case(ref, impl, m.other)
+        if why is None:
+            return through
+        # (no exact reruns: a pair whose loss scale is mapped keeps its own path, judge_pair.pair)
+        again = resolve_pair(legs, (ref, ""), (impl, ""), pred, impl_is_b=m.side == impl, mapping=m,
+                             mapped=(m.runs_as, m.key), stand=stand, computes=why)
+        return again if again.not_judged is None else through
+
+    def computes_case(self, ref: str, impl: str, other: str) -> str | None:
+        """Why ``other`` computes the case as given, or ``None`` where that is not shown.
+
+        A built-in does by construction. A plugin does where its runs are at parity, by the pair's rule,
+        with the built-in of its kind running the case as the plugin runs it (``mapping.kind_run``: its own
+        Keras roundings), theory predicting nothing between the two (``mapping.stand_in_apart``); that
+        built-in's runs are made here, once. Not for a plugin no built-in runs (an external model).
+        """
+        from parity_tests.session.executor import Executor
+        from parity_tests.session.plan import mapped_runs
+
+        found = _declared(other)
+        if found is None:
+            return None
+        if found.kind == "builtin":
+            return f"{other} is a built-in: it computes the case as given"
+        got = self.kind_of(other) if self.kind_of is not None else None
+        if got is None or got[1] or not isinstance(self.runs, Executor):
+            return None
+        k, dtype = got[0], self.case.spec["dtype"]
+        self.runs.run(mapped_runs(k, dtype, self.rules[impl]))
+        if k.ident in self.runs.unmappable or RunKey(k.runs_as, as_given(dtype), k.key) not in self.trajs:
+            return None
+        v = self.verdict(ref, impl, (k.runs_as, k.key), (other, ""))  # the built-in first, as a stand-in's leg
+        if v.status != "parity":
+            return None
+        return (f"{other} computes what {k.runs_as}, the built-in of its kind, computes of the case as given: parity by"
+                f" {v.rule}, gap {v.gap:.3g}")
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run

@@ -222,3 +222,16 @@ def sgd_l2_weighted_shard_sum(run):
     """:func:`sgd_l2_weighted` with a seeded porting bug: each rank's loss is its shard's sum whatever the case says
     (the hunt's ``reduction_flipped`` under ``reduction: mean``)."""
     _train(run, _sgd, l2=L2, weighted=True, reduction="sum")
+
+
+@torchref.plugin.single(dtypes=BOTH)
+def sgd_single(run):
+    """One process, the whole batch: ``torch.optim.SGD`` on the case's loss (a plugin that computes the case)."""
+    _train(run, _sgd)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_weighted(run):
+    """:func:`sgd` that reads the case's ``parallel.weighting`` and honours it (by_size: each rank's loss times
+    N n_r / B before DDP's mean of the ranks' gradients)."""
+    _train(run, _sgd, weighted=True)
