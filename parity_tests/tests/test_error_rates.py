@@ -546,6 +546,23 @@ def test_a_dead_network_is_every_gradient_of_both_sides_exactly_zero():
     assert not judgement(pair, "divergence", live, zero)[0]
 
 
+def test_a_bug_on_a_dead_network_is_right_inconclusive_only_where_both_sides_record_zeros_and_nothing_moved():
+    """The 10,000-pair run's s6-1283: reduction_flipped@tf.towers against tf.single on a dead ReLU network (every
+    gradient both sides record exactly zero, the correct reference's too): no parameter moves, CONTRACT §8 makes it
+    inconclusive whatever the (flipped) logged loss says, as for the equivalent pairs on such a network. Where one
+    side records a nonzero gradient or a parameter moves, inconclusive stays a miss."""
+    bug = next(b for b in BUGS if b.name == "reduction_flipped" and b.base == "tf.towers")
+    pair = Pair(spec(optimizer={"name": "sgd", "lr": 0.1}), "tf.single", bug.impl, bug)  # a case that moves
+    zero = {"param/w": np.ones((2, 1)), "grad/w": np.zeros((1, 1)), "loss": np.ones(1)}
+    live = {"param/w": np.array([[1.0], [1.0 + 1e-3]]), "grad/w": np.full((1, 1), -1e-2), "loss": np.ones(1)}
+    assert judgement(pair, "inconclusive", zero, zero)[0]
+    assert judgement(pair, "divergence", zero, zero)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "expected_difference", zero, zero)[0] and not judgement(pair, "parity", zero, zero)[0]
+    assert not judgement(pair, "inconclusive", zero, live)[0] and not judgement(pair, "inconclusive", live, zero)[0]
+    moved = {**zero, "param/w": np.array([[1.0], [1.5]])}  # zeros recorded, yet a parameter moved: not vacuous
+    assert not judgement(pair, "inconclusive", zero, moved)[0]
+
+
 def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():
     """The seed-1 hunt's pairs 1161-1163: ``next_batch@torch.ddp`` against ``tf.single`` under Adam with epsilon 0,
     where the correct reference (and the clean torch.ddp) divide 0 by 0 at a dead unit's gradient from step 1 on

@@ -779,9 +779,13 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
     from step 1 and the float32 ones finite)."""
     if pair.bug is not None:
         still = STILL[pair.raw["dtype"] == "float64"]
-        if status == "inconclusive" and _vacuous_case(pair.raw) and not any(_moved(t, still) for t in (ref_traj, impl_traj)):
+        if (status == "inconclusive" and (_vacuous_case(pair.raw) or _still(ref_traj, impl_traj))
+                and not any(_moved(t, still) for t in (ref_traj, impl_traj))):
             # CONTRACT §8: where no parameter moves nothing was compared, whatever the logged loss says; the case
-            # (lr 0, or updates below the dtype), not the judge, leaves the bug unseen (counted apart in the table)
+            # (lr 0, updates below the dtype, or a dead network: every gradient both sides record exactly zero at
+            # every step, the correct reference's too, as for the equivalent pairs below), not the judge, leaves the
+            # bug unseen (counted apart in the table; the 10,000-pair run's s6-1283: reduction_flipped@tf.towers on
+            # a dead three-layer ReLU network, its logged loss alone apart)
             return True, f"nothing moves on either side (CONTRACT §8: inconclusive): {pair.bug.why}"
         if status in ("error", "inconclusive") and _overflow(ref_traj, impl_traj, ref64, impl64):
             # rule 3, the equivalent pairs' predicate: the correct reference overflows too, so the case, not the bug,
