@@ -445,6 +445,22 @@ def test_a_weighting_ignored_behind_the_sum_reduction_is_a_divergence_where_the_
 
 
 @pytest.mark.usefixtures("pool")
+def test_lockstep_decides_a_weighting_ignored_behind_the_sum_reduction_against_a_built_in_too():
+    """The same ports under ``--lockstep`` against torch.single (a built-in: it computes the case): the port that takes
+    the plain mean over ranks parts from torch.ddp at step 1's loss, a divergence at step 1 (was: an expected
+    difference at every step); the port that honours ``by_size`` keeps its expected difference."""
+    from parity_tests.session.lockstep import lockstep_compare
+
+    case = make(MLP, parallel__devices=5, model__reduction="sum", parallel__weighting="by_size", steps=2)
+    result = lockstep_compare(case, ["torch.single", f"{TORCH}:sgd", f"{TORCH}:sgd_weighted"])
+    pairs = {p.impl.rsplit(":", 1)[-1]: p for p in result.pairs}
+    assert pairs["sgd_weighted"].status == "expected_difference", result.summary()
+    bug = pairs["sgd"]
+    assert (bug.status, bug.first_bad_step) == ("divergence", 1), result.summary()
+    assert "the other side computes the case" in bug.detail, bug.detail
+
+
+@pytest.mark.usefixtures("pool")
 def test_a_loss_term_on_both_sides_behind_the_sum_reduction_keeps_its_residual_unjudged():
     """The same case with an L2 term no case field expresses on both sides (issue 35's ports): the single side is no
     run of the case either (it parts from torch.single), so nothing shows which side computes the case, and the
