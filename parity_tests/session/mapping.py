@@ -412,6 +412,9 @@ def stand_in_apart(m: SideMapping, case: Case, theory_spec: Mapping[str, Any], h
 #: the words of the line of a pair decided by its stand-in's leg because the other side computes the case
 #: (:func:`stand_in_leg`'s ``computes``)
 CASE_COMPUTED = "the other side computes the case"
+#: the stages (``localise.STAGES``) before the update where a stand-in's leg decides by ``computes`` (:func:`stand_in_leg`):
+#: not the update (its own branch), nor the optimizer's state or the logged loss after it, nor a stage not found
+_BEFORE_UPDATE = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip")
 
 
 def kind_run(side: str, spec: Mapping[str, Any], rounding: Mapping[str, str | None], own: Collection[str] = (),
@@ -472,7 +475,8 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
       the two computes its loss in float32 (``leaky``: ``precision_leak.loss_in_float32``, a
       ``tf.compat.v1.losses`` program): such a loss differs from the stand-in's by float32
       rounding with the parameters agreeing, which is no wrong loss.
-    * ``(verdict, None)`` also where they part before the update (a divergence) and the other side
+    * ``(verdict, None)`` also where they part before the update (a divergence at a stage up to the
+      clip; not one found after the update, or none found) and the other side
       ``m.other`` is shown to compute the case as given (``computes`` says why: a built-in, or a
       plugin at parity with the built-in of its kind as it runs, :func:`kind_run`), where theory
       predicts nothing between the stand-in and the plugin (``apart``) and no float64 run of the
@@ -504,10 +508,9 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
             f" the logged loss differs, so {m.runs_as} trains as {m.side} does and {m.side} logs a loss other than"
             f" the loss of the step it trains on (the loss after the update, one micro-batch's or one rank's?):"
             f" {plain.detail}")), None
-    if computes and plain.status == "divergence" and not leaky:
-        at = f"at {where}" if where else "where the runs part"
+    if computes and plain.status == "divergence" and not leaky and where in _BEFORE_UPDATE:
         return dataclasses.replace(plain, detail=(
-            f"{m.side} against {m.runs_as}, the built-in of its kind running the case as given: they part {at},"
+            f"{m.side} against {m.runs_as}, the built-in of its kind running the case as given: they part at {where},"
             f" before any update, while {CASE_COMPUTED} ({computes}); so {m.side} does not compute the case the"
             f" other side computes, and the predicted difference does not explain the pair's gap: {plain.detail}")), None
     first = plain.detail.splitlines()[0] if plain.detail else ""

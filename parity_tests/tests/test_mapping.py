@@ -226,11 +226,14 @@ def test_the_stand_in_leg_decides_a_parting_before_the_update_where_the_other_si
     m = SideMapping("p.py:by_size_ignored", "torch.single", {"parallel.weighting": "sum"}, "torch.ddp")
     parted = Verdict("divergence", "float64 bound", 0.5, 1e-10, "loss", 1, np.array([]), 1, "loss apart at step 1")
     says = "torch.single is a built-in: it computes the case as given"
-    for stage in ("loss", "combined_grads", "clip", None):
+    for stage in ("inputs", "loss", "combined_grads", "clip"):
         decides, why = stand_in_leg(parted, lambda s=stage: s, m, computes=says)
         assert why is None and decides.status == "divergence", stage
         assert CASE_COMPUTED in decides.detail and "p.py:by_size_ignored does not compute the case" in decides.detail
     assert stand_in_leg(parted, lambda: "loss", m)[0] is None  # nothing shows the other side computes the case
+    for stage in ("state", None):  # after the update (the optimizer's slots), or no stage found: not shown before it
+        decides, why = stand_in_leg(parted, lambda s=stage: s, m, computes=says)
+        assert decides is None and why.startswith(NOT_EQUIVALENT), stage
     decides, why = stand_in_leg(parted, lambda: "loss", m, leaky=True, computes=says)
     assert decides is None and why.startswith(NOT_EQUIVALENT)
     decides, why = stand_in_leg(parted, lambda: "loss", m, apart="warmup_cosine one step late", computes=says)
