@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="tfpar", description="Prove or disprove that TensorFlow tower training computes the same updates as PyTorch DDP.")
     p.add_argument("--version", action="version", version=f"tfpar {tool_version()}")
-    p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may go without finishing a training step before its ranks are declared hung (default 60)")
+    p.add_argument("--timeout", type=positive_seconds, default=None, help="seconds a torch job may go without progress (a training step or a phase of one, a row written to a spill file) before its ranks are declared hung (default 60)")
     _verbosity(p, False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

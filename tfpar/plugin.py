@@ -480,6 +480,7 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         keras_loss_scales_seen,
         keras_optimizers_seen,
     )
+    from .v1_losses_seen import v1_losses_seen
 
     run = Run(payload, tower_devices(payload["spec"]["parallel"]["devices"]))
     # the judge's mapped rerun of a Keras program on N replicas (N not a power of two): Keras' float32 1/N made exact
@@ -488,7 +489,7 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
         # what its Keras optimizers hold in float32, and the factor Keras scaled its distributed loss by
         # and every regularizer factor Keras holds rounded to float32 in a float64 computation
         with keras_optimizers_seen() as seen, keras_loss_scales_seen(exact=exact) as scales, \
-                keras_float32_constants_seen() as constants:
+                keras_float32_constants_seen() as constants, v1_losses_seen() as float32_losses:
             fn(run)
     except LayoutError:  # run.to_torch / run.to_tf asked what cannot be told: bad input (tf_worker)
         remove_files(run._store.close())
@@ -502,4 +503,4 @@ def run_plugin(fn: Callable, payload: Mapping[str, Any]) -> dict[str, Any]:
     finally:
         run._layers.disarm()  # a plugin that raised or stopped early: Keras and tf.function as they were
     return {**run.records(), "keras_optimizers": seen, "keras_loss_scales": scales,
-            "keras_float32_constants": constants}
+            "keras_float32_constants": constants, "float32_losses": float32_losses}

@@ -65,6 +65,27 @@ def work_and_beat(ctx: RankContext, payload: Any) -> float:
     return time.monotonic() - start
 
 
+def spill_slowly(ctx: RankContext, payload: Any) -> float:
+    """Record ``payload["rows"]`` rows that spill to a file at once, one every ``payload["seconds"]``, never
+    calling ``ctx.beat`` itself: a large model's copies between two training steps, where only the rows
+    written report progress (``parity_tests.protocol.rows.reporting_progress``)."""
+    import numpy as np
+
+    from parity_tests.protocol.rows import RowList, set_spill_threshold
+
+    start = time.monotonic()
+    old = set_spill_threshold(0)  # every row goes to the file as it comes
+    try:
+        rows = RowList()
+        for i in range(payload["rows"]):
+            time.sleep(payload["seconds"])
+            rows.append(np.full(4, float(i)))
+        del rows
+    finally:
+        set_spill_threshold(old)
+    return time.monotonic() - start
+
+
 def getenv(ctx: RankContext, payload: Any) -> str | None:
     """This rank's value of the environment variable named ``payload``."""
     return os.environ.get(payload)

@@ -242,6 +242,9 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # rank 0 records (rows spill to a file when a large model's history grows: parity_tests.protocol.rows);
     # the initial values are copied one parameter at a time as the recorder takes them
     rec = Recorder(((k, p.detach().numpy().copy()) for k, p in named.items()), _snapshot(model.state())) if r == 0 else None
+    # beats between a step's phases too: a large model's first step (its build, a capture's copies) can take
+    # longer than the pool's timeout on a loaded machine (GPT-2 small in float64: torchref.pool)
+    ctx.beat()
     for step in range(1, spec["steps"] + 1):
         x_r, y_r, pos = next(feed)
         capturing = capture == step
@@ -282,6 +285,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
                 _what_rank_backprops(l_r).backward()
             loss_value = (l_r.detach() * w[r]).clone()
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=ctx.group)
+        ctx.beat()  # forward and backward done
         if capturing:  # local_grads: this rank's gradient of l_r (the hook divided by s_r; per-device: s_r = 1)
             cap.update({"x": x_r.numpy().copy(), "loss": l_r.detach().numpy().copy(), "step": np.asarray(step),
                         "grad": dict(local_grads),
@@ -294,6 +298,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
         if r == 0:
             for name, p in named.items():
                 rec.grad(name, p.grad.detach().numpy().copy())
+        ctx.beat()
         opt.step()
         if sched is not None:
             sched.step()
@@ -342,6 +347,8 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     feed = _feed(payload, x, y, np.arange(batch), ranks=None)
     keep = Keeper()  # the captured step's copies: to files past the spill threshold, one at a time
     capture, cap = payload.get("capture"), {}
+    beat = ctx.beat if ctx is not None else lambda: None  # between phases too, as train_rank
+    beat()
     for step in range(1, spec["steps"] + 1):
         x_k, y_k, pos = next(feed)
         model.trace = {} if capture == step else None
@@ -354,6 +361,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
             loss = _shard_loss(model, model_spec, x_k, y_k, {i: m[pos] for i, m in masks.items()}, slice(None),
                                None if weights is None else weights[pos])
             loss.backward()
+        beat()  # forward and backward done
         if capture == step:  # one device: its gradient is the combined one, clipped (if at all) as a whole
             local = {k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()}
             cap = {"x": x_k.numpy().copy(), "loss": loss.detach().numpy().copy(), "step": np.asarray(step),
@@ -366,6 +374,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
                 cap["clipped"] = cap["combined"] = {k: keep(p.grad.detach().numpy().copy()) for k, p in named.items()}
         for name, p in named.items():
             rec.grad(name, p.grad.detach().numpy().copy())
+        beat()
         opt.step()
         if sched is not None:
             sched.step()
@@ -373,8 +382,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
         for name, p in named.items():
             rec.param(name, p.detach().numpy().copy())
         rec.states(_snapshot(model.state()))
-        if ctx is not None:
-            ctx.beat()  # a step done: the parent's timeout counts from here (torchref.pool)
+        beat()  # a step done: the parent's timeout counts from here (torchref.pool)
     rec.add({f"device/{k}": v for k, v in (_flat_capture(cap) if cap else {}).items()})
     rec.add(exported(opt, named, payload))  # lockstep: the optimizer state after the run
     return rec.finish()

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from parity_tests.protocol.errors import TfparError
 from parity_tests.protocol.memory import release_memory
-from parity_tests.protocol.rows import ensure_spill_root
+from parity_tests.protocol.rows import ensure_spill_root, reporting_progress
 
 from .jobs import PRELOAD
 
@@ -228,7 +228,9 @@ def _worker_main(rank: int, size: int, store_path: str, timeout: float, start_ti
                     continue
                 _, fn, payload, n = message
                 beat = {"beat": _beater(conn, sending)} if rank == 0 else {}  # rank 0 reports the job's progress
-                result = fn(RankContext(rank, n, groups[n], timeout, write=_writer(conn, sending), **beat), payload)
+                # rank 0's rows written to spill files count as progress too (a large model's copies)
+                with reporting_progress(beat.get("beat")):
+                    result = fn(RankContext(rank, n, groups[n], timeout, write=_writer(conn, sending), **beat), payload)
                 with sending:
                     conn.send(("ok", result))
                 del result, payload

@@ -289,14 +289,29 @@ def _resolve(v: Verdict, pred: Prediction, residual: Verdict | None, stage: str 
     # a divergence, nothing mapped: the stage is the only check that it is the predicted one
     unjudged = (*v.unjudged, "whether the predicted difference explains the whole gap (no side the tool controls"
                              " can map it away)")
-    if stage == "record" or (stage is not None and earliest is not None and stage in STAGES
+    # a known difference of the pair acting at an earlier stage may show there first (the where-line's
+    # ``judge_pair._against_theory`` says so too: GPT-2's float64 GELU constants in the forward pass; torch's
+    # clip_grad_norm_ + 1e-6 at the clip, before Adam's epsilon placement at the update)
+    known = _known_at(pred, stage)
+    if stage == "record" or (stage is not None and earliest is not None and stage in STAGES and known is None
                              and STAGES.index(stage) < STAGES.index(earliest)):
         where = ("only the logged loss differs while the computation agrees" if stage == "record"
                  else f"it appeared first at {stage}")
         return Resolution(dataclasses.replace(v, status="divergence", unjudged=unjudged, detail=(
             f"not the predicted difference: theory predicted {_named(pred)} first at {earliest}, but {where}. "
             f"{v.detail}")))
+    acts = (f", where the known difference '{known}' acts" if known is not None and earliest is not None
+            and stage in STAGES and STAGES.index(stage) < STAGES.index(earliest) else "")
     return Resolution(dataclasses.replace(v, status="expected_difference", unjudged=unjudged, detail=(
         f"as predicted ({_named(pred)}), a difference was found"
-        + (f", first at {stage}" if stage else "") + f". {v.detail}")), explained=True)
+        + (f", first at {stage}{acts}" if stage else "") + f". {v.detail}")), explained=True)
+
+
+def _known_at(pred: Prediction, stage: str | None) -> str | None:
+    """The name of a known (not expected) difference of ``pred`` that acts at ``stage`` (its stage, or the earliest
+    its recorded channels may show it), or ``None``."""
+    if stage is None:
+        return None
+    return next((d.text.split(":")[0] for d in pred.differences
+                 if not d.expected and stage in (d.stage, d.first_visible)), None)
 

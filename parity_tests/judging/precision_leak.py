@@ -46,6 +46,15 @@ and, differentiated, in every gradient, so both channels of a float32 case are h
 noise (the float32 runs hold the same float32 factor on both sides: ``float32(1e-3)`` is what a
 torch port's ``1e-3 * w.pow(2).sum()`` multiplies by in float32 too). :func:`not_float64` is the
 one question every rule asks; :func:`leak_text` names the cause.
+
+**A float32 reduction read from the run.** The bits do not always show the leak: a slim-style trainer
+scales its clone losses by ``1/N`` in float64 *after* ``tf.compat.v1.losses`` made them float32
+numbers, and at ``N`` not a power of two the product's low bits are spread as any float64 number's
+(the hunt's ``v1_losses`` at 5 and 6 clones: its float64 losses had 0 and 1 low zero bits, and the
+pairs were divergences on the loss at 1.3e-8 and 2.0e-8 relative, and on the parameters at 2e-10 and
+1.2e-8, against a DDP port: float32 rounding, nothing else). The run records every float64 loss such
+a function reduced in float32 (``tfpar.v1_losses_seen``, the run's ``meta["float32_losses"]``), and
+:func:`loss_in_float32` reads that first: what the run did, not a guess from its bits.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ import numpy as np
 
 from parity_tests.protocol.rows import iter_rows
 
-__all__ = ["loss_in_float32", "float32_constants", "not_float64", "leak_text", "LEAK_ZERO_BITS"]
+__all__ = ["loss_in_float32", "float32_losses", "float32_constants", "not_float64", "leak_text", "LEAK_ZERO_BITS"]
 
 
 #: low mantissa bits that must be zero at every step for a float64 run's loss to count as float32 (docstring)
@@ -71,10 +80,20 @@ def _short(a: np.ndarray) -> np.ndarray:
     return (m & np.uint64((1 << LEAK_ZERO_BITS) - 1)) == 0
 
 
+def float32_losses(traj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The float64 losses the run ``traj`` said it reduced in float32 (module docstring, "A float32 reduction read
+    from the run"): ``[{"what": "tf.compat.v1.losses.compute_weighted_loss", "dtype": "float64", ...}]``."""
+    return [e for e in getattr(traj, "meta", {}).get("float32_losses") or () if e.get("dtype") == "float64"]
+
+
 def loss_in_float32(traj: Mapping[str, Any] | None) -> bool:
-    """Whether the float64 run ``traj`` computed its loss in float32 (module docstring, "Detection")."""
+    """Whether the float64 run ``traj`` computed its loss in float32: it says so (:func:`float32_losses`), or its
+    loss has float32's low bits at every step while its parameters do not (module docstring, "Detection")."""
     if traj is None or "loss" not in traj:
         return False
+    if float32_losses(traj):
+        loss = np.asarray(traj["loss"])
+        return loss.dtype == np.float64
     loss = np.asarray(traj["loss"])
     if loss.dtype != np.float64:
         return False
@@ -109,6 +128,11 @@ def leak_text(name: str, traj: Mapping[str, Any] | None = None) -> str:
         what = ", ".join(f"{e['what']}({e['value']:g}) as {e['held']!r}" for e in held)
         return (f"the float64 run of {name} holds float32 constants: {what} (Keras casts the Python float through"
                 " float32 whatever floatx says; no code of the plugin can make it exact)")
+    said = float32_losses(traj)
+    if said:
+        return (f"the float64 run of {name} computes its loss in float32 inside {said[0]['what']} (read from the run:"
+                " it casts the losses to float32, reduces them there and casts the result back, whatever the graph's"
+                " dtype; no code of the plugin can make it float64)")
     return (f"the float64 run of {name} computes its loss in float32 (its loss has the low bits of float32 numbers"
             f" at every step, {LEAK_ZERO_BITS}+ zero bits, while its parameters are float64: a framework op reducing in float32, e.g. tf.compat.v1.losses,"
             " or a Keras loss made under floatx float32)")

@@ -121,7 +121,10 @@ class Verdict:
             rule holds a mixed pair against each side's float64 run), the float64 rule on those
             two runs with their logged loss judged (``pair.judge_sides``), else ``None``: what
             ``pair.resolve`` reads to tell whether a difference theory says must show in exact
-            arithmetic is absent. Held in the process only (not in :meth:`to_dict`).
+            arithmetic is absent. Also set on a float32 case's ``inconclusive`` (nothing moved beyond the
+            float32 noise) whose float64 runs moved and agree (``rules.vacuity.Vacuity``): what
+            ``session.mapping.stand_in_leg`` reads as a stand-in's showing. Held in the process only
+            (not in :meth:`to_dict`).
     """
 
     status: str

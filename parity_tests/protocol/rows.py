@@ -31,7 +31,7 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from parity_tests.protocol import settings
 
-__all__ = ["ensure_spill_root", "Keeper", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
+__all__ = ["ensure_spill_root", "reporting_progress", "Keeper", "RowArray", "RowList", "RowRef", "RowStore", "remove_files", "array_dtype", "finish", "iter_pairs", "iter_rows", "nbytes",
            "nonfinite_rows", "remove_spill_root", "row_norms", "set_spill_threshold", "spill_arrays", "spill_root", "spill_threshold",
            "to_file"]
 
@@ -104,6 +104,31 @@ def spill_root() -> Path:
     elif not root.is_dir():
         raise FileNotFoundError(f"the spill folder {root} is gone: the run that named it has ended")
     return root
+
+
+#: called after each row a spill writes (``reporting_progress``): a pool rank's beat, so that the minutes a large
+#: model's copies take on a loaded machine read as progress, not as a hang (``torchref.pool``)
+_progress: list[Callable[[], None] | None] = [None]
+
+
+@contextlib.contextmanager
+def reporting_progress(beat: Callable[[], None] | None) -> Iterator[None]:
+    """Within the block, every row written to a spill file calls ``beat()`` (this process only).
+
+    A pool job's parent takes a rank that sends nothing for its timeout for hung; writing
+    GPT-2 small's float64 gradients, parameters and captured step (1 GB each) to files on a busy
+    machine can take longer than that between two training steps.
+    """
+    old, _progress[0] = _progress[0], beat
+    try:
+        yield
+    finally:
+        _progress[0] = old
+
+
+def _tick() -> None:
+    if (beat := _progress[0]) is not None:
+        beat()
 
 
 def spill_threshold() -> int:
@@ -296,6 +321,7 @@ class RowList:
 
     def _write(self, row: np.ndarray) -> None:
         self._file.write(_raw(row, self._dtype))
+        _tick()
 
     def finish(self) -> np.ndarray | RowArray:
         """All rows: ``np.stack`` of them while in memory, else the :class:`RowArray` of the file."""
@@ -364,6 +390,7 @@ class RowStore:
         self._file.write(_raw(data))
         self._file.flush()
         self._offset += data.nbytes
+        _tick()
         return ref
 
     def close(self) -> list[str]:
@@ -389,6 +416,7 @@ def to_file(a: Any) -> RowArray:
             for i, row in enumerate(a):
                 norms[i], finite[i] = _stats(row)
                 f.write(_raw(row))
+                _tick()
     except BaseException:
         _unlink(path)
         raise

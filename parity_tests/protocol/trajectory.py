@@ -54,7 +54,8 @@ class Trajectory(dict):
     ``meta``: what the run saw of itself that is not an array (``keras_optimizers``: every
     Keras optimizer a TensorFlow plugin made, with its learning rate's dtype; ``keras_loss_scales``: the factor
     Keras scaled a distributed loss by; ``keras_float32_constants``: every regularizer factor Keras held rounded
-    to float32 in a float64 computation (``tfpar.keras_seen``); ``torch_optimizers``: every
+    to float32 in a float64 computation (``tfpar.keras_seen``); ``float32_losses``: every float64 loss a
+    ``tf.compat.v1.losses`` function reduced in float32 (``tfpar.v1_losses_seen``); ``torch_optimizers``: every
     torch optimizer a torch plugin made, ``torchref.torch_seen``).
     """
 

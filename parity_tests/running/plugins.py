@@ -598,6 +598,7 @@ def plugin_implementation(target: PluginTarget, *, name: str | None = None) -> A
         traj.meta["keras_optimizers"] = records.get("keras_optimizers", [])
         traj.meta["keras_loss_scales"] = records.get("keras_loss_scales", [])
         traj.meta["keras_float32_constants"] = records.get("keras_float32_constants", [])  # (judging.precision_leak)
+        traj.meta["float32_losses"] = records.get("float32_losses", [])  # tf.compat.v1.losses in float32 (same)
         traj.meta["case_read"] = records.get("case_read")  # protocol.case_read: what of its case it read
         traj.update(optimizer_arrays(records, case, impl))
         if progress:

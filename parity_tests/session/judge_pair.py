@@ -142,14 +142,19 @@ def _bf16_side(case: Case, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]]
 
 
 
-def _against_theory(where: dict[str, Any], pred: Prediction) -> dict[str, Any]:
+def _against_theory(where: dict[str, Any], pred: Prediction, rule: str | None = None) -> dict[str, Any]:
     """Say whether a predicted difference appeared first at the stage theory names for it.
 
     A *known* difference of the pair that acts at an earlier stage (GPT-2's float64 GELU constants in
     the forward pass, before Adam's epsilon placement in the update) may show there first: the runs
-    then part where theory says they may, and the note names it.
+    then part where theory says they may, and the note names it. A verdict of the float64 rule (``rule``)
+    judged runs that compute no bfloat16: a difference of the bfloat16 roundings alone
+    (``Difference.only_in``) predicts no stage there, and with no other the where-line says nothing of theory.
     """
-    stages = [d.stage for d in pred.differences if d.expected]
+    expected = [d for d in pred.differences if d.expected and not (rule == RULE_FLOAT64 and d.only_in is not None)]
+    if not expected and any(d.expected for d in pred.differences):
+        return where
+    stages = [d.stage for d in expected]
     stage = stages[0] if stages else stage_of(pred.expected[0])
     seen = where.get("stage")
     known = next((d.text.split(":")[0] for d in pred.differences
@@ -314,7 +319,7 @@ class _Judged:
         elif where is None:
             where = self.localised(v, *as_ran)
         if where is not None and judged.expected:
-            where = _against_theory(where, judged)
+            where = _against_theory(where, judged, final.rule)
         if where is not None and scale is not None:  # theory's constant against the one measured at step 1
             where = {**where, "predicted_scale": scale, "explanation": f"{where['explanation']}; {scale['text']}"}
         notes = res.notes + itself

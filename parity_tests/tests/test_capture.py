@@ -133,6 +133,22 @@ def test_a_known_difference_at_an_earlier_stage_is_named_where_the_runs_part_fir
     assert not elsewhere["as_predicted"] and elsewhere["explanation"].endswith("it appeared first at loss")
 
 
+def test_a_difference_of_the_bfloat16_roundings_alone_places_no_float64_divergence():
+    """Seed 1's 1168: a mutant summing where the case means, behind Keras' bias gradient summed in bfloat16, parts
+    1.16 in the float64 runs, which compute no bfloat16: the prediction explains none of it (``pair.resolve``),
+    so the where-line names no stage of it; the bfloat16 rule's verdict (the mixed runs) keeps the note."""
+    from parity_tests.judging.theory import BFLOAT16_ONLY, Prediction, _diff
+    from parity_tests.judging.verdict import RULE_FLOAT64
+    from parity_tests.session.comparison import _against_theory
+
+    pred = Prediction.of([_diff("Keras' bias gradient summed in bfloat16: ...", only_in=BFLOAT16_ONLY)], [])
+    where = {"stage": "loss", "explanation": "step 1: the loss differs"}
+    assert _against_theory(where, pred, RULE_FLOAT64) == where
+    mixed = _against_theory(where, pred, "bfloat16 against float64")
+    assert mixed["predicted_stage"] == "device_grads" and not mixed["as_predicted"], mixed
+    assert mixed["explanation"].endswith("theory predicted it first at device_grads: it appeared first at loss")
+
+
 def _resnet_case():
     """The matrix's small ResNet (convolutions, batch norm with moving statistics, residual blocks) in float64, 1
     device: the case whose gradients another trace of the step moved in the last bits (trajectory_hashes.py

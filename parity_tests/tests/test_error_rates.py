@@ -593,3 +593,39 @@ def test_both_runs_overflowing_allow_the_difference_certain_at_step_1():
     same = Pair(spec(optimizer=adam), "tf.towers", "torch.ddp")
     assert not differences(same.raw, BY_NAME[same.reference], BY_NAME[same.impl])[0]
     assert not judgement(same, "expected_difference", nan, nan)[0] and judgement(same, "inconclusive", nan, nan)[0]
+
+
+def test_truth_reads_keras_adam_epsilon_as_its_rule_scales_it():
+    """Keras' Adam is torch's with epsilon ``eps / sqrt(1 - beta2^t)`` (1000 eps at step 1 for beta2 = 0.999999):
+    the 10,000-pair run's s3-0876/0877 (two written-out Keras rules, lr 10, eps 1, a clip of 1e-6 reached) move
+    1e-8 a step, nothing in float32: ``inconclusive`` allowed. The same case under torch's rule moves 1e-5 a step
+    (``lr |g| / eps``) and must be judged."""
+    adam = {"name": "adam", "lr": 10.0, "beta1": 0.999999, "beta2": 0.999999, "epsilon": 1.0}
+    clip = {"global_norm": 1e-6, "where": "after_combine"}
+    a, b = BY_NAME[tf("add_n")], BY_NAME[tf("stack_mean")]
+    keras = spec(dtype="float32", optimizer={**adam, "semantics": "native"}, parallel__clip=clip, steps=4)
+    assert truth(keras, a, b)[0] == ("parity", "inconclusive")
+    torch_rule = spec(dtype="float32", optimizer={**adam, "semantics": "torch"}, parallel__clip=clip, steps=4)
+    assert truth(torch_rule, a, b)[0] == ("parity",)
+    # beta2 = 0: epsilon as it is under both rules (the estimate as before)
+    assert truth(spec(dtype="float32", optimizer={**adam, "beta2": 0.0, "semantics": "native"}, parallel__clip=clip,
+                      steps=4), a, b)[0] == ("parity",)
+
+
+def test_per_device_clipped_gradients_that_cancel_on_both_sides_are_inconclusive_only_when_nothing_moved():
+    """The 10,000-pair run's s3-0801/0803: one weight, two devices of one row, their gradients of opposite sign each
+    clipped to 1e-6 before the mean: 0 in exact arithmetic, no parameter moves on either side, ``inconclusive``
+    right (CONTRACT §8). Where a side moved, or the clip is after the combine, it stays wrong."""
+    sgd = {"name": "sgd", "semantics": "native", "lr": 0.05}
+    raw = spec(optimizer=sgd, parallel__devices=2, data__global_batch=2, steps=1,
+               parallel__clip={"global_norm": 1e-6, "where": "per_device"})
+    pair = Pair(raw, "tf.towers", "torch.ddp")
+    assert "inconclusive" not in truth(raw, BY_NAME["tf.towers"], BY_NAME["torch.ddp"])[0]  # the estimate: it moves
+    unmoved = {"param/w": np.array([[0.0125], [0.0125 + 1e-24]]), "grad/w": np.full((1, 1), 1e-22), "loss": np.ones(1)}
+    moved = {"param/w": np.array([[0.0125], [0.0125 - 5e-8]]), "grad/w": np.full((1, 1), 1e-6), "loss": np.ones(1)}
+    assert judgement(pair, "inconclusive", unmoved, unmoved)[0] and judgement(pair, "parity", unmoved, unmoved)[0]
+    assert not judgement(pair, "inconclusive", unmoved, moved)[0]
+    assert not judgement(pair, "inconclusive")[0]  # runs not known: not taken as cancelled
+    after = Pair(spec(optimizer=sgd, parallel__devices=2, data__global_batch=2, steps=1,
+                      parallel__clip={"global_norm": 1e-6, "where": "after_combine"}), "tf.towers", "torch.ddp")
+    assert not judgement(after, "inconclusive", unmoved, unmoved)[0]

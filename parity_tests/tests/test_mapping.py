@@ -243,6 +243,41 @@ def test_the_stand_in_leg_decides_a_parting_before_the_update_where_the_other_si
     assert stand_in_leg(dataclasses.replace(parted, status="parity"), lambda: "loss", m, computes=says) == (None, None)
 
 
+def test_a_stand_in_whose_float64_runs_move_and_agree_is_an_equivalent_run_where_float32_moves_nothing():
+    """Unit (``rules.vacuity.Vacuity``, ``mapping.stand_in_leg``): the 10,000-pair run's s6-0459 (keras_model
+    against concat_loss, Adam lr 1e-7, float32): the stand-in leg moves nothing beyond the float32 noise
+    (inconclusive) while its float64 runs move by 2.5e-7 and agree: that is a showing (the mapping changes what the
+    float64 runs compute), and the residual is judged. Float64 runs that part, or that move nothing either, show
+    nothing."""
+    from parity_tests.judging.rules import Vacuity
+    from parity_tests.judging.rules.context import PairRuns, Side
+    from parity_tests.judging.rules.float32_floor import judge_float32
+    from parity_tests.session.mapping import SideMapping, stand_in_leg
+
+    m = SideMapping("p.py:keras", "tf.towers", {"optimizer.keras_rounding": "none"}, "p.py:concat")
+    p0 = np.array([[0.4, -0.3]])
+    loss = np.array([0.7])
+
+    def leg(step64: float, gap64: float):
+        a64 = {"param/w": np.concatenate([p0, p0 * (1 + step64)]), "loss": loss}
+        b64 = {"param/w": np.concatenate([p0, p0 * (1 + step64 + gap64)]), "loss": loss}
+        a32 = {k: v.astype(np.float32) for k, v in a64.items()}
+        b32 = {k: v.astype(np.float32) for k, v in b64.items()}
+        pair = PairRuns("float32", Side(a32, a64), Side(b32, b64), "float64")
+        return Vacuity().judge(pair, judge_float32(a32, b32, a64=a64, b64=b64))
+
+    shown = leg(2.5e-7, 0.0)          # float32: moves by less than its noise; float64: moves, agrees
+    assert shown.status == "inconclusive" and shown.float64_runs is not None
+    assert stand_in_leg(shown, lambda: "update", m) == (None, None)
+    idle = leg(0.0, 0.0)                 # nothing moves in float64 either: no showing
+    assert idle.status == "inconclusive" and idle.float64_runs is None
+    decides, why = stand_in_leg(idle, lambda: "update", m)
+    assert decides is None and why.startswith(NOT_EQUIVALENT)
+    parted = leg(2.5e-7, 1e-9)           # the float64 runs part (1e-9 > 1e-10): the float64 rule's divergence
+    assert parted.status == "divergence" and parted.float64_runs is None
+    assert stand_in_leg(parted, lambda: "update", m) != (None, None)
+
+
 # ------------------------------------------------------------------ precision leaks: a float64 run's float32 loss
 
 #: 8 rows a tower: tf.compat.v1.losses' float32 mean divides by 8, exact, so only the logged loss holds float32
@@ -266,6 +301,45 @@ def test_a_float64_run_whose_loss_is_float32_is_detected_and_judged_at_the_float
     p = f64.pairs[0]
     assert p.verdict.status == "divergence" and p.verdict.key == "loss", f64.summary()
     assert "computes its loss in float32" in p.verdict.detail, f64.summary()
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_float32_loss_that_its_bits_do_not_show_is_read_from_the_run():
+    """6 clones: the clone losses (float32 numbers from tf.compat.v1.losses) times 1/6 in float64 have their low bits
+    spread, so the bits alone do not show the leak (the hunt's v1_losses at 5 and 6 clones: divergences at 1.3e-8 and
+    2e-8 on the loss, float32 rounding); the run's own record of tf.compat.v1.losses (``tfpar.v1_losses_seen``) does:
+    parity with the leak named. The learning rate off by 1e-3 on one parameter is still a divergence."""
+    from parity_tests.judging.precision_leak import float32_losses
+
+    case = make(MLP, dtype="float32", data__global_batch=48, parallel__devices=6, optimizer={"name": "sgd", "lr": 0.1})
+    r = compare_case(case, [f"{JUDGE_TORCH}:native", f"{TF}:v1_losses", f"{TF}:v1_losses_lr_bug"])
+    pairs, summary = {p.impl.rsplit(":", 1)[-1]: p for p in r.pairs}, r.summary()
+    leaky = next(t for k, t in r.trajectories.items() if k.endswith("v1_losses@float64"))
+    assert float32_losses(leaky) and not np.all(_low_zero_bits(np.asarray(leaky["loss"])))  # the bits do not show it
+    assert pairs["v1_losses"].verdict.status == "parity", summary
+    assert any("inside tf.compat.v1.losses.compute_weighted_loss" in n for n in pairs["v1_losses"].notes), summary
+    assert pairs["v1_losses_lr_bug"].verdict.status == "divergence", summary
+
+
+def _low_zero_bits(a: np.ndarray) -> np.ndarray:
+    from parity_tests.judging.precision_leak import _short
+
+    return _short(a)
+
+
+def test_loss_in_float32_reads_the_runs_own_record_first():
+    """Unit: a 6-clone mean of float32 numbers, times 1/6 in float64, has float64's low bits: not a leak by its bits,
+    a leak when the run recorded a float64 loss reduced in float32 (and not for a record of a float32 one)."""
+    from parity_tests.protocol.trajectory import Trajectory
+
+    rng = np.random.default_rng(0)
+    clones = rng.random((5, 6)).astype(np.float32).astype(np.float64)
+    traj = Trajectory({"loss": (clones * (1.0 / 6)).sum(axis=1), "param/0.kernel": rng.standard_normal((6, 5, 10))})
+    assert not loss_in_float32(traj)                                  # the bits alone: missed
+    traj.meta["float32_losses"] = [{"what": "tf.compat.v1.losses.compute_weighted_loss", "dtype": "float32"}]
+    assert not loss_in_float32(traj)                                  # a float32 loss reduced in float32: no leak
+    traj.meta["float32_losses"] = [{"what": "tf.compat.v1.losses.compute_weighted_loss", "dtype": "float64"}]
+    assert loss_in_float32(traj)
 
 
 @pytest.mark.usefixtures("pool")

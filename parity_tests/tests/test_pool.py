@@ -151,6 +151,17 @@ def test_a_job_that_beats_is_not_taken_for_a_hang():
         p.close()
 
 
+def test_rows_a_job_writes_to_spill_files_count_as_its_progress():
+    # no beat of its own, 8 rows 0.5 s apart (4 s) under a limit of 0.5 s + the 2.1 s margin: each row
+    # written beats (rows.reporting_progress); without that the job is taken for hung after 2.6 s
+    p = DDPPool(1, timeout=POOL_TIMEOUT)
+    try:
+        took = p.run(fns.spill_slowly, {"rows": 8, "seconds": 0.5}, 1, timeout=0.5)[0]
+        assert took >= 4.0 and p.alive
+    finally:
+        p.close()
+
+
 def test_close_and_restart_leave_nothing_behind():
     me = psutil.Process()
     before = {c.pid for c in children(me)}

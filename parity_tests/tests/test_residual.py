@@ -80,3 +80,23 @@ def test_no_mapping_judges_no_residual_and_asks_for_the_stage():
     assert r.final.status == "expected_difference"  # parted no earlier than theory's stage (update)
     early = resolve_pair(Canned({("a", "b"): _v("divergence", 1e-3)}, {("a", "b"): "forward"}), "a", "b", PRED)
     assert early.final.status == "divergence"  # parted before the update: not the predicted difference
+
+
+def test_a_known_difference_acting_before_the_predicted_stage_is_where_the_runs_may_part_first():
+    """The 10,000-pair run's s8-0233 (keras_model against torch.ddp, native Adam, a warmup_cosine, a clip of 1e-6):
+    no residual judged, the runs part first at the clip, where the known difference "torch clip_grad_norm_ adds 1e-6
+    to the norm" acts, before the expected ones (epsilon placement, Keras' CosineDecay a step late) at the update.
+    The where-line already said so ("where the known difference ... acts"); the verdict said "not the predicted
+    difference". It is the expected difference now, naming the known one; a part at the forward pass, where no known
+    difference acts, stays a divergence."""
+    clip = _diff("torch clip_grad_norm_ adds 1e-6 to the norm: scale c/(norm+1e-6) vs TensorFlow's c/norm",
+                 expected=False, mapping="optimizer")
+    pred = Prediction.of([*PRED.differences, clip], [])
+    at_clip = resolve_pair(Canned({("a", "b"): _v("divergence", 1.0)}, {("a", "b"): "clip"}), "a", "b", pred)
+    assert at_clip.final.status == "expected_difference", at_clip.final.detail
+    assert "first at clip, where the known difference 'torch clip_grad_norm_ adds 1e-6 to the norm' acts" in \
+        at_clip.final.detail
+    without = resolve_pair(Canned({("a", "b"): _v("divergence", 1.0)}, {("a", "b"): "clip"}), "a", "b", PRED)
+    assert without.final.status == "divergence"  # no known difference acts there: not the predicted difference
+    forward = resolve_pair(Canned({("a", "b"): _v("divergence", 1.0)}, {("a", "b"): "forward"}), "a", "b", pred)
+    assert forward.final.status == "divergence"

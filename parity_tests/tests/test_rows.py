@@ -119,6 +119,23 @@ def test_spilled_rows_have_the_bytes_of_tobytes_and_the_norms_of_abs_max(spill_e
         assert a.finite.tolist() == [bool(np.isfinite(v).all()) for v in values]
 
 
+def test_every_row_written_to_a_file_reports_progress_inside_the_block_only(spill_everything):
+    ticks: list[int] = []
+    with rows.reporting_progress(lambda: ticks.append(1)):
+        kept = rows.RowList()
+        for i in range(3):
+            kept.append(np.full(5, float(i)))  # past the threshold (0): written as they come
+        assert len(ticks) == 3
+        rows.to_file(np.zeros((4, 2)))
+        assert len(ticks) == 7
+        store = rows.RowStore(threshold=0)
+        store.put(np.ones(3))
+        assert len(ticks) == 8
+        rows.remove_files(store.close())
+    rows.to_file(np.zeros((4, 2)))  # outside: nothing reported
+    assert len(ticks) == 8
+
+
 def test_chunks_cover_every_row_once(spill_everything):
     values = [np.full((4,), float(i)) for i in range(7)]
     a = _spilled(values)

@@ -11,8 +11,9 @@ import numpy as np
 from parity_tests.judging.bounds import SCALE_FLOOR
 from parity_tests.judging.localise import bound_at
 from parity_tests.judging.rules.context import PairRuns
+from parity_tests.judging.rules.float64_bound import judge_float64
 from parity_tests.judging.rules.replicas_in_sync import RULE_REPLICAS
-from parity_tests.judging.verdict import RULE_NONFINITE, Verdict
+from parity_tests.judging.verdict import RULE_FLOAT32, RULE_FLOAT64, RULE_NONFINITE, Verdict
 from parity_tests.protocol.rows import iter_rows
 
 __all__ = ["RULE_VACUOUS", "vacuity", "Vacuity"]
@@ -75,7 +76,15 @@ def vacuity(a: Mapping[str, Any], b: Mapping[str, Any], verdict: Verdict) -> str
 
 
 class Vacuity:
-    """:func:`vacuity`: the verdict made ``inconclusive``, saying why, where nothing was compared."""
+    """:func:`vacuity`: the verdict made ``inconclusive``, saying why, where nothing was compared.
+
+    A float32 case at parity by the float32 noise floor whose float32 runs move nothing beyond that floor may
+    still have float64 runs that move beyond the float64 bound and agree within it (lr 1e-7: a float64 parameter
+    moves by 2.5e-7 of its size, a float32 one by less than its noise). The pair stays ``inconclusive`` (its
+    float32 runs compared nothing), and the verdict keeps the float64 runs' own verdict (``float64_runs``: the
+    float64 rule on them, set only where they moved): what a stand-in's equivalence is shown by
+    (``session.mapping.stand_in_leg``), since a mapping changes what the float64 runs compute.
+    """
 
     name = RULE_VACUOUS
 
@@ -83,5 +92,11 @@ class Vacuity:
         why = vacuity(pair.a.run, pair.b.run, verdict)
         if why is None:
             return verdict
-        return dataclasses.replace(verdict, status="inconclusive", rule=RULE_VACUOUS,
-                                   detail=f"inconclusive: {why}; {verdict.detail}")
+        out = dataclasses.replace(verdict, status="inconclusive", rule=RULE_VACUOUS,
+                                  detail=f"inconclusive: {why}; {verdict.detail}")
+        a64, b64 = pair.a.f64, pair.b.f64
+        if verdict.status == "parity" and verdict.rule == RULE_FLOAT32 and a64 is not None and b64 is not None:
+            v64 = judge_float64(a64, b64, grads=pair.grads, zero=pair.zero)
+            if v64.status == "parity" and v64.rule == RULE_FLOAT64 and vacuity(a64, b64, v64) is None:
+                out = dataclasses.replace(out, float64_runs=v64)
+        return out
