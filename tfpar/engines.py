@@ -18,12 +18,12 @@ _DTYPES = ("float32", "float64")
 _MIXED = (*_DTYPES, "mixed_bfloat16")
 
 SPECS: tuple[EngineSpec, ...] = (
-    EngineSpec("tf.towers", "builtin", "tf", parallel=True, dtypes=_MIXED, keras=True, captures=True, captures_in_place=True,
+    EngineSpec("tf.towers", "builtin", "tf", parallel=True, dtypes=_MIXED, rounds_gradients=True, keras=True, captures=True, captures_in_place=True,
                description="the TF2 tower engine (tfpar.TowerTrainer): N towers on N logical devices, average_gradients,"
                            " one update",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stepwise=True, stateful=True,
                optimizer_family="keras", sync_bn_gradient="own_loss", accumulate=True, entry="tfpar.towers:TowerTrainer"),
-    EngineSpec("tf.single", "builtin", "tf", parallel=False, dtypes=_MIXED, keras=True, captures=True, captures_in_place=True,
+    EngineSpec("tf.single", "builtin", "tf", parallel=False, dtypes=_MIXED, rounds_gradients=True, keras=True, captures=True, captures_in_place=True,
                description="one TensorFlow device, the whole global batch",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stepwise=True, stateful=True,
                optimizer_family="keras", accumulate=True, entry="tfpar.towers:TowerTrainer"),

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from parity_tests.protocol.grad_rounding import check_rounds_gradients
 from parity_tests.protocol.payload import check_payload
 from parity_tests.protocol.recorder import Recorder
 from parity_tests.protocol.vocabulary import LOCAL_COMBINES  # each device applies its own updates
@@ -21,6 +22,7 @@ from parity_tests.protocol.vocabulary import LOCAL_COMBINES  # each device appli
 from .async_ import run_async
 from .devices import tower_devices
 from .engines import SPECS
+from .grad_rounding import bf16_gradient
 from .local_sgd import run_param_mean
 from .lockstep import run_steps
 from .losses import model_loss
@@ -90,6 +92,9 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     if impl not in IMPLS:
         raise ValueError(f"unknown TensorFlow implementation {impl!r}")
     check_payload(payload, impl)  # every key declared (parity_tests.protocol.payload)
+    rounded = check_rounds_gradients(payload, impl)  # the float64 run rounding the gradients (tfpar.grad_rounding)
+    if rounded and impl not in ("tf.towers", "tf.single"):  # what tfpar.engines declares (rounds_gradients)
+        raise ValueError(f"{impl} does not make the float64 run that rounds the gradients (grads_bf16)")
     # what the engine declares it runs (tfpar.engines), refused before anything trains (tfpar.refusals)
     if not refuse_declared(payload["spec"], impl):  # param_mean, async: each device applies its own updates
         combine = payload["spec"]["parallel"]["combine"]
@@ -110,7 +115,8 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
     key = structure_key(impl, devices, payload)
     built = CACHE.take(key)
     if built is None:
-        built = _build(keyed_spec(spec), payload["init"], payload.get("w") is not None, devices, dtype, compute)
+        built = _build(keyed_spec(spec), payload["init"], payload.get("w") is not None, devices, dtype, compute,
+                       rounded)
     else:
         built.reset(payload["init"])
     feed = feed or ("tfrecord" if order == "distributed_sampler" else "arrays")
@@ -124,11 +130,14 @@ def run_case(payload: Mapping[str, Any], impl: str = "tf.towers", *,
 
 
 def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, devices: list[str], dtype: tf.DType,
-           compute: tf.DType | None) -> Built:
+           compute: tf.DType | None, rounded: bool = False) -> Built:
     """A new trainer for ``tf.towers``/``tf.single``: variables from ``init``, a fresh optimizer.
 
     ``spec`` holds only the sections of :data:`tfpar.reuse.KEYED`: all a trainer that may be
-    reused is built from (``weighted``: the payload has sample weights).
+    reused is built from (``weighted``: the payload has sample weights). ``rounded``: the float64 run
+    that rounds the gradients where the mixed recipe does (:mod:`tfpar.grad_rounding`): each tower's loss
+    reads every parameter and the model output through :func:`bf16_gradient` (a model of dense layers
+    only, ``protocol.grad_rounding``: no lockstep ``towers_fn``).
     """
     par = spec["parallel"]
     model = spec["model"]
@@ -137,6 +146,9 @@ def _build(spec: Mapping[str, Any], init: Mapping[str, Any], weighted: bool, dev
     variables = {k: v for k, v in variables.items() if not is_state(k)}
 
     def loss_fn(params, x, y):
+        if rounded:  # per tower (this is each tower's loss) and per micro-batch, as the mixed recipe rounds them
+            params = {k: bf16_gradient(tf.convert_to_tensor(v)) for k, v in params.items()}
+            return model_loss(model, bf16_gradient(forward(model["layers"], params, x, compute=compute)), y)
         return model_loss(model, forward(model["layers"], params, x, compute=compute), y)
 
     def towers_fn(params, xs, ys, extras):

@@ -37,12 +37,14 @@ import torch.distributed.nn.functional as dist_fn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from parity_tests.protocol.grad_rounding import check_rounds_gradients
 from parity_tests.protocol.recorder import Recorder
 from parity_tests.protocol.rows import Keeper, set_spill_threshold, spill_arrays, spill_threshold
 from parity_tests.protocol.shards import shard_rows
 
 from . import tokens
 from .data import rank_batches, single_batches
+from .grad_rounding import bf16_gradient, round_parameter_gradients
 from .jobs import merge_captures
 from .losses import model_loss
 from .models import CaseModel
@@ -80,10 +82,23 @@ def _shard_loss(module: torch.nn.Module, model_spec: dict[str, Any], x: torch.Te
     included, runs under ``torch.autocast("cpu", dtype=torch.bfloat16)``, as a user
     writes it; the loss is outside it, in float32 (``torchref.losses.model_loss``).
     """
-    compute = getattr(module, "module", module).compute  # DDP keeps the CaseModel as .module
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
+    model = getattr(module, "module", module)  # DDP keeps the CaseModel as .module
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=model.compute == torch.bfloat16):
         out, logits = module(x[rows], {i: m[rows] for i, m in masks.items()}, with_logits=True)
+    if getattr(model, "grads_bf16", False):  # the float64 run rounding the gradients (torchref.grad_rounding): where
+        # the mixed recipe's float() of its bfloat16 output and logits rounds their gradients, once per tensor
+        rounded = bf16_gradient(out)
+        logits = rounded if logits is out else None if logits is None else bf16_gradient(logits)
+        out = rounded
     return model_loss(model_spec, out, y[rows], logits, sample_weight=sample_weight)
+
+
+def _rounding(model: CaseModel, payload: dict[str, Any], engine: str) -> None:
+    """The float64 run that rounds the gradients where the mixed recipe does (``protocol.grad_rounding``): each
+    parameter's gradient of every backward (before DDP's all-reduce) and, in :func:`_shard_loss`, the output's."""
+    model.grads_bf16 = check_rounds_gradients(payload, engine)
+    if model.grads_bf16:
+        round_parameter_gradients(model.parameters())
 
 
 def _weights(payload: dict[str, Any], dtype: torch.dtype) -> torch.Tensor | None:
@@ -191,6 +206,7 @@ def train_rank(ctx: RankContext, payload: dict[str, Any]) -> dict[str, np.ndarra
     # rank's own, and DDP broadcasts rank 0's buffers at every forward (broadcast_buffers)
     model = CaseModel(model_spec["layers"], payload["init"], dtype,
                       batch_norm=par.get("batch_norm", "local"), group=ctx.group, compute=_compute(spec))
+    _rounding(model, payload, "torch.ddp")
     # DDP broadcasts rank 0's parameters at construction: all ranks start equal anyway. The gradients
     # are views of DDP's buckets (gradient_as_bucket_view): the same values in one copy of the model
     # instead of two (the buckets and .grad), what DDP's docs advise for memory
@@ -335,6 +351,7 @@ def train_single(ctx: RankContext | None, payload: dict[str, Any]) -> dict[str, 
     weights = _weights(payload, dtype)
     model = CaseModel(model_spec["layers"], payload["init"], dtype, batch_norm=spec["parallel"].get("batch_norm", "local"),
                       compute=_compute(spec))
+    _rounding(model, payload, "torch.single")
     opt = make_optimizer(spec["optimizer"], model.parameters(), model.canonical())
     sched = make_scheduler(spec["optimizer"], opt)
     load_state(opt, sched, model.canonical(), spec["optimizer"], payload.get("opt_state"))  # lockstep's start state

@@ -16,11 +16,11 @@ __all__ = ["SPECS", "by_name"]
 _MIXED = ("float32", "float64", "mixed_bfloat16")
 
 SPECS: tuple[EngineSpec, ...] = (
-    EngineSpec("torch.ddp", "builtin", "torch", parallel=True, dtypes=_MIXED, captures=True, captures_in_place=True,
+    EngineSpec("torch.ddp", "builtin", "torch", parallel=True, dtypes=_MIXED, rounds_gradients=True, captures=True, captures_in_place=True,
                description="real torch DistributedDataParallel on gloo, N ranks of the warm worker pool",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stateful=True,
                optimizer_family="torch", accumulate=True, entry="torchref.ddp:train_rank"),
-    EngineSpec("torch.single", "builtin", "torch", parallel=False, dtypes=_MIXED, captures=True, captures_in_place=True,
+    EngineSpec("torch.single", "builtin", "torch", parallel=False, dtypes=_MIXED, rounds_gradients=True, captures=True, captures_in_place=True,
                description="one torch process, the whole global batch",
                combines=ALL_COMBINES, orders=ORDERS, optimizers=OPTIMIZERS, layers=LAYER_TYPES, stateful=True,
                optimizer_family="torch", accumulate=True, entry="torchref.ddp:train_single"),

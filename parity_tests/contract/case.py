@@ -138,6 +138,9 @@ class Case:
     #: a step (1-based) whose per-device values the implementations should record (``device/...``
     #: arrays, docs/localisation.md stages); set by localisation with ``dataclasses.replace``, never from a file
     capture: int | None = field(default=None)
+    #: the float64 run that rounds the gradients to bfloat16 where the mixed recipe does (``protocol.grad_rounding``;
+    #: ``judging.bfloat16``'s gradient term); set by the session with ``dataclasses.replace``, never from a file
+    grads_bf16: bool = field(default=False)
 
     @property
     def name(self) -> str:
@@ -156,7 +159,8 @@ class Case:
         from parity_tests.contract.generators import dropout_masks
 
         return {"spec": self.spec, "x": self.x, "y": self.y, "init": self.init, "masks": dropout_masks(self.spec),
-                "perm": self.perm, "w": self.w, "capture": self.capture}
+                "perm": self.perm, "w": self.w, "capture": self.capture,
+                **({"grads_bf16": True} if self.grads_bf16 else {})}  # only in that run: every other payload as before
 
     def replace(self, **changes: Any) -> Case:
         """A copy with top-level or dotted spec fields changed and re-validated.

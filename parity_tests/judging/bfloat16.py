@@ -13,7 +13,8 @@ at parity when
        e_X[k]     = max_{j <= k} gap_j(X, X64)   (its distance from float64)
        S[k]       = max_{j <= k} max_{Y in {A, B}, r <= R} gap_j(D_Y, D'_{Y,r})   (the sampled spread)
        T_X[k]     = max_{j <= k} gap_j(X64 - X64[0], X64r - X64r[0])            (the storage term)
-       E_X[k]     = F * rho_X * S[k] + 2 * T_X[k] + FLOAT32_ABS_FLOOR         (what its arithmetic explains)
+       G_X[k]     = max_{j <= k} gap_j(X64 - X64[0], X64g - X64g[0])            (the gradient term)
+       E_X[k]     = F * rho_X * S[k] + 2 * T_X[k] + 2 * G_X[k] + FLOAT32_ABS_FLOOR   (what its arithmetic explains)
 
    with every gap measured against the float64 runs' norms (``gaps._scales``), and
    ``gap_k(R_X, 0) <= E_X[k]`` at every step for the parameters and batch-norm state.
@@ -76,6 +77,27 @@ as training moves the weights, what the layers read is rounded afresh, another s
 rounding of the same size that no rerun re-samples, and two such samples can add (the
 triangle inequality's 2, as for ``F``). Without ``T`` a 3-layer sigmoid/tanh MLP on binary
 inputs was 6.5 times its spread from float64 on correct runs of both frameworks.
+
+**The gradient term** ``G``: the backward of a mixed recipe rounds two values that no rerun re-samples
+either (docs/error-rates.md, "the bfloat16 rule's pairs 432 and 896"): the loss's gradient at the bfloat16
+output, ``s_r dl_r/dout`` at the scale ``s_r`` the device differentiates its loss (the float32 loss's cast back to
+bfloat16), and each device's gradient of every parameter (a bfloat16 result, cast to float32 before the float32
+combine over the devices). At step 1, with logits near 0, one bfloat16 ulp of every input moves ``g`` by 1/60 to
+1/250 of its bfloat16 step: the run and its reruns round it alike, and what depends on the inputs only through it
+(the last bias's gradient; one row's product ``x_r g_r`` per device) is not re-sampled either; two sides share that
+rounding only when they round the same value up to a power of 2, which ``torch.ddp`` (``N w_r`` times its loss)
+and ``torch.single`` (``1/B`` of the sum) do not. It is measured as ``T`` is, without a single bfloat16 op:
+``X64g`` is the side's float64 run with an identity at each of those places whose backward rounds the gradient
+to bfloat16 (``protocol.grad_rounding``; the built-ins that run ``mixed_bfloat16``, on a model of dense layers),
+and ``G`` is how far that moves the updates. A value the mixed run rounds there sits within a fraction of a
+bfloat16 step of the float64 run's (the reason no rerun re-samples it), so that run makes nearly the same
+roundings; where the mixed run's value has moved by more, its rounding falls afresh, another sample of a rounding
+of the same size: it counts twice (``BF16_GRADIENT_FACTOR = 2``, ``T``'s argument). A bug cannot raise it beyond
+the size of those roundings: the run computes no bfloat16 op, a semantic bug is in both of its float64 runs alike
+(its ``G`` is the rounding of the values the buggy program computes; the float64 rule judges the bug itself), and a
+bfloat16-only bug is in neither. A side without that run (a plugin, another model) has ``G = 0``: the rule as it
+was. Measured on the 10,000-pair run's false alarms (docs/error-rates.md, "third
+session"): the named side's error repeated 97-100 % by both reruns.
 
 **Shared error.** The side check holds each side's error *beyond the error both sides share*
 against ``E_X``: elementwise ``m = min(|D_A|, |D_B|)`` where ``D_A`` and ``D_B`` have the same sign
@@ -174,7 +196,8 @@ from parity_tests.judging.perturbation import (
 from parity_tests.judging.rules.float64_bound import judge_float64
 from parity_tests.judging.verdict import Verdict, _finished, _known
 
-__all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "BF16_STORAGE_FACTOR", "BF16_SIGNATURE_FACTOR", "Side", "judge_bfloat16",
+__all__ = ["RULE_BF16_FLOAT64", "BF16_RERUNS", "BF16_FACTOR", "BF16_STORAGE_FACTOR", "BF16_GRADIENT_FACTOR",
+           "BF16_SIGNATURE_FACTOR", "Side", "judge_bfloat16",
            "float64_reference", "rounded_reference", "signature_bound"]
 
 #: the rule's name in verdicts (module docstring)
@@ -185,6 +208,8 @@ BF16_RERUNS = 2
 BF16_FACTOR = 3.0
 #: the storage term's factor (module docstring, "The storage term")
 BF16_STORAGE_FACTOR = 2.0
+#: the gradient term's factor (module docstring, "The gradient term")
+BF16_GRADIENT_FACTOR = 2.0
 #: the bfloat16 signature: a mixed run's step-1 gap to its float32 run over that run's gap to float64 (docstring)
 BF16_SIGNATURE_FACTOR = 16.0
 # rerun r's perturbation coins are seeded by case seed + r * 2**32 (no other case seed can reach them)
@@ -200,7 +225,8 @@ class Side:
     float64 runs of the same perturbed cases (module docstring); ``rho``:
     ``kernels.side_factor``'s ``rho_X`` (>= 1); ``kernels``: the line saying why;
     ``rounded64``: the float64 run from the inputs and initial weights rounded to bfloat16
-    (:func:`rounded_reference`), or ``None`` (no storage term).
+    (:func:`rounded_reference`), or ``None`` (no storage term); ``grads64``: the float64 run rounding the
+    gradients to bfloat16 where the mixed recipe does (``protocol.grad_rounding``), or ``None`` (no gradient term).
     """
 
     name: str
@@ -211,6 +237,7 @@ class Side:
     rho: float = 1.0
     kernels: str = ""
     rounded64: Mapping[str, Any] | None = None
+    grads64: Mapping[str, Any] | None = None
 
 
 def float64_reference(case: Any) -> Any:
@@ -287,6 +314,18 @@ def _storage(side: Side, keys: list[str], scales: dict[str, np.ndarray], like: n
     return _spread(_row_max(_gaps(_moved(side.float64, keys), _moved(side.rounded64, keys), keys, scales))[0])
 
 
+def _gradient_term(side: Side, keys: list[str], scales: dict[str, np.ndarray], like: np.ndarray) -> np.ndarray:
+    """The gradient term ``G``: how far rounding the loss's gradient at the output and each device's gradients to
+    bfloat16 moves the updates (float64, from ``side.grads64``; zeros without it; module docstring)."""
+    if side.grads64 is None:
+        return np.zeros_like(like)
+    g = _row_max(_gaps(_moved(side.float64, keys), _moved(side.grads64, keys), keys, scales))[0]
+    # a gradient-rounding run that overflows (or turns NaN) where the float64 run does not measures no rounding's
+    # size: those rows and every later one count no gradient term (the rule as before), never an infinite bound
+    finite = np.logical_and.accumulate(np.isfinite(g))
+    return _spread(np.where(finite, g, 0.0))
+
+
 def _zeros(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.zeros_like(v) for k, v in arrays.items()}
 
@@ -309,7 +348,8 @@ def _beyond_shared(da: Mapping[str, np.ndarray], db: Mapping[str, np.ndarray], k
 
 def _side_verdict(side: Side, e: np.ndarray, arg: np.ndarray, bound: np.ndarray, keys: list[str],
                   spread: np.ndarray, factor: float, storage: np.ndarray, *,
-                  distance: np.ndarray | None = None, common: np.ndarray | None = None) -> Verdict | None:
+                  distance: np.ndarray | None = None, common: np.ndarray | None = None,
+                  gradient: np.ndarray | None = None) -> Verdict | None:
     """A divergence naming ``side`` when its error beyond the shared error ``e`` exceeds ``bound`` at some row.
 
     ``distance``: its whole distance from float64 (``e`` when not given); ``common``: the shared error
@@ -331,7 +371,9 @@ def _side_verdict(side: Side, e: np.ndarray, arg: np.ndarray, bound: np.ndarray,
     detail = (
         f"{side.name} is farther from its float64 run than its bfloat16 arithmetic explains: distance"
         f"{shared} {e[first]:.2e} > {bound[first]:.2e} = {factor:g} x rho {side.rho:.3g} x spread {spread[first]:.2e}"
-        f" + {BF16_STORAGE_FACTOR:g} x storage {storage[first]:.2e} + {FLOAT32_ABS_FLOOR:.2e} first at {describe_step(key, step(first))} ({describe_key(key)});"
+        f" + {BF16_STORAGE_FACTOR:g} x storage {storage[first]:.2e}"
+        + ("" if gradient is None else f" + {BF16_GRADIENT_FACTOR:g} x gradients {gradient[first]:.2e}")
+        + f" + {FLOAT32_ABS_FLOOR:.2e} first at {describe_step(key, step(first))} ({describe_key(key)});"
         f" greatest distance/bound {e[worst]:.2e} / {bound[worst]:.2e} at step {step(worst)}"
         f" (spread: the largest gap between a side's error and the error of one of its {BF16_RERUNS} reruns;"
         f" {side.kernels})"
@@ -404,13 +446,15 @@ def judge_bfloat16(
         e, arg = _row_max(_gaps(s.run, s.float64, judged, scales))
         beyond, barg = _row_max(_gaps(own, _zeros(own), judged, scales))
         storage = _storage(s, judged, scales, spread)
-        bound = factor * s.rho * spread + BF16_STORAGE_FACTOR * storage + FLOAT32_ABS_FLOOR
+        gradient = _gradient_term(s, judged, scales, spread)
+        bound = factor * s.rho * spread + BF16_STORAGE_FACTOR * storage + BF16_GRADIENT_FACTOR * gradient + FLOAT32_ABS_FLOOR
         bad = _side_verdict(s, _spread(beyond), barg, bound, judged, spread, factor, storage,
-                            distance=_spread(e), common=common)
+                            distance=_spread(e), common=common, gradient=None if s.grads64 is None else gradient)
         if bad is not None:
             return _finished(bad, expect_difference, known)
         bounds[s.name] = (_spread(e), bound)
     storage_max = max(float(np.nanmax(_storage(s, judged, scales, spread))) for s in (a, b))
+    gradient_max = {s.name: float(np.nanmax(_gradient_term(s, judged, scales, spread))) for s in (a, b) if s.grads64 is not None}
     pair_gap, arg = _row_max(_gaps(a.run, b.run, judged, scales))
     gap64, _ = _row_max(_gaps(a.float64, b.float64, judged, scales))
     pair_bound = bounds[a.name][1] + bounds[b.name][1] + gap64
@@ -427,9 +471,13 @@ def judge_bfloat16(
         f" {describe_step(key, step_of_row(key, worst))}, {describe_key(key)}): each side within what its bfloat16"
         f" arithmetic explains of its float64 run, {a.name} {np.nanmax(ea):.2e} and {b.name} {np.nanmax(eb):.2e} at most"
         f"{shared_note}"
-        f" (E = {factor:g} x rho x spread + {BF16_STORAGE_FACTOR:g} x storage + {FLOAT32_ABS_FLOOR:.2e}; storage: the"
-        f" float64 run from the"
-        f" inputs and weights rounded to bfloat16, up to {storage_max:.2e}; spread up to {np.nanmax(spread):.2e}, the largest"
+        f" (E = {factor:g} x rho x spread + {BF16_STORAGE_FACTOR:g} x storage"
+        + (f" + {BF16_GRADIENT_FACTOR:g} x gradients" if gradient_max else "")
+        + f" + {FLOAT32_ABS_FLOOR:.2e}; storage: the float64 run from the"
+        f" inputs and weights rounded to bfloat16, up to {storage_max:.2e};"
+        + ("".join(f" gradients of {n}: its float64 run rounding the output's and each device's gradients to bfloat16,"
+                   f" up to {g:.2e};" for n, g in gradient_max.items()))
+        + f" spread up to {np.nanmax(spread):.2e}, the largest"
         f" gap between a side's error and the error of one of its {BF16_RERUNS} reruns; rho {a.name} {a.rho:.3g},"
         f" {b.name} {b.rho:.3g}); the float64 runs agree; {a.kernels}; {b.kernels}"
     )

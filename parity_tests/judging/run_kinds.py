@@ -10,14 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["KINDS", "Variant", "as_given", "repeat", "bf16_reruns", "capture", "FLOAT64", "PERTURBED_RUN", "STEP1",
-           "ROUNDED64", "RULE64", "MOVED64", "MOVED64_AGAIN", "AGAIN64"]
+           "ROUNDED64", "GRADS64", "RULE64", "MOVED64", "MOVED64_AGAIN", "AGAIN64"]
 
 #: a variant's kinds: the case in a dtype; a rerun from moved numbers (the ``index``-th, from 0); the float64 run of
-#: such a moved case; the float64 run from inputs and weights rounded to bfloat16; a mixed case's one-step float32
+#: such a moved case; the float64 run from inputs and weights rounded to bfloat16; the float64 run rounding the
+#: gradients to bfloat16 where the mixed recipe does (``protocol.grad_rounding``); a mixed case's one-step float32
 #: run; a plugin's float64 run with its class's rule (``mapping.rule_runs``); a repeat of a run (``spread``); the
 #: conditioning check's float64 run from inputs moved by one float64 ulp (index 1: its repeat) and its repeat of
 #: the judged float64 run (``judge_pair``); a run recording step ``index``'s per-device values (``capture``)
-KINDS = ("dtype", "perturbed", "perturbed64", "rounded64", "step1", "rule64", "rerun", "moved64", "again64", "capture")
+KINDS = ("dtype", "perturbed", "perturbed64", "rounded64", "grads64", "step1", "rule64", "rerun", "moved64", "again64", "capture")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Variant:
             return "float64+" + Variant("perturbed", index=self.index).text
         if self.kind == "rounded64":
             return "float64+bfloat16-rounded"
+        if self.kind == "grads64":
+            return "float64+bfloat16-grads"
         if self.kind == "step1":
             return "float32-step1"
         if self.kind == "rule64":
@@ -91,6 +94,9 @@ PERTURBED_RUN = Variant("perturbed")
 STEP1 = Variant("step1")
 #: the float64 run from the inputs and initial weights rounded to bfloat16 (judging.bfloat16: the storage term)
 ROUNDED64 = Variant("rounded64")
+#: the float64 run rounding the loss's gradient at the output and each device's gradients to bfloat16, as the mixed
+#: recipe does (``protocol.grad_rounding``; judging.bfloat16: the gradient term), where the side can make it
+GRADS64 = Variant("grads64")
 #: a float64 run with the class's rule (``mapping.rule_runs``), under a key of its own
 RULE64 = Variant("rule64")
 #: the conditioning check's float64 rerun from inputs moved by one float64 ulp, its repeat, and the judged run's repeat

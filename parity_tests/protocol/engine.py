@@ -68,6 +68,9 @@ class EngineSpec:
     #: and the capture of its step 1 as one run (``session.plan.in_place_captures``); the proof on every engine
     #: that declares it is ``benchmarks/trajectory_hashes.py --capture 1 --check`` against its plain runs' hashes
     captures_in_place: bool = False
+    #: it makes the float64 run that rounds a mixed recipe's gradients to bfloat16 (payload ``grads_bf16``,
+    #: ``protocol.grad_rounding``): the built-ins that run ``mixed_bfloat16``; a plugin declares dtypes only
+    rounds_gradients: bool = False
     #: where its runner lives, ``module:function`` (for docs and listings)
     entry: str = ""
     #: listed among the built-ins the matrix and ``compare`` run in one process (``tf.multiworker`` is

@@ -13,6 +13,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from parity_tests.protocol.grad_rounding import GRADS_BF16
+
 __all__ = ["Payload", "CASE_KEYS", "OPTION_KEYS", "EXACT_LOSS_SCALE", "check_payload"]
 
 
@@ -27,6 +29,8 @@ class Payload(TypedDict, total=False):
         perm: the rows each step reads, ``[steps, global_batch]`` (``data.order``; ``None``: in order).
         w: per-row sample weights ``[rows]`` or ``None``.
         capture: step k whose per-device values to record (``device/...``), or ``None``.
+        grads_bf16: ``True`` in the float64 run that rounds the mixed recipe's gradients to bfloat16
+            (``protocol.grad_rounding``); absent otherwise.
 
     The run options:
         lockstep: ``{"starts": [{"init", "opt"} | None, ...]}``: one step from each start state.
@@ -47,6 +51,7 @@ class Payload(TypedDict, total=False):
     perm: np.ndarray | None
     w: np.ndarray | None
     capture: int | None
+    grads_bf16: bool
     lockstep: dict[str, Any] | None
     opt_state: dict[str, Any] | None
     export_opt_state: bool
@@ -59,7 +64,7 @@ class Payload(TypedDict, total=False):
 #: mapping made on the program itself, since no field of the case expresses a precision Keras picks inside ``fit``
 EXACT_LOSS_SCALE = "keras_exact_loss_scale"
 
-CASE_KEYS = frozenset({"spec", "x", "y", "init", "masks", "perm", "w", "capture"})
+CASE_KEYS = frozenset({"spec", "x", "y", "init", "masks", "perm", "w", "capture", GRADS_BF16})
 OPTION_KEYS = frozenset({"lockstep", "opt_state", "export_opt_state", "first_step", "spill_bytes", EXACT_LOSS_SCALE})
 
 

@@ -28,6 +28,7 @@ from parity_tests.judging.loss_only import attach as attach_loss_only
 from parity_tests.judging.pair import Side, judge_sides
 from parity_tests.judging.perturbation import perturb_ulp
 from parity_tests.judging.precision_leak import leak_text, not_float64
+from parity_tests.judging.predicted_scale import SUM_REDUCTION
 from parity_tests.judging.rules import Can, Planned
 from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature, SignatureSide
@@ -47,6 +48,7 @@ from parity_tests.judging.verdict import (
 )
 from parity_tests.judging.zero_gradient import zero_gradients
 from parity_tests.running import registry
+from parity_tests.running.backends import RunError
 from parity_tests.session.capture import inside_step
 from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Need, Runs
@@ -55,6 +57,7 @@ from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
+    GRADS64,
     MOVED64_AGAIN,
     PERTURBED_RUN,
     ROUNDED64,
@@ -71,8 +74,10 @@ from parity_tests.session.mapping import (
     reads_mapping,
     residual_unjudged,
 )
+from parity_tests.session.partial_mapping import partial_mapping, partial_verdict
 from parity_tests.session.residual import Resolved, resolve_pair, scale_checked
 from parity_tests.session.results import UNSUPPORTED, PairResult
+from parity_tests.session.scale_rerun import ratio_rerun, ratio_verdict
 from parity_tests.session.variants import (
     _perturbed_text,
     _reorderable,
@@ -138,7 +143,8 @@ def _bf16_side(case: Case, impl: str, trajs: dict[RunKey, dict[str, np.ndarray]]
     return BF16Side(impl, trajs[RunKey(impl, as_given(MIXED_BFLOAT16), suffix)], trajs[RunKey(impl, FLOAT64, suffix)],
                     [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS_RUN],
                     [trajs[RunKey(impl, v, suffix)] for v in BF16_RERUNS64_RUN], rho, why,
-                    trajs[RunKey(impl, ROUNDED64, suffix)])
+                    trajs[RunKey(impl, ROUNDED64, suffix)],
+                    trajs.get(RunKey(impl, GRADS64, suffix)))  # where the side makes it (judging.rules.BFloat16)
 
 
 
@@ -312,6 +318,15 @@ class _Judged:
         decided = r.decided if residual is not None else as_ran
         where = legs.where(*r.staged) if r.staged[0].status not in ("parity", "inconclusive") else None
         final, scale = scale_checked(r, self.case.spec, engine(ref), engine(impl), *runs64, exact=bool(exact))
+        if final.status == "expected_difference" and residual is None and not exact and scale is None:
+            # the sum reduction's ratio, not exact on this case, checked on the parallel plugin rerun where it is
+            final, scale, line = self.ratio_on_rerun(r, ref, impl, final)
+            itself += (line,) if line else ()
+        if final.status == "expected_difference" and residual is None and not exact and scale is None:
+            # differences no one side takes: those of the parallel set-up on the plugin itself, the rest by its stage
+            final, line, partial_where = self.partial_on_itself(legs, r, ref, impl, final)
+            itself += (line,) if line else ()
+            where = partial_where or where
         if final.status in ("parity", "inconclusive"):
             where = None
         elif residual is not None and res.from_residual and residual.status != "parity":
@@ -412,6 +427,64 @@ class _Judged:
             return None
         return (f"{other} computes what {k.runs_as}, the built-in of its kind, computes of the case as given: parity by"
                 f" {v.rule}, gap {v.gap:.3g}")
+
+    def ratio_on_rerun(self, r: Resolved, ref: str, impl: str, final: Verdict,
+                       ) -> tuple[Verdict, dict[str, Any] | None, str | None]:
+        """``final`` (an ``expected_difference`` of ``r`` with no residual judged) held against theory's sum-reduction
+        ratio on the parallel plugin rerun where that ratio is exact (``session.scale_rerun``); its rerun made here,
+        float64 only, once. Returns the verdict, what ``check_scale`` found and a line for the report (``None`` where
+        no rerun applies or it could not be made or read)."""
+        from parity_tests.session.executor import Executor, _Run
+
+        rr = ratio_rerun(self.case, r.judged, engine(ref), engine(impl))
+        if rr is None or not isinstance(self.runs, Executor):
+            return final, None, None
+        m = rr.mapping
+        other = ref if m.side == impl else impl
+        try:
+            self.runs.run([_Run(m.side, FLOAT64, m, serves=m)])
+        except RunError as e:  # a check of the prediction only: a plugin that fails on the rerun's case fails no compare
+            return final, None, f"the predicted ratio not checked on {m.text}: its rerun failed: {e}"
+        run64, rerun64, other64 = (self.trajs.get(RunKey(n, FLOAT64, x)) for n, x in ((m.side, ""), (m.side, m.key),
+                                                                                      (other, "")))
+        if m.ident in self.runs.unmappable or run64 is None or rerun64 is None or other64 is None:
+            return final, None, None
+        if any(not_float64(t) for t in (run64, rerun64, other64)):
+            return final, None, None
+        if not reads_mapping(run64, rerun64, changed_fields(self.case.spec, m.changes)):
+            return final, None, (f"the predicted ratio not checked on {m.text}: it did not read"
+                                 f" {', '.join(changed_fields(self.case.spec, m.changes))} from its case")
+        said = next(d.text for d in r.judged.differences if d.text.startswith(SUM_REDUCTION))
+        return ratio_verdict(final, r.as_ran, said, rr, other64, rerun64)
+
+    def partial_on_itself(self, legs: _FreeLegs, r: Resolved, ref: str, impl: str, final: Verdict,
+                          ) -> tuple[Verdict, str | None, dict[str, Any] | None]:
+        """``final`` (an ``expected_difference`` of ``r`` with no residual judged) with the differences of the parallel
+        set-up mapped on the plugin itself and the rest of the prediction held to its stage
+        (``session.partial_mapping``); the rerun made here, once. Returns the verdict, a line for the report and,
+        where it is a divergence, where the rerun and the other side part (else ``None`` twice)."""
+        from parity_tests.session.executor import Executor
+        from parity_tests.session.plan import mapped_runs
+
+        p = partial_mapping(self.case, r.judged, engine(ref), engine(impl))
+        if p is None or self.rules[impl] != "float64" or not isinstance(self.runs, Executor):
+            return final, None, None
+        m = p.mapping
+        try:
+            self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+        except RunError as e:  # a check of the prediction only: a plugin that fails on the rerun's case fails no compare
+            return final, f"not rerun with {', '.join(changed_fields(self.case.spec, m.changes))} mapped: it failed: {e}", None
+        run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
+        if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
+            return final, None, None
+        fields = changed_fields(self.case.spec, m.changes)
+        if not reads_mapping(run64, mapped64, fields):
+            return final, f"not rerun with {', '.join(fields)} mapped: {m.side} did not read it from its case", None
+        a, b = ((m.side, m.key), (impl, "")) if m.side == ref else ((ref, ""), (m.side, m.key))
+        v = legs.verdict(a, b)
+        stage = legs.stage(a, b, v) if v.status not in ("parity", "inconclusive") else None
+        out, line = partial_verdict(final, p, v, stage)
+        return out, line, (legs.where(v, a, b) if out.status == "divergence" else None)
 
     def conditioned(self, verdict: Verdict, sides: tuple[tuple[str, str], tuple[str, str]]) -> tuple[Verdict, str]:
         """A float64 divergence held against how far one float64 ulp of the inputs moves each run

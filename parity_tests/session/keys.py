@@ -17,6 +17,7 @@ from typing import Any
 from parity_tests.judging.run_kinds import (
     AGAIN64,
     FLOAT64,
+    GRADS64,
     KINDS,
     MOVED64,
     MOVED64_AGAIN,
@@ -31,7 +32,7 @@ from parity_tests.judging.run_kinds import (
     repeat,
 )
 
-__all__ = ["Variant", "RunKey", "FLOAT64", "PERTURBED_RUN", "STEP1", "ROUNDED64", "RULE64", "BF16_RERUNS_RUN",
+__all__ = ["Variant", "RunKey", "FLOAT64", "PERTURBED_RUN", "STEP1", "ROUNDED64", "GRADS64", "RULE64", "BF16_RERUNS_RUN",
            "BF16_RERUNS64_RUN", "bf16_reruns", "as_given", "repeat", "MOVED64", "MOVED64_AGAIN", "AGAIN64", "capture", "KINDS",
            "capture_run"]
 

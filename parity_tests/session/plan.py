@@ -15,6 +15,7 @@ from parity_tests.judging.rules import needs as rule_needs
 from parity_tests.judging.rules.bfloat16_signature import BFloat16Signature
 from parity_tests.judging.theory import LOSS_SCALE, Prediction
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.grad_rounding import rounds_gradients
 from parity_tests.running import registry
 from parity_tests.running.harness import refusal
 from parity_tests.session.declared import declared as _declared
@@ -25,6 +26,7 @@ from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
+    GRADS64,
     PERTURBED_RUN,
     ROUNDED64,
     STEP1,
@@ -67,12 +69,17 @@ def _unrefused(impls: list[str], rules: dict[str, str], refused: Mapping[str, st
 
 SIGNATURE = BFloat16Signature()
 #: the order of the runs after each implementation's run as given (float64 first, then: :func:`_float64_first`)
-_ORDER = (PERTURBED_RUN, STEP1, FLOAT64, ROUNDED64, *BF16_RERUNS_RUN[1:], *BF16_RERUNS64_RUN)
+_ORDER = (PERTURBED_RUN, STEP1, FLOAT64, ROUNDED64, GRADS64, *BF16_RERUNS_RUN[1:], *BF16_RERUNS64_RUN)
 
 
-def _can(impl: str) -> Can:
-    """What ``impl`` declares it can run, as the rules read it before any run (``judging.rules.Planned``)."""
-    return Can(float64=_runs_float64(impl), rerunnable=_rerunnable(impl))
+def _can(impl: str, case: Case | None = None) -> Can:
+    """What ``impl`` declares it can run, as the rules read it before any run (``judging.rules.Planned``); with
+    ``case``, also whether it makes that case's float64 run rounding the gradients (``protocol.grad_rounding``:
+    an engine that declares ``rounds_gradients``, on a case that run covers)."""
+    found = _declared(impl)
+    grads = (case is not None and case.spec["dtype"] == MIXED_BFLOAT16 and found is not None
+             and found.spec.rounds_gradients and rounds_gradients(case.spec))
+    return Can(float64=_runs_float64(impl), rerunnable=_rerunnable(impl), grads_bf16=grads)
 
 
 def side_needs(dtype: str, rule: str, ref: str, impl: str) -> tuple[tuple[Variant, ...], tuple[Variant, ...]]:
@@ -87,7 +94,7 @@ def _plan(case: Case, impls: list[str], rules: dict[str, str]) -> list[tuple[str
     ref, dtype = impls[0], case.spec["dtype"]
     plan: list[tuple[str, Variant]] = [(impl, as_given(dtype)) for impl in impls]
     for impl, rule in rules.items():
-        planned = Planned(dtype, rule, _can(ref), _can(impl))
+        planned = Planned(dtype, rule, _can(ref, case), _can(impl, case))
         for checked in (rule_needs(planned), SIGNATURE.needs(planned)):  # the rule's, then the signature check's
             if checked is not None:
                 plan += [(ref, v) for v in checked[0]] + [(impl, v) for v in checked[1]]
@@ -209,13 +216,22 @@ def second_round(case: Case, impls: list[str], rules: dict[str, str], refused: M
             second.extend(_Run(e.side, d, e, serves=e) for e in exact[impl] for d in needed)
         if m is None:
             continue
-        second.extend(_Run(m.runs_as, d, m, serves=m) for d in needed)
+        second.extend(_Run(m.runs_as, d, m, serves=m) for d in _mapped_needs(case, rules[impl], m.runs_as, m))
         if m.stand_in:  # the built-in as the plugin runs, against the plugin it stands in for
-            second.extend(_Run(m.runs_as, d, m.plain, serves=m) for d in needed)
+            second.extend(_Run(m.runs_as, d, m.plain, serves=m)
+                          for d in _mapped_needs(case, rules[impl], m.runs_as, m.plain))
     grads_from = _grads_source(case, impls, rules, dict(trajs), dict(refused))
     if grads_from is not None:
         second.append(_Run(grads_from, FLOAT64, required=False))
     return SecondRound(mappings, exact, _float64_first_runs(second), grads_from)
+
+
+def _mapped_needs(case: Case, rule: str, runs_as: str, m: SideMapping | None) -> list[Variant]:
+    """What the pair's rule needs of a mapped side, ``runs_as`` run with ``m`` (``None``: the stand-in's unmapped
+    run; either runs as a built-in: everything declared), the gradient-rounding float64 run included where
+    ``runs_as`` makes it on the case it runs (:func:`_can`)."""
+    grads = case.spec["dtype"] == MIXED_BFLOAT16 and _can(runs_as, case if m is None else m.apply(case)).grads_bf16
+    return list(rule_needs(Planned(case.spec["dtype"], rule, Can(), Can(grads_bf16=grads)))[1])
 
 
 def mapped_runs(m: Mapped, dtype: str, rule: str) -> list[_Run]:

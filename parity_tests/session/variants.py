@@ -27,11 +27,13 @@ from parity_tests.judging.perturbation import (
 )
 from parity_tests.judging.theory import engine, predict
 from parity_tests.protocol.errors import CaseError
+from parity_tests.protocol.grad_rounding import rounds_gradients
 from parity_tests.session.declared import declared as _declared
 from parity_tests.session.keys import (
     BF16_RERUNS64_RUN,
     BF16_RERUNS_RUN,
     FLOAT64,
+    GRADS64,
     PERTURBED_RUN,
     ROUNDED64,
     STEP1,
@@ -267,6 +269,8 @@ def _variants(case: Case) -> dict[Variant, Case]:
         variants[STEP1] = case.replace(dtype="float32", steps=1)
         variants[FLOAT64] = float64_reference(case)  # the ground truth (judging.bfloat16)
         variants[ROUNDED64] = rounded_reference(case)
+        if rounds_gradients(case.spec):  # the float64 run rounding the gradients as the mixed recipe does
+            variants[GRADS64] = dataclasses.replace(variants[FLOAT64], grads_bf16=True)
         seed = case.spec.get("seed", 0)
         variants.update({key: perturbed_case(case, seed + r * RERUN_SEED_STRIDE)
                          for r, key in enumerate(BF16_RERUNS_RUN) if r})

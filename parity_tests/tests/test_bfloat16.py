@@ -7,11 +7,14 @@ a seeded bfloat16-only bug.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from parity_tests.judging.bfloat16 import (
     BF16_FACTOR,
+    BF16_GRADIENT_FACTOR,
     BF16_SIGNATURE_FACTOR,
     RULE_BF16_FLOAT64,
     Side,
@@ -185,13 +188,39 @@ def test_the_storage_term_explains_what_the_rounded_inputs_and_weights_move():
     rounded = _traj(0.0, np.float64)
     rounded["param/w"] = rounded["param/w"] + 0.5 * far  # row 0 too: the arrays' own rounding is taken off
     rounded["param/w"][1:] += 0.25 * far  # the updates from rounded weights move by far / 4: twice that is enough
-    v = judge_bfloat16(_side("A", 0.0, 1e-3), Side(*list(vars(b).values())[:-1], rounded64=rounded))
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), dataclasses.replace(b, rounded64=rounded))
     assert v.status == "parity" and "2 x storage" in v.detail, v.detail
     rounded["param/w"][1:] -= 0.15 * far  # far / 10: twice that is short of far - 3 x spread
-    v = judge_bfloat16(_side("A", 0.0, 1e-3), Side(*list(vars(b).values())[:-1], rounded64=rounded))
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), dataclasses.replace(b, rounded64=rounded))
     assert v.status == "divergence" and "+ 2 x storage 4.50e-04" in v.detail, v.detail
 
 
+
+
+def test_the_gradient_term_explains_what_rounding_the_gradients_moves():
+    # the 10,000-pair run's mixed false alarms (docs/error-rates.md, "third session"): a side farther from its float64
+    # run than 3 x its spread, by roundings of the loss's gradient and of each device's gradient that its reruns
+    # repeat. Its float64 run rounding those gradients (grads64) moves the updates by G: 2 G is counted
+    far = 1.5 * _bound(1e-3)  # 0.5 x _bound beyond what the spread explains
+    b = _side("B", far, 1e-3)
+    assert judge_bfloat16(_side("A", 0.0, 1e-3), b).status == "divergence"
+    grads = _traj(0.0, np.float64)
+    grads["param/w"][1:] += 0.25 * far  # the updates with rounded gradients move by far / 4: 2 x that is enough
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), dataclasses.replace(b, grads64=grads))
+    assert v.status == "parity" and f"{BF16_GRADIENT_FACTOR:g} x gradients" in v.detail, v.detail  # must not fire
+    assert "gradients of B" in v.detail and "gradients of A" not in v.detail, v.detail  # A has no such run: G_A = 0
+    grads["param/w"][1:] -= 0.15 * far  # far / 10: twice that is short of far - 3 x spread
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), dataclasses.replace(b, grads64=grads))
+    assert v.status == "divergence" and "+ 2 x gradients 4.50e-04" in v.detail, v.detail  # must fire
+    assert v.detail.startswith("B is farther"), v.detail
+    # without the run, the detail names no gradient term (the rule as before)
+    assert "gradients" not in judge_bfloat16(_side("A", 0.0, 1e-3), b).detail
+    # a gradient-rounding run that overflows from step 2 measures nothing there: no infinite bound from it; step 1's
+    # G (enough for the distance, which does not grow) is carried, as every term's running maximum is
+    grads["param/w"][1] += 0.15 * far
+    grads["param/w"][2:] = np.inf
+    v = judge_bfloat16(_side("A", 0.0, 1e-3), dataclasses.replace(b, grads64=grads))
+    assert v.status == "parity" and np.isfinite(v.per_step_bound).all(), (v.per_step_bound, v.detail)
 
 
 def _shared(name: str, distance: float, spread: float) -> Side:

@@ -549,8 +549,9 @@ def test_a_dead_network_is_every_gradient_of_both_sides_exactly_zero():
 def test_a_bug_on_a_dead_network_is_right_inconclusive_only_where_both_sides_record_zeros_and_nothing_moved():
     """The 10,000-pair run's s6-1283: reduction_flipped@tf.towers against tf.single on a dead ReLU network (every
     gradient both sides record exactly zero, the correct reference's too): no parameter moves, CONTRACT §8 makes it
-    inconclusive whatever the (flipped) logged loss says, as for the equivalent pairs on such a network. Where one
-    side records a nonzero gradient or a parameter moves, inconclusive stays a miss."""
+    inconclusive whatever the (flipped) logged loss says, as for the equivalent pairs on such a network (the truth's
+    dead-reference clause, ``corpus._dead``). Where the reference records a nonzero gradient or a parameter moves,
+    inconclusive stays a miss."""
     bug = next(b for b in BUGS if b.name == "reduction_flipped" and b.base == "tf.towers")
     pair = Pair(spec(optimizer={"name": "sgd", "lr": 0.1}), "tf.single", bug.impl, bug)  # a case that moves
     zero = {"param/w": np.ones((2, 1)), "grad/w": np.zeros((1, 1)), "loss": np.ones(1)}
@@ -561,6 +562,29 @@ def test_a_bug_on_a_dead_network_is_right_inconclusive_only_where_both_sides_rec
     assert not judgement(pair, "inconclusive", zero, live)[0] and not judgement(pair, "inconclusive", live, zero)[0]
     moved = {**zero, "param/w": np.array([[1.0], [1.5]])}  # zeros recorded, yet a parameter moved: not vacuous
     assert not judgement(pair, "inconclusive", zero, moved)[0]
+
+
+def test_a_logged_loss_bug_beside_a_dead_reference_is_right_inconclusive_only_where_nothing_moves():
+    """The 10,000-pair run's s2-1127 and s4-1104: a loss-only bug (no ``grads=``) against a correct reference whose
+    every recorded gradient is exactly 0 at every step, nothing moving on either side: CONTRACT §8 makes the pair
+    ``inconclusive`` (every gradient zero) whatever the logged loss says, as at lr 0, so the case leaves the bug
+    unseen. Not where the reference records no gradient (nothing says the network is dead), records one that is
+    not 0, or where a side moved (the bug's side training: something was compared)."""
+    bug = next(b for b in BUGS if b.name == "last_rank_loss")
+    pair = Pair(spec(optimizer={"name": "sgd", "semantics": "tf", "lr": 0.001}, parallel__devices=2), "tf.towers",
+                bug.impl, bug)
+    dead = {"param/w": np.ones((3, 2)), "grad/w": np.zeros((2, 2)), "loss": np.array([1.0, 1.0])}
+    logged = {"param/w": np.ones((3, 2)), "loss": np.array([1.3, 1.3])}  # the bug's side: its own loss, no grads=
+    right, why = judgement(pair, "inconclusive", dead, logged)
+    assert right and why.startswith("nothing moves on either side"), why  # counted apart, with lr 0's
+    assert judgement(pair, "divergence", dead, logged)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "parity", dead, logged)[0] and not judgement(pair, "expected_difference", dead, logged)[0]
+    live = {**dead, "grad/w": np.array([[0.0, 0.0], [1e-3, 0.0]])}
+    assert not judgement(pair, "inconclusive", live, logged)[0]
+    unrecorded = {k: v for k, v in dead.items() if k != "grad/w"}
+    assert not judgement(pair, "inconclusive", unrecorded, logged)[0]
+    moving = {**logged, "param/w": np.array([[1.0, 1.0], [1.0, 1.0], [1.5, 1.0]])}
+    assert not judgement(pair, "inconclusive", dead, moving)[0]
 
 
 def test_a_bug_whose_correct_reference_overflows_too_is_right_as_an_error():

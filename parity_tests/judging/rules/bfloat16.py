@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from parity_tests.contract.case import MIXED_BFLOAT16
 from parity_tests.judging.rules.context import PairRuns, Planned
-from parity_tests.judging.run_kinds import FLOAT64, ROUNDED64, Variant, as_given, bf16_reruns
+from parity_tests.judging.run_kinds import (
+    FLOAT64,
+    GRADS64,
+    ROUNDED64,
+    Variant,
+    as_given,
+    bf16_reruns,
+)
 from parity_tests.judging.verdict import Verdict
 
 __all__ = ["BFloat16"]
@@ -22,7 +29,8 @@ class BFloat16:
 
     def needs(self, p: Planned) -> tuple[tuple[Variant, ...], tuple[Variant, ...]] | None:
         """Each side's mixed run, its float64 run and the float64 run from bfloat16-rounded inputs and weights,
-        its reruns from moved numbers and each one's float64 run: what the side declares it can run of them.
+        the float64 run rounding its gradients as its mixed recipe does (where it can: ``Can.grads_bf16``), its
+        reruns from moved numbers and each one's float64 run: what the side declares it can run of them.
 
         A side without its float64 run or its reruns is judged by the perturbation rule after this one
         (``applies`` then fails): its needs (the run and the first rerun) are among these.
@@ -34,7 +42,8 @@ class BFloat16:
         )
 
         reruns, reruns64 = bf16_reruns(BF16_RERUNS)
-        return tuple((as_given(p.dtype),) + ((FLOAT64, ROUNDED64) if c.float64 else ()) + (reruns if c.rerunnable else ())
+        return tuple((as_given(p.dtype),) + ((FLOAT64, ROUNDED64) if c.float64 else ())
+                     + ((GRADS64,) if c.float64 and c.grads_bf16 else ()) + (reruns if c.rerunnable else ())
                      + (reruns64 if c.rerunnable and c.float64 else ()) for c in (p.a, p.b))
 
     def applies(self, pair: PairRuns) -> bool:

@@ -19,6 +19,9 @@ class Can:
 
     float64: bool = True  # it runs the case in float64
     rerunnable: bool = True  # it can be run again from moved numbers (not a recorded run)
+    #: it makes the case's float64 run that rounds the gradients as its mixed recipe does (``protocol.grad_rounding``:
+    #: a built-in that runs mixed_bfloat16, on a case that run covers): known only where the session plans a case
+    grads_bf16: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from the judge's theory (``docs/error-rates.md``, "The ground truth"):
   ``unexpected_parity``: :meth:`Bug.caught_by`); ``parity`` and ``expected_difference`` (a bug
   hidden behind a predicted difference) are misses, and so are ``inconclusive`` and ``error``
   unless the bug itself makes the run vacuous (issue 35, item 8), or the case does: where nothing moves on
-  either side (lr 0, or updates below the dtype), CONTRACT §8 makes every pair ``inconclusive`` whatever the
-  logged loss says, so ``inconclusive`` is right there (counted apart); where both runs overflow (the correct
+  either side (lr 0, or updates below the dtype, or a dead network: every gradient the correct reference records
+  exactly zero), CONTRACT §8 makes every pair ``inconclusive`` whatever the logged loss says, so ``inconclusive``
+  is right there (counted apart); where both runs overflow (the correct
   reference too: the case does), ``error`` and ``inconclusive`` are right for a bug as well (counted apart).
   Both runs of an equivalent pair overflowing, the
   right verdict is ``error`` or ``inconclusive``, or ``expected_difference`` where a difference is certain
@@ -698,6 +699,15 @@ def _still(*trajs: dict | None) -> bool:
     return bool(grads) and all(not np.any(g) for g in grads)
 
 
+def _dead(traj: dict | None) -> bool:
+    """The correct reference's run ``traj`` records gradients and every one is exactly zero at every step: the case's
+    network is dead (a dead ReLU unit on every row), whatever a seeded bug on the other side does. Its *recorded*
+    gradients, all of them: a run that records none (no ``grads=``) says nothing (:func:`_still`'s caveat: one side's
+    combined gradient exactly zero is no dead network where the other moves, hence :func:`judgement` asks both
+    sides' parameters too)."""
+    return traj is not None and any(k.startswith("grad/") for k in traj) and _still(traj)
+
+
 def _vacuous_case(spec: dict) -> bool:
     """A case whose parameters do not move, or barely (:data:`STILL`): lr 0, or updates below the dtype."""
     return _lr(spec) == 0 or update_scale(spec) * spec["steps"] < STILL[spec["dtype"] == "float64"]
@@ -797,14 +807,17 @@ def judgement(pair: Pair, status: str, ref_traj: dict | None = None, impl_traj: 
     from step 1 and the float32 ones finite)."""
     if pair.bug is not None:
         still = STILL[pair.raw["dtype"] == "float64"]
-        if (status == "inconclusive" and (_vacuous_case(pair.raw) or _still(ref_traj, impl_traj))
-                and not any(_moved(t, still) for t in (ref_traj, impl_traj))):
+        if status == "inconclusive" and _vacuous_case(pair.raw) and not any(_moved(t, still) for t in (ref_traj, impl_traj)):
             # CONTRACT §8: where no parameter moves nothing was compared, whatever the logged loss says; the case
-            # (lr 0, updates below the dtype, or a dead network: every gradient both sides record exactly zero at
-            # every step, the correct reference's too, as for the equivalent pairs below), not the judge, leaves the
-            # bug unseen (counted apart in the table; the 10,000-pair run's s6-1283: reduction_flipped@tf.towers on
-            # a dead three-layer ReLU network, its logged loss alone apart)
+            # (lr 0, or updates below the dtype), not the judge, leaves the bug unseen (counted apart in the table)
             return True, f"nothing moves on either side (CONTRACT §8: inconclusive): {pair.bug.why}"
+        if (status == "inconclusive" and _dead(ref_traj)
+                and not any(_moved(t, still) for t in (ref_traj, impl_traj))):
+            # CONTRACT §8 again: every gradient the correct reference computes is exactly zero (a dead network: its
+            # recorded gradients, all of them, at every step) and no parameter moves on either side, so the case, not
+            # the bug, leaves nothing to compare, as at lr 0 (the 10,000-pair run's s2-1127, s4-1104: a loss-only bug,
+            # no grads=, beside a reference whose every gradient is 0; counted apart with the cases where nothing moves)
+            return True, f"nothing moves on either side, every gradient of the reference 0 (CONTRACT §8): {pair.bug.why}"
         if status in ("error", "inconclusive") and _overflow(ref_traj, impl_traj, ref64, impl64):
             # rule 3, the equivalent pairs' predicate: the correct reference overflows too, so the case, not the bug,
             # leaves nothing to compare (the seed-1 hunt's pairs 1161-1163: next_batch under Adam epsilon 0, tf.single

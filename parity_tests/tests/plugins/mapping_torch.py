@@ -29,7 +29,9 @@ class Net(torch.nn.Module):
 
 
 def _train(run, make_opt, *, l2: float = 0.0, wrap: bool = True, decay: float = 0.0, after: bool = False,
-           reduction: str | None = None, weighted: bool = False) -> None:
+           reduction: str | None = None, weighted: bool = False, by_size_only: bool = False) -> None:
+    if by_size_only and run.spec["parallel"]["weighting"] != "by_size":  # a program written for one set-up
+        raise ValueError(f"only by_size weighting is supported, not {run.spec['parallel']['weighting']}")
     net = Net().to(run.torch_dtype)
     net.load_state_dict({NAMES[k]: torch.as_tensor(run.to_torch(v)) for k, v in run.initial.items()})
     model = DDP(net, process_group=run.group) if wrap and run.group is not None else net
@@ -235,3 +237,16 @@ def sgd_weighted(run):
     """:func:`sgd` that reads the case's ``parallel.weighting`` and honours it (by_size: each rank's loss times
     N n_r / B before DDP's mean of the ranks' gradients)."""
     _train(run, _sgd, weighted=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_shard_mean_weighted(run):
+    """``sgd_shard_mean`` honouring ``parallel.weighting`` (``by_size``: a rank's loss scaled by N n_r / B)."""
+    _train(run, _sgd, reduction="mean", weighted=True)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_shard_mean_by_size_only(run):
+    """``sgd_shard_mean_weighted`` that raises on any weighting but ``by_size`` (a program written for one set-up):
+    the judge's rerun of it with ``weighting: equal`` (``session.scale_rerun``) fails, and the compare must not."""
+    _train(run, _sgd, reduction="mean", weighted=True, by_size_only=True)
