@@ -54,6 +54,7 @@ from parity_tests.session.mapping import (
     follows_its_class,
     held_roundings,
     keras_rounding_of,
+    kind_run,
     on_itself,
     own_rules,
     residual_unjudged,
@@ -168,8 +169,13 @@ def compare_case(
     # a plugin's mapping made on itself, rerun only where its stand-in turns out no equivalent run (judge_pair)
     itself = {impl: o for impl, m in second.mappings.items()
               if (o := on_itself(m, theory_spec, preds[impl], rounding, own, own_schedule)) is not None}
+
+    def kind_of(name: str) -> tuple[SideMapping, str | None] | None:  # asked only by _Judged.computes_case
+        k = kind_run(name, theory_spec, rounding, own, own_schedule)
+        return None if k is None else (k, stand_in_apart(k, case, theory_spec, rounding, own, own_schedule, tf_kernels))
+
     judged = _Judged(case, variants, rules, runs, runs.mapped_cases, grads, stages, beside=beside, apart=apart,
-                     itself=itself)
+                     itself=itself, kind_of=kind_of)
     pairs = judge_pairs(judged, impls, refused, preds, second.mappings, second.exact, runs.unmappable)
     return CaseResult(case, list(impls), pairs, {key.text: traj for key, traj in trajs.items()},
                       time.perf_counter() - t0, runs=trajs)

@@ -96,6 +96,7 @@ from parity_tests.session.comparison import (
     rule_runs,
     stand_in_apart,
 )
+from parity_tests.session.declared import declared as _declared
 from parity_tests.session.executor import Runs
 from parity_tests.session.keys import FLOAT64, RunKey, as_given
 from parity_tests.session.loss_scale import ExactScale, ExactScaleCase
@@ -610,6 +611,13 @@ class _StepLegs:
         return any(not_float64(self.runs[n + "64"][self.k]) for n in legs if n + "64" in self.runs)
 
 
+def _builtin_computes(name: str) -> str | None:
+    """Why ``name`` computes the case as given (``mapping.stand_in_leg``'s ``computes``) where it is a built-in, else
+    ``None`` (``--lockstep`` makes no run of a plugin's built-in to show it: the free compare does)."""
+    found = _declared(name)
+    return f"{name} is a built-in: it computes the case as given" if found is not None and found.kind == "builtin" else None
+
+
 def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], pred: Prediction,
                  mapping: SideMapping | None, free: CaseResult, zero: ZeroGradients | None = None,
                  leg_refine: Callable[[int, dict[str, Any], Any], dict[str, Any]] | None = None,
@@ -689,9 +697,20 @@ def _judge_steps(ref: str, impl: str, dtype: str, runs: dict[str, list | None], 
         residual, res, why = r.residual, r.resolution, r.not_judged
         # the sum reduction's exact ratio, where no residual was judged: both one-step runs start from one state, so
         # it holds at every step (the free compare can read it at step 1 only)
-        v, _ = scale_checked(r, free.case.spec, engine(ref), engine(impl),
-                             *(_judged(runs[n][k]) if runs.get(n) is not None else None for n in ("a64", "b64")),
-                             exact=bool(exact))
+        v, scale = scale_checked(r, free.case.spec, engine(ref), engine(impl),
+                                 *(_judged(runs[n][k]) if runs.get(n) is not None else None for n in ("a64", "b64")),
+                                 exact=bool(exact))
+        computes = (_builtin_computes(mapping.other) if v.status == "expected_difference" and why is not None
+                    and scale is None and not exact and not apart and mapping is not None and mapping.stand_in else None)
+        if computes is not None:
+            # still no equivalent run, the other side a built-in: the stand-in's leg decides where it parts before the
+            # update (mapping.stand_in_leg's computes; the free compare also asks it of a plugin shown to compute the case)
+            again = resolve_pair(_StepLegs(k, side, stage, runs, dtype, rule, zero, spread), "a", "b", pred,
+                                 impl_is_b=mapping.side == impl, mapping=mapping, mapped="sm", stand="s",
+                                 apart=apart, computes=computes)
+            if again.not_judged is None:
+                r, v = again, again.final
+                residual, res, why = r.residual, r.resolution, r.not_judged
         # where what the loss scale's mapping does not explain parts, the exact reruns are the step's runs
         # (localised from them: the unmapped runs part first at the loss, by the factor itself)
         decided.append(r.decided if mapping is None and residual is not None and res.from_residual

@@ -24,7 +24,8 @@ from parity_tests.session.executor import Need, Runs
 from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
 
 __all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'CASE_MAPPINGS', 'SideMapping', 'on_itself',
-           'reads_mapping', 'changed_fields', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_apart', 'stand_in_leg', 'residual_unjudged']
+           'reads_mapping', 'changed_fields', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_apart', 'stand_in_leg', 'residual_unjudged',
+           'kind_run', 'CASE_COMPUTED']
 
 
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
@@ -408,8 +409,40 @@ def stand_in_apart(m: SideMapping, case: Case, theory_spec: Mapping[str, Any], h
     return "; ".join(t.split(":")[0] for t in differs) or None
 
 
+#: the words of the line of a pair decided by its stand-in's leg because the other side computes the case
+#: (:func:`stand_in_leg`'s ``computes``)
+CASE_COMPUTED = "the other side computes the case"
+#: the stages (``localise.STAGES``) before the update where a stand-in's leg decides by ``computes`` (:func:`stand_in_leg`):
+#: not the update (its own branch), nor the optimizer's state or the logged loss after it, nor a stage not found
+_BEFORE_UPDATE = ("inputs", "forward", "loss", "device_grads", "combined_grads", "clip")
+
+
+def kind_run(side: str, spec: Mapping[str, Any], rounding: Mapping[str, str | None], own: Collection[str] = (),
+             own_schedule: Collection[str] = ()) -> SideMapping | None:
+    """The built-in of the plugin ``side``'s kind (:data:`STAND_INS`) running the case as ``side`` runs it, or ``None``.
+
+    What shows that a plugin computes the case as given (:func:`stand_in_leg`'s ``computes``): the
+    plugin against this run, by the pair's rule, at parity. "As ``side`` runs it": with the plugin's
+    own Keras roundings (``mapping_changes("optimizer")``, as :func:`choose_mapping`'s ``plain``),
+    nothing else changed. ``None`` for a built-in (it computes the case by construction) and for
+    an external model (no built-in runs it). ``changes`` and ``plain`` both hold those roundings,
+    so that the run's key is its own and :func:`stand_in_apart` reads what theory expects between the two.
+    """
+    found = _declared(side)
+    if found is None or found.kind == "builtin" or "external" in spec["model"]:
+        return None
+    runs_as = STAND_INS[(found.framework, found.parallel)]
+    plain = (mapping_changes("optimizer", dict(spec), engine(runs_as), engine(side), rounding.get(side), own, own_schedule)
+             if spec["optimizer"]["semantics"] in ("native", "tf") else None)
+    if plain and all(k.startswith("optimizer.") and spec["optimizer"].get(k[len("optimizer."):], "none") == v
+                     for k, v in plain.items()):
+        plain = None
+    return SideMapping(side, side, dict(plain or {}), runs_as, SideMapping(side, side, plain, runs_as) if plain else None)
+
+
 def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
-                 m: SideMapping, apart: str | None = None, leaky: bool = False) -> tuple[Verdict | None, str | None]:
+                 m: SideMapping, apart: str | None = None, leaky: bool = False,
+                 computes: str | None = None) -> tuple[Verdict | None, str | None]:
     """What the stand-in's leg says of a residual judged through it: ``(decides, not_judged)``.
 
     ``plain``: the plugin ``m.side`` judged against its stand-in ``m.runs_as`` as it runs (the
@@ -442,6 +475,20 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
       the two computes its loss in float32 (``leaky``: ``precision_leak.loss_in_float32``, a
       ``tf.compat.v1.losses`` program): such a loss differs from the stand-in's by float32
       rounding with the parameters agreeing, which is no wrong loss.
+    * ``(verdict, None)`` also where they part before the update (a divergence at a stage up to the
+      clip; not one found after the update, or none found) and the other side
+      ``m.other`` is shown to compute the case as given (``computes`` says why: a built-in, or a
+      plugin at parity with the built-in of its kind as it runs, :func:`kind_run`), where theory
+      predicts nothing between the stand-in and the plugin (``apart``) and no float64 run of the
+      two computes its loss in float32 (``leaky``). The built-ins of the two kinds compute the
+      case, and their gap is what theory predicts from the case; ``m.other`` computes what its
+      built-in computes; ``m.side`` does not compute what its built-in computes. So the pair's
+      gap is not the built-ins' gap: ``m.side`` computes another program than the case that both
+      built-ins and ``m.other`` compute, a difference of the pair. This is what a bug inside the
+      mapped field needs (the sum reduction's ``weighting: sum`` on a program that ignores
+      ``by_size``): no mapping of the pair can show it, since the mapping replaces the very value
+      the program gets wrong. A loss term the case cannot express on both sides (issue 35's L2
+      ports) keeps the other side apart from its built-in too: not this branch.
     """
     if plain.status == "parity" or _float64_shown(plain):
         return None, None
@@ -461,6 +508,11 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
             f" the logged loss differs, so {m.runs_as} trains as {m.side} does and {m.side} logs a loss other than"
             f" the loss of the step it trains on (the loss after the update, one micro-batch's or one rank's?):"
             f" {plain.detail}")), None
+    if computes and plain.status == "divergence" and not leaky and where in _BEFORE_UPDATE:
+        return dataclasses.replace(plain, detail=(
+            f"{m.side} against {m.runs_as}, the built-in of its kind running the case as given: they part at {where},"
+            f" before any update, while {CASE_COMPUTED} ({computes}); so {m.side} does not compute the case the"
+            f" other side computes, and the predicted difference does not explain the pair's gap: {plain.detail}")), None
     first = plain.detail.splitlines()[0] if plain.detail else ""
     # an error (both non-finite at the same place, an array missing) shows no difference, but no equivalence either
     does = "cannot be shown to compute" if plain.status in ("error", "inconclusive") else "does not compute"

@@ -75,7 +75,7 @@ class Resolved:
 def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: bool = True,
                  mapping: SideMapping | None = None, mapped: Leg | None = None, stand: Leg | None = None,
                  exact_a: Leg | None = None, exact_b: Leg | None = None, exact_text: str | None = None,
-                 apart: str | None = None) -> Resolved:
+                 apart: str | None = None, computes: str | None = None) -> Resolved:
     """The pair ``(a, b)`` judged as it ran and with its predicted differences mapped away, resolved by theory.
 
     ``mapping``: the side run with the other's semantics (``mapping.choose_mapping``), whose runs are
@@ -86,7 +86,9 @@ def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: boo
     which stands for that side wherever the residual takes part, beside ``mapping`` or alone; where a
     stand-in is no equivalent run the exact reruns are still the programs themselves: at parity
     they are the residual, else the stage where they part is held against the prediction without
-    the loss scale. Where no residual is judged, ``pair.resolve`` holds the stage where the pair parts
+    the loss scale. ``computes``: why the side other than ``mapping``'s computes the case as given
+    (``mapping.stand_in_leg``'s: the stand-in's leg then decides where it parts before the update). Where no
+    residual is judged, ``pair.resolve`` holds the stage where the pair parts
     (``legs.stage``) against theory's; it is asked only then.
     """
     ea, eb = exact_a if exact_a is not None else a, exact_b if exact_b is not None else b
@@ -104,7 +106,7 @@ def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: boo
             own = eb if impl_is_b else ea
             plain = legs.verdict(stand, own)
             decides, not_judged = stand_in_leg(plain, lambda: legs.stage(stand, own, plain, True), mapping, apart,
-                                               legs.leaky((stand, own)))
+                                               legs.leaky((stand, own)), computes)
             if decides is not None:
                 residual, decided = decides, (stand, own)
             elif not_judged is not None:

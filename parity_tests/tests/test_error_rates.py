@@ -546,6 +546,24 @@ def test_a_dead_network_is_every_gradient_of_both_sides_exactly_zero():
     assert not judgement(pair, "divergence", live, zero)[0]
 
 
+def test_a_bug_on_a_dead_network_is_right_inconclusive_only_where_both_sides_record_zeros_and_nothing_moved():
+    """The 10,000-pair run's s6-1283: reduction_flipped@tf.towers against tf.single on a dead ReLU network (every
+    gradient both sides record exactly zero, the correct reference's too): no parameter moves, CONTRACT §8 makes it
+    inconclusive whatever the (flipped) logged loss says, as for the equivalent pairs on such a network (the truth's
+    dead-reference clause, ``corpus._dead``). Where the reference records a nonzero gradient or a parameter moves,
+    inconclusive stays a miss."""
+    bug = next(b for b in BUGS if b.name == "reduction_flipped" and b.base == "tf.towers")
+    pair = Pair(spec(optimizer={"name": "sgd", "lr": 0.1}), "tf.single", bug.impl, bug)  # a case that moves
+    zero = {"param/w": np.ones((2, 1)), "grad/w": np.zeros((1, 1)), "loss": np.ones(1)}
+    live = {"param/w": np.array([[1.0], [1.0 + 1e-3]]), "grad/w": np.full((1, 1), -1e-2), "loss": np.ones(1)}
+    assert judgement(pair, "inconclusive", zero, zero)[0]
+    assert judgement(pair, "divergence", zero, zero)[0]  # catching it anyway is never wrong
+    assert not judgement(pair, "expected_difference", zero, zero)[0] and not judgement(pair, "parity", zero, zero)[0]
+    assert not judgement(pair, "inconclusive", zero, live)[0] and not judgement(pair, "inconclusive", live, zero)[0]
+    moved = {**zero, "param/w": np.array([[1.0], [1.5]])}  # zeros recorded, yet a parameter moved: not vacuous
+    assert not judgement(pair, "inconclusive", zero, moved)[0]
+
+
 def test_a_logged_loss_bug_beside_a_dead_reference_is_right_inconclusive_only_where_nothing_moves():
     """The 10,000-pair run's s2-1127 and s4-1104: a loss-only bug (no ``grads=``) against a correct reference whose
     every recorded gradient is exactly 0 at every step, nothing moving on either side: CONTRACT §8 makes the pair

@@ -214,6 +214,35 @@ def test_the_stand_in_leg_decides_a_loss_only_parting_unless_the_loss_is_float32
     assert stand_in_leg(idle, lambda: "record", m)[0] is None
 
 
+def test_the_stand_in_leg_decides_a_parting_before_the_update_where_the_other_side_computes_the_case():
+    """Unit (``mapping.stand_in_leg``'s ``computes``): a divergence where the stand-in and its plugin part before the
+    update (the loss, the combined gradient, the clip) decides, naming the plugin, where the other side is shown to
+    compute the case as given; not where nothing shows it (``computes`` None: a loss term on both sides), where a
+    float64 run computes its loss in float32 (``leaky``), where theory predicts the two apart (``apart``), nor on an
+    inconclusive or error leg (no showing either way)."""
+    from parity_tests.judging.verdict import Verdict
+    from parity_tests.session.mapping import CASE_COMPUTED, SideMapping, stand_in_leg
+
+    m = SideMapping("p.py:by_size_ignored", "torch.single", {"parallel.weighting": "sum"}, "torch.ddp")
+    parted = Verdict("divergence", "float64 bound", 0.5, 1e-10, "loss", 1, np.array([]), 1, "loss apart at step 1")
+    says = "torch.single is a built-in: it computes the case as given"
+    for stage in ("inputs", "loss", "combined_grads", "clip"):
+        decides, why = stand_in_leg(parted, lambda s=stage: s, m, computes=says)
+        assert why is None and decides.status == "divergence", stage
+        assert CASE_COMPUTED in decides.detail and "p.py:by_size_ignored does not compute the case" in decides.detail
+    assert stand_in_leg(parted, lambda: "loss", m)[0] is None  # nothing shows the other side computes the case
+    for stage in ("state", None):  # after the update (the optimizer's slots), or no stage found: not shown before it
+        decides, why = stand_in_leg(parted, lambda s=stage: s, m, computes=says)
+        assert decides is None and why.startswith(NOT_EQUIVALENT), stage
+    decides, why = stand_in_leg(parted, lambda: "loss", m, leaky=True, computes=says)
+    assert decides is None and why.startswith(NOT_EQUIVALENT)
+    decides, why = stand_in_leg(parted, lambda: "loss", m, apart="warmup_cosine one step late", computes=says)
+    assert decides is None and why.startswith(NOT_EQUIVALENT)
+    for status in ("inconclusive", "error"):
+        assert stand_in_leg(dataclasses.replace(parted, status=status), lambda: "loss", m, computes=says)[0] is None
+    assert stand_in_leg(dataclasses.replace(parted, status="parity"), lambda: "loss", m, computes=says) == (None, None)
+
+
 def test_a_stand_in_whose_float64_runs_move_and_agree_is_an_equivalent_run_where_float32_moves_nothing():
     """Unit (``rules.vacuity.Vacuity``, ``mapping.stand_in_leg``): the 10,000-pair run's s6-0459 (keras_model
     against concat_loss, Adam lr 1e-7, float32): the stand-in leg moves nothing beyond the float32 noise
@@ -469,6 +498,55 @@ def test_a_plugin_is_mapped_on_itself_only_through_case_values_of_its_parallel_s
     adam = make(MLP, parallel__devices=5, optimizer={**ADAM, "semantics": "native"})
     m, own = mapped(adam, f"{TF}:keras_l2", f"{TORCH}:adam_l2")  # Adam's epsilon placement: an optimizer's mapping
     assert m is not None and own is None
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_weighting_ignored_behind_the_sum_reduction_is_a_divergence_where_the_other_side_computes_the_case():
+    """The hunt's ``by_size_ignored`` (10,000-pair run: s2-1188, s4-1017, ...): under ``reduction: sum`` with ``by_size``
+    weighting on uneven shards (48 rows on 5 devices), a DDP port that takes the plain mean over ranks against one
+    device. Theory predicts the sum reduction; its mapping (``weighting: sum``) runs on torch.ddp, standing in, which
+    parts from the port at the loss (no equivalent run), and no constant ratio holds (sum_r n_r / B g_r). The other
+    side computes the case (torch.single, a built-in; ``sgd_single``, a plugin at parity with torch.single): the
+    port computes another program than that case, a divergence (was: expected_difference). The port that honours
+    ``by_size`` keeps its expected difference, its residual at parity through the stand-in."""
+    case = make(MLP, parallel__devices=5, model__reduction="sum", parallel__weighting="by_size")
+    for ref in ("torch.single", f"{TORCH}:sgd_single"):
+        pairs, summary = _pairs(case, [ref, f"{TORCH}:sgd", f"{TORCH}:sgd_weighted"])
+        right = pairs["sgd_weighted"]
+        assert right.verdict.status == "expected_difference", summary
+        assert right.residual is not None and right.residual.status == "parity", summary
+        bug = pairs["sgd"]
+        assert bug.verdict.status == "divergence", summary
+        assert "the other side computes the case" in bug.verdict.detail, summary
+        assert bug.residual_not_judged is None, summary
+
+
+@pytest.mark.usefixtures("pool")
+def test_lockstep_decides_a_weighting_ignored_behind_the_sum_reduction_against_a_built_in_too():
+    """The same ports under ``--lockstep`` against torch.single (a built-in: it computes the case): the port that takes
+    the plain mean over ranks parts from torch.ddp at step 1's loss, a divergence at step 1 (was: an expected
+    difference at every step); the port that honours ``by_size`` keeps its expected difference."""
+    from parity_tests.session.lockstep import lockstep_compare
+
+    case = make(MLP, parallel__devices=5, model__reduction="sum", parallel__weighting="by_size", steps=2)
+    result = lockstep_compare(case, ["torch.single", f"{TORCH}:sgd", f"{TORCH}:sgd_weighted"])
+    pairs = {p.impl.rsplit(":", 1)[-1]: p for p in result.pairs}
+    assert pairs["sgd_weighted"].status == "expected_difference", result.summary()
+    bug = pairs["sgd"]
+    assert (bug.status, bug.first_bad_step) == ("divergence", 1), result.summary()
+    assert "the other side computes the case" in bug.detail, bug.detail
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_loss_term_on_both_sides_behind_the_sum_reduction_keeps_its_residual_unjudged():
+    """The same case with an L2 term no case field expresses on both sides (issue 35's ports): the single side is no
+    run of the case either (it parts from torch.single), so nothing shows which side computes the case, and the
+    port that honours ``by_size`` keeps its expected difference with "residual not judged" (no divergence)."""
+    case = make(MLP, parallel__devices=5, model__reduction="sum", parallel__weighting="by_size")
+    pairs, summary = _pairs(case, [f"{TORCH}:sgd_l2_single", f"{TORCH}:sgd_l2_weighted"])
+    right = pairs["sgd_l2_weighted"]
+    assert right.verdict.status == "expected_difference", summary
+    assert right.residual is None and right.residual_not_judged.startswith(NOT_EQUIVALENT), summary
 
 
 def test_what_a_mapping_changes_and_whether_a_rerun_read_it():

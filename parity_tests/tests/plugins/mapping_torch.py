@@ -226,6 +226,19 @@ def sgd_l2_weighted_shard_sum(run):
     _train(run, _sgd, l2=L2, weighted=True, reduction="sum")
 
 
+@torchref.plugin.single(dtypes=BOTH)
+def sgd_single(run):
+    """One process, the whole batch: ``torch.optim.SGD`` on the case's loss (a plugin that computes the case)."""
+    _train(run, _sgd)
+
+
+@torchref.plugin.distributed(dtypes=BOTH)
+def sgd_weighted(run):
+    """:func:`sgd` that reads the case's ``parallel.weighting`` and honours it (by_size: each rank's loss times
+    N n_r / B before DDP's mean of the ranks' gradients)."""
+    _train(run, _sgd, weighted=True)
+
+
 @torchref.plugin.distributed(dtypes=BOTH)
 def sgd_shard_mean_weighted(run):
     """``sgd_shard_mean`` honouring ``parallel.weighting`` (``by_size``: a rank's loss scaled by N n_r / B)."""
