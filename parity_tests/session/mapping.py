@@ -25,7 +25,7 @@ from parity_tests.session.keys import FLOAT64, RULE64, RunKey, as_given
 
 __all__ = ['MAPPED', 'NOT_EQUIVALENT', 'STAND_INS', 'CLASS_RULE', 'CASE_MAPPINGS', 'SideMapping', 'on_itself',
            'reads_mapping', 'changed_fields', 'keras_rounding_of', 'held_roundings', 'writes_own_rule', 'torch_rule_of', 'torch_rule_from', 'own_rules', 'rule_runs', 'follows_its_class', 'choose_mapping', 'stand_in_apart', 'stand_in_leg', 'residual_unjudged',
-           'kind_run', 'CASE_COMPUTED']
+           'kind_run', 'CASE_COMPUTED', 'float64_shown']
 
 
 MAPPED = "+mapped"  # the trajectory key suffix of a run with the predicted differences mapped away
@@ -490,7 +490,7 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
       the program gets wrong. A loss term the case cannot express on both sides (issue 35's L2
       ports) keeps the other side apart from its built-in too: not this branch.
     """
-    if plain.status == "parity" or _float64_shown(plain):
+    if plain.status == "parity" or float64_shown(plain):
         return None, None
     if apart and plain.status != "inconclusive":  # the stand-in differs by what theory predicts: not equivalent
         return None, (f"{NOT_EQUIVALENT}: {m.runs_as}, standing in for {m.side}, does not compute what {m.side}"
@@ -520,7 +520,7 @@ def stand_in_leg(plain: Verdict, stage: Callable[[], str | None],
                   f" computes ({plain.status} by {plain.rule}, gap {plain.gap:.3g} against {plain.bound:.3g}: {first})")
 
 
-def _float64_shown(plain: Verdict) -> bool:
+def float64_shown(plain: Verdict) -> bool:
     """A float32 leg ``inconclusive`` only because its float32 runs move nothing beyond their noise, while its float64
     runs move beyond the float64 bound and agree within it (``rules.vacuity.Vacuity``: ``float64_runs``).
 

@@ -29,7 +29,7 @@ from parity_tests.judging.theory import Prediction
 from parity_tests.judging.verdict import Verdict
 from parity_tests.protocol.engine import EngineSpec
 from parity_tests.session.loss_scale import without_loss_scale
-from parity_tests.session.mapping import SideMapping, residual_unjudged, stand_in_leg
+from parity_tests.session.mapping import SideMapping, float64_shown, residual_unjudged, stand_in_leg
 
 __all__ = ["Leg", "Legs", "Resolved", "resolve_pair", "scale_checked"]
 
@@ -117,7 +117,11 @@ def resolve_pair(legs: Legs, a: Leg, b: Leg, pred: Prediction, *, impl_is_b: boo
         # the stand-in computes another program, but the loss scale is mapped on the programs themselves
         # (session.loss_scale.without_loss_scale): their exact reruns, equivalent to them by construction
         ve = legs.verdict(ea, eb)
-        if ve.status == "parity":  # the loss scale alone explains the pair: a residual judged on equivalent runs
+        # the loss scale alone explains the pair: a residual judged on equivalent runs; at parity, or (a float32
+        # case whose float32 runs move nothing beyond their noise, lr 1e-7) with the float64 runs moving and agreeing
+        # (``mapping.float64_shown``: what a float32 case is decided by first; the 10,000-pair hunt's seed 10, pair
+        # 671: keras_fit_l2 against ddp_l2, the float64 loss 2^-25 apart by Keras' float32(1/3) and nothing else)
+        if ve.status == "parity" or float64_shown(ve):
             residual, decided, not_judged, text = ve, (ea, eb), None, exact_text
         else:
             judged, staged = without_loss_scale(pred), (ve, ea, eb)

@@ -73,6 +73,31 @@ def test_the_exact_loss_scale_reruns_are_the_residual_where_the_stand_in_is_no_e
     assert r.not_judged is None and r.text == "exact"
 
 
+def test_exact_reruns_that_move_nothing_in_float32_are_the_residual_where_their_float64_runs_move_and_agree():
+    """Seed 10's pair 671 (keras_fit_l2 against ddp_l2, float32, 3 replicas, lr 1e-7, 1 step): the float64 loss 2^-25
+    apart (Keras' float32(1/3)), nothing else. The exact rerun against the port is ``inconclusive`` (no float32
+    parameter moves beyond its noise) with its float64 runs moving and agreeing (``Verdict.float64_runs``): that is
+    the residual, as for a stand-in's showing (``mapping.float64_shown``). An exact rerun whose float64 runs part,
+    or whose float32 leg is inconclusive with no float64 showing, is none."""
+    import dataclasses
+
+    def legs(exact: Verdict) -> Canned:
+        return Canned({("a", "b"): _v("divergence", 3e-8), ("a", "sm"): _v("parity", 0.0),
+                       ("s", "be"): _v("divergence", 1e-3), ("a", "be"): exact}, {("s", "be"): "loss", ("a", "b"): "loss"})
+
+    def run(exact: Verdict):
+        return resolve_pair(legs(exact), "a", "b", PRED, mapping=STAND_IN, mapped="sm", stand="s", exact_b="be",
+                            exact_text="exact")
+
+    nothing = dataclasses.replace(_v("inconclusive", 0.0), rule="nothing compared")
+    shown = run(dataclasses.replace(nothing, float64_runs=_v("parity", 1e-17)))
+    assert shown.residual is not None and shown.not_judged is None and shown.decided == ("a", "be")
+    assert shown.final.status == "expected_difference", shown.final.detail
+    for unshown in (nothing, dataclasses.replace(nothing, float64_runs=_v("divergence", 1e-3))):
+        r = run(unshown)
+        assert r.residual is None and r.not_judged is not None and r.not_judged.startswith(NOT_EQUIVALENT)
+
+
 def test_no_mapping_judges_no_residual_and_asks_for_the_stage():
     legs = Canned({("a", "b"): _v("divergence", 1e-3)}, {("a", "b"): "update"})
     r = resolve_pair(legs, "a", "b", PRED)
