@@ -371,11 +371,10 @@ class _Judged:
 
         if not isinstance(self.runs, Executor):
             return through
-        self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
-        run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
-        if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
+        made = self.rerun_itself(m, mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+        if made is None:
             return unjudged(f" ({self.runs.unmappable.get(m.ident, 'its runs were not made')})")
-        fields = changed_fields(self.case.spec, m.changes)
+        run64, mapped64, fields = made
         if not reads_mapping(run64, mapped64, fields):
             return unjudged(": it did not read " + ", ".join(fields) + " from its case"
                             if getattr(mapped64, "meta", {}).get("case_read") is not None else
@@ -383,6 +382,18 @@ class _Judged:
                             " value")
         return resolve_pair(legs, (ref, ""), (impl, ""), pred, impl_is_b=m.side == impl, mapping=m,
                             mapped=(m.side, m.key))
+
+    def rerun_itself(self, m: SideMapping, runs: list[Any]) -> tuple[Any, Any, list[str]] | None:
+        """Make ``runs``, the plugin ``m.side`` rerun with ``m``'s mapped values of its case (each run once), and return
+        its float64 run as given, the rerun's float64 run and the case fields the mapping changed (what
+        ``mapping.reads_mapping`` asks); ``None`` where they were not made (``self.runs.unmappable``). A failing run
+        raises as the executor does: :meth:`on_itself`, :meth:`ratio_on_rerun` and :meth:`partial_on_itself` differ
+        only in what they do then and with the runs."""
+        self.runs.run(runs)
+        run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
+        if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
+            return None
+        return run64, mapped64, changed_fields(self.case.spec, m.changes)
 
     def case_computed(self, legs: _FreeLegs, ref: str, impl: str, pred: Prediction, m: SideMapping,
                       through: Resolved) -> Resolved:
@@ -452,18 +463,17 @@ class _Judged:
                                  " as given (it parts from the built-in of its kind), and the ratio holds for the case's"
                                  " loss alone")
         try:
-            self.runs.run([_Run(m.side, FLOAT64, m, serves=m)])
+            made = self.rerun_itself(m, [_Run(m.side, FLOAT64, m, serves=m)])
         except RunError as e:  # a check of the prediction only: a plugin that fails on the rerun's case fails no compare
             return final, None, f"the predicted ratio not checked on {m.text}: its rerun failed: {e}"
-        run64, rerun64, other64 = (self.trajs.get(RunKey(n, FLOAT64, x)) for n, x in ((m.side, ""), (m.side, m.key),
-                                                                                      (other, "")))
-        if m.ident in self.runs.unmappable or run64 is None or rerun64 is None or other64 is None:
+        other64 = self.trajs.get(RunKey(other, FLOAT64))
+        if made is None or other64 is None:
             return final, None, None
+        run64, rerun64, fields = made
         if any(not_float64(t) for t in (run64, rerun64, other64)):
             return final, None, None
-        if not reads_mapping(run64, rerun64, changed_fields(self.case.spec, m.changes)):
-            return final, None, (f"the predicted ratio not checked on {m.text}: it did not read"
-                                 f" {', '.join(changed_fields(self.case.spec, m.changes))} from its case")
+        if not reads_mapping(run64, rerun64, fields):
+            return final, None, f"the predicted ratio not checked on {m.text}: it did not read {', '.join(fields)} from its case"
         said = next(d.text for d in r.judged.differences if d.text.startswith(SUM_REDUCTION))
         return ratio_verdict(final, r.as_ran, said, rr, other64, rerun64)
 
@@ -481,13 +491,12 @@ class _Judged:
             return final, None, None
         m = p.mapping
         try:
-            self.runs.run(mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
+            made = self.rerun_itself(m, mapped_runs(m, self.case.spec["dtype"], self.rules[impl]))
         except RunError as e:  # a check of the prediction only: a plugin that fails on the rerun's case fails no compare
             return final, f"not rerun with {', '.join(changed_fields(self.case.spec, m.changes))} mapped: it failed: {e}", None
-        run64, mapped64 = (self.trajs.get(RunKey(m.side, FLOAT64, x)) for x in ("", m.key))
-        if m.ident in self.runs.unmappable or run64 is None or mapped64 is None:
+        if made is None:
             return final, None, None
-        fields = changed_fields(self.case.spec, m.changes)
+        run64, mapped64, fields = made
         if not reads_mapping(run64, mapped64, fields):
             return final, f"not rerun with {', '.join(fields)} mapped: {m.side} did not read it from its case", None
         a, b = ((m.side, m.key), (impl, "")) if m.side == ref else ((ref, ""), (m.side, m.key))
